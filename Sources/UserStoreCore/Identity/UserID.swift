@@ -1,0 +1,65 @@
+/// An application user ID, validated: the name of exactly one store.
+///
+/// An ID is 1–128 bytes of `A–Z a–z 0–9 . _ - @ +` and does not start with `.` or `-`.
+/// Anything else is refused with ``UserIDError``; an ID is never rewritten, truncated or mapped,
+/// so no ID can name a path outside the data directory (no `/`, no NUL, no `..`).
+public struct UserID: Hashable, Sendable, CustomStringConvertible, Comparable {
+    /// The ID exactly as the application sent it.
+    public let rawValue: String
+
+    /// The longest accepted ID, in bytes.
+    public static let maxLength = 128
+
+    /// Validates `rawValue`; throws ``UserIDError`` naming the first problem.
+    public init(_ rawValue: String) throws(UserIDError) {
+        let bytes = Array(rawValue.utf8)
+        guard !bytes.isEmpty else { throw .empty }
+        guard bytes.count <= Self.maxLength else { throw .tooLong(bytes.count) }
+        if bytes[0] == UInt8(ascii: ".") || bytes[0] == UInt8(ascii: "-") {
+            throw .badFirstCharacter(Character(UnicodeScalar(bytes[0])))
+        }
+        for (offset, byte) in bytes.enumerated() where !Self.isAllowed(byte) {
+            throw .forbiddenByte(byte, offset: offset)
+        }
+        self.rawValue = rawValue
+    }
+
+    /// Whether `byte` may appear in a user ID.
+    @inline(__always)
+    static func isAllowed(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "a")...UInt8(ascii: "z"),
+             UInt8(ascii: "0")...UInt8(ascii: "9"),
+             UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "-"), UInt8(ascii: "@"), UInt8(ascii: "+"):
+            return true
+        default:
+            return false
+        }
+    }
+
+    public var description: String { rawValue }
+
+    public static func < (lhs: UserID, rhs: UserID) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// Why a string is not a valid ``UserID``.
+public enum UserIDError: Error, Equatable, Sendable, CustomStringConvertible {
+    case empty
+    case tooLong(Int)
+    case badFirstCharacter(Character)
+    case forbiddenByte(UInt8, offset: Int)
+
+    public var description: String {
+        switch self {
+        case .empty:
+            return "user ID is empty"
+        case .tooLong(let count):
+            return "user ID is \(count) bytes long; at most \(UserID.maxLength) are allowed"
+        case .badFirstCharacter(let character):
+            return "user ID must not start with '\(character)'"
+        case .forbiddenByte(let byte, let offset):
+            let shown = (0x21...0x7E).contains(byte) ? "'\(Character(UnicodeScalar(byte)))'" : "byte 0x\(String(byte, radix: 16, uppercase: true))"
+            return "user ID contains \(shown) at offset \(offset); allowed are A-Z a-z 0-9 . _ - @ +"
+        }
+    }
+}

@@ -1,0 +1,97 @@
+import Foundation
+import GRDB
+
+/// What an operator can do to one store through the registry (so the daemon stays the only
+/// process that touches the files).
+extension StoreRegistry {
+    /// What migrating `user`'s store would do, without changing anything (a store that does not
+    /// exist is not created).
+    public func plan(_ user: UserID) async throws -> MigrationPlan {
+        let migrations = self.migrations
+        let path = configuration.layout.storePath(for: user)
+        let migrator = makeMigrator(user, migrations: migrations)
+        guard FileManager.default.fileExists(atPath: path) else {
+            return MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion, steps: migrations.migrations,
+                                 skippedVersions: Set(migrations.migrations.filter { gate in
+                                     gate.appVersionBelow.map { configuration.appVersion >= $0 } ?? false
+                                 }.map(\.version)),
+                                 appVersionChanged: false, recordedAppVersion: nil)
+        }
+        // A short-lived second connection that only reads: safe beside the registry's own (WAL),
+        // and it never triggers the lazy migration that a lease would.
+        let busyTimeout = configuration.busyTimeoutSeconds
+        return try await Self.offThread {
+            var config = Configuration()
+            config.busyMode = .timeout(busyTimeout)
+            let queue = try DatabaseQueue(path: path, configuration: config)
+            defer { try? queue.close() }
+            return try queue.read { db in try migrator.plan(db) }
+        }
+    }
+
+    /// Migrates `user`'s store now: creates it if absent, and retries a failed migration.
+    /// Throws the ``StoreError`` of a migration that fails again.
+    public func migrate(_ user: UserID) async throws -> MigrationReport {
+        let lease = try await acquire(user, access: .admin)
+        defer { release(user) }
+        if let report = lease.report { return report }
+        let migrator = makeMigrator(user, migrations: migrations)
+        do {
+            let report = try await lease.store.queue.writeWithoutTransaction { db in try migrator.migrate(db, created: false) }
+            setPhase(user, ready: true)
+            return report
+        } catch {
+            let failure = Self.storeError(error, user: user)
+            setPhase(user, ready: false, failure: failure)
+            throw failure
+        }
+    }
+
+    /// Rolls `user`'s store back to `version` with the Down sections (the files', or the ones
+    /// recorded when the migrations were applied). Returns the versions undone, newest first.
+    ///
+    /// While the daemon still knows the newer migrations, the next request migrates the store
+    /// forward again: roll back after removing or fixing those files (and reloading).
+    public func rollback(_ user: UserID, to version: Int64) async throws -> [Int64] {
+        try await withStore(user, access: .admin) { store in
+            let migrator = makeMigrator(user, migrations: migrations)
+            defer { setPhase(user, ready: false, stale: true) }
+            do {
+                return try await store.queue.writeWithoutTransaction { db in try migrator.rollback(db, to: version) }
+            } catch {
+                throw Self.storeError(error, user: user)
+            }
+        }
+    }
+
+    /// Takes a consistent copy of `user`'s store (to `path`, or into the backups folder) and
+    /// returns its path.
+    public func backup(_ user: UserID, to path: String? = nil) async throws -> String {
+        let keeper = BackupKeeper(layout: configuration.layout)
+        return try await withStore(user, access: .admin) { store in
+            try await store.queue.writeWithoutTransaction { db in
+                try keeper.take(db, user: user, schemaVersion: try Bookkeeping.userVersion(db), to: path)
+            }
+        }
+    }
+
+    /// Records the current files' checksums for `user`'s applied migrations (all, or only
+    /// `versions`) after an operator accepted a changed file. Returns the versions updated.
+    public func acceptChecksums(_ user: UserID, versions: Set<Int64>? = nil) async throws -> [Int64] {
+        let accepted = try await withStore(user, access: .admin) { store in
+            let migrator = makeMigrator(user, migrations: migrations)
+            return try await store.queue.writeWithoutTransaction { db in try migrator.acceptChecksums(db, versions: versions) }
+        }
+        setPhase(user, ready: false, stale: true)
+        return accepted
+    }
+
+    /// Checks `user`'s store: SQLite's integrity and foreign keys, the bookkeeping against the
+    /// schema, and the applied migrations against the files.
+    public func verify(_ user: UserID) async throws -> VerificationReport {
+        let migrations = self.migrations
+        return try await withStore(user, access: .admin) { store in
+            try await store.queue.read { db in try StoreVerifier(user: user, migrations: migrations).verify(db) }
+        }
+    }
+}

@@ -1,0 +1,359 @@
+import Foundation
+import GRDB
+import Synchronization
+
+/// The open stores of one data directory: one connection per file, opened and migrated lazily
+/// and exactly once, at most `maxOpenStores` at a time.
+///
+/// - The first request for a user opens (or creates) the file and migrates it; concurrent
+///   requests for the same user wait for that one preparation instead of starting their own.
+/// - Different users are opened and migrated in parallel.
+/// - When the limit is reached the least recently used idle store is closed first; if every
+///   open store is busy, the request waits until one is released.
+/// - A store is never closed while a request holds it (``withStore(_:access:_:)``).
+/// - ``reload(migrations:)`` bumps a generation: every open store is brought up to date on its
+///   next use, and stores whose migration failed are retried.
+///
+/// Holding a ``DataDirectoryLock`` is a precondition: no other process opens these files.
+public final class StoreRegistry: Sendable {
+    /// Who is asking: ordinary clients get ``StoreError``s for failed or refused stores;
+    /// administrators get the store as it is, so they can inspect or repair it.
+    public enum Access: Sendable { case client, admin }
+
+    /// The configuration this registry was built with.
+    public let configuration: RegistryConfiguration
+    let observer: any StoreObserver
+    private let lock: DataDirectoryLock
+    private let opener: StoreOpener
+    private let state: Mutex<RegistryState>
+
+    /// A registry over `configuration.layout`, which `lock` must be the lock of.
+    public init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
+                observer: any StoreObserver = NoStoreObserver()) {
+        precondition(lock.path == configuration.layout.lockPath, "the lock must be the data directory's own")
+        self.configuration = configuration
+        self.observer = observer
+        self.lock = lock
+        self.opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
+        self.state = Mutex(RegistryState(migrations: migrations))
+    }
+
+    /// The migrations in force.
+    public var migrations: MigrationSet { state.withLock { $0.migrations } }
+
+    /// Current counters.
+    public var statistics: RegistryStatistics { state.withLock { $0.statistics } }
+
+    /// Runs `body` with `user`'s store, opening and migrating it first if needed. The store
+    /// stays open (and is not evicted) until `body` returns.
+    ///
+    /// Throws ``StoreError``: `.invalidUser` never reaches here (``UserID`` is valid by
+    /// construction); `.migrationFailed`, `.storeTooNew`, `.checksumMismatch`,
+    /// `.outOfOrderMigration`, `.storeDamaged` or `.storageFailure` for client access to a
+    /// store that cannot be served.
+    public func withStore<T>(_ user: UserID, access: Access = .client, _ body: (Store) async throws -> T) async throws -> T {
+        let lease = try await acquire(user, access: access)
+        defer { release(user) }
+        return try await body(lease.store)
+    }
+
+    /// Like ``withStore(_:access:_:)``, also saying what opening the store did (nil when it
+    /// was already open and current).
+    public func withStore<T>(_ user: UserID, access: Access = .client, reporting body: (Store, MigrationReport?) async throws -> T) async throws -> T {
+        let lease = try await acquire(user, access: access)
+        defer { release(user) }
+        return try await body(lease.store, lease.report)
+    }
+
+    /// The recorded versions of `user`'s store (opening and migrating it like any request).
+    public func info(_ user: UserID, access: Access = .client) async throws -> StoreVersionInfo {
+        try await withStore(user, access: access) { store in
+            try await store.queue.read { db in
+                guard let info = try Bookkeeping.read(db) else {
+                    throw StoreError.storeDamaged(user: user, message: "the app_version table is missing")
+                }
+                return info
+            }
+        }
+    }
+
+    // MARK: Leasing
+
+    struct Lease {
+        let store: Store
+        let report: MigrationReport?
+        /// Why the store is failed or refused (only admin access gets such a store).
+        let failure: StoreError?
+    }
+
+    private enum NextStep {
+        case use(Store, StoreError?)
+        case wait(Task<PreparationOutcome, Never>)
+        case evict(Store)
+        case waitForCapacity
+        case fail(StoreError)
+    }
+
+    func acquire(_ user: UserID, access: Access) async throws(StoreError) -> Lease {
+        var report: MigrationReport?
+        while true {
+            let step = state.withLock { state in nextStep(&state, user: user, access: access) }
+            switch step {
+            case .use(let store, let failure):
+                return Lease(store: store, report: report, failure: failure)
+            case .wait(let task):
+                switch await task.value {
+                case .prepared(let outcome): report = outcome ?? report
+                case .openFailed(let error): throw error
+                }
+            case .evict(let store):
+                await close(store)
+                state.withLock { state in
+                    state.holding -= 1
+                    state.wakeWaiters()
+                }
+            case .waitForCapacity:
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let resumeNow = state.withLock { state in
+                        if state.holding < configuration.maxOpenStores || state.idleVictim() != nil { return true }
+                        state.capacityWaiters.append(continuation)
+                        return false
+                    }
+                    if resumeNow { continuation.resume() }
+                }
+            case .fail(let error):
+                throw error
+            }
+        }
+    }
+
+    private func nextStep(_ state: inout RegistryState, user: UserID, access: Access) -> NextStep {
+        state.tick += 1
+        if var entry = state.entries[user] {
+            switch entry.phase {
+            case .preparing(let task):
+                return .wait(task)
+            case .ready(let generation) where generation == state.generation:
+                entry.lease(tick: state.tick)
+                state.entries[user] = entry
+                return .use(entry.store!, nil)
+            case .failed(let error, let generation) where generation == state.generation:
+                let servable: Bool
+                if case .migrationFailed = error { servable = configuration.policy.servePreviousVersionOnFailure } else { servable = false }
+                guard access == .admin || servable else { return .fail(error) }
+                entry.lease(tick: state.tick)
+                state.entries[user] = entry
+                return .use(entry.store!, error)
+            default:
+                // Opened under an older migration set: bring it up to date before use.
+                let task = prepare(user, existing: entry.store, generation: state.generation, migrations: state.migrations)
+                entry.phase = .preparing(task)
+                state.entries[user] = entry
+                return .wait(task)
+            }
+        }
+        if state.holding < configuration.maxOpenStores {
+            state.holding += 1
+            state.peak = max(state.peak, state.holding)
+            let task = prepare(user, existing: nil, generation: state.generation, migrations: state.migrations)
+            state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
+            return .wait(task)
+        }
+        if let victim = state.idleVictim() {
+            let entry = state.entries.removeValue(forKey: victim)!
+            return .evict(entry.store!)
+        }
+        return .waitForCapacity
+    }
+
+    func release(_ user: UserID) {
+        state.withLock { state in
+            guard var entry = state.entries[user] else { return }
+            entry.leases -= 1
+            entry.lastUsed = .now
+            state.entries[user] = entry
+            if entry.leases == 0 { state.wakeWaiters() }
+        }
+    }
+
+    // MARK: Preparing
+
+    enum PreparationOutcome: Sendable {
+        /// The store is open; its phase says whether it is ready or failed. Carries what the
+        /// migration run did, if one ran.
+        case prepared(MigrationReport?)
+        /// The file could not be opened at all; the entry is gone.
+        case openFailed(StoreError)
+    }
+
+    /// Opens (if `existing` is nil) and migrates `user`'s store in a task of its own, so that a
+    /// client that disconnects never cancels a migration half-way.
+    private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet) -> Task<PreparationOutcome, Never> {
+        Task {
+            let store: Store
+            var created = false
+            if let existing {
+                store = existing
+            } else {
+                do {
+                    (store, created) = try await Self.offThread { [opener] in try opener.open(user) }
+                    if created { observer.record(.storeCreated(user: user, path: store.path)) }
+                } catch {
+                    let failure = Self.storeError(error, user: user)
+                    observer.record(.storeRefused(user: user, error: failure))
+                    state.withLock { state in
+                        state.entries[user] = nil
+                        state.holding -= 1
+                        state.wakeWaiters()
+                    }
+                    return .openFailed(failure)
+                }
+            }
+            let migrator = makeMigrator(user, migrations: migrations)
+            let isNew = created
+            let phase: RegistryEntry.Phase
+            var report: MigrationReport?
+            do {
+                report = try await store.queue.writeWithoutTransaction { db in try migrator.migrate(db, created: isNew) }
+                phase = .ready(generation)
+            } catch {
+                let failure = Self.storeError(error, user: user)
+                if case .migrationFailed = failure {} else { observer.record(.storeRefused(user: user, error: failure)) }
+                phase = .failed(failure, generation)
+            }
+            state.withLock { state in
+                guard var entry = state.entries[user] else { return }
+                entry.store = store
+                entry.phase = phase
+                entry.lastUsed = .now
+                if report?.migrated == true { state.migrationRuns += 1 }
+                state.entries[user] = entry
+            }
+            return .prepared(report)
+        }
+    }
+
+    func makeMigrator(_ user: UserID, migrations: MigrationSet) -> Migrator {
+        Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: configuration.policy,
+                 observer: observer, backups: BackupKeeper(layout: configuration.layout))
+    }
+
+    /// Marks `user`'s open store as needing a fresh preparation on its next use, or records
+    /// the outcome of an explicit migration run.
+    func setPhase(_ user: UserID, ready: Bool, failure: StoreError? = nil, stale: Bool = false) {
+        state.withLock { state in
+            guard var entry = state.entries[user], entry.store != nil else { return }
+            if case .preparing = entry.phase { return }
+            if stale {
+                entry.phase = .ready(-1)
+            } else if let failure {
+                entry.phase = .failed(failure, state.generation)
+            } else if ready {
+                entry.phase = .ready(state.generation)
+            }
+            state.entries[user] = entry
+        }
+    }
+
+    // MARK: Reload, idle, shutdown
+
+    /// Replaces the migration set. Open stores are migrated on their next use; stores whose
+    /// migration failed are retried then.
+    public func reload(migrations: MigrationSet) {
+        state.withLock { state in
+            state.migrations = migrations
+            state.generation += 1
+        }
+    }
+
+    /// Closes stores nobody used for ``RegistryConfiguration/idleTimeout`` (as of `now`).
+    /// Stores whose migration failed stay open, so their failure is remembered.
+    /// Returns how many were closed.
+    @discardableResult
+    public func closeIdleStores(now: ContinuousClock.Instant = .now) async -> Int {
+        let idle: [Store] = state.withLock { state in
+            let expired = state.entries.filter { _, entry in
+                guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
+                return entry.lastUsed + configuration.idleTimeout <= now
+            }
+            for user in expired.keys { state.entries[user] = nil }
+            return expired.values.map { $0.store! }
+        }
+        for store in idle { await close(store) }
+        if !idle.isEmpty {
+            state.withLock { state in
+                state.holding -= idle.count
+                state.wakeWaiters()
+            }
+        }
+        return idle.count
+    }
+
+    /// Waits for every request and preparation in flight, then closes every store.
+    public func shutdown() async {
+        while true {
+            let pending: [Task<PreparationOutcome, Never>] = state.withLock { state in
+                state.entries.values.compactMap { entry in
+                    if case .preparing(let task) = entry.phase { return task } else { return nil }
+                }
+            }
+            if pending.isEmpty { break }
+            for task in pending { _ = await task.value }
+        }
+        let stores: [Store] = state.withLock { state in
+            let stores = state.entries.values.compactMap(\.store)
+            state.entries.removeAll()
+            return stores
+        }
+        for store in stores { await close(store) }
+        state.withLock { state in
+            state.holding -= stores.count
+            state.wakeWaiters()
+        }
+    }
+
+    /// Users whose store is open right now, with their phase.
+    public func openStores() -> [(user: UserID, failure: StoreError?)] {
+        state.withLock { state in
+            state.entries.compactMap { user, entry in
+                switch entry.phase {
+                case .preparing: return nil
+                case .ready: return (user, nil)
+                case .failed(let error, _): return (user, error)
+                }
+            }
+        }
+    }
+
+    // MARK: Helpers
+
+    /// Closing checkpoints the WAL (disk I/O), so it runs on a dispatch thread, not the
+    /// cooperative pool. GRDB's close waits for work already queued on the store.
+    private func close(_ store: Store) async {
+        await Self.offThread { store.close() }
+    }
+
+    static func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
+        }
+    }
+
+    static func offThread(_ work: @escaping @Sendable () -> Void) async {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async { work(); continuation.resume() }
+        }
+    }
+
+    static func storeError(_ error: any Error, user: UserID) -> StoreError {
+        switch error {
+        case let error as StoreError: return error
+        case let error as DatabaseError:
+            switch error.resultCode {
+            case .SQLITE_NOTADB, .SQLITE_CORRUPT: return .storeDamaged(user: user, message: error.message ?? "\(error.resultCode)")
+            default: return .sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)", sql: error.sql)
+            }
+        default: return .storageFailure(user: user, message: "\(error)")
+        }
+    }
+}

@@ -1,0 +1,144 @@
+import GRDB
+
+/// The daemon's own tables inside every store, and the only code that reads or writes them.
+///
+/// - `app_version`: exactly one row (`id = 1`): the app version that last opened or migrated the
+///   store, its schema version, the app version that created it, timestamps, and the
+///   fingerprint of the applied versions (so a current store is recognised from this one row).
+/// - `schema_migrations`: one row per applied migration.
+/// - `PRAGMA user_version`: equal to `app_version.schema_version`.
+enum Bookkeeping {
+    static let createTables = """
+        CREATE TABLE app_version (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            app_version TEXT NOT NULL,
+            schema_version INTEGER NOT NULL,
+            created_by_app_version TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            migrations_fingerprint TEXT NOT NULL,
+            schema_hash TEXT
+        );
+        CREATE TABLE schema_migrations (
+            version INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            checksum TEXT NOT NULL,
+            applied_at TEXT NOT NULL,
+            duration_usec INTEGER NOT NULL,
+            app_version TEXT NOT NULL,
+            skipped INTEGER NOT NULL DEFAULT 0,
+            down_sql TEXT
+        );
+        """
+
+    /// ISO-8601 UTC with milliseconds, computed by SQLite so every row uses one clock format.
+    static let now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+
+    /// `PRAGMA user_version`.
+    static func userVersion(_ db: Database) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "PRAGMA user_version") ?? 0
+    }
+
+    /// Whether the bookkeeping tables exist.
+    static func exists(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'app_version')") ?? false
+    }
+
+    /// The `app_version` row; nil when the table does not exist yet.
+    static func read(_ db: Database) throws -> StoreVersionInfo? {
+        guard try exists(db) else { return nil }
+        guard let row = try Row.fetchOne(db, sql: """
+            SELECT app_version, schema_version, created_by_app_version, created_at, updated_at,
+                   migrations_fingerprint, schema_hash FROM app_version WHERE id = 1
+            """) else { return nil }
+        return StoreVersionInfo(
+            appVersion: row[0], schemaVersion: row[1], createdByAppVersion: row[2],
+            createdAt: row[3], updatedAt: row[4], migrationsFingerprint: row[5], schemaHash: row[6])
+    }
+
+    /// Creates the tables and the single row of a new store (schema version 0).
+    static func initialise(_ db: Database, appVersion: AppVersion) throws {
+        try db.execute(sql: createTables)
+        try db.execute(sql: """
+            INSERT INTO app_version (id, app_version, schema_version, created_by_app_version,
+                                     created_at, updated_at, migrations_fingerprint)
+            VALUES (1, ?, 0, ?, \(now), \(now), ?)
+            """, arguments: [appVersion.text, appVersion.text, MigrationSet.versionsFingerprint([])])
+    }
+
+    /// Every applied migration, ascending.
+    static func applied(_ db: Database) throws -> [AppliedMigration] {
+        try Row.fetchAll(db, sql: """
+            SELECT version, name, checksum, applied_at, duration_usec, app_version, skipped, down_sql
+            FROM schema_migrations ORDER BY version
+            """).map { row in
+            AppliedMigration(version: row[0], name: row[1], checksum: row[2], appliedAt: row[3],
+                             durationMicroseconds: row[4], appVersion: row[5], skipped: row[6], downSQL: row[7])
+        }
+    }
+
+    /// Whether `version` is recorded as applied.
+    static func isApplied(_ db: Database, version: Int64) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?)", arguments: [version]) ?? false
+    }
+
+    /// Records `migration` as applied.
+    static func recordApplied(_ db: Database, _ migration: Migration, durationMicroseconds: Int64, appVersion: AppVersion, skipped: Bool) throws {
+        try db.execute(sql: """
+            INSERT INTO schema_migrations (version, name, checksum, applied_at, duration_usec, app_version, skipped, down_sql)
+            VALUES (?, ?, ?, \(now), ?, ?, ?, ?)
+            """, arguments: [migration.version, migration.name, migration.checksum, durationMicroseconds,
+                             appVersion.text, skipped, migration.down?.joined(separator: "\n")])
+    }
+
+    /// Sets `user_version`, the row's schema version and fingerprint from `schema_migrations`,
+    /// and (when given) the app version that last touched the store.
+    static func syncVersion(_ db: Database, appVersion: AppVersion?) throws -> Int64 {
+        let versions = try Int64.fetchAll(db, sql: "SELECT version FROM schema_migrations")
+        let schemaVersion = versions.max() ?? 0
+        try db.execute(sql: "PRAGMA user_version = \(schemaVersion)")
+        try db.execute(sql: """
+            UPDATE app_version SET schema_version = ?, migrations_fingerprint = ?,
+                   app_version = coalesce(?, app_version), updated_at = \(now)
+            WHERE id = 1
+            """, arguments: [schemaVersion, MigrationSet.versionsFingerprint(versions), appVersion?.text])
+        return schemaVersion
+    }
+
+    /// Replaces the recorded checksum of `version` (accepting a changed file).
+    static func acceptChecksum(_ db: Database, version: Int64, checksum: String) throws {
+        try db.execute(sql: "UPDATE schema_migrations SET checksum = ? WHERE version = ?", arguments: [checksum, version])
+    }
+}
+
+/// The `app_version` row of a store.
+public struct StoreVersionInfo: Sendable, Equatable, Codable {
+    /// The app version that last opened or migrated the store.
+    public var appVersion: String
+    /// The schema version (`PRAGMA user_version`).
+    public var schemaVersion: Int64
+    /// The app version that created the store.
+    public var createdByAppVersion: String
+    /// When the store was created (ISO-8601 UTC).
+    public var createdAt: String
+    /// When the row last changed (ISO-8601 UTC).
+    public var updatedAt: String
+    /// Fingerprint of the applied versions.
+    public var migrationsFingerprint: String
+    /// Hash of the declarative schema last reconciled, if any.
+    public var schemaHash: String?
+}
+
+/// One row of `schema_migrations`.
+public struct AppliedMigration: Sendable, Equatable, Codable {
+    public var version: Int64
+    public var name: String
+    public var checksum: String
+    public var appliedAt: String
+    public var durationMicroseconds: Int64
+    public var appVersion: String
+    /// True when app-version gating skipped the migration's SQL on this store.
+    public var skipped: Bool
+    /// The Down section as it was when applied, so a rollback works even once the file is gone.
+    public var downSQL: String?
+}

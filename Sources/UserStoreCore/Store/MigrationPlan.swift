@@ -1,0 +1,40 @@
+/// What migrating one store would do. Computed without writing anything.
+public struct MigrationPlan: Sendable, Equatable {
+    /// The store has no bookkeeping yet (new file).
+    public var isNewStore: Bool
+    /// Schema version now.
+    public var fromVersion: Int64
+    /// Schema version after the plan ran.
+    public var toVersion: Int64
+    /// Migrations to apply, ascending.
+    public var steps: [Migration]
+    /// Steps whose SQL app-version gating will skip (they are recorded all the same).
+    public var skippedVersions: Set<Int64>
+    /// The recorded app version differs from the running one (the row gets updated).
+    public var appVersionChanged: Bool
+    /// The app version recorded in the store before this run (nil for a new store).
+    public var recordedAppVersion: String?
+
+    /// Nothing to write at all.
+    public var isEmpty: Bool { steps.isEmpty && !appVersionChanged && !isNewStore }
+}
+
+/// What a migration run did.
+public struct MigrationReport: Sendable, Equatable {
+    public var user: UserID
+    /// The file was created by this run.
+    public var created: Bool
+    public var fromVersion: Int64
+    public var toVersion: Int64
+    /// Versions applied by this run, ascending.
+    public var applied: [Int64]
+    /// The app version recorded in the store after the run.
+    public var appVersion: String
+    /// Path of the copy taken before migrating, if one was.
+    public var backupPath: String?
+    /// Wall time of the run.
+    public var durationMicroseconds: Int64
+
+    /// Whether any migration ran.
+    public var migrated: Bool { !applied.isEmpty }
+}

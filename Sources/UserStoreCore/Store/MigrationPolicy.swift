@@ -1,0 +1,33 @@
+/// How the engine treats the unusual cases of migrating a store.
+public struct MigrationPolicy: Sendable, Equatable {
+    /// What to do when an applied migration's file has changed.
+    public enum ChecksumMismatch: String, Sendable, Equatable, CaseIterable {
+        /// Refuse the store with ``StoreError/checksumMismatch(user:version:migration:recorded:current:)``.
+        case refuse
+        /// Report it as an event and go on.
+        case warn
+    }
+
+    /// Apply never-applied migrations numbered below the store's latest applied one
+    /// (otherwise they are an ``StoreError/outOfOrderMigration(user:version:migration:latestApplied:)``).
+    public var allowOutOfOrder: Bool
+    /// What a changed applied file does.
+    public var checksumMismatch: ChecksumMismatch
+    /// Keep serving a store at its last good version after one of its migrations failed
+    /// (otherwise client requests get ``StoreError/migrationFailed(user:version:migration:message:sqliteCode:schemaVersion:)``).
+    public var servePreviousVersionOnFailure: Bool
+    /// Take a consistent copy of a store that holds data before migrating it.
+    public var backupBeforeMigrating: Bool
+    /// How long such copies are kept after the migration committed (0: deleted at once).
+    public var backupRetentionSeconds: Int
+
+    public init(allowOutOfOrder: Bool = false, checksumMismatch: ChecksumMismatch = .refuse,
+                servePreviousVersionOnFailure: Bool = false, backupBeforeMigrating: Bool = true,
+                backupRetentionSeconds: Int = 86_400) {
+        self.allowOutOfOrder = allowOutOfOrder
+        self.checksumMismatch = checksumMismatch
+        self.servePreviousVersionOnFailure = servePreviousVersionOnFailure
+        self.backupBeforeMigrating = backupBeforeMigrating
+        self.backupRetentionSeconds = backupRetentionSeconds
+    }
+}

@@ -1,0 +1,284 @@
+import Foundation
+import GRDB
+
+/// Brings one store's schema up to date with a ``MigrationSet``; every method runs on the
+/// store's own connection (inside `writeWithoutTransaction`), so it is serial with all other
+/// work on that store.
+///
+/// Safety rules (see docs/migrations.md):
+/// - each migration runs in its own `BEGIN IMMEDIATE` transaction together with its bookkeeping,
+///   so a crash leaves the store at the previous or the next version, never in between;
+/// - foreign keys are switched off *before* the transaction (inside one it is a no-op) and
+///   `PRAGMA foreign_key_check` must pass before commit;
+/// - whether a migration is applied is re-checked inside its transaction, under SQLite's write
+///   lock, so two runs can never apply it twice.
+struct Migrator: Sendable {
+    let user: UserID
+    let migrations: MigrationSet
+    let appVersion: AppVersion
+    let policy: MigrationPolicy
+    let observer: any StoreObserver
+    let backups: BackupKeeper
+
+    // MARK: Planning
+
+    /// What ``migrate(_:)`` would do. Costs one `PRAGMA user_version` and one row of
+    /// `app_version` when the store is current; reads `schema_migrations` only when it is not.
+    func plan(_ db: Database) throws -> MigrationPlan {
+        let userVersion = try Bookkeeping.userVersion(db)
+        if userVersion > migrations.latestVersion {
+            throw StoreError.storeTooNew(user: user, storeVersion: userVersion, knownVersion: migrations.latestVersion)
+        }
+        guard let info = try Bookkeeping.read(db) else {
+            guard userVersion == 0 else {
+                throw StoreError.storeDamaged(user: user, message: "user_version is \(userVersion) but the app_version table is missing")
+            }
+            return MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion,
+                                 steps: migrations.migrations, skippedVersions: skipped(migrations.migrations, recorded: appVersion.text),
+                                 appVersionChanged: false, recordedAppVersion: nil)
+        }
+        guard info.schemaVersion == userVersion else {
+            throw StoreError.storeDamaged(user: user, message: "app_version says schema version \(info.schemaVersion) but user_version is \(userVersion)")
+        }
+        let appVersionChanged = info.appVersion != appVersion.text
+        if userVersion == migrations.latestVersion, info.migrationsFingerprint == migrations.fingerprint {
+            return MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
+                                 skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion)
+        }
+        let pending = try pendingMigrations(db, latestApplied: userVersion)
+        return MigrationPlan(isNewStore: false, fromVersion: userVersion,
+                             toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
+                             skippedVersions: skipped(pending, recorded: info.appVersion),
+                             appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion)
+    }
+
+    /// Known migrations not applied to this store, after checking the applied ones.
+    private func pendingMigrations(_ db: Database, latestApplied: Int64) throws -> [Migration] {
+        let applied = try Bookkeeping.applied(db)
+        var appliedVersions = Set<Int64>()
+        for row in applied {
+            appliedVersions.insert(row.version)
+            guard let known = migrations.migration(version: row.version) else {
+                observer.record(.unknownAppliedMigration(user: user, version: row.version, name: row.name))
+                continue
+            }
+            if known.checksum != row.checksum {
+                let error = StoreError.checksumMismatch(user: user, version: row.version, migration: known.fileName,
+                                                        recorded: row.checksum, current: known.checksum)
+                if policy.checksumMismatch == .refuse { throw error }
+                observer.record(.storeRefused(user: user, error: error))
+            }
+        }
+        let pending = migrations.migrations.filter { !appliedVersions.contains($0.version) }
+        if !policy.allowOutOfOrder, let early = pending.first(where: { $0.version < latestApplied }) {
+            throw StoreError.outOfOrderMigration(user: user, version: early.version, migration: early.fileName, latestApplied: latestApplied)
+        }
+        return pending
+    }
+
+    /// Versions whose app-version gate excludes a store last opened by `recorded`.
+    private func skipped(_ steps: [Migration], recorded: String) -> Set<Int64> {
+        let recordedVersion = try? AppVersion(recorded)
+        var result = Set<Int64>()
+        for step in steps {
+            guard let gate = step.appVersionBelow else { continue }
+            // An unparseable recorded version cannot be proven old: run the fix (it was written for old data).
+            if let recordedVersion, recordedVersion >= gate { result.insert(step.version) }
+        }
+        return result
+    }
+
+    // MARK: Migrating
+
+    /// Applies the plan. Throws ``StoreError``; a failed step is rolled back and the store stays
+    /// at the last committed version.
+    func migrate(_ db: Database, created: Bool) throws -> MigrationReport {
+        let started = DispatchTime.now()
+        let plan = try self.plan(db)
+        var report = MigrationReport(user: user, created: created, fromVersion: plan.fromVersion, toVersion: plan.fromVersion,
+                                     applied: [], appVersion: plan.recordedAppVersion ?? appVersion.text,
+                                     backupPath: nil, durationMicroseconds: 0)
+        if plan.isEmpty { return report }
+
+        if plan.isNewStore {
+            try db.execute(sql: "PRAGMA journal_mode = WAL")
+            try db.inTransaction(.immediate) {
+                if try !Bookkeeping.exists(db) { try Bookkeeping.initialise(db, appVersion: appVersion) }
+                return .commit
+            }
+        } else if !plan.steps.isEmpty {
+            try ensureWAL(db)
+            if policy.backupBeforeMigrating, plan.fromVersion > 0 {
+                let path = try backups.take(db, user: user, schemaVersion: plan.fromVersion)
+                report.backupPath = path
+                observer.record(.backupCreated(user: user, path: path, schemaVersion: plan.fromVersion))
+            }
+        }
+
+        if !plan.steps.isEmpty {
+            observer.record(.migrationStarted(user: user, from: plan.fromVersion, to: plan.toVersion, steps: plan.steps.count))
+        }
+        for (index, migration) in plan.steps.enumerated() {
+            let isLast = index == plan.steps.count - 1
+            let skip = plan.skippedVersions.contains(migration.version)
+            let duration = try apply(db, migration, skip: skip, isLast: isLast, schemaVersion: report.toVersion)
+            if let duration {
+                report.applied.append(migration.version)
+                report.toVersion = max(report.toVersion, migration.version)
+                observer.record(.migrationStep(user: user, version: migration.version, migration: migration.fileName,
+                                               step: index + 1, steps: plan.steps.count, durationMicroseconds: duration, skipped: skip))
+            }
+        }
+        if plan.steps.isEmpty, plan.appVersionChanged {
+            try db.inTransaction(.immediate) {
+                _ = try Bookkeeping.syncVersion(db, appVersion: appVersion)
+                return .commit
+            }
+        }
+        report.appVersion = appVersion.text
+        report.durationMicroseconds = Self.microseconds(since: started)
+        if !plan.steps.isEmpty {
+            observer.record(.migrationFinished(user: user, from: report.fromVersion, to: report.toVersion,
+                                               steps: report.applied.count, durationMicroseconds: report.durationMicroseconds))
+            backups.prune(user: user, olderThanSeconds: policy.backupRetentionSeconds)
+        }
+        return report
+    }
+
+    /// Runs one migration in its own transaction. Returns its duration, or nil when another
+    /// run had already applied it.
+    private func apply(_ db: Database, _ migration: Migration, skip: Bool, isLast: Bool, schemaVersion: Int64) throws -> Int64? {
+        let started = DispatchTime.now()
+        var duration: Int64?
+        try withForeignKeysOff(db) {
+            do {
+                try db.inTransaction(.immediate) {
+                    if try Bookkeeping.isApplied(db, version: migration.version) { return .rollback }
+                    if !skip {
+                        for statement in migration.up { try db.execute(sql: statement) }
+                    }
+                    try checkForeignKeys(db)
+                    let elapsed = Self.microseconds(since: started)
+                    try Bookkeeping.recordApplied(db, migration, durationMicroseconds: elapsed, appVersion: appVersion, skipped: skip)
+                    // The recorded app version moves only with the last step: if the run stops
+                    // half-way, gating on the next run still sees the old version.
+                    _ = try Bookkeeping.syncVersion(db, appVersion: isLast ? appVersion : nil)
+                    duration = elapsed
+                    return .commit
+                }
+            } catch {
+                let failure = Self.failure(error, user: user, migration: migration, schemaVersion: (try? Bookkeeping.userVersion(db)) ?? schemaVersion)
+                observer.record(.migrationFailed(user: user, error: failure))
+                throw failure
+            }
+        }
+        return duration
+    }
+
+    // MARK: Rolling back
+
+    /// Runs the Down sections of every applied migration above `target`, newest first, each in
+    /// its own transaction. Checks that all of them are reversible before changing anything.
+    func rollback(_ db: Database, to target: Int64) throws -> [Int64] {
+        let applied = try Bookkeeping.applied(db).filter { $0.version > target }.reversed()
+        var downs: [(AppliedMigration, [String])] = []
+        for row in applied {
+            if row.skipped { downs.append((row, [])); continue }
+            if let down = migrations.migration(version: row.version)?.down {
+                downs.append((row, down))
+            } else if let recorded = row.downSQL {
+                downs.append((row, SQLScript(recorded).statements))
+            } else {
+                throw StoreError.irreversibleMigration(user: user, version: row.version, migration: migrations.migration(version: row.version)?.fileName ?? row.name)
+            }
+        }
+        try ensureWAL(db)
+        var undone: [Int64] = []
+        for (row, statements) in downs {
+            let started = DispatchTime.now()
+            try withForeignKeysOff(db) {
+                do {
+                    try db.inTransaction(.immediate) {
+                        for statement in statements { try db.execute(sql: statement) }
+                        try checkForeignKeys(db)
+                        try db.execute(sql: "DELETE FROM schema_migrations WHERE version = ?", arguments: [row.version])
+                        _ = try Bookkeeping.syncVersion(db, appVersion: nil)
+                        return .commit
+                    }
+                } catch {
+                    let migration = migrations.migration(version: row.version)
+                    throw Self.failure(error, user: user, migration: migration ?? Migration(version: row.version, name: row.name, fileName: row.name, up: [], down: nil, checksum: row.checksum),
+                                       schemaVersion: (try? Bookkeeping.userVersion(db)) ?? row.version)
+                }
+            }
+            undone.append(row.version)
+            observer.record(.rollbackStep(user: user, version: row.version, migration: migrations.migration(version: row.version)?.fileName ?? row.name,
+                                          durationMicroseconds: Self.microseconds(since: started)))
+        }
+        return undone
+    }
+
+    // MARK: Checksums
+
+    /// Records the current files' checksums for applied migrations whose files changed
+    /// (all of them, or only `versions`). Returns the versions updated.
+    func acceptChecksums(_ db: Database, versions: Set<Int64>?) throws -> [Int64] {
+        var accepted: [Int64] = []
+        try db.inTransaction(.immediate) {
+            for row in try Bookkeeping.applied(db) where versions?.contains(row.version) ?? true {
+                guard let known = migrations.migration(version: row.version), known.checksum != row.checksum else { continue }
+                try Bookkeeping.acceptChecksum(db, version: row.version, checksum: known.checksum)
+                accepted.append(row.version)
+            }
+            return .commit
+        }
+        return accepted
+    }
+
+    // MARK: Helpers
+
+    private func ensureWAL(_ db: Database) throws {
+        let mode = try String.fetchOne(db, sql: "PRAGMA journal_mode")
+        if mode?.lowercased() != "wal" { try db.execute(sql: "PRAGMA journal_mode = WAL") }
+    }
+
+    /// `PRAGMA foreign_keys` is a no-op inside a transaction, so it is switched off here, before
+    /// the transaction begins, and back on afterwards whatever happens.
+    private func withForeignKeysOff(_ db: Database, _ body: () throws -> Void) throws {
+        try db.execute(sql: "PRAGMA foreign_keys = OFF")
+        defer { try? db.execute(sql: "PRAGMA foreign_keys = ON") }
+        try body()
+    }
+
+    private func checkForeignKeys(_ db: Database) throws {
+        let violations = try Row.fetchAll(db, sql: "SELECT \"table\", rowid, parent FROM pragma_foreign_key_check LIMIT 6")
+        guard let first = violations.first else { return }
+        let table: String = first[0], parent: String = first[2]
+        let rowid: Int64? = first[1]
+        let more = violations.count > 1 ? " (and \(violations.count - 1)\(violations.count > 5 ? "+" : "") more)" : ""
+        throw ForeignKeyViolation(message: "foreign key check failed: row \(rowid.map(String.init) ?? "?") of \(table) references a missing row of \(parent)\(more)")
+    }
+
+    private struct ForeignKeyViolation: Error { let message: String }
+
+    private static func failure(_ error: any Error, user: UserID, migration: Migration, schemaVersion: Int64) -> StoreError {
+        switch error {
+        case let error as StoreError:
+            return error
+        case let error as ForeignKeyViolation:
+            return .migrationFailed(user: user, version: migration.version, migration: migration.fileName,
+                                    message: error.message, sqliteCode: nil, schemaVersion: schemaVersion)
+        case let error as DatabaseError:
+            return .migrationFailed(user: user, version: migration.version, migration: migration.fileName,
+                                    message: error.message ?? "\(error.resultCode)", sqliteCode: error.extendedResultCode.rawValue,
+                                    schemaVersion: schemaVersion)
+        default:
+            return .migrationFailed(user: user, version: migration.version, migration: migration.fileName,
+                                    message: "\(error)", sqliteCode: nil, schemaVersion: schemaVersion)
+        }
+    }
+
+    static func microseconds(since start: DispatchTime) -> Int64 {
+        Int64((DispatchTime.now().uptimeNanoseconds - start.uptimeNanoseconds) / 1_000)
+    }
+}

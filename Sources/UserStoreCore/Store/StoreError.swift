@@ -1,0 +1,47 @@
+/// Everything that can go wrong with one user's store. Each case carries what a caller needs to
+/// act on it, and maps one-to-one onto a named varlink error in the daemon.
+public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The user ID is not valid; nothing was created.
+    case invalidUser(id: String, reason: String)
+    /// Migration `version` (`migration` is its file) failed; the store was rolled back to
+    /// `schemaVersion`. `message` is SQLite's message (or the foreign key check's finding).
+    case migrationFailed(user: UserID, version: Int64, migration: String, message: String, sqliteCode: Int32?, schemaVersion: Int64)
+    /// The store's schema is newer than every migration the daemon knows; it was not touched.
+    case storeTooNew(user: UserID, storeVersion: Int64, knownVersion: Int64)
+    /// An applied migration's file changed after it was applied.
+    case checksumMismatch(user: UserID, version: Int64, migration: String, recorded: String, current: String)
+    /// A migration numbered below the store's latest applied one was never applied to it, and
+    /// out-of-order migrations are not allowed.
+    case outOfOrderMigration(user: UserID, version: Int64, migration: String, latestApplied: Int64)
+    /// The file is not a SQLite database, is corrupt, or its bookkeeping is inconsistent.
+    case storeDamaged(user: UserID, message: String)
+    /// A rollback needs a Down section that the migration does not have.
+    case irreversibleMigration(user: UserID, version: Int64, migration: String)
+    /// A statement failed; `code` is SQLite's extended result code.
+    case sqlError(code: Int32, message: String, sql: String?)
+    /// The store's file could not be created or opened (permissions, disk full, ...).
+    case storageFailure(user: UserID, message: String)
+
+    public var description: String {
+        switch self {
+        case .invalidUser(let id, let reason):
+            return "invalid user ID \(id.debugDescription): \(reason)"
+        case .migrationFailed(let user, let version, let migration, let message, _, let schemaVersion):
+            return "store '\(user)': migration \(version) (\(migration)) failed: \(message); the store stays at version \(schemaVersion)"
+        case .storeTooNew(let user, let storeVersion, let knownVersion):
+            return "store '\(user)' is at schema version \(storeVersion), newer than the latest known migration \(knownVersion); it was left untouched"
+        case .checksumMismatch(let user, let version, let migration, let recorded, let current):
+            return "store '\(user)': migration \(version) (\(migration)) changed after it was applied (recorded checksum \(recorded.prefix(12)), file now \(current.prefix(12))); restore the file or accept the change"
+        case .outOfOrderMigration(let user, let version, let migration, let latestApplied):
+            return "store '\(user)': migration \(version) (\(migration)) is numbered below the latest applied migration \(latestApplied) but was never applied; renumber it or allow out-of-order migrations"
+        case .storeDamaged(let user, let message):
+            return "store '\(user)' is damaged: \(message)"
+        case .irreversibleMigration(let user, let version, let migration):
+            return "store '\(user)': migration \(version) (\(migration)) has no Down section; cannot roll back past it"
+        case .sqlError(let code, let message, _):
+            return "SQL error \(code): \(message)"
+        case .storageFailure(let user, let message):
+            return "store '\(user)': cannot open or create the file: \(message)"
+        }
+    }
+}

@@ -1,0 +1,46 @@
+/// Something that happened to a store, reported to a ``StoreObserver`` as it happens.
+/// The journal and the CLI's progress display are built on these. Events never carry SQL
+/// parameters or row contents.
+public enum StoreEvent: Sendable, Equatable {
+    /// A new store file was created.
+    case storeCreated(user: UserID, path: String)
+    /// A migration run starts: `steps` migrations take the store from `from` to `to`.
+    case migrationStarted(user: UserID, from: Int64, to: Int64, steps: Int)
+    /// Step `step` of `steps` finished. `skipped` when app-version gating skipped its SQL.
+    case migrationStep(user: UserID, version: Int64, migration: String, step: Int, steps: Int, durationMicroseconds: Int64, skipped: Bool)
+    /// Every step of the run committed.
+    case migrationFinished(user: UserID, from: Int64, to: Int64, steps: Int, durationMicroseconds: Int64)
+    /// A step failed and was rolled back (the error says which and why).
+    case migrationFailed(user: UserID, error: StoreError)
+    /// The store was refused without being changed (too new, checksum changed, damaged, out of order).
+    case storeRefused(user: UserID, error: StoreError)
+    /// A copy of the store was taken before migrating it.
+    case backupCreated(user: UserID, path: String, schemaVersion: Int64)
+    /// A rollback step ran a Down section.
+    case rollbackStep(user: UserID, version: Int64, migration: String, durationMicroseconds: Int64)
+    /// An applied migration whose file is gone; reported, not fatal.
+    case unknownAppliedMigration(user: UserID, version: Int64, name: String)
+
+    /// The user the event is about.
+    public var user: UserID {
+        switch self {
+        case .storeCreated(let user, _), .migrationStarted(let user, _, _, _),
+             .migrationStep(let user, _, _, _, _, _, _), .migrationFinished(let user, _, _, _, _),
+             .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _),
+             .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _):
+            return user
+        }
+    }
+}
+
+/// Receives ``StoreEvent``s. Called synchronously on the store's queue, so it must be quick
+/// and must not block: hand the event off and return.
+public protocol StoreObserver: Sendable {
+    func record(_ event: StoreEvent)
+}
+
+/// An observer that drops everything.
+public struct NoStoreObserver: StoreObserver {
+    public init() {}
+    public func record(_ event: StoreEvent) {}
+}

@@ -1,0 +1,43 @@
+import Foundation
+import GRDB
+
+/// Opens (or creates) a store's file with the connection settings every store uses.
+struct StoreOpener: Sendable {
+    let layout: StoreLayout
+    /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
+    let busyTimeoutSeconds: Double
+
+    /// Opens `user`'s file; creates it (and its folders) when absent. Nothing is written to an
+    /// existing file here: journal mode and bookkeeping are only touched when migrating.
+    func open(_ user: UserID) throws -> (store: Store, created: Bool) {
+        let path = layout.storePath(for: user)
+        let created = !FileManager.default.fileExists(atPath: path)
+        if created {
+            do {
+                try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true)
+            } catch {
+                throw StoreError.storageFailure(user: user, message: (error as NSError).localizedDescription)
+            }
+        }
+        var configuration = Configuration()
+        configuration.label = "userstore.\(user.rawValue)"
+        configuration.foreignKeysEnabled = true
+        configuration.busyMode = .timeout(busyTimeoutSeconds)
+        configuration.journalMode = .default
+        configuration.prepareDatabase { db in
+            // Durability of every committed transaction (WAL's default NORMAL can lose the last ones on power loss).
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        do {
+            let queue = try DatabaseQueue(path: path, configuration: configuration)
+            return (Store(user: user, path: path, queue: queue), created)
+        } catch let error as DatabaseError {
+            switch error.resultCode {
+            case .SQLITE_NOTADB, .SQLITE_CORRUPT:
+                throw StoreError.storeDamaged(user: user, message: error.message ?? "not a database")
+            default:
+                throw StoreError.storageFailure(user: user, message: error.message ?? "\(error.resultCode)")
+            }
+        }
+    }
+}

@@ -1,0 +1,42 @@
+// A child process for the crash tests: takes the data directory's lock, opens one user's store
+// through a registry (which migrates it) and prints each store event on its own line, flushed,
+// so the parent knows when a migration is under way before it sends SIGKILL.
+//
+//   userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION
+import Foundation
+import UserStoreCore
+
+struct LineObserver: StoreObserver {
+    func record(_ event: StoreEvent) {
+        let name: String
+        switch event {
+        case .migrationStarted: name = "migration-started"
+        case .migrationStep(_, let version, _, _, _, _, _): name = "step \(version)"
+        case .migrationFinished: name = "migration-finished"
+        case .backupCreated: name = "backup-created"
+        case .storeCreated: name = "store-created"
+        case .migrationFailed(_, let error): name = "failed \(error)"
+        default: name = "event"
+        }
+        FileHandle.standardOutput.write(Data((name + "\n").utf8))
+    }
+}
+
+let arguments = CommandLine.arguments
+guard arguments.count == 5 else {
+    FileHandle.standardError.write(Data("usage: userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION\n".utf8))
+    exit(2)
+}
+do {
+    let layout = StoreLayout(dataDirectory: arguments[1])
+    let lock = try DataDirectoryLock(layout: layout)
+    let registry = StoreRegistry(
+        configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion(arguments[4])),
+        migrations: try MigrationSet.load(directory: arguments[2]), lock: lock, observer: LineObserver())
+    let info = try await registry.info(try UserID(arguments[3]))
+    await registry.shutdown()
+    print("done \(info.schemaVersion)")
+} catch {
+    FileHandle.standardError.write(Data("error: \(error)\n".utf8))
+    exit(1)
+}
