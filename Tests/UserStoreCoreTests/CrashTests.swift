@@ -1,0 +1,113 @@
+import Foundation
+import GRDB
+import Testing
+@testable import UserStoreCore
+
+/// A child process is SIGKILLed at random moments while it backs up and migrates a store; the
+/// store must always be found at version N or N+1, intact, with bookkeeping matching the schema.
+@Suite(.serialized) struct CrashTests {
+    static let rows = 200_000
+
+    @Test(.timeLimit(.minutes(5)))
+    func sigkillDuringALongMigrationLeavesVersionNOrNPlusOne() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory)
+            .write("0001_base.sql", """
+                CREATE TABLE base (id INTEGER PRIMARY KEY, x INTEGER NOT NULL);
+                WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000)
+                INSERT INTO base (id, x) SELECT i, i FROM n;
+                """)
+        // Build the store at version 1, then keep a pristine copy of it.
+        let layout = StoreLayout(dataDirectory: directory.path + "/data")
+        do {
+            let harness = try Harness(directory: directory, migrations: try folder.load())
+            #expect(try await harness.registry.info(user("victim")).schemaVersion == 1)
+            await harness.registry.shutdown()
+        }
+        let storePath = layout.storePath(for: user("victim"))
+        let pristine = directory.path + "/pristine.sqlite"
+        try FileManager.default.copyItem(atPath: storePath, toPath: pristine)
+        try folder.write("0002_long.sql", """
+            CREATE TABLE big (id INTEGER PRIMARY KEY, payload TEXT NOT NULL);
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(Self.rows))
+            INSERT INTO big (id, payload) SELECT i, hex(randomblob(16)) FROM n;
+            CREATE INDEX big_by_payload ON big (payload);
+            UPDATE base SET x = x + 1;
+            """)
+
+        // Calibrate: how long does an uninterrupted run take on this machine?
+        let calibration = ContinuousClock().measure {
+            restore(pristine, to: storePath)
+            let status = runHelper(directory: directory, folder: folder, killAfter: nil)
+            #expect(status == 0)
+        }
+        try expectConsistent(storePath, allowed: [2])
+        let window = calibration.components.seconds * 1_000_000 + calibration.components.attoseconds / 1_000_000_000_000
+
+        var outcomes: [Int64: Int] = [:]
+        for _ in 0..<24 {
+            restore(pristine, to: storePath)
+            let delay = Int64.random(in: 0...(window * 11 / 10))
+            _ = runHelper(directory: directory, folder: folder, killAfter: .microseconds(delay))
+            let version = try expectConsistent(storePath, allowed: [1, 2])
+            outcomes[version, default: 0] += 1
+            // The kernel released the dead child's lock.
+            #expect(!DataDirectoryLock.isHeld(layout: layout))
+        }
+        #expect(outcomes.values.reduce(0, +) == 24)
+        print("crash test: calibrated run \(window / 1000) ms; outcomes by version: \(outcomes.sorted { $0.key < $1.key })")
+
+        // Whatever state the last kill left, the next open finishes the job.
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        #expect(try await harness.registry.info(user("victim")).schemaVersion == 2)
+        await harness.registry.shutdown()
+        try expectConsistent(storePath, allowed: [2])
+    }
+
+    private func restore(_ pristine: String, to path: String) {
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+        try! FileManager.default.copyItem(atPath: pristine, toPath: path)
+    }
+
+    /// Runs the helper; with `killAfter`, SIGKILLs it after that long (a random point in its run).
+    private func runHelper(directory: TemporaryDirectory, folder: MigrationFolder, killAfter: Duration?) -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: productsDirectory + "/userstore-test-helper")
+        process.arguments = [directory.path + "/data", folder.path, "victim", "1.0"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try! process.run()
+        if let killAfter {
+            let deadline = ContinuousClock.now + killAfter
+            while ContinuousClock.now < deadline, process.isRunning { usleep(200) }
+            kill(process.processIdentifier, SIGKILL)
+        }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Opens the file as SQLite would after a crash and checks it; returns its version.
+    @discardableResult
+    private func expectConsistent(_ path: String, allowed: Set<Int64>) throws -> Int64 {
+        let queue = try DatabaseQueue(path: path)
+        defer { try? queue.close() }
+        return try queue.read { db in
+            let version = try Int64.fetchOne(db, sql: "PRAGMA user_version")!
+            #expect(allowed.contains(version))
+            #expect(try String.fetchAll(db, sql: "PRAGMA integrity_check") == ["ok"])
+            let snapshot = try BookkeepingSnapshot.read(db)
+            #expect(snapshot.schemaVersion == version)
+            #expect(snapshot.migrations == Array(1...version))
+            let hasBig = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'big')")!
+            let baseSum = try Int.fetchOne(db, sql: "SELECT sum(x) FROM base")!
+            if version == 1 {
+                #expect(!hasBig)
+                #expect(baseSum == 500_500)
+            } else {
+                #expect(try Int.fetchOne(db, sql: "SELECT count(*) FROM big") == Self.rows)
+                #expect(baseSum == 501_500)
+            }
+            return version
+        }
+    }
+}

@@ -1,0 +1,159 @@
+import Foundation
+import GRDB
+import Synchronization
+import Testing
+@testable import UserStoreCore
+
+@Suite struct RegistryTests {
+    /// Migration 2 is not idempotent: running it twice would insert two rows.
+    private func countingMigrations(_ directory: TemporaryDirectory) throws -> MigrationSet {
+        try MigrationFolder(directory)
+            .write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+            .write("0002_count.sql", "INSERT INTO runs VALUES ('once');")
+            .load()
+    }
+
+    @Test func concurrentFirstOpensOfOneNewUserMigrateExactlyOnce() async throws {
+        let directory = try TemporaryDirectory()
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory))
+        let migratedReports = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for _ in 0..<64 {
+                group.addTask {
+                    try await harness.registry.withStore(user("zoe"), reporting: { store, report in
+                        _ = try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
+                        return report?.migrated == true
+                    })
+                }
+            }
+            return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+        }
+        #expect(migratedReports == 64) // every request waited for the one migration and saw it
+        let rows = try await harness.registry.withStore(user("zoe")) { store in
+            try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
+        }
+        #expect(rows == 1)
+        #expect(harness.recorder.count { if case .migrationStarted = $0 { true } else { false } } == 1)
+        #expect(harness.recorder.count { if case .storeCreated = $0 { true } else { false } } == 1)
+    }
+
+    @Test func differentUsersOpenInParallelAndEachMigratesOnce() async throws {
+        let directory = try TemporaryDirectory()
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory))
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<200 {
+                group.addTask {
+                    try await harness.registry.withStore(user("user\(index % 25)")) { store in
+                        try await store.queue.write { try $0.execute(sql: "INSERT INTO runs VALUES ('request')") }
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        for index in 0..<25 {
+            let counts = try await harness.registry.withStore(user("user\(index)")) { store in
+                try await store.queue.read { db in
+                    (try Int.fetchOne(db, sql: "SELECT count(*) FROM runs WHERE at = 'once'")!,
+                     try Int.fetchOne(db, sql: "SELECT count(*) FROM runs WHERE at = 'request'")!)
+                }
+            }
+            #expect(counts.0 == 1 && counts.1 == 8)
+        }
+        #expect(harness.recorder.count { if case .migrationStarted = $0 { true } else { false } } == 25)
+    }
+
+    @Test func neverHoldsMoreThanMaxOpenStores() async throws {
+        let directory = try TemporaryDirectory()
+        let limit = 8
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), maxOpenStores: limit)
+        let peakFiles = PeakCounter()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<(5 * limit * 4) {
+                group.addTask {
+                    try await harness.registry.withStore(user("cap\(index % (5 * limit))")) { store in
+                        try await store.queue.write { try $0.execute(sql: "INSERT INTO runs VALUES ('request')") }
+                        let open = openStoreFiles(under: directory.path)
+                        peakFiles.observe(open)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let statistics = harness.registry.statistics
+        #expect(statistics.peakOpenStores == limit)
+        #expect(statistics.openStores <= limit)
+        #expect(peakFiles.peak <= limit)
+        #expect(peakFiles.peak >= 1)
+        #expect(harness.layout.allUsers().count == 5 * limit)
+        await harness.registry.shutdown()
+        #expect(openStoreFiles(under: directory.path) == 0)
+    }
+
+    @Test func idleStoresAreClosedAndReopenTransparently() async throws {
+        let directory = try TemporaryDirectory()
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), idleTimeout: .seconds(60))
+        for index in 0..<3 { _ = try await harness.registry.info(user("idle\(index)")) }
+        #expect(await harness.registry.closeIdleStores(now: .now) == 0)
+        #expect(await harness.registry.closeIdleStores(now: .now + .seconds(61)) == 3)
+        #expect(harness.registry.statistics.openStores == 0)
+        #expect(try await harness.registry.info(user("idle1")).schemaVersion == 2)
+        #expect(harness.recorder.count { if case .migrationStarted = $0 { true } else { false } } == 3)
+    }
+
+    @Test func aStoreIsNotClosedWhileARequestHoldsIt() async throws {
+        let directory = try TemporaryDirectory()
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), maxOpenStores: 1)
+        let (entered, enteredContinuation) = AsyncStream<Void>.makeStream()
+        let (finish, finishContinuation) = AsyncStream<Void>.makeStream()
+        async let holder: Int? = harness.registry.withStore(user("holder")) { store in
+            enteredContinuation.yield()
+            for await _ in finish { break }
+            return try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
+        }
+        for await _ in entered { break }
+        #expect(await harness.registry.closeIdleStores(now: .now + .seconds(3600)) == 0)
+        async let other: Int64 = harness.registry.info(user("other")).schemaVersion
+        finishContinuation.yield()
+        #expect(try await holder == 1)
+        #expect(try await other == 2)
+        #expect(harness.registry.statistics.peakOpenStores == 1)
+    }
+
+    @Test func theDataDirectoryLockIsExclusive() throws {
+        let directory = try TemporaryDirectory()
+        let layout = StoreLayout(dataDirectory: directory.path + "/data")
+        var first: DataDirectoryLock? = try DataDirectoryLock(layout: layout)
+        #expect(DataDirectoryLock.isHeld(layout: layout))
+        let error = #expect(throws: DataDirectoryLock.LockError.self) { try DataDirectoryLock(layout: layout) }
+        #expect(error == .held(path: layout.lockPath, pid: getpid()))
+        _ = first
+        first = nil
+        #expect(!DataDirectoryLock.isHeld(layout: layout))
+        #expect(throws: Never.self) { try DataDirectoryLock(layout: layout) }
+    }
+
+    @Test func invalidIDsCreateNothing() throws {
+        let directory = try TemporaryDirectory()
+        let layout = StoreLayout(dataDirectory: directory.path + "/data")
+        for id in ["", ".", "..", "a/b", "../x", "a\u{0}b", String(repeating: "x", count: 129), ".hidden", "-x", "a b", "é"] {
+            #expect(throws: UserIDError.self) { try UserID(id) }
+        }
+        #expect(!FileManager.default.fileExists(atPath: layout.dataDirectory))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.path).isEmpty)
+    }
+}
+
+/// How many store files under `directory` this process has open, from /proc/self/fd.
+func openStoreFiles(under directory: String) -> Int {
+    let descriptors = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []
+    return descriptors.filter { fd in
+        let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + fd)) ?? ""
+        return target.hasPrefix(directory + "/") && target.contains("/stores/") && target.hasSuffix(".sqlite")
+    }.count
+}
+
+/// The highest value observed, from many tasks.
+final class PeakCounter: Sendable {
+    private let value = Mutex(0)
+    func observe(_ sample: Int) { value.withLock { $0 = max($0, sample) } }
+    var peak: Int { value.withLock { $0 } }
+}

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Installs what building and testing userstore needs on Debian 12, as root. Idempotent and quick
+# when everything is already there (no apt-get update then).
+set -euo pipefail
+
+packages=(libsqlite3-dev libsystemd-dev sqlite3 systemd systemd-container python3 util-linux)
+missing=()
+for package in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v swift >/dev/null 2>&1 && [ ! -x /opt/swift/usr/bin/swift ]; then
+    echo "error: Swift 6 is not installed (expected swift on PATH or /opt/swift/usr/bin/swift)" >&2
+    exit 1
+fi
