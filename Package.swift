@@ -5,11 +5,19 @@ let package = Package(
     name: "userstore",
     platforms: [.macOS(.v15)],
     products: [
+        .executable(name: "userstored", targets: ["userstored"]),
         .library(name: "UserStoreCore", targets: ["UserStoreCore"]),
+        .library(name: "Varlink", targets: ["Varlink"]),
     ],
     dependencies: [
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: [.defaults, "YAML"]),
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
     ],
     targets: [
         // The store engine: user IDs, paths, migrations, bookkeeping, the registry of open stores.
@@ -21,6 +29,34 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
+        // The varlink protocol: exact JSON, framing, messages, a blocking client.
+        .target(name: "Varlink"),
+        // libsystemd: sd_notify, sd_listen_fds, sd_journal_sendv.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // The daemon as a library: configuration, socket server, request handling, lifecycle.
+        .target(
+            name: "UserStoreServer",
+            dependencies: [
+                "UserStoreCore", "Varlink", "CSystemd",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "Yams", package: "Yams"),
+            ],
+            resources: [.embedInCode("Interfaces/io.userstore.Store.varlink"), .embedInCode("Interfaces/io.userstore.Admin.varlink")]
+        ),
+        .executableTarget(
+            name: "userstored",
+            dependencies: [
+                "UserStoreServer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         // A child process the crash tests SIGKILL in the middle of a migration.
         .executableTarget(
             name: "userstore-test-helper",
@@ -30,6 +66,11 @@ let package = Package(
         .testTarget(
             name: "UserStoreCoreTests",
             dependencies: ["UserStoreCore", "userstore-test-helper"]
+        ),
+        .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
+        .testTarget(
+            name: "UserStoreServerTests",
+            dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "userstored"]
         ),
     ],
     swiftLanguageModes: [.v6]

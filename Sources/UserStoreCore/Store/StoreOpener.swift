@@ -19,6 +19,7 @@ struct StoreOpener: Sendable {
                 throw StoreError.storageFailure(user: user, message: (error as NSError).localizedDescription)
             }
         }
+        let guardian = StoreGuard()
         var configuration = Configuration()
         configuration.label = "userstore.\(user.rawValue)"
         configuration.foreignKeysEnabled = true
@@ -27,10 +28,13 @@ struct StoreOpener: Sendable {
         configuration.prepareDatabase { db in
             // Durability of every committed transaction (WAL's default NORMAL can lose the last ones on power loss).
             try db.execute(sql: "PRAGMA synchronous = FULL")
+            // Replaces GRDB's own authorizer, which only feeds features userstore does not use
+            // (transaction observers, region tracking); see StoreGuard.
+            guardian.install(on: db.sqliteConnection!)
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)
-            return (Store(user: user, path: path, queue: queue), created)
+            return (Store(user: user, path: path, queue: queue, guardian: guardian), created)
         } catch let error as DatabaseError {
             switch error.resultCode {
             case .SQLITE_NOTADB, .SQLITE_CORRUPT:

@@ -1,0 +1,110 @@
+import Foundation
+import GRDBSQLite
+
+/// Keeps client statements inside their own store and inside their time budget.
+///
+/// Installed once per connection (an authorizer change expires every prepared statement, so it
+/// is never swapped), it is permissive by default — migrations and the daemon's bookkeeping need
+/// everything — and strict only while ``withClientRules(deadline:_:)`` runs a client's
+/// statement. Then it refuses: `ATTACH`/`DETACH`; changes to `app_version`,
+/// `schema_migrations` and `user_version`; PRAGMAs that change settings; transaction control
+/// (a transaction must never outlive a request); `load_extension`; virtual tables other than
+/// FTS and R-Tree; and it interrupts a statement that runs past its deadline.
+///
+/// Thread-safety: SQLite calls the callbacks synchronously on the thread that prepares or steps
+/// a statement, which is always the store's serial queue; all state is touched only there.
+public final class StoreGuard: @unchecked Sendable {
+    /// Tables the daemon owns in every store.
+    public static let bookkeepingTables: Set<String> = ["app_version", "schema_migrations"]
+
+    /// PRAGMAs a client may run with an argument because the argument only selects what to read.
+    static let introspectionPragmas: Set<String> = [
+        "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
+        "foreign_key_list", "foreign_key_check", "integrity_check", "quick_check",
+    ]
+    static let allowedModules: Set<String> = ["fts3", "fts4", "fts5", "rtree", "rtree_i32", "geopoly"]
+
+    private var clientRules = false
+    private var deadline: UInt64 = .max
+    /// Why the last client statement was refused (for the error message).
+    public private(set) var refusal: String?
+    /// The last client statement ran out of time.
+    public private(set) var timedOut = false
+
+    public init() {}
+
+    /// Runs `body` (which prepares and steps client statements) under the client rules.
+    public func withClientRules<T>(deadline: UInt64, _ body: () throws -> T) rethrows -> T {
+        clientRules = true
+        self.deadline = deadline
+        refusal = nil
+        timedOut = false
+        defer {
+            clientRules = false
+            self.deadline = .max
+        }
+        return try body()
+    }
+
+    /// Monotonic nanoseconds, cheap enough to read every thousand VM steps.
+    public static func now() -> UInt64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC_COARSE, &spec)
+        return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
+    }
+
+    /// Installs the callbacks on `connection`. The connection must not outlive `self`.
+    func install(on connection: OpaquePointer) {
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        sqlite3_set_authorizer(connection, { context, action, first, second, _, _ in
+            let guardian = Unmanaged<StoreGuard>.fromOpaque(context!).takeUnretainedValue()
+            return guardian.authorize(action, first.map { String(cString: $0) }, second.map { String(cString: $0) })
+        }, context)
+        sqlite3_progress_handler(connection, 1000, { context in
+            let guardian = Unmanaged<StoreGuard>.fromOpaque(context!).takeUnretainedValue()
+            guard guardian.clientRules, StoreGuard.now() > guardian.deadline else { return 0 }
+            guardian.timedOut = true
+            return 1
+        }, context)
+    }
+
+    private func authorize(_ action: Int32, _ first: String?, _ second: String?) -> Int32 {
+        guard clientRules else { return SQLITE_OK }
+        switch action {
+        case SQLITE_ATTACH, SQLITE_DETACH:
+            return deny("ATTACH and DETACH are refused: a request reaches its own user's store only")
+        case SQLITE_INSERT, SQLITE_UPDATE, SQLITE_DELETE, SQLITE_DROP_TABLE:
+            if let table = first, Self.isBookkeeping(table) { return deny("\(table) is the daemon's bookkeeping and is read-only") }
+        case SQLITE_ALTER_TABLE, SQLITE_CREATE_INDEX, SQLITE_DROP_INDEX, SQLITE_CREATE_TRIGGER, SQLITE_DROP_TRIGGER:
+            if let table = second, Self.isBookkeeping(table) { return deny("\(table) is the daemon's bookkeeping and is read-only") }
+        case SQLITE_CREATE_TEMP_TRIGGER:
+            return deny("temporary triggers are refused")
+        case SQLITE_PRAGMA:
+            let name = (first ?? "").lowercased()
+            if Self.introspectionPragmas.contains(name) || second == nil { return SQLITE_OK }
+            return deny("PRAGMA \(name) cannot be changed by a request")
+        case SQLITE_TRANSACTION, SQLITE_SAVEPOINT:
+            return deny("transaction control is refused: use Batch with transaction: true")
+        case SQLITE_FUNCTION:
+            if let name = second?.lowercased(), name == "load_extension" || name == "fts3_tokenizer" {
+                return deny("\(name)() is refused")
+            }
+        case SQLITE_CREATE_VTABLE:
+            if let module = second?.lowercased(), !Self.allowedModules.contains(module) {
+                return deny("virtual table module \(module) is refused")
+            }
+        default:
+            break
+        }
+        return SQLITE_OK
+    }
+
+    private func deny(_ reason: String) -> Int32 {
+        refusal = reason
+        return SQLITE_DENY
+    }
+
+    static func isBookkeeping(_ table: String) -> Bool {
+        bookkeepingTables.contains(table.lowercased())
+    }
+}

@@ -1,0 +1,127 @@
+import Configuration
+import Foundation
+import UserStoreCore
+
+extension ConfigurationLoader {
+    /// Reads typed values, turning every missing-or-wrong value into a ``ConfigurationError``
+    /// that names its key. (swift-configuration's `default:` variants would silently fall back
+    /// to the default on a wrong type.)
+    struct Reader {
+        let reader: ConfigReader
+        let file: String
+        /// Keys present in the file or the environment (swift-configuration does not tell a
+        /// missing key from a mistyped one).
+        let present: Set<String>
+
+        func configuration() throws(ConfigurationError) -> DaemonConfiguration {
+            let appVersionText = try string("appVersion") ?? ""
+            guard !appVersionText.isEmpty else { throw error("appVersion", "is required: the app version recorded in every store, e.g. \"1.4.2\"") }
+            let appVersion: AppVersion
+            do { appVersion = try AppVersion(appVersionText) } catch { throw self.error("appVersion", error.description) }
+
+            var policy = MigrationPolicy()
+            policy.allowOutOfOrder = try bool("migrations.allowOutOfOrder") ?? false
+            if let mismatch = try string("migrations.checksumMismatch") {
+                guard let value = MigrationPolicy.ChecksumMismatch(rawValue: mismatch) else {
+                    throw error("migrations.checksumMismatch", "must be refuse or warn (got \"\(mismatch)\")")
+                }
+                policy.checksumMismatch = value
+            }
+            switch try string("migrations.onFailure") ?? "refuse" {
+            case "refuse": policy.servePreviousVersionOnFailure = false
+            case "serve-previous": policy.servePreviousVersionOnFailure = true
+            case let other: throw error("migrations.onFailure", "must be refuse or serve-previous (got \"\(other)\")")
+            }
+            policy.backupBeforeMigrating = try bool("migrations.backupBeforeMigrating") ?? true
+            policy.backupRetentionSeconds = try int("migrations.backupRetentionSeconds", minimum: 0) ?? 86_400
+
+            var access = AccessRules()
+            access.clientUsers = try ids("access.clientUsers", resolve: AccessRules.resolveUser)
+            access.clientGroups = try ids("access.clientGroups", resolve: AccessRules.resolveGroup)
+            access.adminUsers = try ids("access.adminUsers", resolve: AccessRules.resolveUser)
+            access.adminGroups = try ids("access.adminGroups", resolve: AccessRules.resolveGroup)
+            access.perUnixUserStores = try bool("access.perUnixUserStores") ?? false
+
+            var limits = RequestLimits()
+            limits.maxRequestBytes = try int("limits.maxRequestBytes", minimum: 1024) ?? limits.maxRequestBytes
+            limits.maxResponseBytes = try int("limits.maxResponseBytes", minimum: 1024) ?? limits.maxResponseBytes
+            limits.statementTimeoutMilliseconds = try int("limits.statementTimeoutMilliseconds", minimum: 1) ?? limits.statementTimeoutMilliseconds
+            limits.maxBatchStatements = try int("limits.maxBatchStatements", minimum: 1) ?? limits.maxBatchStatements
+            limits.maxConnections = try int("limits.maxConnections", minimum: 1) ?? limits.maxConnections
+            limits.maxJSONDepth = try int("limits.maxJSONDepth", minimum: 8, maximum: 1000) ?? limits.maxJSONDepth
+
+            var socketMode: UInt32 = 0o660
+            if let mode = try string("socketMode") {
+                guard let parsed = UInt32(mode, radix: 8), parsed <= 0o777, parsed & 0o007 == 0 else {
+                    throw error("socketMode", "must be an octal mode without permissions for others, as a quoted string like \"0660\" (got \"\(mode)\")")
+                }
+                socketMode = parsed
+            }
+            let logTargetText = try string("logTarget") ?? "auto"
+            guard let logTarget = DaemonConfiguration.LogTarget(rawValue: logTargetText) else {
+                throw error("logTarget", "must be auto, journal or stderr (got \"\(logTargetText)\")")
+            }
+            return DaemonConfiguration(
+                appVersion: appVersion,
+                dataDirectory: try path("dataDirectory", default: "/var/lib/userstore"),
+                socketPath: try path("socketPath", default: "/run/userstore/userstore.sock"),
+                socketMode: socketMode,
+                socketGroup: try string("socketGroup"),
+                migrationsDirectory: try path("migrationsDirectory", default: "/etc/userstore/migrations"),
+                maxOpenStores: try int("maxOpenStores", minimum: 1, maximum: 1_000_000) ?? 1024,
+                idleTimeoutSeconds: try int("idleTimeoutSeconds", minimum: 1) ?? 300,
+                policy: policy, access: access, limits: limits, logTarget: logTarget,
+                slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
+                fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 4,
+                sourcePath: file)
+        }
+
+        func error(_ key: String, _ problem: String) -> ConfigurationError {
+            ConfigurationError(file: file, key: key, problem: problem)
+        }
+
+        /// Runs `read`; nil when the key is absent, a ConfigurationError when it has the wrong type.
+        private func optional<T>(_ key: String, expected: String, _ read: () throws -> T) throws(ConfigurationError) -> T? {
+            do {
+                return try read()
+            } catch {
+                guard present.contains(key) else { return nil }
+                throw self.error(key, "must be \(expected)")
+            }
+        }
+
+        func string(_ key: String) throws(ConfigurationError) -> String? {
+            try optional(key, expected: "a string") { try reader.requiredString(forKey: ConfigKey(key)) }
+        }
+
+        func bool(_ key: String) throws(ConfigurationError) -> Bool? {
+            try optional(key, expected: "true or false") { try reader.requiredBool(forKey: ConfigKey(key)) }
+        }
+
+        func int(_ key: String, minimum: Int, maximum: Int = Int.max) throws(ConfigurationError) -> Int? {
+            guard let value = try optional(key, expected: "an integer", { try reader.requiredInt(forKey: ConfigKey(key)) }) else { return nil }
+            guard value >= minimum, value <= maximum else {
+                throw error(key, maximum == Int.max ? "must be at least \(minimum) (got \(value))" : "must be between \(minimum) and \(maximum) (got \(value))")
+            }
+            return value
+        }
+
+        func path(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
+            let value = try string(key) ?? fallback
+            guard !value.isEmpty else { throw error(key, "must not be empty") }
+            if value.hasPrefix("/") { return value }
+            let base = URL(fileURLWithPath: file).deletingLastPathComponent()
+            return base.appendingPathComponent(value).standardizedFileURL.path
+        }
+
+        func ids(_ key: String, resolve: (String) -> UInt32?) throws(ConfigurationError) -> Set<UInt32> {
+            guard let names = try optional(key, expected: "a list of names or numeric ids", { try reader.requiredStringArray(forKey: ConfigKey(key)) }) else { return [] }
+            var result = Set<UInt32>()
+            for name in names {
+                guard let id = resolve(name) else { throw error(key, "'\(name)' is not a known user or group on this host") }
+                result.insert(id)
+            }
+            return result
+        }
+    }
+}

@@ -1,0 +1,66 @@
+import UserStoreCore
+
+/// Everything `userstored` is configured with, validated and frozen.
+/// See config/userstored.yaml for the file format and docs/configuration.md for each key.
+public struct DaemonConfiguration: Sendable {
+    /// Recorded in every store this daemon opens or migrates (`appVersion`).
+    public var appVersion: AppVersion
+    /// Where the stores live (`dataDirectory`).
+    public var dataDirectory: String
+    /// The Unix socket (`socketPath`), unless systemd passes one.
+    public var socketPath: String
+    /// Permission bits of a socket the daemon binds itself (`socketMode`, octal string).
+    public var socketMode: UInt32
+    /// Group that owns a socket the daemon binds itself (`socketGroup`), if any.
+    public var socketGroup: String?
+    /// The numbered migrations (`migrationsDirectory`).
+    public var migrationsDirectory: String
+    /// At most this many store files open at once (`maxOpenStores`).
+    public var maxOpenStores: Int
+    /// Unused stores are closed after this long (`idleTimeoutSeconds`).
+    public var idleTimeoutSeconds: Int
+    /// Migration policy (`migrations.*`).
+    public var policy: MigrationPolicy
+    /// Who may do what (`access.*`).
+    public var access: AccessRules
+    /// Bounds on every request (`limits.*`).
+    public var limits: RequestLimits
+    /// Where log events go (`logTarget`).
+    public var logTarget: LogTarget
+    /// Requests slower than this are logged (`slowRequestMilliseconds`).
+    public var slowRequestMilliseconds: Int
+    /// Default parallelism of fleet migrations (`fleetParallelism`).
+    public var fleetParallelism: Int
+    /// The file this was read from.
+    public var sourcePath: String
+
+    /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
+    /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.
+    public enum LogTarget: String, Sendable, CaseIterable {
+        case auto, journal, stderr
+    }
+
+    /// The registry configuration these settings imply.
+    public var registryConfiguration: RegistryConfiguration {
+        RegistryConfiguration(layout: StoreLayout(dataDirectory: dataDirectory), appVersion: appVersion,
+                              maxOpenStores: maxOpenStores, idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
+    }
+}
+
+/// Bounds on what one request may cost.
+public struct RequestLimits: Sendable, Equatable {
+    /// Largest request message, in bytes (`limits.maxRequestBytes`).
+    public var maxRequestBytes: Int = 16 << 20
+    /// Largest reply, in bytes (`limits.maxResponseBytes`).
+    public var maxResponseBytes: Int = 64 << 20
+    /// A client statement is interrupted after this long (`limits.statementTimeoutMilliseconds`).
+    public var statementTimeoutMilliseconds: Int = 5_000
+    /// Most statements in one Batch (`limits.maxBatchStatements`).
+    public var maxBatchStatements: Int = 10_000
+    /// Most concurrent connections (`limits.maxConnections`).
+    public var maxConnections: Int = 1_024
+    /// Deepest JSON nesting accepted (`limits.maxJSONDepth`).
+    public var maxJSONDepth: Int = 64
+
+    public init() {}
+}

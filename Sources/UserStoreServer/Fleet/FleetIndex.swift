@@ -1,0 +1,143 @@
+import Foundation
+import GRDB
+import Synchronization
+import UserStoreCore
+
+/// The schema version and state of every store in the data directory, for `Status`,
+/// `ListStores` and `Migrate --all` without opening 100,000 files per call.
+///
+/// Built by ``scan(layout:)`` at start-up (reading each file's header, a 100-byte read) and kept
+/// current from ``StoreEvent``s as stores are created, migrated and refused.
+final class FleetIndex: StoreObserver {
+    enum State: String, Sendable {
+        case current, pending, failed
+        case tooNew = "too_new"
+        case unknown
+    }
+
+    struct Entry: Sendable, Equatable {
+        /// -1 when unknown.
+        var version: Int64
+        var failure: String?
+        var failureName: String?
+        var tooNew = false
+    }
+
+    private let entries = Mutex<[UserID: Entry]>([:])
+    private let complete = Atomic<Bool>(false)
+    private let scanTask = Mutex<Task<Void, Never>?>(nil)
+
+    /// Whether the start-up scan has finished.
+    var isComplete: Bool { complete.load(ordering: .acquiring) }
+
+    /// Starts the scan of `layout` in the background.
+    func startScan(layout: StoreLayout) {
+        scanTask.withLock { task in
+            guard task == nil else { return }
+            task = Task.detached(priority: .utility) { await self.scan(layout: layout) }
+        }
+    }
+
+    /// Returns once the scan has finished.
+    func waitForScan() async {
+        await scanTask.withLock { $0 }?.value
+    }
+
+    /// Reads every store's version from its header. Entries recorded by events while the scan
+    /// runs are newer and are kept.
+    private func scan(layout: StoreLayout) async {
+        let users = await Task.detached { layout.allUsers() }.value
+        for chunk in stride(from: 0, to: users.count, by: 512) {
+            let slice = users[chunk..<min(chunk + 512, users.count)]
+            let read = await Task.detached { slice.map { ($0, Self.readVersion(of: layout.storePath(for: $0))) } }.value
+            entries.withLock { entries in
+                for (user, version) in read where entries[user] == nil { entries[user] = Entry(version: version) }
+            }
+        }
+        complete.store(true, ordering: .releasing)
+    }
+
+    /// The schema version in a store file's header (`user_version`, offset 60), or -1. A store
+    /// with a non-empty WAL (left by a crash) may have a newer version there, so SQLite reads it.
+    static func readVersion(of path: String) -> Int64 {
+        if let size = (try? FileManager.default.attributesOfItem(atPath: path + "-wal"))?[.size] as? Int, size > 0 {
+            return (try? DatabaseQueue(path: path).read { try Int64.fetchOne($0, sql: "PRAGMA user_version") ?? -1 }) ?? -1
+        }
+        guard let handle = FileHandle(forReadingAtPath: path) else { return -1 }
+        defer { try? handle.close() }
+        guard let header = try? handle.read(upToCount: 100), header.count == 100,
+              header.starts(with: Array("SQLite format 3".utf8)) else {
+            return header(isEmpty: path) ? 0 : -1
+        }
+        return header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
+    }
+
+    private static func header(isEmpty path: String) -> Bool {
+        ((try? FileManager.default.attributesOfItem(atPath: path))?[.size] as? Int) == 0
+    }
+
+    func record(_ event: StoreEvent) {
+        entries.withLock { entries in
+            let user = event.user
+            var entry = entries[user] ?? Entry(version: 0)
+            switch event {
+            case .storeCreated:
+                entry = Entry(version: 0)
+            case .migrationStep(_, let version, _, _, _, _, _):
+                entry.version = max(entry.version, version)
+            case .migrationFinished(_, _, let to, _, _):
+                entry.version = to
+                entry.failure = nil
+                entry.failureName = nil
+            case .migrationFailed(_, let error):
+                entry.failure = error.description
+                entry.failureName = error.varlinkError.name
+                if case .migrationFailed(_, _, _, _, _, let schemaVersion) = error { entry.version = schemaVersion }
+            case .storeRefused(_, let error):
+                if case .storeTooNew(_, let storeVersion, _) = error {
+                    entry.version = storeVersion
+                    entry.tooNew = true
+                } else {
+                    entry.failure = error.description
+                    entry.failureName = error.varlinkError.name
+                }
+            case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration:
+                return
+            }
+            entries[user] = entry
+        }
+    }
+
+    /// Records the outcome of an explicit migration or rollback.
+    func update(_ user: UserID, version: Int64, failure: StoreError?) {
+        entries.withLock { entries in
+            var entry = entries[user] ?? Entry(version: version)
+            entry.version = version
+            entry.failure = failure?.description
+            entry.failureName = failure?.varlinkError.name
+            if failure == nil { entry.tooNew = false }
+            entries[user] = entry
+        }
+    }
+
+    static func state(of entry: Entry, latest: Int64) -> State {
+        if entry.tooNew || entry.version > latest { return .tooNew }
+        if entry.failure != nil { return .failed }
+        if entry.version < 0 { return .unknown }
+        return entry.version == latest ? .current : .pending
+    }
+
+    /// Every known store, sorted by user.
+    func snapshot() -> [(UserID, Entry)] {
+        entries.withLock { entries in entries.sorted { $0.key < $1.key } }
+    }
+
+    /// Store counts by state.
+    func counts(latest: Int64) -> [State: Int] {
+        entries.withLock { entries in
+            var counts: [State: Int] = [:]
+            for entry in entries.values { counts[Self.state(of: entry, latest: latest), default: 0] += 1 }
+            return counts
+        }
+    }
+}

@@ -1,0 +1,99 @@
+import Foundation
+import Logging
+import ServiceLifecycle
+import UnixSignals
+import UserStoreCore
+
+/// Feeds systemd's watchdog every half interval while `WATCHDOG_USEC` is set. It runs apart from
+/// the request and migration paths, so a long migration never starves it; a daemon whose
+/// cooperative threads are all stuck stops feeding it and is restarted, as it should be.
+///
+/// Test-only fault switch: `USERSTORED_TEST_FAULT=stop-watchdog` stops the pings after the
+/// first, to prove that systemd kills and restarts a hung daemon.
+struct WatchdogService: Service {
+    let notifier: SystemdNotifier
+    let logger: Logger
+
+    func run() async throws {
+        guard let interval = notifier.watchdogInterval else { return try await gracefulShutdown() }
+        let hang = ProcessInfo.processInfo.environment["USERSTORED_TEST_FAULT"] == "stop-watchdog"
+        logger.info("watchdog enabled", metadata: ["interval_usec": "\(interval.components.seconds * 1_000_000 + interval.components.attoseconds / 1_000_000_000_000)"])
+        while !Task.isShuttingDownGracefully {
+            notifier.notify("WATCHDOG=1")
+            if hang {
+                logger.warning("test fault: watchdog pings stopped")
+                return try await gracefulShutdown()
+            }
+            try await cancelWhenGracefulShutdown { try await Task.sleep(for: interval / 2) }
+        }
+    }
+}
+
+/// Closes stores nobody used for `idleTimeoutSeconds`.
+struct IdleSweeper: Service {
+    let registry: StoreRegistry
+
+    func run() async throws {
+        let period = min(registry.configuration.idleTimeout / 2, .seconds(30))
+        while !Task.isShuttingDownGracefully {
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: period) }
+            } catch {
+                return
+            }
+            await registry.closeIdleStores()
+        }
+    }
+}
+
+/// `SIGHUP` = `Reload`: re-reads configuration and migrations.
+struct HangupReloader: Service {
+    let reload: @Sendable () async throws -> DaemonContext.ReloadOutcome
+    let logger: Logger
+
+    func run() async throws {
+        let signals = await UnixSignalsSequence(trapping: .sighup)
+        for await _ in signals.cancelOnGracefulShutdown() {
+            do {
+                _ = try await reload()
+            } catch {
+                logger.error("reload failed; the previous configuration and migrations stay in force", metadata: ["error": "\(error)"])
+            }
+        }
+    }
+}
+
+/// Keeps `systemctl status` current through `STATUS=`: open stores, migrations in flight, and
+/// the progress of a fleet migration.
+struct StatusReporter: Service {
+    let context: DaemonContext
+    let notifier: SystemdNotifier
+
+    func run() async throws {
+        var last = ""
+        while !Task.isShuttingDownGracefully {
+            let text = Self.statusText(context)
+            if text != last {
+                notifier.notify("STATUS=" + text)
+                last = text
+            }
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) }
+            } catch {
+                return
+            }
+        }
+    }
+
+    static func statusText(_ context: DaemonContext) -> String {
+        let statistics = context.registry.statistics
+        let counters = context.counters.withLock { $0 }
+        if let fleet = counters.fleet {
+            let elapsed = Double((ContinuousClock.now - fleet.started).components.seconds) + 0.001
+            let rate = Int(Double(fleet.done) / elapsed)
+            return "Migrating \(fleet.done)/\(fleet.total) stores, \(fleet.failures) failed, \(rate)/s"
+        }
+        let failed = context.index.counts(latest: context.registry.migrations.latestVersion)[.failed] ?? 0
+        return "Serving \(statistics.openStores) open stores, \(statistics.preparing) migrating, \(failed) failed, \(counters.connections) connections"
+    }
+}

@@ -1,0 +1,148 @@
+import Foundation
+import Varlink
+import Logging
+import ServiceLifecycle
+import Synchronization
+import UserStoreCore
+
+/// `userstored`: loads the configuration and migrations, takes the data directory's lock,
+/// serves the socket until SIGTERM/SIGINT, then drains and closes every store.
+public enum Daemon {
+    /// Exit codes (sysexits.h where one fits).
+    public enum ExitCode: Int32 {
+        case success = 0
+        case failure = 1
+        case configuration = 78 // EX_CONFIG
+        case unavailable = 69 // EX_UNAVAILABLE: data directory locked, socket busy
+    }
+
+    /// Runs the daemon; returns its exit code. Problems before serving are printed as one line
+    /// on stderr (and logged).
+    public static func run(configurationPath: String, logTarget: DaemonConfiguration.LogTarget?) async -> ExitCode {
+        let configuration: DaemonConfiguration
+        do {
+            configuration = try await ConfigurationLoader.load(path: configurationPath)
+        } catch {
+            printError("userstored: configuration refused: \(error)")
+            return .configuration
+        }
+        let logger = LoggerFactory.makeLogger(target: logTarget ?? configuration.logTarget)
+        let notifier = SystemdNotifier()
+        logger.info("userstored \(DaemonInfo.version) starting", metadata: [
+            "event": "daemon-starting", "config": .string(configuration.sourcePath), "app_version": .string(configuration.appVersion.text),
+        ])
+
+        let migrations: MigrationSet
+        do {
+            migrations = try MigrationSet.load(directory: configuration.migrationsDirectory)
+        } catch {
+            logger.critical("migrations refused: \(error)", metadata: ["event": "daemon-failed"])
+            printError("userstored: \(error)")
+            return .configuration
+        }
+        let layout = StoreLayout(dataDirectory: configuration.dataDirectory)
+        let lock: DataDirectoryLock
+        do {
+            lock = try DataDirectoryLock(layout: layout)
+        } catch {
+            logger.critical("\(error)", metadata: ["event": "daemon-failed"])
+            printError("userstored: \(error)")
+            return .unavailable
+        }
+
+        let index = FleetIndex()
+        let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)])
+        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
+        let reloadBox = Mutex<(@Sendable () async throws -> DaemonContext.ReloadOutcome)?>(nil)
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index) {
+            guard let reload = reloadBox.withLock({ $0 }) else { throw Errors.shuttingDown }
+            return try await reload()
+        }
+        reloadBox.withLock { $0 = { try await reload(context: context, logger: logger, notifier: notifier) } }
+        index.startScan(layout: layout)
+
+        let inherited = SystemdNotifier.inheritedSocket()
+        let server: SocketServer
+        do {
+            server = try await SocketServer.bind(path: configuration.socketPath, inherited: inherited, context: context, logger: logger, onReady: {
+                notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(context))
+                logger.notice("ready: serving \(inherited == nil ? configuration.socketPath : "the socket passed by systemd")", metadata: [
+                    "event": "daemon-ready", "socket": .string(configuration.socketPath), "migrations": "\(migrations.migrations.count)",
+                    "latest_version": "\(migrations.latestVersion)",
+                ])
+                printError("userstored: listening on \(inherited == nil ? configuration.socketPath : "socket fd \(inherited!) from systemd")")
+            }, onStopping: {
+                notifier.notify("STOPPING=1\nSTATUS=Stopping: finishing requests in flight")
+                logger.notice("stopping: finishing requests in flight", metadata: ["event": "daemon-stopping"])
+            })
+        } catch {
+            logger.critical("cannot serve the socket: \(error)", metadata: ["event": "daemon-failed"])
+            printError("userstored: \(error)")
+            return .unavailable
+        }
+
+        let group = ServiceGroup(configuration: ServiceGroupConfiguration(
+            services: [
+                .init(service: WatchdogService(notifier: notifier, logger: logger)),
+                .init(service: StatusReporter(context: context, notifier: notifier)),
+                .init(service: IdleSweeper(registry: registry)),
+                .init(service: HangupReloader(reload: context.reloader, logger: logger)),
+                .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: logger))
+        var exitCode = ExitCode.success
+        do {
+            try await group.run()
+        } catch {
+            logger.error("service failed: \(error)", metadata: ["event": "daemon-failed"])
+            exitCode = .failure
+        }
+        await registry.shutdown()
+        if inherited == nil { unlink(configuration.socketPath) }
+        logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
+        return exitCode
+    }
+
+    /// Re-reads configuration and migrations; keeps the old ones if either is invalid.
+    static func reload(context: DaemonContext, logger: Logger, notifier: SystemdNotifier) async throws -> DaemonContext.ReloadOutcome {
+        notifier.notify("RELOADING=1\nSTATUS=Reloading configuration and migrations")
+        defer { notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(context)) }
+        logger.notice("reloading configuration and migrations", metadata: ["event": "daemon-reloading"])
+        let configuration = try await ConfigurationLoader.load(path: context.configuration.sourcePath)
+        let migrations: MigrationSet
+        do {
+            migrations = try MigrationSet.load(directory: context.configuration.migrationsDirectory)
+        } catch {
+            throw VarlinkErrors.invalidMigrations(error)
+        }
+        for (key, changed) in restartOnlyChanges(from: context.configuration, to: configuration) where changed {
+            logger.warning("configuration key \(key) changed; it takes effect after a restart", metadata: ["event": "daemon-reloading"])
+        }
+        context.settings.withLock {
+            $0 = RuntimeSettings(access: configuration.access, limits: configuration.limits, slowRequestMilliseconds: configuration.slowRequestMilliseconds)
+        }
+        context.registry.reload(migrations: migrations)
+        let generation = context.registry.statistics.generation
+        logger.notice("reloaded: \(migrations.migrations.count) migrations, latest version \(migrations.latestVersion)", metadata: [
+            "event": "daemon-reloaded", "latest_version": "\(migrations.latestVersion)",
+        ])
+        return .init(migrations: migrations.migrations.count, latestVersion: migrations.latestVersion, generation: generation)
+    }
+
+    private static func restartOnlyChanges(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(String, Bool)] {
+        [("appVersion", old.appVersion.text != new.appVersion.text), ("dataDirectory", old.dataDirectory != new.dataDirectory),
+         ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory),
+         ("maxOpenStores", old.maxOpenStores != new.maxOpenStores), ("migrations", old.policy != new.policy)]
+    }
+
+    static func printError(_ line: String) {
+        FileHandle.standardError.write(Data((line + "\n").utf8))
+    }
+}
+
+enum VarlinkErrors {
+    static func invalidMigrations(_ error: MigrationSetError) -> Varlink.VarlinkError {
+        Varlink.VarlinkError("io.userstore.Admin.InvalidMigrations", ["problems": .array(error.problems.map { .string($0.description) })])
+    }
+}

@@ -1,0 +1,224 @@
+import Foundation
+import UserStoreCore
+import Varlink
+
+/// `io.userstore.Admin`: the operator's view of the fleet and what they can do to it.
+struct AdminMethods {
+    let context: DaemonContext
+    private var registry: StoreRegistry { context.registry }
+
+    func handle(_ call: VarlinkCall, peer: PeerIdentity, send: ReplySink) async throws {
+        let parameters = CallParameters(call)
+        switch call.member {
+        case "Status": try await send(VarlinkReply.encode(status()))
+        case "ListStores":
+            guard call.more else { throw VarlinkError.expectedMore() }
+            try await listStores(parameters, send: send)
+        case "Migrate": try await migrate(parameters, more: call.more, send: send)
+        case "Plan": try await send(VarlinkReply.encode(plan(try parameters.user())))
+        case "Verify": try await verify(parameters, more: call.more, send: send)
+        case "Rollback":
+            let user = try parameters.user()
+            let undone = try await registry.rollback(user, to: try parameters.int("toVersion"))
+            let version = try await registry.withStore(user, access: .admin) { try await $0.versionInfo().schemaVersion }
+            context.index.update(user, version: version, failure: nil)
+            try await send(VarlinkReply.encode(["user": .string(user.rawValue), "undone": .array(undone.map { .integer($0) }), "schemaVersion": .integer(version)]))
+        case "Backup":
+            let user = try parameters.user()
+            let path = try await registry.backup(user, to: try parameters.optionalString("path"))
+            try await send(VarlinkReply.encode(["user": .string(user.rawValue), "path": .string(path)]))
+        case "Reload":
+            let outcome = try await context.reloader()
+            try await send(VarlinkReply.encode(["migrations": .integer(Int64(outcome.migrations)), "latestVersion": .integer(outcome.latestVersion),
+                                                "generation": .integer(Int64(outcome.generation))]))
+        case "AcceptChecksums":
+            let user = try parameters.user()
+            let versions = try parameters.optionalInts("versions").map(Set.init)
+            let accepted = try await registry.acceptChecksums(user, versions: versions)
+            try await send(VarlinkReply.encode(["user": .string(user.rawValue), "accepted": .array(accepted.map { .integer($0) })]))
+        case "Execute": try await send(execute(parameters))
+        default: throw VarlinkError.methodNotFound(call.method)
+        }
+    }
+
+    private func status() -> [String: JSONValue] {
+        let latest = registry.migrations.latestVersion
+        let counts = context.index.counts(latest: latest)
+        let statistics = registry.statistics
+        let counters = context.counters.withLock { $0 }
+        let known = counts.values.reduce(0, +)
+        return [
+            "daemonVersion": .string(DaemonInfo.version),
+            "appVersion": .string(context.configuration.appVersion.text),
+            "latestSchemaVersion": .integer(latest),
+            "migrations": .integer(Int64(registry.migrations.migrations.count)),
+            "uptimeSeconds": .integer(Int64((ContinuousClock.now - context.started).components.seconds)),
+            "dataDirectory": .string(context.configuration.dataDirectory),
+            "socketPath": .string(context.configuration.socketPath),
+            "openStores": .integer(Int64(statistics.openStores)),
+            "maxOpenStores": .integer(Int64(context.configuration.maxOpenStores)),
+            "knownStores": .integer(Int64(known)),
+            "currentStores": .integer(Int64(counts[.current] ?? 0)),
+            "pendingStores": .integer(Int64(counts[.pending] ?? 0)),
+            "failedStores": .integer(Int64(counts[.failed] ?? 0)),
+            "tooNewStores": .integer(Int64(counts[.tooNew] ?? 0)),
+            "migrationsInFlight": .integer(Int64(statistics.preparing + counters.fleetMigrationsInFlight)),
+            "connections": .integer(Int64(counters.connections)),
+            "indexComplete": .bool(context.index.isComplete),
+        ]
+    }
+
+    private func listStores(_ parameters: CallParameters, send: ReplySink) async throws {
+        let filter = try parameters.optionalString("state").map { text throws(VarlinkError) -> FleetIndex.State in
+            guard let state = FleetIndex.State(rawValue: text.replacingOccurrences(of: "-", with: "_")) else { throw .invalidParameter("state") }
+            return state
+        }
+        let limit = try parameters.optionalInt("limit").map { Int(max(0, $0)) } ?? Int.max
+        let latest = registry.migrations.latestVersion
+        var selected: [JSONValue] = []
+        for (user, entry) in context.index.snapshot() {
+            let state = FleetIndex.state(of: entry, latest: latest)
+            if let filter, filter != state { continue }
+            var fields: [String: JSONValue] = ["user": .string(user.rawValue), "schemaVersion": .integer(entry.version), "state": .string(state.rawValue)]
+            if let failure = entry.failure { fields["error"] = .string(failure) }
+            selected.append(.object(fields))
+            if selected.count >= limit { break }
+        }
+        if selected.isEmpty { return try await send(VarlinkReply.encode([:])) }
+        for (offset, store) in selected.enumerated() {
+            try await send(VarlinkReply.encode(["store": store], continues: offset < selected.count - 1))
+        }
+    }
+
+    /// The users a fleet call addresses: `users`, or every known store with `all`.
+    private func targets(_ parameters: CallParameters) async throws -> [UserID] {
+        let all = try parameters.optionalBool("all") ?? false
+        let users = try parameters.optionalStrings("users") ?? []
+        guard all != !users.isEmpty else { throw VarlinkError.invalidParameter(all ? "users" : "all") }
+        if all {
+            await context.index.waitForScan()
+            return context.index.snapshot().map(\.0)
+        }
+        var ids: [UserID] = []
+        for user in users { ids.append(try CallParameters.userID(user)) }
+        return ids
+    }
+
+    private func migrate(_ parameters: CallParameters, more: Bool, send: ReplySink) async throws {
+        let users = try await targets(parameters)
+        let dryRun = try parameters.optionalBool("dryRun") ?? false
+        let parallel = Int(try parameters.optionalInt("parallel") ?? Int64(context.configuration.fleetParallelism))
+        guard (1...256).contains(parallel) else { throw VarlinkError.invalidParameter("parallel") }
+        var progress = FleetProgress(total: users.count)
+        context.counters.withLock {
+            $0.fleetMigrationsInFlight += 1
+            if !dryRun { $0.fleet = (0, users.count, 0, .now) }
+        }
+        defer { context.counters.withLock { $0.fleetMigrationsInFlight -= 1; if !dryRun { $0.fleet = nil } } }
+        let shared = context
+        let registry = self.registry, index = context.index
+        try await FleetOperation.run(users, parallel: parallel, operation: { user -> [String: JSONValue] in
+            await Self.migrateOne(user, dryRun: dryRun, registry: registry, index: index)
+        }, report: { user, outcome in
+            progress.done += 1
+            var fields = outcome
+            if fields["state"] == "failed" {
+                progress.failures += 1
+                progress.failed.append(.object(["user": .string(user.rawValue), "error": fields["error"] ?? .null, "errorName": fields["errorName"] ?? .null]))
+            }
+            if fields["state"] == "migrated" { progress.migrated += 1 }
+            if !dryRun { shared.counters.withLock { [progress] in $0.fleet?.done = progress.done; $0.fleet?.failures = progress.failures } }
+            if more {
+                fields.merge(progress.fields) { $1 }
+                try await send(VarlinkReply.encode(fields, continues: true))
+            }
+        })
+        var summary = progress.fields
+        summary["failed"] = .array(progress.failed)
+        try await send(VarlinkReply.encode(summary))
+    }
+
+    private static func migrateOne(_ user: UserID, dryRun: Bool, registry: StoreRegistry, index: FleetIndex) async -> [String: JSONValue] {
+        var fields: [String: JSONValue] = ["user": .string(user.rawValue)]
+        do {
+            if dryRun {
+                let plan = try await registry.plan(user)
+                fields["state"] = plan.steps.isEmpty && !plan.isNewStore ? "current" : "planned"
+                fields["fromVersion"] = .integer(plan.fromVersion)
+                fields["toVersion"] = .integer(plan.toVersion)
+            } else {
+                let report = try await registry.migrate(user)
+                fields["state"] = report.migrated ? "migrated" : "current"
+                fields["fromVersion"] = .integer(report.fromVersion)
+                fields["toVersion"] = .integer(report.toVersion)
+                index.update(user, version: report.toVersion, failure: nil)
+            }
+        } catch {
+            let failure = Errors.from(error)
+            fields["state"] = "failed"
+            fields["error"] = .string((error as? StoreError)?.description ?? failure.description)
+            fields["errorName"] = .string(failure.name)
+            if let storeError = error as? StoreError, case .migrationFailed(_, _, _, _, _, let version) = storeError {
+                index.update(user, version: version, failure: storeError)
+            }
+        }
+        return fields
+    }
+
+    private func plan(_ user: UserID) async throws -> [String: JSONValue] {
+        let plan = try await registry.plan(user)
+        return [
+            "user": .string(user.rawValue), "newStore": .bool(plan.isNewStore),
+            "fromVersion": .integer(plan.fromVersion), "toVersion": .integer(plan.toVersion),
+            "steps": .array(plan.steps.map { step in
+                .object(["version": .integer(step.version), "migration": .string(step.fileName),
+                         "sql": .array(step.up.map { .string($0) }), "skipped": .bool(plan.skippedVersions.contains(step.version))])
+            }),
+        ]
+    }
+
+    private func verify(_ parameters: CallParameters, more: Bool, send: ReplySink) async throws {
+        let users = try await targets(parameters)
+        var progress = FleetProgress(total: users.count)
+        let registry = self.registry
+        try await FleetOperation.run(users, parallel: context.configuration.fleetParallelism, operation: { user -> [String: JSONValue] in
+            do {
+                let report = try await registry.verify(user)
+                return ["user": .string(user.rawValue), "ok": .bool(report.ok), "schemaVersion": .integer(report.schemaVersion),
+                        "pending": .array(report.pending.map { .integer($0) }), "problems": .array(report.problems.map { .string($0) })]
+            } catch {
+                return ["user": .string(user.rawValue), "ok": false, "problems": [.string((error as? StoreError)?.description ?? "\(error)")]]
+            }
+        }, report: { user, outcome in
+            progress.done += 1
+            if outcome["ok"] != .bool(true) {
+                progress.failures += 1
+                progress.failed.append(.object(["user": .string(user.rawValue), "problems": outcome["problems"] ?? []]))
+            }
+            if more {
+                var fields = outcome
+                fields.merge(progress.fields) { $1 }
+                try await send(VarlinkReply.encode(fields, continues: true))
+            }
+        })
+        var summary = progress.fields
+        summary["failed"] = .array(progress.failed)
+        try await send(VarlinkReply.encode(summary))
+    }
+
+    private func execute(_ parameters: CallParameters) async throws -> [UInt8] {
+        let user = try parameters.user()
+        let sql = try parameters.string("sql")
+        let values = parameters.values["parameters"]
+        let limits = context.limits
+        return try await registry.withStore(user, access: .admin) { store in
+            try await store.queue.writeWithoutTransaction { db in
+                var writer = JSONWriter(capacity: 256)
+                try VarlinkReply.encode(into: &writer) { writer in
+                    try SQLRunner(store: store, limits: limits).run(db, sql: sql, parameters: values, output: .both, into: &writer)
+                }
+                return writer.bytes
+            }
+        }
+    }
+}

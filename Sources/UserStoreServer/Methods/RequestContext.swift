@@ -1,0 +1,60 @@
+import Synchronization
+import UserStoreCore
+import Varlink
+
+/// Sends one encoded reply (a NUL-terminated message) to the caller.
+typealias ReplySink = @Sendable ([UInt8]) async throws -> Void
+
+/// Who is calling, from `SO_PEERCRED`, and what the access rules grant them.
+public struct PeerIdentity: Sendable, Equatable {
+    public var uid: UInt32
+    public var gid: UInt32
+    public var pid: Int32
+    public var grant: AccessRules.Grant
+}
+
+/// The settings a reload may change while the daemon runs.
+struct RuntimeSettings: Sendable {
+    var access: AccessRules
+    var limits: RequestLimits
+    var slowRequestMilliseconds: Int
+}
+
+/// What every request handler shares: the registry, the fleet index, the settings.
+final class DaemonContext: Sendable {
+    let configuration: DaemonConfiguration
+    let registry: StoreRegistry
+    let index: FleetIndex
+    let started: ContinuousClock.Instant
+    let settings: Mutex<RuntimeSettings>
+    let counters = Mutex(Counters())
+    /// Re-reads configuration and migrations; set by the daemon.
+    let reloader: @Sendable () async throws -> ReloadOutcome
+
+    struct Counters {
+        var connections = 0
+        var fleetMigrationsInFlight = 0
+        var shuttingDown = false
+        /// Progress of the fleet migration running now, for STATUS= and the journal.
+        var fleet: (done: Int, total: Int, failures: Int, started: ContinuousClock.Instant)?
+    }
+
+    struct ReloadOutcome: Sendable {
+        var migrations: Int
+        var latestVersion: Int64
+        var generation: Int
+    }
+
+    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex,
+         reloader: @escaping @Sendable () async throws -> ReloadOutcome) {
+        self.configuration = configuration
+        self.registry = registry
+        self.index = index
+        self.started = .now
+        self.settings = Mutex(RuntimeSettings(access: configuration.access, limits: configuration.limits,
+                                              slowRequestMilliseconds: configuration.slowRequestMilliseconds))
+        self.reloader = reloader
+    }
+
+    var limits: RequestLimits { settings.withLock { $0.limits } }
+}

@@ -1,0 +1,141 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A blocking varlink client connection over a Unix socket, for the CLI and tests.
+/// Not thread-safe: one caller at a time.
+public final class VarlinkConnection {
+    /// The socket path.
+    public let path: String
+    private let descriptor: Int32
+    private var buffer: [UInt8] = []
+    private let parser = JSONParser(maxDepth: 512)
+
+    /// Why a connection failed at the transport level (as opposed to a varlink error reply).
+    public enum TransportError: Error, Equatable, Sendable, CustomStringConvertible {
+        case cannotConnect(path: String, message: String, errno: Int32)
+        case closed(path: String)
+        case io(path: String, message: String)
+        case malformedReply(path: String, message: String)
+
+        public var description: String {
+            switch self {
+            case .cannotConnect(let path, let message, _): return "cannot connect to \(path): \(message)"
+            case .closed(let path): return "\(path): the daemon closed the connection"
+            case .io(let path, let message): return "\(path): \(message)"
+            case .malformedReply(let path, let message): return "\(path): malformed reply: \(message)"
+            }
+        }
+
+        /// The connection was refused for lack of permission on the socket.
+        public var isPermissionDenied: Bool {
+            if case .cannotConnect(_, _, let code) = self { return code == EACCES || code == EPERM }
+            return false
+        }
+    }
+
+    /// Connects to `path`.
+    public init(path: String) throws(TransportError) {
+        self.path = path
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw .cannotConnect(path: path, message: String(cString: strerror(errno)), errno: errno) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let pathBytes = Array(path.utf8)
+        guard pathBytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+            close(fd)
+            throw .cannotConnect(path: path, message: "socket path too long", errno: ENAMETOOLONG)
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: pathBytes)
+            raw[pathBytes.count] = 0
+        }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard result == 0 else {
+            let code = errno
+            close(fd)
+            throw .cannotConnect(path: path, message: String(cString: strerror(code)), errno: code)
+        }
+        descriptor = fd
+    }
+
+    deinit {
+        close(descriptor)
+    }
+
+    /// Sends raw bytes (tests use this for malformed input).
+    public func send(raw bytes: [UInt8]) throws(TransportError) {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes[offset...].withUnsafeBytes { Glibc.send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                throw .io(path: path, message: "write failed: \(String(cString: strerror(errno)))")
+            }
+            offset += written
+        }
+    }
+
+    /// Sends a call.
+    public func send(_ call: VarlinkCall) throws(TransportError) {
+        var writer = JSONWriter()
+        writer.write(call.message)
+        writer.raw(byte: 0)
+        try send(raw: writer.bytes)
+    }
+
+    /// Reads the next NUL-terminated message.
+    public func readFrame() throws(TransportError) -> [UInt8] {
+        while true {
+            if let end = buffer.firstIndex(of: 0) {
+                let frame = Array(buffer[..<end])
+                buffer.removeSubrange(...end)
+                return frame
+            }
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw .io(path: path, message: "read failed: \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { throw .closed(path: path) }
+            buffer.append(contentsOf: chunk[..<count])
+        }
+    }
+
+    /// Reads and decodes the next reply.
+    public func readReply() throws(TransportError) -> VarlinkReplyMessage {
+        let frame = try readFrame()
+        do {
+            return try VarlinkReplyMessage(message: try parser.parse(frame))
+        } catch {
+            throw .malformedReply(path: path, message: "\(error)")
+        }
+    }
+
+    /// Calls `method` and returns its single reply; a varlink error reply is thrown as
+    /// ``VarlinkError``, a transport failure as ``TransportError``.
+    public func call(_ method: String, _ parameters: [String: JSONValue] = [:]) throws -> [String: JSONValue] {
+        try send(VarlinkCall(method: method, parameters: parameters))
+        return try readReply().checked().parameters
+    }
+
+    /// Calls `method` with `more` and hands each reply to `body` until the last.
+    public func stream(_ method: String, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) throws {
+        try send(VarlinkCall(method: method, parameters: parameters, more: true))
+        while true {
+            let reply = try readReply().checked()
+            try body(reply.parameters)
+            if !reply.continues { return }
+        }
+    }
+
+    /// Sets a receive timeout (0: none), so a test never hangs on a silent daemon.
+    public func setReceiveTimeout(seconds: Int) {
+        var timeout = timeval(tv_sec: seconds, tv_usec: 0)
+        setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+}

@@ -1,0 +1,35 @@
+import ArgumentParser
+import Foundation
+import UserStoreServer
+
+/// `userstored`: per-user SQLite stores over a varlink Unix socket.
+@main
+struct UserStoreDaemonCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "userstored",
+        abstract: "Serve per-user SQLite stores over a varlink Unix socket.",
+        discussion: """
+            Keeps one SQLite file per application user ID, each behind its own serial queue, \
+            migrated lazily on first use. Runs in the foreground; under systemd it uses \
+            Type=notify, the watchdog and socket activation. SIGTERM/SIGINT stop it gracefully, \
+            SIGHUP reloads configuration and migrations.
+
+            Every configuration key can be overridden by an environment variable: USERSTORED_ \
+            followed by the key in upper snake case (USERSTORED_DATA_DIRECTORY, \
+            USERSTORED_LIMITS_MAX_CONNECTIONS).
+            """,
+        version: DaemonInfo.version)
+
+    @Option(name: .long, help: "The configuration file.")
+    var config: String = "/etc/userstore/userstored.yaml"
+
+    @Option(name: .long, help: "Where log events go: auto (journal when started by systemd, else stderr), journal or stderr. Overrides logTarget.")
+    var logTarget: DaemonConfiguration.LogTarget?
+
+    func run() async throws {
+        let code = await Daemon.run(configurationPath: config, logTarget: logTarget)
+        if code != .success { throw ExitCode(code.rawValue) }
+    }
+}
+
+extension DaemonConfiguration.LogTarget: ExpressibleByArgument {}
