@@ -3,7 +3,7 @@
 # when everything is already there (no apt-get update then).
 set -euo pipefail
 
-packages=(libsqlite3-dev libsystemd-dev sqlite3 systemd systemd-container python3 util-linux)
+packages=(libsqlite3-dev libsystemd-dev sqlite3 systemd systemd-container python3 python3-venv util-linux)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -18,4 +18,14 @@ fi
 if ! command -v swift >/dev/null 2>&1 && [ ! -x /opt/swift/usr/bin/swift ]; then
     echo "error: Swift 6 is not installed (expected swift on PATH or /opt/swift/usr/bin/swift)" >&2
     exit 1
+fi
+
+# An independent varlink implementation (PyPI's "varlink") for the tests: it parses the
+# interface files and talks to the daemon without any of this project's code.
+root="$(cd "$(dirname "$0")/.." && pwd)"
+venv="$root/.build/testenv"
+if ! "$venv/bin/python3" -c "import varlink" 2>/dev/null; then
+    mkdir -p "$root/.build"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check varlink
 fi

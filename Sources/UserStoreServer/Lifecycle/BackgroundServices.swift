@@ -24,7 +24,11 @@ struct WatchdogService: Service {
                 logger.warning("test fault: watchdog pings stopped")
                 return try await gracefulShutdown()
             }
-            try await cancelWhenGracefulShutdown { try await Task.sleep(for: interval / 2) }
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: interval / 2) }
+            } catch {
+                return // graceful shutdown: the group stops us last, after the requests drained
+            }
         }
     }
 }

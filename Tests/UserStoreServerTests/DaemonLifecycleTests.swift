@@ -1,0 +1,196 @@
+import Foundation
+import Synchronization
+import Testing
+import Varlink
+
+@Suite(.serialized) struct DaemonLifecycleTests {
+    @Test func sigtermDuringWriteTrafficExitsZeroAndKeepsEveryAcknowledgedWrite() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let acknowledged = Mutex<[String: [Int64]]>([:])
+        let writers = DispatchGroup()
+        let socketPath = daemon.socketPath
+        let started = DispatchSemaphore(value: 0)
+        for writer in 0..<8 {
+            writers.enter()
+            Thread {
+                defer { writers.leave() }
+                guard let client = try? VarlinkConnection(path: socketPath) else { return }
+                client.setReceiveTimeout(seconds: 30)
+                let user = "writer\(writer % 4)"
+                var sequence: Int64 = 0
+                while true {
+                    sequence += 1
+                    do {
+                        _ = try client.call("io.userstore.Store.Execute", [
+                            "user": .string(user), "sql": "INSERT INTO notes (title, body) VALUES (?, ?)",
+                            "parameters": [.string("w\(writer)"), .string("\(sequence)")],
+                        ])
+                    } catch {
+                        return // the daemon is stopping: this write was not acknowledged
+                    }
+                    acknowledged.withLock { $0["\(user)/w\(writer)", default: []].append(sequence) }
+                    if sequence == 20 { started.signal() }
+                }
+            }.start()
+        }
+        for _ in 0..<8 { started.wait() }
+        let status = daemon.stop(signal: SIGTERM)
+        writers.wait()
+        #expect(status == 0, "\(daemon.stderr)")
+        #expect(daemon.notify.lines.contains("STOPPING=1"))
+        #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
+
+        try daemon.start()
+        let client = try daemon.connect()
+        let expected = acknowledged.withLock { $0 }
+        #expect(expected.values.map(\.count).reduce(0, +) >= 160)
+        for (key, sequences) in expected {
+            let parts = key.split(separator: "/")
+            let rows = try client.call("io.userstore.Store.Query", [
+                "user": .string(String(parts[0])), "sql": "SELECT CAST(body AS INTEGER) FROM notes WHERE title = ? ORDER BY id",
+                "parameters": [.string(String(parts[1]))],
+            ])
+            let stored = Set(rows["rows"]?.arrayValue?.compactMap { $0.arrayValue?.first?.integerValue } ?? [])
+            #expect(Set(sequences).isSubset(of: stored), "\(key): lost \(Set(sequences).subtracting(stored).sorted().prefix(5))")
+        }
+        daemon.stop()
+    }
+
+    @Test func notifiesSystemdOfReadinessStatusWatchdogAndStopping() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start(environment: ["WATCHDOG_USEC": "200000"])
+        #expect(daemon.notify.lines.contains { $0.hasPrefix("STATUS=Serving") })
+        // Pings every 100 ms: wait for three of them.
+        let notify = daemon.notify
+        #expect(notify.waitFor { _ in notify.lines.filter { $0 == "WATCHDOG=1" }.count >= 3 })
+        #expect(daemon.stop() == 0)
+        let lines = daemon.notify.lines
+        let ready = try #require(lines.firstIndex(of: "READY=1"))
+        let stopping = try #require(lines.firstIndex(of: "STOPPING=1"))
+        #expect(ready < stopping)
+    }
+
+    @Test func servesASocketPassedBySystemd() throws {
+        let daemon = try DaemonHarness()
+        // Binds and listens, puts the socket on fd 3 and execs the daemon with LISTEN_FDS=1 and
+        // LISTEN_PID set to its own pid, as systemd does.
+        let launcher = """
+            import os, socket, sys
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+            s.bind(sys.argv[1]); s.listen(16)
+            if s.fileno() != 3:
+                os.dup2(s.fileno(), 3)
+            os.set_inheritable(3, True)
+            os.environ["LISTEN_FDS"] = "1"
+            os.environ["LISTEN_FDNAMES"] = "userstore.sock"
+            os.environ["LISTEN_PID"] = str(os.getpid())
+            os.execv(sys.argv[2], sys.argv[2:])
+            """
+        let script = daemon.directory.path + "/activate.py"
+        try launcher.write(toFile: script, atomically: true, encoding: .utf8)
+        try daemon.start(launcher: ["/usr/bin/python3", script, daemon.socketPath])
+        #expect(daemon.stderr.contains("from systemd"))
+        #expect(try daemon.connect().call("io.userstore.Store.Open", ["user": "activated"])["schemaVersion"] == 6)
+        #expect(daemon.stop() == 0)
+        // A socket systemd owns is left in place.
+        #expect(FileManager.default.fileExists(atPath: daemon.socketPath))
+    }
+
+    @Test func replacesAStaleSocketButNeverALiveOne() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        daemon.stop(signal: SIGKILL) // leaves a stale socket file behind
+        #expect(FileManager.default.fileExists(atPath: daemon.socketPath))
+        try daemon.start()
+        #expect(try daemon.connect().call("org.varlink.service.GetInfo")["product"] == "userstored")
+
+        // A second daemon on the same socket (another data directory) refuses to start.
+        let second = try DaemonHarness()
+        try """
+            appVersion: "2.0.0"
+            dataDirectory: \(second.dataDirectory)
+            socketPath: \(daemon.socketPath)
+            migrationsDirectory: \(second.migrationsDirectory)
+            logTarget: stderr
+            """.write(toFile: second.configPath, atomically: true, encoding: .utf8)
+        try second.start(waitForReady: false)
+        #expect(second.waitForExit() == 69)
+        #expect(second.stderr.contains("another process is serving it"))
+        // And a second daemon on the same data directory refuses too.
+        let third = try DaemonHarness()
+        try """
+            appVersion: "2.0.0"
+            dataDirectory: \(daemon.dataDirectory)
+            socketPath: \(third.socketPath)
+            migrationsDirectory: \(third.migrationsDirectory)
+            logTarget: stderr
+            """.write(toFile: third.configPath, atomically: true, encoding: .utf8)
+        try third.start(waitForReady: false)
+        #expect(third.waitForExit() == 69)
+        #expect(third.stderr.contains("data directory is in use"))
+        #expect(try daemon.connect().call("org.varlink.service.GetInfo")["product"] == "userstored")
+        daemon.stop()
+    }
+
+    @Test func sighupAndReloadPickUpANewMigrationWithoutARestart() throws {
+        let daemon = try DaemonHarness(migrations: ["0001_a.sql": "CREATE TABLE a (x);"])
+        try daemon.start()
+        let client = try daemon.connect()
+        #expect(try client.call("io.userstore.Store.Open", ["user": "r"])["schemaVersion"] == 1)
+        try daemon.addMigration("0002_b.sql", "CREATE TABLE b (x);")
+        kill(daemon.pid, SIGHUP)
+        #expect(daemon.notify.waitFor { $0 == "RELOADING=1" })
+        let notify = daemon.notify
+        #expect(notify.waitFor { _ in notify.lines.filter { $0 == "READY=1" }.count >= 2 })
+        #expect(try client.call("io.userstore.Store.Open", ["user": "r"])["schemaVersion"] == 2)
+
+        try daemon.addMigration("0003_c.sql", "CREATE TABLE c (x);")
+        let reloaded = try client.call("io.userstore.Admin.Reload")
+        #expect(reloaded["latestVersion"] == 3)
+        #expect(try client.call("io.userstore.Store.Open", ["user": "r"])["appliedVersions"] == [3])
+
+        // A broken file is refused with a named error; the previous migrations stay in force.
+        try daemon.addMigration("0004_bad.sql", "CREATE TABLE d (x")
+        #expect {
+            try client.call("io.userstore.Admin.Reload")
+        } throws: { error in
+            let error = error as? VarlinkError
+            return error?.name == "io.userstore.Admin.InvalidMigrations" && error?.parameters["problems"]?.arrayValue?.first?.stringValue?.contains("0004_bad.sql") == true
+        }
+        #expect(try client.call("io.userstore.Store.Open", ["user": "new"])["schemaVersion"] == 3)
+        daemon.stop()
+    }
+
+    @Test(arguments: [
+        ("maxOpenStores: lots", "maxOpenStores"),
+        ("maxOpenStores: 0", "maxOpenStores"),
+        ("maxOpenStore: 10", "maxOpenStore"),
+        ("idleTimeoutSeconds: -5", "idleTimeoutSeconds"),
+        ("socketMode: \"0666\"", "socketMode"),
+        ("migrations:\n  onFailure: ignore", "migrations.onFailure"),
+        ("access:\n  adminGroups: [no-such-group-here]", "access.adminGroups"),
+    ])
+    func aBadConfigurationRefusesToStartNamingTheKey(_ line: String, _ key: String) throws {
+        let daemon = try DaemonHarness(extraConfig: line)
+        try daemon.start(waitForReady: false)
+        #expect(daemon.waitForExit() == 78)
+        #expect(daemon.stderr.contains("key '\(key)'"), "\(daemon.stderr)")
+    }
+
+    @Test func environmentVariablesOverrideTheFile() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start(environment: ["USERSTORED_MAX_OPEN_STORES": "3", "USERSTORED_APP_VERSION": "3.1.4"])
+        let status = try daemon.connect().call("io.userstore.Admin.Status")
+        #expect(status["maxOpenStores"] == 3 && status["appVersion"] == "3.1.4")
+        daemon.stop()
+    }
+
+    @Test func aBrokenMigrationsDirectoryRefusesToStartNamingTheFiles() throws {
+        let daemon = try DaemonHarness(migrations: ["0001_a.sql": "CREATE TABLE a (x);", "1_b.sql": "SELECT 1;"])
+        try daemon.start(waitForReady: false)
+        #expect(daemon.waitForExit() == 78)
+        #expect(daemon.stderr.contains("0001_a.sql, 1_b.sql"))
+    }
+}

@@ -1,0 +1,64 @@
+import Foundation
+import Synchronization
+
+/// A datagram socket standing in for systemd's `NOTIFY_SOCKET`: collects every message the
+/// daemon sends (READY=1, STATUS=..., WATCHDOG=1, STOPPING=1) and lets a test wait for one.
+final class NotifySocket: Sendable {
+    let path: String
+    private let descriptor: Int32
+    private let messages = Mutex<[String]>([])
+    private let arrived = DispatchSemaphore(value: 0)
+
+    init(path: String) throws {
+        self.path = path
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: bytes)
+            raw[bytes.count] = 0
+        }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard fd >= 0, result == 0 else { throw CocoaError(.fileWriteUnknown) }
+        descriptor = fd
+        let thread = Thread { [self] in self.receive() }
+        thread.start()
+    }
+
+    deinit {
+        shutdown(descriptor, Int32(SHUT_RDWR))
+        close(descriptor)
+    }
+
+    private func receive() {
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else { return }
+            let text = String(decoding: buffer[..<count], as: UTF8.self)
+            messages.withLock { $0.append(text) }
+            arrived.signal()
+        }
+    }
+
+    /// Every message so far.
+    var all: [String] { messages.withLock { $0 } }
+
+    /// Every `KEY=value` line so far.
+    var lines: [String] { all.flatMap { $0.split(separator: "\n").map(String.init) } }
+
+    /// Waits until some line satisfies `predicate`; false after `timeout`.
+    func waitFor(timeout: Double = 30, _ predicate: (String) -> Bool) -> Bool {
+        let deadline = Date().addingTimeInterval(timeout)
+        while true {
+            if lines.contains(where: predicate) { return true }
+            let remaining = deadline.timeIntervalSinceNow
+            if remaining <= 0 { return false }
+            _ = arrived.wait(timeout: .now() + remaining)
+        }
+    }
+}

@@ -1,0 +1,33 @@
+import Foundation
+
+/// A temporary directory removed when the value is deinitialised.
+final class TemporaryDirectory: Sendable {
+    let path: String
+
+    init() throws {
+        var bytes = Array((NSTemporaryDirectory() + "userstored-test-XXXXXX").utf8CString)
+        guard mkdtemp(&bytes) != nil else { throw CocoaError(.fileWriteUnknown) }
+        path = String(cString: bytes)
+    }
+
+    deinit {
+        try? FileManager.default.removeItem(atPath: path)
+    }
+}
+
+/// Directory of the built products (the test bundle sits beside the executables).
+var productsDirectory: String {
+    URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+        .deletingLastPathComponent().path
+}
+
+/// The repository's root.
+var repositoryRoot: String {
+    URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent().path
+}
+
+/// The python with the `varlink` package (made by scripts/install-deps.sh), for independent checks.
+var testPython: String {
+    ProcessInfo.processInfo.environment["USERSTORE_TEST_PYTHON"] ?? repositoryRoot + "/.build/testenv/bin/python3"
+}
