@@ -1,12 +1,11 @@
-# userstore — build, test, run. Every target installs what it needs first (Debian 12, root).
+# userstore — shortcuts over scripts/ (which are what the README and CI run).
 SHELL := /bin/bash
 export PATH := $(PATH):/opt/swift/usr/bin
-CONFIG ?= config/userstored.yaml
 
 .PHONY: deps build release test run clean
 
 deps:
-	@scripts/install-deps.sh
+	@bash scripts/install-deps.sh
 
 build: deps
 	swift build
@@ -14,15 +13,13 @@ build: deps
 release: deps
 	swift build -c release
 
-## Runs every test: unit and integration tests against real files, sockets and processes.
-test: deps
-	swift build --build-tests
-	swift test
+## Every test.
+test:
+	bash scripts/test.sh
 
-## Runs the daemon in the foreground on the repository's own default config.
-run: deps
-	swift build --product userstored
-	.build/debug/userstored --config $(CONFIG)
+## The daemon in the foreground on config/userstored.yaml.
+run:
+	bash scripts/run.sh
 
 clean:
-	rm -rf .build
+	rm -rf .build .run
