@@ -33,11 +33,16 @@ let package = Package(
         .target(name: "Varlink"),
         // libsystemd: sd_notify, sd_listen_fds, sd_journal_sendv.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // Structured events to the systemd journal (sd_journal_sendv) or stderr.
+        .target(
+            name: "UserStoreJournal",
+            dependencies: ["CSystemd", .product(name: "Logging", package: "swift-log")]
+        ),
         // The daemon as a library: configuration, socket server, request handling, lifecycle.
         .target(
             name: "UserStoreServer",
             dependencies: [
-                "UserStoreCore", "Varlink", "CSystemd",
+                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -67,10 +72,16 @@ let package = Package(
             name: "UserStoreCoreTests",
             dependencies: ["UserStoreCore", "userstore-test-helper"]
         ),
+        // Writes journal entries inside a private mount namespace for the wire-level tests.
+        .executableTarget(
+            name: "userstore-journal-probe",
+            dependencies: ["UserStoreJournal", .product(name: "Logging", package: "swift-log")],
+            path: "Tests/Helpers/userstore-journal-probe"
+        ),
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
         .testTarget(
             name: "UserStoreServerTests",
-            dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "userstored"]
+            dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "UserStoreJournal", "userstored", "userstore-journal-probe"]
         ),
     ],
     swiftLanguageModes: [.v6]

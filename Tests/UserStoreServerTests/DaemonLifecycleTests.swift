@@ -194,3 +194,50 @@ import Varlink
         #expect(daemon.stderr.contains("0001_a.sql, 1_b.sql"))
     }
 }
+
+@Suite(.serialized) struct DaemonStatusAndLoggingTests {
+    @Test func fleetMigrationProgressShowsInTheStatusText() throws {
+        let daemon = try DaemonHarness(migrations: ["0001_a.sql": "CREATE TABLE a (x);"])
+        try daemon.start()
+        let client = try daemon.connect()
+        for index in 0..<40 { _ = try client.call("io.userstore.Store.Open", ["user": .string("s\(index)")]) }
+        try daemon.addMigration("0002_b.sql", "CREATE TABLE b (x);")
+        _ = try client.call("io.userstore.Admin.Reload")
+        let summary = try client.call("io.userstore.Admin.Migrate", ["all": true])
+        #expect(summary["done"] == 40 && summary["migrated"] == 40 && summary["failures"] == 0)
+        let lines = daemon.notify.lines
+        #expect(lines.contains("STATUS=Migrating 0/40 stores, 0 failed, 0/s"))
+        #expect(lines.contains { $0.hasPrefix("STATUS=Migrating 40/40 stores, 0 failed") })
+        daemon.stop()
+    }
+
+    @Test func automaticLogTargetFollowsSystemdsRule() throws {
+        // stderr is a "journal stream" (JOURNAL_STREAM names it) but no native socket exists
+        // (private /run/systemd): lines carry <N> priority prefixes.
+        let daemon = try DaemonHarness(extraConfig: "")
+        try String(contentsOfFile: daemon.configPath, encoding: .utf8).replacingOccurrences(of: "logTarget: stderr", with: "logTarget: auto")
+            .write(toFile: daemon.configPath, atomically: true, encoding: .utf8)
+        let script = """
+            mount -t tmpfs tmpfs /run/systemd
+            exec 2>"$LOG"
+            export JOURNAL_STREAM="$(stat -L -c '%d:%i' /proc/self/fd/2)"
+            "$DAEMON" --config "$CONFIG" & D=$!
+            while [ ! -S "$SOCKET" ]; do kill -0 $D || exit 1; sleep 0.01; done
+            kill -TERM $D; wait $D
+            """
+        let log = daemon.directory.path + "/prefixed.log"
+        let result = try run(["/usr/bin/unshare", "-m", "--propagation", "private", "/bin/bash", "-c", script], environment: [
+            "LOG": log, "DAEMON": productsDirectory + "/userstored", "CONFIG": daemon.configPath, "SOCKET": daemon.socketPath,
+        ])
+        #expect(result.status == 0, "\(result.stderr)")
+        let lines = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").filter { !$0.hasPrefix("userstored:") }
+        #expect(!lines.isEmpty)
+        #expect(lines.allSatisfy { $0.hasPrefix("<") }, "\(lines)")
+        #expect(lines.contains { $0.hasPrefix("<5>notice: ready") })
+
+        // Without JOURNAL_STREAM: plain readable lines with a timestamp.
+        try daemon.start()
+        daemon.stop()
+        #expect(daemon.stderr.split(separator: "\n").contains { $0.contains("notice: ready") && !$0.hasPrefix("<") })
+    }
+}

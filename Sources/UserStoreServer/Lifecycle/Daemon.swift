@@ -54,7 +54,7 @@ public enum Daemon {
         let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)])
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
         let reloadBox = Mutex<(@Sendable () async throws -> DaemonContext.ReloadOutcome)?>(nil)
-        let context = DaemonContext(configuration: configuration, registry: registry, index: index) {
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger) {
             guard let reload = reloadBox.withLock({ $0 }) else { throw Errors.shuttingDown }
             return try await reload()
         }
@@ -101,6 +101,7 @@ public enum Daemon {
         await registry.shutdown()
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
+        LoggerFactory.journalWriter?.flush()
         return exitCode
     }
 

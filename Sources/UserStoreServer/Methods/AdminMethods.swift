@@ -116,6 +116,8 @@ struct AdminMethods {
         }
         defer { context.counters.withLock { $0.fleetMigrationsInFlight -= 1; if !dryRun { $0.fleet = nil } } }
         let shared = context
+        var lastProgressLog = ContinuousClock.now
+        if !dryRun { FleetProgressLog.started(total: users.count, context: shared) }
         let registry = self.registry, index = context.index
         try await FleetOperation.run(users, parallel: parallel, operation: { user -> [String: JSONValue] in
             await Self.migrateOne(user, dryRun: dryRun, registry: registry, index: index)
@@ -127,12 +129,16 @@ struct AdminMethods {
                 progress.failed.append(.object(["user": .string(user.rawValue), "error": fields["error"] ?? .null, "errorName": fields["errorName"] ?? .null]))
             }
             if fields["state"] == "migrated" { progress.migrated += 1 }
-            if !dryRun { shared.counters.withLock { [progress] in $0.fleet?.done = progress.done; $0.fleet?.failures = progress.failures } }
+            if !dryRun {
+                shared.counters.withLock { [progress] in $0.fleet?.done = progress.done; $0.fleet?.failures = progress.failures }
+                FleetProgressLog.record(progress, context: shared, last: &lastProgressLog)
+            }
             if more {
                 fields.merge(progress.fields) { $1 }
                 try await send(VarlinkReply.encode(fields, continues: true))
             }
         })
+        if !dryRun { FleetProgressLog.finished(progress, context: shared) }
         var summary = progress.fields
         summary["failed"] = .array(progress.failed)
         try await send(VarlinkReply.encode(summary))

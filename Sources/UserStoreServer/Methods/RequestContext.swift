@@ -1,3 +1,4 @@
+import Logging
 import Synchronization
 import UserStoreCore
 import Varlink
@@ -26,6 +27,8 @@ final class DaemonContext: Sendable {
     let registry: StoreRegistry
     let index: FleetIndex
     let started: ContinuousClock.Instant
+    let logger: Logger
+    let notifier = SystemdNotifier()
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
     /// Re-reads configuration and migrations; set by the daemon.
@@ -45,12 +48,13 @@ final class DaemonContext: Sendable {
         var generation: Int
     }
 
-    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex,
+    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger,
          reloader: @escaping @Sendable () async throws -> ReloadOutcome) {
         self.configuration = configuration
         self.registry = registry
         self.index = index
         self.started = .now
+        self.logger = logger
         self.settings = Mutex(RuntimeSettings(access: configuration.access, limits: configuration.limits,
                                               slowRequestMilliseconds: configuration.slowRequestMilliseconds))
         self.reloader = reloader
