@@ -222,7 +222,7 @@ import Varlink
             exec 2>"$LOG"
             export JOURNAL_STREAM="$(stat -L -c '%d:%i' /proc/self/fd/2)"
             "$DAEMON" --config "$CONFIG" & D=$!
-            while [ ! -S "$SOCKET" ]; do kill -0 $D || exit 1; sleep 0.01; done
+            while ! grep -q "notice: ready" "$LOG"; do kill -0 $D || exit 1; sleep 0.01; done
             kill -TERM $D; wait $D
             """
         let log = daemon.directory.path + "/prefixed.log"
