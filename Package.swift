@@ -6,6 +6,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "userstored", targets: ["userstored"]),
+        .executable(name: "userstorectl", targets: ["userstorectl"]),
         .library(name: "UserStoreCore", targets: ["UserStoreCore"]),
         .library(name: "Varlink", targets: ["Varlink"]),
     ],
@@ -38,11 +39,20 @@ let package = Package(
             name: "UserStoreJournal",
             dependencies: ["CSystemd", .product(name: "Logging", package: "swift-log")]
         ),
+        // userstored.yaml: typed, validated, with environment overrides; shared by daemon and CLI.
+        .target(
+            name: "UserStoreConfiguration",
+            dependencies: [
+                "UserStoreCore",
+                .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "Yams", package: "Yams"),
+            ]
+        ),
         // The daemon as a library: configuration, socket server, request handling, lifecycle.
         .target(
             name: "UserStoreServer",
             dependencies: [
-                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal",
+                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -50,15 +60,28 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
-                .product(name: "Configuration", package: "swift-configuration"),
-                .product(name: "Yams", package: "Yams"),
             ],
             resources: [.embedInCode("Interfaces/io.userstore.Store.varlink"), .embedInCode("Interfaces/io.userstore.Admin.varlink")]
+        ),
+        // userstorectl's work: daemon client, output, progress, linter, offline operations.
+        .target(
+            name: "UserStoreCtl",
+            dependencies: [
+                "UserStoreCore", "Varlink", "UserStoreConfiguration",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]
+        ),
+        .executableTarget(
+            name: "userstorectl",
+            dependencies: [
+                "UserStoreCtl", "UserStoreCore", "Varlink", "UserStoreConfiguration",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
         ),
         .executableTarget(
             name: "userstored",
             dependencies: [
-                "UserStoreServer",
+                "UserStoreServer", "UserStoreConfiguration",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -8,7 +8,8 @@ import Glibc
 public final class VarlinkConnection {
     /// The socket path.
     public let path: String
-    private let descriptor: Int32
+    /// The socket's file descriptor (to shut it down from a signal handler).
+    public let descriptor: Int32
     private var buffer: [UInt8] = []
     private let parser = JSONParser(maxDepth: 512)
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UserStoreConfiguration
 import UserStoreServer
 
 /// `userstored`: per-user SQLite stores over a varlink Unix socket.

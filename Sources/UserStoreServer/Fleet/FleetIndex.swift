@@ -49,31 +49,12 @@ final class FleetIndex: StoreObserver {
         let users = await Task.detached { layout.allUsers() }.value
         for chunk in stride(from: 0, to: users.count, by: 512) {
             let slice = users[chunk..<min(chunk + 512, users.count)]
-            let read = await Task.detached { slice.map { ($0, Self.readVersion(of: layout.storePath(for: $0))) } }.value
+            let read = await Task.detached { slice.map { ($0, StoreFileInspector.schemaVersion(of: layout.storePath(for: $0))) } }.value
             entries.withLock { entries in
                 for (user, version) in read where entries[user] == nil { entries[user] = Entry(version: version) }
             }
         }
         complete.store(true, ordering: .releasing)
-    }
-
-    /// The schema version in a store file's header (`user_version`, offset 60), or -1. A store
-    /// with a non-empty WAL (left by a crash) may have a newer version there, so SQLite reads it.
-    static func readVersion(of path: String) -> Int64 {
-        if let size = (try? FileManager.default.attributesOfItem(atPath: path + "-wal"))?[.size] as? Int, size > 0 {
-            return (try? DatabaseQueue(path: path).read { try Int64.fetchOne($0, sql: "PRAGMA user_version") ?? -1 }) ?? -1
-        }
-        guard let handle = FileHandle(forReadingAtPath: path) else { return -1 }
-        defer { try? handle.close() }
-        guard let header = try? handle.read(upToCount: 100), header.count == 100,
-              header.starts(with: Array("SQLite format 3".utf8)) else {
-            return header(isEmpty: path) ? 0 : -1
-        }
-        return header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
-    }
-
-    private static func header(isEmpty path: String) -> Bool {
-        ((try? FileManager.default.attributesOfItem(atPath: path))?[.size] as? Int) == 0
     }
 
     func record(_ event: StoreEvent) {

@@ -3,6 +3,7 @@ import Varlink
 import Logging
 import ServiceLifecycle
 import Synchronization
+import UserStoreConfiguration
 import UserStoreCore
 
 /// `userstored`: loads the configuration and migrations, takes the data directory's lock,

@@ -1,3 +1,4 @@
+import UserStoreConfiguration
 import Logging
 import UserStoreJournal
 

@@ -1,5 +1,6 @@
 import Logging
 import Synchronization
+import UserStoreConfiguration
 import UserStoreCore
 import Varlink
 

@@ -1,3 +1,4 @@
+import UserStoreConfiguration
 import UserStoreCore
 import Varlink
 

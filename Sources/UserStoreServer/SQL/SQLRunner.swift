@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import GRDBSQLite
+import UserStoreConfiguration
 import UserStoreCore
 import Varlink
 

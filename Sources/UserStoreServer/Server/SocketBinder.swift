@@ -1,3 +1,4 @@
+import UserStoreConfiguration
 import Foundation
 #if canImport(Glibc)
 import Glibc

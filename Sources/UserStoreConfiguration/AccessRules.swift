@@ -24,6 +24,12 @@ public struct AccessRules: Sendable, Equatable {
         public var admin: Bool
         /// The only store this peer may reach, when stores are per Unix user.
         public var onlyStore: String?
+
+        public init(store: Bool, admin: Bool, onlyStore: String?) {
+            self.store = store
+            self.admin = admin
+            self.onlyStore = onlyStore
+        }
     }
 
     /// The grant for a peer with `uid`, primary `gid` and supplementary `groups`.
@@ -35,14 +41,14 @@ public struct AccessRules: Sendable, Equatable {
     }
 
     /// Resolves a user name or numeric uid; nil when unknown.
-    static func resolveUser(_ name: String) -> UInt32? {
+    public static func resolveUser(_ name: String) -> UInt32? {
         if let number = UInt32(name) { return number }
         guard let entry = getpwnam(name) else { return nil }
         return entry.pointee.pw_uid
     }
 
     /// Resolves a group name or numeric gid; nil when unknown.
-    static func resolveGroup(_ name: String) -> UInt32? {
+    public static func resolveGroup(_ name: String) -> UInt32? {
         if let number = UInt32(name) { return number }
         guard let entry = getgrnam(name) else { return nil }
         return entry.pointee.gr_gid

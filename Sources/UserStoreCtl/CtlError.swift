@@ -1,0 +1,40 @@
+import Varlink
+
+/// Exit codes scripts can trust (documented in `userstorectl --help` and docs/cli.md).
+public enum CtlExitCode: Int32, Sendable {
+    /// Everything asked for succeeded.
+    case success = 0
+    /// The command ran, but some stores failed (migration, verification) or the lint found problems.
+    case someFailed = 1
+    /// Bad usage (ArgumentParser's own code for validation errors).
+    case usage = 2
+    /// The daemon is unreachable, refused us, or (offline) holds the data directory.
+    case unreachable = 3
+    /// Interrupted with Ctrl-C; work in flight finished or rolled back; run again to finish.
+    case interrupted = 130
+}
+
+/// A failure printed as one line on stderr, with its exit code. Never a stack trace.
+public struct CtlError: Error, Sendable, CustomStringConvertible {
+    public var exitCode: CtlExitCode
+    public var message: String
+
+    public init(_ exitCode: CtlExitCode, _ message: String) {
+        self.exitCode = exitCode
+        self.message = message
+    }
+
+    public var description: String { message }
+
+    /// A varlink error reply, in words.
+    static func from(_ error: VarlinkError, socket: String) -> CtlError {
+        let short = error.name.split(separator: ".").last.map(String.init) ?? error.name
+        let detail = ["message", "reason", "problems", "parameter", "user", "migration"].compactMap { key -> String? in
+            guard let value = error.parameters[key] else { return nil }
+            return "\(key): \(value.stringValue ?? value.serialized)"
+        }.joined(separator: "; ")
+        let code: CtlExitCode = short == "PermissionDenied" ? .unreachable : .someFailed
+        let prefix = short == "PermissionDenied" ? "\(socket): permission denied" : short
+        return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")
+    }
+}

@@ -1,0 +1,103 @@
+import Foundation
+import Varlink
+
+/// The shared shape of `migrate` and `verify`: stream per-store outcomes (from the daemon or
+/// offline), draw progress on a terminal, print JSON lines for scripts, list failures at the
+/// end, exit 1 when any store failed and 130 when interrupted.
+public struct FleetCommand {
+    public enum Kind { case migrate, verify }
+
+    public let kind: Kind
+    public let output: Output
+
+    public init(kind: Kind, output: Output) {
+        self.kind = kind
+        self.output = output
+    }
+
+    /// Tracks outcomes and prints them.
+    public final class Tally {
+        let command: FleetCommand
+        var done = 0
+        var total: Int
+        var failures: [(String, String)] = []
+        var counts: [String: Int] = [:]
+        var bar = ProgressBar()
+        let started = ContinuousClock.now
+        let drawsBar: Bool
+
+        init(command: FleetCommand, total: Int) {
+            self.command = command
+            self.total = total
+            drawsBar = command.output.interactive && !command.output.json
+        }
+
+        /// Records one store's outcome (a Migrate/Verify reply or its offline equivalent).
+        public func record(_ fields: [String: JSONValue]) {
+            guard let user = fields["user"]?.stringValue else { return }
+            done += 1
+            if let reportedTotal = fields["total"]?.integerValue { total = Int(reportedTotal) }
+            let failed: Bool
+            switch command.kind {
+            case .migrate:
+                let state = fields["state"]?.stringValue ?? "?"
+                counts[state, default: 0] += 1
+                failed = state == "failed"
+                if failed { failures.append((user, fields["error"]?.stringValue ?? "failed")) }
+            case .verify:
+                failed = fields["ok"] != .bool(true)
+                counts[failed ? "problems" : "ok", default: 0] += 1
+                if failed {
+                    let problems = fields["problems"]?.arrayValue?.compactMap(\.stringValue) ?? []
+                    failures.append((user, problems.joined(separator: "; ")))
+                }
+            }
+            if command.output.json {
+                var line = fields
+                for key in ["done", "total", "failures", "migrated"] { line[key] = nil }
+                command.output.jsonLine(.object(line))
+            } else if drawsBar {
+                bar.draw(done: done, total: total, failures: failures.count)
+            } else if failed || command.kind == .migrate && fields["state"] != "current" {
+                print("\(user): \(describe(fields))")
+            }
+        }
+
+        private func describe(_ fields: [String: JSONValue]) -> String {
+            switch command.kind {
+            case .migrate:
+                let state = fields["state"]?.stringValue ?? "?"
+                if state == "failed" { return "failed: \(fields["error"]?.stringValue ?? "")" }
+                return "\(state) \(fields["fromVersion"]?.integerValue ?? 0) -> \(fields["toVersion"]?.integerValue ?? 0)"
+            case .verify:
+                return (fields["problems"]?.arrayValue?.compactMap(\.stringValue) ?? []).joined(separator: "; ")
+            }
+        }
+
+        /// Prints the summary; returns the exit code.
+        public func finish(interrupted: Bool) -> CtlExitCode {
+            if drawsBar && done > 0 { bar.finish() }
+            let elapsed = ContinuousClock.now - started
+            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            if command.output.json {
+                command.output.jsonLine(.object([
+                    "summary": true, "done": .integer(Int64(done)), "total": .integer(Int64(total)),
+                    "failures": .integer(Int64(failures.count)), "interrupted": .bool(interrupted),
+                    "counts": .object(counts.mapValues { .integer(Int64($0)) }), "seconds": .real((seconds * 1000).rounded() / 1000),
+                ]))
+            } else {
+                let parts = counts.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+                print("\(done)/\(total) stores in \(String(format: "%.1f", seconds)) s: \(parts.isEmpty ? "nothing to do" : parts)")
+                if !failures.isEmpty {
+                    print(command.output.paint("\(failures.count) store\(failures.count == 1 ? "" : "s") \(command.kind == .migrate ? "failed" : "have problems"):", .red))
+                    for (user, reason) in failures { print("  \(user): \(reason)") }
+                }
+                if interrupted { Output.error("interrupted: stores already started finished or rolled back; run the command again to do the rest") }
+            }
+            if interrupted { return .interrupted }
+            return failures.isEmpty ? .success : .someFailed
+        }
+    }
+
+    public func tally(total: Int) -> Tally { Tally(command: self, total: total) }
+}

@@ -1,0 +1,113 @@
+import Foundation
+import UserStoreConfiguration
+import UserStoreCore
+import Varlink
+
+/// `--offline`: the data directory worked on directly, while userstored is stopped, under the
+/// same cross-process lock the daemon holds (so it refuses while the daemon runs).
+public final class OfflineFleet {
+    public let configuration: DaemonConfiguration
+    public let registry: StoreRegistry
+    private let lock: DataDirectoryLock
+
+    public init(configurationPath: String) async throws(CtlError) {
+        do {
+            configuration = try await ConfigurationLoader.load(path: configurationPath)
+        } catch {
+            throw CtlError(.usage, "userstorectl: \(error)")
+        }
+        let migrations: MigrationSet
+        do {
+            migrations = try MigrationSet.load(directory: configuration.migrationsDirectory)
+        } catch {
+            throw CtlError(.someFailed, "userstorectl: \(error)")
+        }
+        let layout = StoreLayout(dataDirectory: configuration.dataDirectory)
+        do {
+            lock = try DataDirectoryLock(layout: layout)
+        } catch {
+            if case .held(_, let pid) = error {
+                throw CtlError(.unreachable, "userstorectl: userstored\(pid.map { " (pid \($0))" } ?? "") holds the data directory \(configuration.dataDirectory); stop it, or run without --offline to go through it")
+            }
+            throw CtlError(.unreachable, "userstorectl: \(error)")
+        }
+        registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock)
+    }
+
+    /// Every store of the data directory.
+    public func users() -> [UserID] {
+        registry.configuration.layout.allUsers().sorted()
+    }
+
+    /// Status counts read from the store files' headers.
+    public func status() -> [String: JSONValue] {
+        let latest = registry.migrations.latestVersion
+        var counts = ["current": 0, "pending": 0, "tooNew": 0, "unknown": 0]
+        let users = self.users()
+        for user in users {
+            let version = StoreFileInspector.schemaVersion(of: registry.configuration.layout.storePath(for: user))
+            if version < 0 { counts["unknown"]! += 1 } else if version > latest { counts["tooNew"]! += 1 } else if version == latest { counts["current"]! += 1 } else { counts["pending"]! += 1 }
+        }
+        return [
+            "offline": true, "appVersion": .string(configuration.appVersion.text), "latestSchemaVersion": .integer(latest),
+            "migrations": .integer(Int64(registry.migrations.migrations.count)), "dataDirectory": .string(configuration.dataDirectory),
+            "knownStores": .integer(Int64(users.count)), "currentStores": .integer(Int64(counts["current"]!)),
+            "pendingStores": .integer(Int64(counts["pending"]!)), "tooNewStores": .integer(Int64(counts["tooNew"]!)),
+            "unreadableStores": .integer(Int64(counts["unknown"]!)),
+        ]
+    }
+
+    /// Runs `operation` over `users`, `parallel` at a time, reporting each outcome as it finishes.
+    public func forEach(_ users: [UserID], parallel: Int, _ operation: @escaping @Sendable (StoreRegistry, UserID) async -> [String: JSONValue],
+                        report: ([String: JSONValue]) -> Void) async {
+        let registry = self.registry
+        await withTaskGroup(of: [String: JSONValue].self) { group in
+            var next = 0
+            for _ in 0..<max(1, parallel) where next < users.count {
+                let user = users[next]; next += 1
+                group.addTask { await operation(registry, user) }
+            }
+            while let outcome = await group.next() {
+                report(outcome)
+                if next < users.count, !Interrupt.requested {
+                    let user = users[next]; next += 1
+                    group.addTask { await operation(registry, user) }
+                }
+            }
+        }
+        await registry.shutdown()
+    }
+
+    /// One store migrated (or planned), as the daemon's Migrate reports it.
+    public static func migrate(_ registry: StoreRegistry, _ user: UserID, dryRun: Bool) async -> [String: JSONValue] {
+        var fields: [String: JSONValue] = ["user": .string(user.rawValue)]
+        do {
+            if dryRun {
+                let plan = try await registry.plan(user)
+                fields["state"] = plan.steps.isEmpty && !plan.isNewStore ? "current" : "planned"
+                fields["fromVersion"] = .integer(plan.fromVersion)
+                fields["toVersion"] = .integer(plan.toVersion)
+            } else {
+                let report = try await registry.migrate(user)
+                fields["state"] = report.migrated ? "migrated" : "current"
+                fields["fromVersion"] = .integer(report.fromVersion)
+                fields["toVersion"] = .integer(report.toVersion)
+            }
+        } catch {
+            fields["state"] = "failed"
+            fields["error"] = .string((error as? StoreError)?.description ?? "\(error)")
+        }
+        return fields
+    }
+
+    /// One store verified, as the daemon's Verify reports it.
+    public static func verify(_ registry: StoreRegistry, _ user: UserID) async -> [String: JSONValue] {
+        do {
+            let report = try await registry.verify(user)
+            return ["user": .string(user.rawValue), "ok": .bool(report.ok), "schemaVersion": .integer(report.schemaVersion),
+                    "pending": .array(report.pending.map { .integer($0) }), "problems": .array(report.problems.map { .string($0) })]
+        } catch {
+            return ["user": .string(user.rawValue), "ok": false, "problems": [.string((error as? StoreError)?.description ?? "\(error)")]]
+        }
+    }
+}

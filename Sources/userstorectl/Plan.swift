@@ -1,0 +1,30 @@
+import ArgumentParser
+import UserStoreCtl
+import Varlink
+
+extension UserStoreCtlCommand {
+    struct Plan: ParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print the SQL that migrating a store would run; nothing is executed.")
+
+        @OptionGroup var connection: ConnectionOptions
+
+        @Argument(help: "The user ID.")
+        var user: String
+
+        func run() throws {
+            let plan = try connection.client().call("io.userstore.Admin.Plan", ["user": .string(user)])
+            let output = connection.output
+            if output.json { return output.jsonLine(.object(plan)) }
+            let steps = plan["steps"]?.arrayValue ?? []
+            let from = plan["fromVersion"]?.integerValue ?? 0, to = plan["toVersion"]?.integerValue ?? 0
+            if steps.isEmpty { return print("-- store \(user) is at version \(from): nothing to do") }
+            print("-- store \(user)\(plan["newStore"] == true ? " (new)" : ""): version \(from) -> \(to), \(steps.count) migration\(steps.count == 1 ? "" : "s")")
+            for step in steps {
+                print("")
+                let skipped = step["skipped"] == true ? " (SQL skipped by app-version gating; recorded as applied)" : ""
+                print("-- \(Output.cell(step["migration"])) (version \(Output.cell(step["version"])))\(skipped)")
+                for sql in step["sql"]?.arrayValue ?? [] { print(sql.stringValue ?? "") }
+            }
+        }
+    }
+}

@@ -1,0 +1,26 @@
+import ArgumentParser
+import UserStoreCtl
+import Varlink
+
+extension UserStoreCtlCommand {
+    struct Rollback: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Roll a store back to a schema version with the migrations' Down sections.",
+            discussion: "While the daemon still knows the newer migrations, the next request migrates the store forward again: roll back after removing or fixing them and reloading.")
+
+        @OptionGroup var connection: ConnectionOptions
+
+        @Argument(help: "The user ID.")
+        var user: String
+
+        @Option(name: .customLong("to"), help: "The schema version to roll back to.")
+        var version: Int
+
+        func run() throws {
+            let result = try connection.client().call("io.userstore.Admin.Rollback", ["user": .string(user), "toVersion": .integer(Int64(version))])
+            if connection.json { return connection.output.jsonLine(.object(result)) }
+            let undone = result["undone"]?.arrayValue?.map { Output.cell($0) } ?? []
+            print("\(user): rolled back \(undone.isEmpty ? "nothing" : undone.joined(separator: ", ")); now at version \(Output.cell(result["schemaVersion"]))")
+        }
+    }
+}

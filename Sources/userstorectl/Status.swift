@@ -1,0 +1,40 @@
+import ArgumentParser
+import UserStoreCtl
+import Varlink
+
+extension UserStoreCtlCommand {
+    struct Status: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Daemon and fleet state: versions, uptime, open, known, pending and failed stores.")
+
+        @OptionGroup var connection: ConnectionOptions
+        @OptionGroup var offline: OfflineOptions
+
+        func run() async throws {
+            let status: [String: JSONValue]
+            if offline.offline {
+                status = try await OfflineFleet(configurationPath: offline.config).status()
+            } else {
+                status = try connection.client().call("io.userstore.Admin.Status")
+            }
+            let output = connection.output
+            if output.json { return output.jsonLine(.object(status)) }
+            func value(_ key: String) -> String { Output.cell(status[key]) }
+            if offline.offline {
+                print("offline   app \(value("appVersion"))   schema \(value("latestSchemaVersion")) (\(value("migrations")) migrations)")
+                print("stores    \(value("knownStores")) known   \(value("currentStores")) current   \(value("pendingStores")) pending   \(value("tooNewStores")) too new   \(value("unreadableStores")) unreadable")
+            } else {
+                print("userstored \(value("daemonVersion"))   app \(value("appVersion"))   schema \(value("latestSchemaVersion")) (\(value("migrations")) migrations)   up \(Self.duration(status["uptimeSeconds"]?.integerValue ?? 0))")
+                print("stores    \(value("knownStores")) known   \(value("currentStores")) current   \(value("pendingStores")) pending   "
+                      + output.paint("\(value("failedStores")) failed", (status["failedStores"]?.integerValue ?? 0) > 0 ? .red : .green)
+                      + "   \(value("tooNewStores")) too new\(status["indexComplete"] == false ? "   (still scanning)" : "")")
+                print("open      \(value("openStores"))/\(value("maxOpenStores"))   migrations in flight \(value("migrationsInFlight"))   connections \(value("connections"))")
+            }
+            print("data      \(value("dataDirectory"))")
+        }
+
+        static func duration(_ seconds: Int64) -> String {
+            seconds >= 86_400 ? "\(seconds / 86_400)d \(seconds % 86_400 / 3600)h"
+                : seconds >= 3600 ? "\(seconds / 3600)h \(seconds % 3600 / 60)m" : seconds >= 60 ? "\(seconds / 60)m \(seconds % 60)s" : "\(seconds)s"
+        }
+    }
+}
