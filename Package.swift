@@ -104,7 +104,8 @@ let package = Package(
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
         .testTarget(
             name: "UserStoreServerTests",
-            dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "UserStoreJournal", "userstored", "userstore-journal-probe"]
+            dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
+                           "userstored", "userstorectl", "userstore-journal-probe"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -33,8 +33,11 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
             guard let value = error.parameters[key] else { return nil }
             return "\(key): \(value.stringValue ?? value.serialized)"
         }.joined(separator: "; ")
-        let code: CtlExitCode = short == "PermissionDenied" ? .unreachable : .someFailed
-        let prefix = short == "PermissionDenied" ? "\(socket): permission denied" : short
+        // PermissionDenied is also how the daemon refuses a statement (ATTACH, bookkeeping);
+        // only a refused caller (the access rules: "uid N is not ...") means exit code 3.
+        let accessDenied = short == "PermissionDenied" && (error.parameters["reason"]?.stringValue?.hasPrefix("uid ") ?? true)
+        let code: CtlExitCode = accessDenied ? .unreachable : .someFailed
+        let prefix = accessDenied ? "\(socket): permission denied" : short
         return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")
     }
 }

@@ -1,0 +1,158 @@
+import Foundation
+import Testing
+import UserStoreCtl
+import Varlink
+
+/// userstorectl, the real binary, against the real daemon.
+@Suite(.serialized) struct CtlTests {
+    static var ctl: String { productsDirectory + "/userstorectl" }
+
+    func ctl(_ arguments: [String], socket: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
+        try run([Self.ctl] + arguments, environment: socket.map { ["USERSTORE_SOCKET": $0] } ?? [:])
+    }
+
+    @Test(.timeLimit(.minutes(10)))
+    func migrateAllOverTwoThousandStoresNamesTheFailureAndFinishesAfterARepair() throws {
+        let daemon = try DaemonHarness(migrations: ["0001_t.sql": "CREATE TABLE t (v TEXT);"])
+        let users = (0..<2000).map { String(format: "u%04d", $0) }
+        // 2,000 stores at version 1, created offline (the daemon is not running yet).
+        let created = try ctl(["migrate", "--offline", "--config", daemon.configPath, "--json"] + users)
+        #expect(created.status == 0, "\(created.stderr)")
+        // Duplicates in one store will break the unique index of migration 3.
+        try daemon.start()
+        _ = try daemon.connect().call("io.userstore.Store.Execute", ["user": "u1999", "sql": "INSERT INTO t VALUES ('dup'), ('dup')"])
+        #expect(daemon.stop() == 0)
+        try daemon.addMigration("0002_w.sql", "ALTER TABLE t ADD COLUMN w INTEGER NOT NULL DEFAULT 0;")
+        try daemon.addMigration("0003_unique.sql", "CREATE UNIQUE INDEX t_v ON t (v);")
+        // 500 stores current already, 1,500 two versions behind.
+        #expect(try ctl(["migrate", "--offline", "--config", daemon.configPath] + users.prefix(500)).status == 0)
+
+        try daemon.start()
+        let first = try ctl(["migrate", "--all", "--json"], socket: daemon.socketPath)
+        #expect(first.status == 1, "\(first.stderr)")
+        let lines = first.stdout.split(separator: "\n").map { try? JSONParser().parse(String($0)) }
+        #expect(lines.allSatisfy { $0 != nil }) // every line is JSON
+        let stores = lines.compactMap { $0 }.filter { $0["user"] != nil }
+        #expect(stores.count == 2000)
+        #expect(stores.filter { $0["state"] == "migrated" }.count == 1499)
+        #expect(stores.filter { $0["state"] == "current" }.count == 500)
+        let failed = stores.filter { $0["state"] == "failed" }
+        #expect(failed.count == 1 && failed.first?["user"] == "u1999")
+        #expect(failed.first?["error"]?.stringValue?.contains("UNIQUE constraint failed") == true)
+        let summary = try #require(lines.last??.objectValue)
+        #expect(summary["summary"] == true && summary["failures"] == 1 && summary["done"] == 2000)
+
+        // Human output names the failing store and its error too.
+        let again = try ctl(["migrate", "--all"], socket: daemon.socketPath)
+        #expect(again.status == 1)
+        #expect(again.stdout.contains("  u1999: store 'u1999': migration 3 (0003_unique.sql) failed: UNIQUE constraint failed: t.v"))
+        #expect(!again.stdout.contains("\r")) // piped: no progress bar
+
+        let repair = try ctl(["sql", "u1999", "DELETE FROM t WHERE rowid NOT IN (SELECT min(rowid) FROM t GROUP BY v)"], socket: daemon.socketPath)
+        #expect(repair.status == 0 && repair.stdout.contains("1 row changed"), "\(repair.stderr)")
+        let last = try ctl(["migrate", "--all"], socket: daemon.socketPath)
+        #expect(last.status == 0, "\(last.stdout)\(last.stderr)")
+        #expect(last.stdout.contains("2000/2000 stores") && last.stdout.contains("1 migrated") && last.stdout.contains("1999 current"))
+        let verify = try ctl(["verify", "u0000", "u1999", "--json"], socket: daemon.socketPath)
+        #expect(verify.status == 0, "\(verify.stdout)")
+
+        // On a terminal, a live progress bar.
+        let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(Self.ctl) migrate --all --socket \(daemon.socketPath)", "/dev/null"])
+        #expect(tty.status == 0)
+        #expect(tty.stdout.contains("\r[") && tty.stdout.contains("2000/2000 100%"))
+        daemon.stop()
+    }
+
+    @Test func statusListPlanAndSqlWorkAndJSONParses() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        _ = try daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])
+        let status = try ctl(["status", "--json"], socket: daemon.socketPath)
+        let parsed = try JSONParser().parse(status.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(parsed["knownStores"] == 1 && parsed["latestSchemaVersion"] == 6)
+        let human = try ctl(["--socket", daemon.socketPath, "status"])
+        #expect(human.status == 0 && human.stdout.contains("1 known") && human.stdout.contains("schema 6"))
+        let list = try ctl(["list", "--json", "--state", "current"], socket: daemon.socketPath)
+        #expect(try JSONParser().parse(list.stdout.trimmingCharacters(in: .whitespacesAndNewlines))["user"] == "ann")
+        let plan = try ctl(["plan", "bob"], socket: daemon.socketPath)
+        #expect(plan.stdout.contains("-- 0006_title_limit.sql (version 6)") && plan.stdout.contains("CREATE TABLE notes_new"))
+        #expect(!FileManager.default.fileExists(atPath: daemon.dataDirectory + "/stores") || !(FileManager.default.enumerator(atPath: daemon.dataDirectory + "/stores")?.allObjects.contains { "\($0)".hasSuffix("bob.sqlite") } ?? false))
+        let insert = try ctl(["sql", "ann", "INSERT INTO notes (title, pinned) VALUES (?, ?)", "hello", "1"], socket: daemon.socketPath)
+        #expect(insert.stdout.contains("1 row changed"))
+        let select = try ctl(["sql", "ann", "SELECT title, pinned FROM notes"], socket: daemon.socketPath)
+        #expect(select.stdout.contains("hello  1"))
+        let bookkeeping = try ctl(["sql", "ann", "DELETE FROM schema_migrations"], socket: daemon.socketPath)
+        #expect(bookkeeping.status == 1 && bookkeeping.stderr.contains("bookkeeping"))
+        let backup = try ctl(["backup", "ann", "--output", daemon.directory.path + "/ann-copy.sqlite"], socket: daemon.socketPath)
+        #expect(backup.status == 0 && FileManager.default.fileExists(atPath: daemon.directory.path + "/ann-copy.sqlite"))
+        daemon.stop()
+    }
+
+    @Test func offlineRefusesWhileTheDaemonRunsAndWorksWhenItDoesNot() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        _ = try daemon.connect().call("io.userstore.Store.Open", ["user": "carl"])
+        for command in [["status"], ["verify", "--all"], ["migrate", "--all"]] {
+            let refused = try ctl(command + ["--offline", "--config", daemon.configPath])
+            #expect(refused.status == 3)
+            #expect(refused.stderr.contains("holds the data directory"))
+        }
+        #expect(daemon.stop() == 0)
+        let status = try ctl(["status", "--offline", "--config", daemon.configPath, "--json"])
+        #expect(status.status == 0, "\(status.stderr)")
+        #expect(try JSONParser().parse(status.stdout.trimmingCharacters(in: .whitespacesAndNewlines))["currentStores"] == 1)
+        #expect(try ctl(["verify", "--all", "--offline", "--config", daemon.configPath]).status == 0)
+        try daemon.addMigration("0007_more.sql", "CREATE TABLE more (x);")
+        let migrated = try ctl(["migrate", "--all", "--offline", "--config", daemon.configPath])
+        #expect(migrated.status == 0 && migrated.stdout.contains("1 migrated"), "\(migrated.stdout)\(migrated.stderr)")
+    }
+
+    @Test func anUnreachableSocketExitsThreeNamingIt() throws {
+        let result = try ctl(["status", "--socket", "/nonexistent/userstore.sock"])
+        #expect(result.status == 3)
+        #expect(result.stderr.contains("/nonexistent/userstore.sock"))
+        #expect(result.stderr.split(separator: "\n").count == 1)
+        let usage = try ctl(["migrate"])
+        #expect(usage.status == 2)
+    }
+
+    @Test func migrationsCheckCatchesProblemsAndPassesTheExample() throws {
+        let directory = try TemporaryDirectory()
+        func fixture(_ name: String, _ files: [String: String]) throws -> String {
+            let path = directory.path + "/" + name
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            for (file, sql) in files { try sql.write(toFile: path + "/" + file, atomically: true, encoding: .utf8) }
+            return path
+        }
+        let duplicate = try fixture("duplicate", ["0001_a.sql": "CREATE TABLE a (x);", "1_b.sql": "CREATE TABLE b (x);"])
+        let syntax = try fixture("syntax", ["0001_a.sql": "CREATE TABLE a (x);", "0002_b.sql": "CREATE TABLE b (x INTEGER,);"])
+        let missingTable = try fixture("missing", ["0001_a.sql": "CREATE TABLE a (x);", "0002_b.sql": "INSERT INTO nowhere VALUES (1);"])
+        let dropColumn = try fixture("drop", ["0001_a.sql": "CREATE TABLE a (x, y);", "0002_b.sql": "ALTER TABLE a DROP COLUMN y;"])
+        let padding = try fixture("padding", ["9_a.sql": "CREATE TABLE a (x);", "10_b.sql": "CREATE TABLE b (x);"])
+        let vacuum = try fixture("vacuum", ["0001_a.sql": "CREATE TABLE a (x);\nVACUUM;"])
+        let expectations: [(String, String)] = [
+            (duplicate, "duplicate version 1"), (syntax, "0002_b.sql: error: Up statement 1"), (missingTable, "no such table: nowhere"),
+            (dropColumn, "drops column y"), (padding, "do not sort in version order"), (vacuum, "VACUUM cannot run inside a transaction"),
+        ]
+        for (path, expected) in expectations {
+            let result = try ctl(["migrations", "check", path])
+            #expect(result.status == 1, "\(path)")
+            #expect(result.stdout.contains(expected), "\(path): \(result.stdout)")
+        }
+        #expect(try ctl(["migrations", "check", "--allow-destructive", dropColumn]).status == 0)
+        let example = try ctl(["migrations", "check", repositoryRoot + "/config/migrations"])
+        #expect(example.status == 0, "\(example.stdout)")
+        #expect(example.stdout.contains("ok"))
+    }
+}
+
+@Suite struct CtlCompletionTests {
+    @Test(arguments: ["bash", "zsh", "fish"])
+    func completionScriptsNameEverySubcommand(_ shell: String) throws {
+        let result = try run([CtlTests.ctl, "--generate-completion-script", shell])
+        #expect(result.status == 0)
+        for subcommand in ["status", "list", "migrate", "plan", "verify", "rollback", "backup", "sql", "accept-checksums", "migrations"] {
+            #expect(result.stdout.contains(subcommand), "\(shell): \(subcommand)")
+        }
+    }
+}
