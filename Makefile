@@ -2,7 +2,10 @@
 SHELL := /bin/bash
 export PATH := $(PATH):/opt/swift/usr/bin
 
-.PHONY: deps build release test run clean
+PREFIX ?= /usr/local
+DESTDIR ?=
+
+.PHONY: deps build release test run install uninstall check-units bench clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -20,6 +23,13 @@ test:
 ## The daemon in the foreground on config/userstored.yaml.
 run:
 	bash scripts/run.sh
+
+## Binaries, units, config, migrations, catalog, completions (PREFIX, DESTDIR).
+install:
+	PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) bash scripts/install.sh install
+
+uninstall:
+	PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) bash scripts/install.sh uninstall
 
 clean:
 	rm -rf .build .run

@@ -1,0 +1,106 @@
+#!/bin/bash
+# Installs userstore: binaries (release, Swift runtime linked statically), systemd units,
+# sysusers/tmpfiles snippets, journal catalog, the default configuration and example
+# migrations, varlink interface files, shell completions.
+#   PREFIX   (default /usr/local)   where binaries and shared files go
+#   DESTDIR  (default empty)        staging root; when set, nothing on the running system changes
+#   SYSCONFDIR (default /etc)       configuration
+#   BUILD_CONFIGURATION (release)   debug installs the debug build (tests: no 5-minute release
+#                                   build; it needs /opt/swift at run time)
+#   BIN_DIR (unset)                 install the binaries already built there; build nothing
+# Usage: PREFIX=/usr DESTDIR=/tmp/stage bash scripts/install.sh [install|uninstall]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/opt/swift/usr/bin"
+PREFIX="${PREFIX:-/usr/local}"
+DESTDIR="${DESTDIR:-}"
+SYSCONFDIR="${SYSCONFDIR:-/etc}"
+action="${1:-install}"
+
+bindir="$PREFIX/bin"
+unitdir="$PREFIX/lib/systemd/system"
+sysusersdir="$PREFIX/lib/sysusers.d"
+tmpfilesdir="$PREFIX/lib/tmpfiles.d"
+catalogdir="$PREFIX/lib/systemd/catalog"
+sharedir="$PREFIX/share/userstore"
+docdir="$PREFIX/share/doc/userstore"
+confdir="$SYSCONFDIR/userstore"
+files=(
+    "$bindir/userstored" "$bindir/userstorectl"
+    "$unitdir/userstored.service" "$unitdir/userstored.socket"
+    "$sysusersdir/userstore.conf" "$tmpfilesdir/userstore.conf" "$catalogdir/userstored.catalog"
+    "$sharedir/varlink/io.userstore.Store.varlink" "$sharedir/varlink/io.userstore.Admin.varlink"
+    "$PREFIX/share/bash-completion/completions/userstorectl" "$PREFIX/share/zsh/site-functions/_userstorectl"
+    "$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
+    "$docdir/README.md" "$docdir/migrations.md" "$docdir/configuration.md" "$docdir/cli.md" "$docdir/design.md"
+    "$confdir/examples/userstored.yaml"
+)
+
+if [ "$action" = uninstall ]; then
+    for file in "${files[@]}"; do rm -f "$DESTDIR$file"; done
+    rm -rf "$DESTDIR$confdir/examples/migrations"
+    # The configuration and the data (/var/lib/userstore) are the operator's: left in place.
+    if [ -z "$DESTDIR" ] && command -v journalctl >/dev/null; then journalctl --update-catalog || true; fi
+    echo "uninstalled (kept $confdir and /var/lib/userstore)"
+    exit 0
+fi
+
+if [ -n "${BIN_DIR:-}" ]; then
+    bin="$BIN_DIR"
+elif [ "${BUILD_CONFIGURATION:-release}" = debug ]; then
+    bash scripts/install-deps.sh >/dev/null
+    swift build --product userstored >/dev/null
+    swift build --product userstorectl >/dev/null
+    bin="$(swift build --show-bin-path)"
+else
+    bash scripts/install-deps.sh >/dev/null
+    swift build -c release --static-swift-stdlib --product userstored
+    swift build -c release --static-swift-stdlib --product userstorectl
+    bin="$(swift build -c release --show-bin-path)"
+fi
+
+install -d "$DESTDIR$bindir" "$DESTDIR$unitdir" "$DESTDIR$sysusersdir" "$DESTDIR$tmpfilesdir" "$DESTDIR$catalogdir" \
+    "$DESTDIR$sharedir/varlink" "$DESTDIR$docdir" "$DESTDIR$confdir/migrations" "$DESTDIR$confdir/examples/migrations" \
+    "$DESTDIR$PREFIX/share/bash-completion/completions" "$DESTDIR$PREFIX/share/zsh/site-functions" \
+    "$DESTDIR$PREFIX/share/fish/vendor_completions.d"
+install -m 0755 "$bin/userstored" "$bin/userstorectl" "$DESTDIR$bindir/"
+sed "s|/usr/local/bin/userstored|$bindir/userstored|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
+    systemd/userstored.service > "$DESTDIR$unitdir/userstored.service"
+sed "s|/usr/local/share/doc/userstore|$docdir|" systemd/userstored.socket > "$DESTDIR$unitdir/userstored.socket"
+chmod 0644 "$DESTDIR$unitdir/userstored.service" "$DESTDIR$unitdir/userstored.socket"
+install -m 0644 systemd/userstore.sysusers.conf "$DESTDIR$sysusersdir/userstore.conf"
+install -m 0644 systemd/userstore.tmpfiles.conf "$DESTDIR$tmpfilesdir/userstore.conf"
+install -m 0644 systemd/userstored.catalog "$DESTDIR$catalogdir/userstored.catalog"
+install -m 0644 Sources/UserStoreServer/Interfaces/*.varlink "$DESTDIR$sharedir/varlink/"
+install -m 0644 README.md docs/migrations.md docs/configuration.md docs/cli.md docs/design.md "$DESTDIR$docdir/"
+"$bin/userstorectl" --generate-completion-script bash > "$DESTDIR$PREFIX/share/bash-completion/completions/userstorectl"
+"$bin/userstorectl" --generate-completion-script zsh > "$DESTDIR$PREFIX/share/zsh/site-functions/_userstorectl"
+"$bin/userstorectl" --generate-completion-script fish > "$DESTDIR$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
+
+# The server configuration: the repository's, with the system paths and the groups of the units.
+production_config() {
+    sed -e "s|^dataDirectory: .*|dataDirectory: /var/lib/userstore|" \
+        -e "s|^socketPath: .*|socketPath: /run/userstore/userstore.sock|" \
+        -e "s|^migrationsDirectory: .*|migrationsDirectory: $confdir/migrations|" \
+        -e "s|^  clientGroups: \[\]|  clientGroups: [userstore-clients]|" \
+        -e "s|^  adminGroups: \[\]|  adminGroups: [userstore-admins]|" \
+        -e "s|^# userstored configuration — the development default.*|# userstored configuration (installed by make install).|" \
+        config/userstored.yaml
+}
+production_config > "$DESTDIR$confdir/examples/userstored.yaml"
+install -m 0644 config/migrations/*.sql "$DESTDIR$confdir/examples/migrations/"
+# Never overwrite an operator's configuration or migrations.
+if [ ! -e "$DESTDIR$confdir/userstored.yaml" ]; then
+    install -m 0644 "$DESTDIR$confdir/examples/userstored.yaml" "$DESTDIR$confdir/userstored.yaml"
+fi
+if [ -z "$(ls -A "$DESTDIR$confdir/migrations")" ]; then
+    install -m 0644 config/migrations/*.sql "$DESTDIR$confdir/migrations/"
+fi
+
+if [ -z "$DESTDIR" ]; then
+    systemd-sysusers "$sysusersdir/userstore.conf" || true
+    systemd-tmpfiles --create "$tmpfilesdir/userstore.conf" || true
+    journalctl --update-catalog || true
+    systemctl daemon-reload 2>/dev/null || true
+fi
+echo "installed under ${DESTDIR:-/}: $bindir/userstored, $bindir/userstorectl, $unitdir/userstored.{service,socket}, $confdir/"
