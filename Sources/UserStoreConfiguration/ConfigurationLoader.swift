@@ -12,14 +12,21 @@ import Yams
 public enum ConfigurationLoader {
     /// Every key the file may contain. A key not listed is a typo, reported as such.
     static let knownKeys: Set<String> = [
-        "appVersion", "dataDirectory", "socketPath", "socketMode", "socketGroup", "migrationsDirectory",
+        "appVersion", "dataDirectory", "socketPath", "socketMode", "socketGroup", "migrationsDirectory", "schemaFile",
         "maxOpenStores", "idleTimeoutSeconds", "logTarget", "slowRequestMilliseconds", "fleetParallelism",
         "migrations.allowOutOfOrder", "migrations.checksumMismatch", "migrations.onFailure",
-        "migrations.backupBeforeMigrating", "migrations.backupRetentionSeconds",
+        "migrations.backupBeforeMigrating", "migrations.backupRetentionSeconds", "migrations.allowDestructiveSchemaChanges",
         "access.clientUsers", "access.clientGroups", "access.adminUsers", "access.adminGroups", "access.perUnixUserStores",
         "limits.maxRequestBytes", "limits.maxResponseBytes", "limits.statementTimeoutMilliseconds",
         "limits.maxBatchStatements", "limits.maxConnections", "limits.maxJSONDepth",
     ]
+
+    /// The numbered migrations and the desired schema `configuration` names, loaded and checked.
+    public static func loadMigrations(_ configuration: DaemonConfiguration) throws -> MigrationSet {
+        let migrations = try MigrationSet.load(directory: configuration.migrationsDirectory)
+        guard let schemaFile = configuration.schemaFile else { return migrations }
+        return migrations.with(schema: try DesiredSchema.load(path: schemaFile))
+    }
 
     /// Loads and validates the configuration at `path`; `environment` overrides it.
     public static func load(path: String, environment: [String: String] = ProcessInfo.processInfo.environment) async throws(ConfigurationError) -> DaemonConfiguration {

@@ -34,6 +34,7 @@ extension ConfigurationLoader {
             }
             policy.backupBeforeMigrating = try bool("migrations.backupBeforeMigrating") ?? true
             policy.backupRetentionSeconds = try int("migrations.backupRetentionSeconds", minimum: 0) ?? 86_400
+            policy.allowDestructiveSchemaChanges = try bool("migrations.allowDestructiveSchemaChanges") ?? false
 
             var access = AccessRules()
             access.clientUsers = try ids("access.clientUsers", resolve: AccessRules.resolveUser)
@@ -68,6 +69,7 @@ extension ConfigurationLoader {
                 socketMode: socketMode,
                 socketGroup: try string("socketGroup"),
                 migrationsDirectory: try path("migrationsDirectory", default: "/etc/userstore/migrations"),
+                schemaFile: try string("schemaFile") == nil ? nil : try path("schemaFile", default: ""),
                 maxOpenStores: try int("maxOpenStores", minimum: 1, maximum: 1_000_000) ?? 1024,
                 idleTimeoutSeconds: try int("idleTimeoutSeconds", minimum: 1) ?? 300,
                 policy: policy, access: access, limits: limits, logTarget: logTarget,

@@ -15,6 +15,8 @@ public struct DaemonConfiguration: Sendable {
     public var socketGroup: String?
     /// The numbered migrations (`migrationsDirectory`).
     public var migrationsDirectory: String
+    /// The desired schema reconciled after them (`schemaFile`), if any.
+    public var schemaFile: String?
     /// At most this many store files open at once (`maxOpenStores`).
     public var maxOpenStores: Int
     /// Unused stores are closed after this long (`idleTimeoutSeconds`).

@@ -18,7 +18,7 @@ public final class OfflineFleet {
         }
         let migrations: MigrationSet
         do {
-            migrations = try MigrationSet.load(directory: configuration.migrationsDirectory)
+            migrations = try ConfigurationLoader.loadMigrations(configuration)
         } catch {
             throw CtlError(.someFailed, "userstorectl: \(error)")
         }

@@ -17,13 +17,20 @@ extension UserStoreCtlCommand {
             if output.json { return output.jsonLine(.object(plan)) }
             let steps = plan["steps"]?.arrayValue ?? []
             let from = plan["fromVersion"]?.integerValue ?? 0, to = plan["toVersion"]?.integerValue ?? 0
-            if steps.isEmpty { return print("-- store \(user) is at version \(from): nothing to do") }
+            let reconcile = plan["reconcile"]?.arrayValue ?? []
+            let schemaFile = plan["schemaFile"]?.stringValue
+            if steps.isEmpty && schemaFile == nil { return print("-- store \(user) is at version \(from): nothing to do") }
             print("-- store \(user)\(plan["newStore"] == true ? " (new)" : ""): version \(from) -> \(to), \(steps.count) migration\(steps.count == 1 ? "" : "s")")
             for step in steps {
                 print("")
                 let skipped = step["skipped"] == true ? " (SQL skipped by app-version gating; recorded as applied)" : ""
                 print("-- \(Output.cell(step["migration"])) (version \(Output.cell(step["version"])))\(skipped)")
                 for sql in step["sql"]?.arrayValue ?? [] { print(sql.stringValue ?? "") }
+            }
+            if let schemaFile {
+                print("")
+                print(reconcile.isEmpty ? "-- \(schemaFile): the store already matches (its hash is recorded)" : "-- reconcile with \(schemaFile)")
+                for sql in reconcile { print(sql.stringValue ?? "") }
             }
         }
     }

@@ -12,6 +12,8 @@ public struct MigrationSet: Sendable, Equatable {
     /// store's `app_version` row so that a current store is recognised without reading
     /// `schema_migrations`.
     public let fingerprint: String
+    /// The desired schema reconciled after the numbered migrations, if one is configured.
+    public private(set) var schema: DesiredSchema?
     private let indexByVersion: [Int64: Int]
 
     /// A set of already-parsed migrations. Throws when two share a version.
@@ -31,6 +33,13 @@ public struct MigrationSet: Sendable, Equatable {
         self.latestVersion = sorted.last?.version ?? 0
         self.indexByVersion = index
         self.fingerprint = Self.versionsFingerprint(sorted.map(\.version))
+    }
+
+    /// This set with `schema` reconciled after its migrations.
+    public func with(schema: DesiredSchema?) -> MigrationSet {
+        var copy = self
+        copy.schema = schema
+        return copy
     }
 
     /// The empty set.

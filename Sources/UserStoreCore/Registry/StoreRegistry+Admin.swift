@@ -10,12 +10,25 @@ extension StoreRegistry {
         let migrations = self.migrations
         let path = configuration.layout.storePath(for: user)
         let migrator = makeMigrator(user, migrations: migrations)
+        let simulator = Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion,
+                                 policy: MigrationPolicy(backupBeforeMigrating: false), observer: NoStoreObserver(),
+                                 backups: BackupKeeper(layout: configuration.layout))
         guard FileManager.default.fileExists(atPath: path) else {
-            return MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion, steps: migrations.migrations,
-                                 skippedVersions: Set(migrations.migrations.filter { gate in
-                                     gate.appVersionBelow.map { configuration.appVersion >= $0 } ?? false
-                                 }.map(\.version)),
-                                 appVersionChanged: false, recordedAppVersion: nil)
+            var plan = MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion, steps: migrations.migrations,
+                                     skippedVersions: Set(migrations.migrations.filter { gate in
+                                         gate.appVersionBelow.map { configuration.appVersion >= $0 } ?? false
+                                     }.map(\.version)),
+                                     appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil)
+            if let schema = migrations.schema {
+                plan.reconcileStatements = try await Self.offThread {
+                    let copy = try DatabaseQueue()
+                    return try copy.writeWithoutTransaction { db in
+                        _ = try simulator.migrate(db, created: true, reconcile: false)
+                        return try schema.plan(db).statements
+                    }
+                }
+            }
+            return plan
         }
         // A short-lived second connection that only reads: safe beside the registry's own (WAL),
         // and it never triggers the lazy migration that a lease would.
@@ -25,7 +38,17 @@ extension StoreRegistry {
             config.busyMode = .timeout(busyTimeout)
             let queue = try DatabaseQueue(path: path, configuration: config)
             defer { try? queue.close() }
-            return try queue.read { db in try migrator.plan(db) }
+            var plan = try queue.read { db in try migrator.plan(db) }
+            // The reconcile's SQL depends on the schema the steps leave: find it on a copy.
+            if plan.reconcile, !plan.steps.isEmpty, let schema = migrations.schema {
+                let copy = try DatabaseQueue()
+                try queue.backup(to: copy)
+                plan.reconcileStatements = try copy.writeWithoutTransaction { db in
+                    _ = try simulator.migrate(db, created: false, reconcile: false)
+                    return try schema.plan(db).statements
+                }
+            }
+            return plan
         }
     }
 

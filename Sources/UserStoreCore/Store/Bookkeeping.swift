@@ -105,6 +105,11 @@ enum Bookkeeping {
         return schemaVersion
     }
 
+    /// Records the hash of the desired schema the store was reconciled with.
+    static func recordSchemaHash(_ db: Database, _ hash: String?) throws {
+        try db.execute(sql: "UPDATE app_version SET schema_hash = ?, updated_at = \(now) WHERE id = 1", arguments: [hash])
+    }
+
     /// Replaces the recorded checksum of `version` (accepting a changed file).
     static func acceptChecksum(_ db: Database, version: Int64, checksum: String) throws {
         try db.execute(sql: "UPDATE schema_migrations SET checksum = ? WHERE version = ?", arguments: [checksum, version])

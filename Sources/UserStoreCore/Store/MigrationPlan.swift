@@ -14,9 +14,14 @@ public struct MigrationPlan: Sendable, Equatable {
     public var appVersionChanged: Bool
     /// The app version recorded in the store before this run (nil for a new store).
     public var recordedAppVersion: String?
+    /// The store must be reconciled with the desired schema after the steps.
+    public var reconcile: Bool = false
+    /// The reconcile's SQL, when it can be known without running the steps first (no steps
+    /// pending); see ``StoreRegistry/plan(_:)``, which simulates the steps to know it always.
+    public var reconcileStatements: [String] = []
 
     /// Nothing to write at all.
-    public var isEmpty: Bool { steps.isEmpty && !appVersionChanged && !isNewStore }
+    public var isEmpty: Bool { steps.isEmpty && !appVersionChanged && !isNewStore && !reconcile }
 }
 
 /// What a migration run did.
@@ -34,7 +39,9 @@ public struct MigrationReport: Sendable, Equatable {
     public var backupPath: String?
     /// Wall time of the run.
     public var durationMicroseconds: Int64
+    /// Statements the desired-schema reconcile ran.
+    public var reconciled: [String] = []
 
-    /// Whether any migration ran.
-    public var migrated: Bool { !applied.isEmpty }
+    /// Whether any migration (or a reconcile that changed something) ran.
+    public var migrated: Bool { !applied.isEmpty || !reconciled.isEmpty }
 }

@@ -20,14 +20,17 @@ public struct MigrationPolicy: Sendable, Equatable {
     public var backupBeforeMigrating: Bool
     /// How long such copies are kept after the migration committed (0: deleted at once).
     public var backupRetentionSeconds: Int
+    /// Let a desired-schema reconcile drop tables, and columns that hold data.
+    public var allowDestructiveSchemaChanges: Bool
 
     public init(allowOutOfOrder: Bool = false, checksumMismatch: ChecksumMismatch = .refuse,
                 servePreviousVersionOnFailure: Bool = false, backupBeforeMigrating: Bool = true,
-                backupRetentionSeconds: Int = 86_400) {
+                backupRetentionSeconds: Int = 86_400, allowDestructiveSchemaChanges: Bool = false) {
         self.allowOutOfOrder = allowOutOfOrder
         self.checksumMismatch = checksumMismatch
         self.servePreviousVersionOnFailure = servePreviousVersionOnFailure
         self.backupBeforeMigrating = backupBeforeMigrating
         self.backupRetentionSeconds = backupRetentionSeconds
+        self.allowDestructiveSchemaChanges = allowDestructiveSchemaChanges
     }
 }

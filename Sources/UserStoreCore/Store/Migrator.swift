@@ -35,21 +35,28 @@ struct Migrator: Sendable {
             }
             return MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion,
                                  steps: migrations.migrations, skippedVersions: skipped(migrations.migrations, recorded: appVersion.text),
-                                 appVersionChanged: false, recordedAppVersion: nil)
+                                 appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil)
         }
         guard info.schemaVersion == userVersion else {
             throw StoreError.storeDamaged(user: user, message: "app_version says schema version \(info.schemaVersion) but user_version is \(userVersion)")
         }
         let appVersionChanged = info.appVersion != appVersion.text
+        let schemaChanged = info.schemaHash != migrations.schema?.hash
         if userVersion == migrations.latestVersion, info.migrationsFingerprint == migrations.fingerprint {
-            return MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
-                                 skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion)
+            var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
+                                     skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
+                                     reconcile: schemaChanged && migrations.schema != nil)
+            if plan.reconcile, let schema = migrations.schema { plan.reconcileStatements = try schema.plan(db).statements }
+            return plan
         }
         let pending = try pendingMigrations(db, latestApplied: userVersion)
-        return MigrationPlan(isNewStore: false, fromVersion: userVersion,
-                             toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
-                             skippedVersions: skipped(pending, recorded: info.appVersion),
-                             appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion)
+        var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion,
+                                 toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
+                                 skippedVersions: skipped(pending, recorded: info.appVersion),
+                                 appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
+                                 reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
+        if plan.reconcile, pending.isEmpty, let schema = migrations.schema { plan.reconcileStatements = try schema.plan(db).statements }
+        return plan
     }
 
     /// Known migrations not applied to this store, after checking the applied ones.
@@ -92,7 +99,7 @@ struct Migrator: Sendable {
 
     /// Applies the plan. Throws ``StoreError``; a failed step is rolled back and the store stays
     /// at the last committed version.
-    func migrate(_ db: Database, created: Bool) throws -> MigrationReport {
+    func migrate(_ db: Database, created: Bool, reconcile reconciling: Bool = true) throws -> MigrationReport {
         let started = DispatchTime.now()
         let plan = try self.plan(db)
         var report = MigrationReport(user: user, created: created, fromVersion: plan.fromVersion, toVersion: plan.fromVersion,
@@ -106,7 +113,7 @@ struct Migrator: Sendable {
                 if try !Bookkeeping.exists(db) { try Bookkeeping.initialise(db, appVersion: appVersion) }
                 return .commit
             }
-        } else if !plan.steps.isEmpty {
+        } else if !plan.steps.isEmpty || plan.reconcile {
             try ensureWAL(db)
             if policy.backupBeforeMigrating, plan.fromVersion > 0 {
                 let path = try backups.take(db, user: user, schemaVersion: plan.fromVersion)
@@ -115,8 +122,9 @@ struct Migrator: Sendable {
             }
         }
 
-        if !plan.steps.isEmpty {
-            observer.record(.migrationStarted(user: user, from: plan.fromVersion, to: plan.toVersion, steps: plan.steps.count))
+        let totalSteps = plan.steps.count + (plan.reconcile ? 1 : 0)
+        if totalSteps > 0 {
+            observer.record(.migrationStarted(user: user, from: plan.fromVersion, to: plan.toVersion, steps: totalSteps))
         }
         for (index, migration) in plan.steps.enumerated() {
             let isLast = index == plan.steps.count - 1
@@ -126,8 +134,14 @@ struct Migrator: Sendable {
                 report.applied.append(migration.version)
                 report.toVersion = max(report.toVersion, migration.version)
                 observer.record(.migrationStep(user: user, version: migration.version, migration: migration.fileName,
-                                               step: index + 1, steps: plan.steps.count, durationMicroseconds: duration, skipped: skip))
+                                               step: index + 1, steps: totalSteps, durationMicroseconds: duration, skipped: skip))
             }
+        }
+        if plan.reconcile, reconciling, let schema = migrations.schema {
+            let started = DispatchTime.now()
+            report.reconciled = try reconcile(db, schema: schema, schemaVersion: report.toVersion)
+            observer.record(.migrationStep(user: user, version: report.toVersion, migration: schema.fileName, step: totalSteps, steps: totalSteps,
+                                           durationMicroseconds: Self.microseconds(since: started), skipped: false))
         }
         if plan.steps.isEmpty, plan.appVersionChanged {
             try db.inTransaction(.immediate) {
@@ -137,9 +151,9 @@ struct Migrator: Sendable {
         }
         report.appVersion = appVersion.text
         report.durationMicroseconds = Self.microseconds(since: started)
-        if !plan.steps.isEmpty {
+        if totalSteps > 0 {
             observer.record(.migrationFinished(user: user, from: report.fromVersion, to: report.toVersion,
-                                               steps: report.applied.count, durationMicroseconds: report.durationMicroseconds))
+                                               steps: totalSteps, durationMicroseconds: report.durationMicroseconds))
             backups.prune(user: user, olderThanSeconds: policy.backupRetentionSeconds)
         }
         return report
@@ -173,6 +187,38 @@ struct Migrator: Sendable {
             }
         }
         return duration
+    }
+
+    /// Reconciles the store with the desired schema in one transaction, like a migration:
+    /// planned again under the write lock, destructive changes refused unless allowed, foreign
+    /// keys off before and checked before commit, the schema's hash recorded with it.
+    /// Returns the statements run.
+    private func reconcile(_ db: Database, schema: DesiredSchema, schemaVersion: Int64) throws -> [String] {
+        var applied: [String] = []
+        let pseudo = Migration(version: schemaVersion, name: schema.fileName, fileName: schema.fileName, up: [], down: nil, checksum: schema.hash)
+        try withForeignKeysOff(db) {
+            do {
+                try db.inTransaction(.immediate) {
+                    let plan = try schema.plan(db)
+                    if !plan.destructive.isEmpty, !policy.allowDestructiveSchemaChanges {
+                        throw StoreError.migrationFailed(
+                            user: user, version: schemaVersion, migration: schema.fileName,
+                            message: "refused destructive change (set allowDestructiveSchemaChanges to allow it): " + plan.destructive.joined(separator: "; "),
+                            sqliteCode: nil, schemaVersion: schemaVersion)
+                    }
+                    for statement in plan.statements { try db.execute(sql: statement) }
+                    try checkForeignKeys(db)
+                    try Bookkeeping.recordSchemaHash(db, schema.hash)
+                    applied = plan.statements
+                    return .commit
+                }
+            } catch {
+                let failure = Self.failure(error, user: user, migration: pseudo, schemaVersion: schemaVersion)
+                observer.record(.migrationFailed(user: user, error: failure))
+                throw failure
+            }
+        }
+        return applied
     }
 
     // MARK: Rolling back

@@ -35,7 +35,7 @@ public enum Daemon {
 
         let migrations: MigrationSet
         do {
-            migrations = try MigrationSet.load(directory: configuration.migrationsDirectory)
+            migrations = try ConfigurationLoader.loadMigrations(configuration)
         } catch {
             logger.critical("migrations refused: \(error)", metadata: ["event": "daemon-failed"])
             printError("userstored: \(error)")
@@ -114,9 +114,11 @@ public enum Daemon {
         let configuration = try await ConfigurationLoader.load(path: context.configuration.sourcePath)
         let migrations: MigrationSet
         do {
-            migrations = try MigrationSet.load(directory: context.configuration.migrationsDirectory)
-        } catch {
+            migrations = try ConfigurationLoader.loadMigrations(configuration)
+        } catch let error as MigrationSetError {
             throw VarlinkErrors.invalidMigrations(error)
+        } catch {
+            throw Varlink.VarlinkError("io.userstore.Admin.InvalidMigrations", ["problems": [.string("\(error)")]])
         }
         for (key, changed) in restartOnlyChanges(from: context.configuration, to: configuration) where changed {
             logger.warning("configuration key \(key) changed; it takes effect after a restart", metadata: ["event": "daemon-reloading"])
@@ -134,7 +136,7 @@ public enum Daemon {
 
     private static func restartOnlyChanges(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(String, Bool)] {
         [("appVersion", old.appVersion.text != new.appVersion.text), ("dataDirectory", old.dataDirectory != new.dataDirectory),
-         ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory),
+         ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory), ("schemaFile", old.schemaFile != new.schemaFile),
          ("maxOpenStores", old.maxOpenStores != new.maxOpenStores), ("migrations", old.policy != new.policy)]
     }
 

@@ -180,6 +180,8 @@ struct AdminMethods {
                 .object(["version": .integer(step.version), "migration": .string(step.fileName),
                          "sql": .array(step.up.map { .string($0) }), "skipped": .bool(plan.skippedVersions.contains(step.version))])
             }),
+            "reconcile": .array(plan.reconcileStatements.map { .string($0) }),
+            "schemaFile": plan.reconcile ? .string(registry.migrations.schema?.fileName ?? "") : .null,
         ]
     }
 
