@@ -31,5 +31,9 @@ install:
 uninstall:
 	PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) bash scripts/install.sh uninstall
 
+## Benchmarks against PostgreSQL, in-process SQLite and a sqlite3 loop (release build; not part of test).
+bench:
+	bash scripts/bench.sh
+
 clean:
 	rm -rf .build .run

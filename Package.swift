@@ -85,6 +85,15 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // make bench: every scenario against its baseline in one run (not part of the tests).
+        .executableTarget(
+            name: "userstore-bench",
+            dependencies: [
+                "UserStoreCore",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
         // A child process the crash tests SIGKILL in the middle of a migration.
         .executableTarget(
             name: "userstore-test-helper",

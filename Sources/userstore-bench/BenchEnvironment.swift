@@ -1,0 +1,109 @@
+import Foundation
+import UserStoreCore
+import GRDB
+
+/// Paths and helpers shared by the scenarios.
+struct BenchEnvironment {
+    let root: String
+    let binaries: String
+    let repository: String
+
+    var exampleMigrations: String { repository + "/config/migrations" }
+
+    /// A started userstored on `data` with `migrations`; returns its process and socket.
+    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: Bool = true) throws -> (Process, String) {
+        let directory = root + "/" + name
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let socket = directory + "/userstore.sock"
+        let config = directory + "/userstored.yaml"
+        try """
+            appVersion: "2.0.0"
+            dataDirectory: \(data)
+            socketPath: \(socket)
+            migrationsDirectory: \(migrations)
+            maxOpenStores: \(maxOpenStores)
+            logTarget: stderr
+            fleetParallelism: 8
+            migrations:
+              backupBeforeMigrating: \(backups)
+            """.write(toFile: config, atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binaries + "/userstored")
+        process.arguments = ["--config", config]
+        process.standardError = FileHandle(forWritingAtPath: "/dev/null")
+        try process.run()
+        // Benchmark set-up, not a test: poll until the daemon answers.
+        for _ in 0..<600 {
+            if FileManager.default.fileExists(atPath: socket), shell("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('\(socket)')\"").0 == 0 { break }
+            usleep(50_000)
+        }
+        return (process, socket)
+    }
+
+    func stop(_ process: Process) {
+        process.terminate()
+        process.waitUntilExit()
+    }
+
+    /// Makes a store for `user` in `data` through the engine, lets `fill` add rows, closes it.
+    func makeSeed(data: String, migrations: MigrationSet, user: String, fill: String) async throws -> String {
+        let layout = StoreLayout(dataDirectory: data)
+        let lock = try DataDirectoryLock(layout: layout)
+        let registry = StoreRegistry(configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion("2.0.0")),
+                                     migrations: migrations, lock: lock)
+        let id = try UserID(user)
+        try await registry.withStore(id) { store in
+            try await store.queue.write { db in if !fill.isEmpty { try db.execute(sql: fill) } }
+        }
+        await registry.shutdown()
+        _ = lock
+        return layout.storePath(for: id)
+    }
+
+    /// Copies `seed` to be the store of each of `users` in `data` (stores are not tied to their user ID).
+    func clone(_ seed: String, into data: String, users: [String]) throws {
+        let layout = StoreLayout(dataDirectory: data)
+        for user in users {
+            let id = try UserID(user)
+            try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: id), withIntermediateDirectories: true)
+            let target = layout.storePath(for: id)
+            try? FileManager.default.removeItem(atPath: target)
+            try FileManager.default.copyItem(atPath: seed, toPath: target)
+        }
+    }
+}
+
+/// A throwaway PostgreSQL 15 cluster on a Unix socket, run as the postgres user.
+struct Postgres {
+    let directory: String
+    let bin = "/usr/lib/postgresql/15/bin"
+
+    static func available() -> Bool { FileManager.default.fileExists(atPath: "/usr/lib/postgresql/15/bin/pgbench") }
+
+    func start() {
+        shell("rm -rf \(directory) && mkdir -p \(directory)/socket && chown -R postgres \(directory)")
+        shell("runuser -u postgres -- \(bin)/initdb -D \(directory)/data -A trust >/dev/null")
+        shell("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -l \(directory)/log -w -o \"-k \(directory)/socket -c listen_addresses='' -c max_connections=200\" start")
+        shell("runuser -u postgres -- \(bin)/pgbench -h \(directory)/socket -i -s 1 -q postgres")
+    }
+
+    /// `pgbench -M prepared` with `clients`: throughput and per-transaction latencies.
+    func pgbench(_ mode: String, clients: Int, seconds: Int) -> (Double, Latencies) {
+        shell("rm -rf \(directory)/logs && mkdir -p \(directory)/logs && chown postgres \(directory)/logs")
+        let (_, output) = shell("cd \(directory)/logs && runuser -u postgres -- \(bin)/pgbench -h \(directory)/socket \(mode) -M prepared -c \(clients) -j \(min(clients, 2)) -T \(seconds) -l postgres")
+        let tps = output.split(separator: "\n").first { $0.hasPrefix("tps = ") }.flatMap { Double($0.split(separator: " ")[2]) } ?? 0
+        var samples: [UInt64] = []
+        for file in (try? FileManager.default.contentsOfDirectory(atPath: directory + "/logs")) ?? [] {
+            let text = (try? String(contentsOfFile: directory + "/logs/" + file, encoding: .utf8)) ?? ""
+            for line in text.split(separator: "\n") {
+                let fields = line.split(separator: " ")
+                if fields.count > 2, let micros = UInt64(fields[2]) { samples.append(micros * 1000) }
+            }
+        }
+        return (tps, Latencies(samples: samples))
+    }
+
+    func stop() {
+        shell("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -m fast -w stop")
+    }
+}

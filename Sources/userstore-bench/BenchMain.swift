@@ -1,0 +1,70 @@
+import ArgumentParser
+import Foundation
+
+/// `make bench`: every scenario against its baseline in the same run; a markdown table on
+/// stdout and JSON (machine, versions, numbers, targets) in a file.
+@main
+struct BenchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "userstore-bench", abstract: "Benchmarks of userstored against its baselines.")
+
+    @Option(help: "Seconds per measured run.")
+    var seconds: Double = 5
+
+    @Flag(help: "Smaller fleets and shorter runs (a smoke test of the benchmark itself).")
+    var quick = false
+
+    @Option(help: "Where the JSON results go.")
+    var json = "docs/bench/latest.json"
+
+    @Option(help: "Only these scenarios (1-5), comma-separated.")
+    var only: String = "1,2,3,4,5"
+
+    @Option(help: "The repository (for config/migrations).")
+    var repository = FileManager.default.currentDirectoryPath
+
+    func run() async throws {
+        let binaries = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().path
+        let root = NSTemporaryDirectory() + "userstore-bench-\(getpid())"
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        chmod(root, 0o755)
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        var scenarios = Scenarios(env: BenchEnvironment(root: root, binaries: binaries, repository: repository), seconds: quick ? 2 : seconds, quick: quick)
+        let selected = Set(only.split(separator: ",").map(String.init))
+        if selected.contains("1") { try await scenarios.pointQueries() }
+        if selected.contains("2") { try await scenarios.durableWrites() }
+        if selected.contains("3") { try scenarios.coldOpen() }
+        if selected.contains("4") { try await scenarios.fleetMigration() }
+        if selected.contains("5") { try await scenarios.memory() }
+
+        let machine = machineInfo()
+        var lines = ["| scenario | subject | result | p50 | p99 | note |", "|---|---|---|---|---|---|"]
+        for m in scenarios.measurements {
+            lines.append("| \(m.scenario) | \(m.subject) | \(format(m.value)) \(m.unit) | \(m.p50.map { format($0) + " µs" } ?? "") | \(m.p99.map { format($0) + " µs" } ?? "") | \(m.note) |")
+        }
+        lines += ["", "| target | this run | met |", "|---|---|---|"]
+        for t in scenarios.targets { lines.append("| \(t.target) | \(t.measured) | \(t.met ? "yes" : "**no**") |") }
+        lines += ["", "Machine: \(machine["cpu"] ?? "?"), \(machine["cores"] ?? "?") cores, \(machine["memory"] ?? "?"); \(machine["sqlite"] ?? ""); \(machine["postgres"] ?? ""); \(quick ? "quick mode" : "\(seconds) s per run")."]
+        print(lines.joined(separator: "\n"))
+
+        let object: [String: Any] = [
+            "machine": machine, "quick": quick, "secondsPerRun": quick ? 2 : seconds,
+            "measurements": scenarios.measurements.map(\.json),
+            "targets": scenarios.targets.map { ["target": $0.target, "measured": $0.measured, "met": $0.met] },
+        ]
+        try FileManager.default.createDirectory(atPath: URL(fileURLWithPath: json).deletingLastPathComponent().path, withIntermediateDirectories: true)
+        try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: json))
+        log("results written to \(json)")
+    }
+
+    func machineInfo() -> [String: String] {
+        let cpu = shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").1.trimmingCharacters(in: .whitespacesAndNewlines)
+        let memory = shell("free -h | awk '/Mem:/ {print $2}'").1.trimmingCharacters(in: .whitespacesAndNewlines)
+        return [
+            "cpu": cpu, "cores": "\(ProcessInfo.processInfo.activeProcessorCount)", "memory": memory,
+            "kernel": shell("uname -r").1.trimmingCharacters(in: .whitespacesAndNewlines),
+            "swift": shell("swift --version 2>&1 | head -1").1.trimmingCharacters(in: .whitespacesAndNewlines),
+            "sqlite": "SQLite " + shell("sqlite3 --version | cut -d' ' -f1").1.trimmingCharacters(in: .whitespacesAndNewlines),
+            "postgres": shell("/usr/lib/postgresql/15/bin/postgres --version 2>/dev/null").1.trimmingCharacters(in: .whitespacesAndNewlines),
+        ]
+    }
+}

@@ -1,0 +1,104 @@
+import Foundation
+
+/// A raw varlink client for load generation: pre-built request bytes, replies read up to the
+/// NUL and only checked for being a success (no JSON parsing on the measuring path).
+final class SocketClient: @unchecked Sendable { // each instance is used by exactly one worker thread
+    let fd: Int32
+    private var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    private var pending: [UInt8] = []
+
+    init(path: String) {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            raw.copyBytes(from: Array(path.utf8))
+            raw[path.utf8.count] = 0
+        }
+        let result = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        precondition(result == 0, "cannot connect to \(path): \(String(cString: strerror(errno)))")
+    }
+
+    deinit { close(fd) }
+
+    /// Sends `request` (NUL-terminated) and waits for one reply; true when it is not an error.
+    func roundTrip(_ request: [UInt8]) -> Bool {
+        var sent = 0
+        while sent < request.count {
+            let count = request[sent...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            guard count > 0 else { return false }
+            sent += count
+        }
+        while true {
+            if let end = pending.firstIndex(of: 0) {
+                let ok = pending.starts(with: Array("{\"parameters\"".utf8))
+                pending.removeSubrange(...end)
+                return ok
+            }
+            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+            guard count > 0 else { return false }
+            pending.append(contentsOf: buffer[..<count])
+        }
+    }
+}
+
+/// SplitMix64: a fast, seedable generator for picking users and ids.
+struct FastRandom {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+    mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(bound)) }
+}
+
+/// Runs `threads` workers for `seconds`; each calls `work` in a loop and records its latency.
+func runLoad(threads: Int, seconds: Double, setup: @escaping @Sendable (Int) -> (@Sendable () -> Bool),
+             stopWhen: @escaping @Sendable () -> Bool = { false }) -> (throughput: Double, latencies: Latencies, errors: Int) {
+    final class Results: @unchecked Sendable { // written by each worker once, read after join
+        var samples: [[UInt64]]
+        var errors: [Int]
+        init(_ count: Int) { samples = Array(repeating: [], count: count); errors = Array(repeating: 0, count: count) }
+    }
+    let results = Results(threads)
+    let group = DispatchGroup()
+    let start = DispatchSemaphore(value: 0)
+    var begin: UInt64 = 0
+    let deadlineBox = UnsafeMutablePointer<UInt64>.allocate(capacity: 1)
+    deadlineBox.initialize(to: 0)
+    defer { deadlineBox.deallocate() }
+    let deadlinePointer = UInt(bitPattern: deadlineBox)
+    for index in 0..<threads {
+        group.enter()
+        Thread {
+            let work = setup(index)
+            var samples: [UInt64] = []
+            samples.reserveCapacity(200_000)
+            var errors = 0
+            start.wait()
+            let deadline = UnsafePointer<UInt64>(bitPattern: deadlinePointer)!.pointee
+            while true {
+                let before = nanoseconds()
+                if before >= deadline || stopWhen() { break }
+                if !work() { errors += 1 }
+                samples.append(nanoseconds() - before)
+            }
+            results.samples[index] = samples
+            results.errors[index] = errors
+            group.leave()
+        }.start()
+    }
+    usleep(200_000) // let every worker connect before the clock starts
+    begin = nanoseconds()
+    deadlineBox.pointee = begin + UInt64(seconds * 1e9)
+    for _ in 0..<threads { start.signal() }
+    group.wait()
+    let elapsed = Double(nanoseconds() - begin) / 1e9
+    let all = results.samples.flatMap { $0 }
+    return (Double(all.count) / elapsed, Latencies(samples: all), results.errors.reduce(0, +))
+}

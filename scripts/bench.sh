@@ -1,0 +1,17 @@
+#!/bin/bash
+# make bench: builds in release mode and runs every scenario against its baseline in the same
+# run (installs PostgreSQL 15 and sqlite3 from Debian). Prints a markdown table; writes JSON to
+# docs/bench/latest.json. Usage: bash scripts/bench.sh [--quick] [--only 1,4] [--seconds 5]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/opt/swift/usr/bin"
+bash scripts/install-deps.sh
+if ! dpkg-query -W -f='${Status}' postgresql-15 2>/dev/null | grep -q "install ok installed"; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null
+fi
+# The packaged cluster is not needed: the benchmark starts its own on a private socket.
+pg_ctlcluster 15 main stop 2>/dev/null || true
+swift build -c release --static-swift-stdlib --product userstored
+swift build -c release --static-swift-stdlib --product userstorectl
+swift build -c release --static-swift-stdlib --product userstore-bench
+exec "$(swift build -c release --show-bin-path)/userstore-bench" --repository "$PWD" "$@"
