@@ -83,7 +83,7 @@ struct Postgres {
     func start() {
         shell("rm -rf \(directory) && mkdir -p \(directory)/socket && chown -R postgres \(directory)")
         shell("runuser -u postgres -- \(bin)/initdb -D \(directory)/data -A trust >/dev/null")
-        shell("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -l \(directory)/log -w -o \"-k \(directory)/socket -c listen_addresses='' -c max_connections=200\" start")
+        _ = shellDetached("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -l \(directory)/log -w -o \"-k \(directory)/socket -c listen_addresses='' -c max_connections=200\" start </dev/null >/dev/null 2>&1")
         shell("runuser -u postgres -- \(bin)/pgbench -h \(directory)/socket -i -s 1 -q postgres")
     }
 
@@ -104,6 +104,6 @@ struct Postgres {
     }
 
     func stop() {
-        shell("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -m fast -w stop")
+        _ = shellDetached("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -m fast -w stop")
     }
 }

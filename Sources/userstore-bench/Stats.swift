@@ -49,24 +49,49 @@ func format(_ value: Double) -> String {
     value >= 100 ? String(format: "%.0f", value) : value >= 10 ? String(format: "%.1f", value) : String(format: "%.2f", value)
 }
 
-/// Runs a command; returns (status, stdout+stderr).
+/// Runs a shell command with posix_spawn and waitpid (Foundation's Process can miss the exit
+/// of a child whose descendants daemonise, like pg_ctl's); returns (status, stdout+stderr).
 @discardableResult
 func shell(_ command: String, environment: [String: String] = [:]) -> (Int32, String) {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: "/bin/bash")
-    process.arguments = ["-c", command]
+    let output = NSTemporaryDirectory() + "userstore-bench-shell-\(getpid())-\(UInt64.random(in: 0...UInt64.max))"
+    let status = spawn("(\(command)) </dev/null >\(output) 2>&1", environment: environment)
+    let text = (try? String(contentsOfFile: output, encoding: .utf8)) ?? ""
+    unlink(output)
+    return (status, text)
+}
+
+/// A command that leaves a daemon behind (pg_ctl start): nothing captured.
+func shellDetached(_ command: String) -> Int32 {
+    spawn("(\(command)) </dev/null >/dev/null 2>&1", environment: [:])
+}
+
+private func spawn(_ command: String, environment: [String: String]) -> Int32 {
     var env = ProcessInfo.processInfo.environment
     for (key, value) in environment { env[key] = value }
-    process.environment = env
-    let pipe = Pipe()
-    process.standardOutput = pipe
-    process.standardError = pipe
-    try! process.run()
-    let data = pipe.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    let arguments: [UnsafeMutablePointer<CChar>?] = ["/bin/bash", "-c", command].map { (text: String) in strdup(text) } + [nil]
+    let variables: [UnsafeMutablePointer<CChar>?] = env.map { (entry: (key: String, value: String)) in strdup(entry.key + "=" + entry.value) } + [nil]
+    defer {
+        arguments.forEach { free($0) }
+        variables.forEach { free($0) }
+    }
+    // A child must not inherit this process's blocked signals (pgbench -T waits for SIGALRM).
+    var attributes = posix_spawnattr_t()
+    posix_spawnattr_init(&attributes)
+    defer { posix_spawnattr_destroy(&attributes) }
+    var empty = sigset_t(), all = sigset_t()
+    sigemptyset(&empty)
+    sigfillset(&all)
+    posix_spawnattr_setsigmask(&attributes, &empty)
+    posix_spawnattr_setsigdefault(&attributes, &all)
+    posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+    var pid: pid_t = 0
+    guard posix_spawn(&pid, "/bin/bash", nil, &attributes, arguments, variables) == 0 else { return -1 }
+    var status: Int32 = 0
+    while waitpid(pid, &status, 0) < 0, errno == EINTR {}
+    return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
 }
 
 func log(_ text: String) {
     FileHandle.standardError.write(Data((text + "\n").utf8))
 }
+
