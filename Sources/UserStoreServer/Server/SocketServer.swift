@@ -58,7 +58,9 @@ final class SocketServer: Service {
                 onReady()
                 try await withThrowingDiscardingTaskGroup { group in
                     for try await (connection, credentials) in inbound.cancelOnGracefulShutdown() {
-                        group.addTask { await self.serve(connection, credentials: credentials) }
+                        group.addTask(executorPreference: EventLoopTaskExecutor(eventLoop: connection.channel.eventLoop)) {
+                            await self.serve(connection, credentials: credentials)
+                        }
                     }
                 }
             }
