@@ -38,7 +38,7 @@ import Varlink
         let status = daemon.stop(signal: SIGTERM)
         writers.wait()
         #expect(status == 0, "\(daemon.stderr)")
-        #expect(daemon.notify.lines.contains("STOPPING=1"))
+        #expect(daemon.notify.waitFor { $0 == "STOPPING=1" })
         #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
 
         try daemon.start()
@@ -65,6 +65,7 @@ import Varlink
         let notify = daemon.notify
         #expect(notify.waitFor { _ in notify.lines.filter { $0 == "WATCHDOG=1" }.count >= 3 })
         #expect(daemon.stop() == 0)
+        #expect(daemon.notify.waitFor { $0 == "STOPPING=1" })
         let lines = daemon.notify.lines
         let ready = try #require(lines.firstIndex(of: "READY=1"))
         let stopping = try #require(lines.firstIndex(of: "STOPPING=1"))
@@ -205,9 +206,9 @@ import Varlink
         _ = try client.call("io.userstore.Admin.Reload")
         let summary = try client.call("io.userstore.Admin.Migrate", ["all": true])
         #expect(summary["done"] == 40 && summary["migrated"] == 40 && summary["failures"] == 0)
-        let lines = daemon.notify.lines
-        #expect(lines.contains("STATUS=Migrating 0/40 stores, 0 failed, 0/s"))
-        #expect(lines.contains { $0.hasPrefix("STATUS=Migrating 40/40 stores, 0 failed") })
+        // The datagrams were sent before the reply; the receiving thread may still be on them.
+        #expect(daemon.notify.waitFor { $0 == "STATUS=Migrating 0/40 stores, 0 failed, 0/s" })
+        #expect(daemon.notify.waitFor { $0.hasPrefix("STATUS=Migrating 40/40 stores, 0 failed") })
         daemon.stop()
     }
 
