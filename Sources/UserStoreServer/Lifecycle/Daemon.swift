@@ -66,12 +66,13 @@ public enum Daemon {
         let server: SocketServer
         do {
             server = try await SocketServer.bind(path: configuration.socketPath, inherited: inherited, context: context, logger: logger, onReady: {
-                notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(context))
                 logger.notice("ready: serving \(inherited == nil ? configuration.socketPath : "the socket passed by systemd")", metadata: [
                     "event": "daemon-ready", "socket": .string(configuration.socketPath), "migrations": "\(migrations.migrations.count)",
                     "latest_version": "\(migrations.latestVersion)",
                 ])
                 printError("userstored: listening on \(inherited == nil ? configuration.socketPath : "socket fd \(inherited!) from systemd")")
+                // Last: whoever waits for READY=1 finds the lines above already written.
+                notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(context))
             }, onStopping: {
                 notifier.notify("STOPPING=1\nSTATUS=Stopping: finishing requests in flight")
                 logger.notice("stopping: finishing requests in flight", metadata: ["event": "daemon-stopping"])
