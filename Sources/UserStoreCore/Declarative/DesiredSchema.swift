@@ -12,6 +12,8 @@ public struct DesiredSchema: Sendable, Equatable {
     public let sql: String
     /// Hex SHA-256 of the text with normalised line endings.
     public let hash: String
+    /// The schema as built once in a pristine in-memory database; every plan compares with it.
+    let desired: SchemaSnapshot
 
     /// Why a schema file cannot be used.
     public struct LoadError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -31,7 +33,7 @@ public struct DesiredSchema: Sendable, Equatable {
             }
         }
         do {
-            _ = try SchemaSnapshot.desired(sql)
+            desired = try SchemaSnapshot.desired(sql)
         } catch let error as DatabaseError {
             throw LoadError(file: fileName, message: error.message ?? "\(error.resultCode)")
         } catch {
@@ -49,6 +51,6 @@ public struct DesiredSchema: Sendable, Equatable {
 
     /// What reconciling the store open on `db` with this schema would run.
     public func plan(_ db: Database) throws -> ReconcilePlan {
-        try SchemaReconciler(desiredSQL: sql).plan(db)
+        try SchemaReconciler(desired: desired).plan(db)
     }
 }

@@ -1,3 +1,5 @@
+import Foundation
+
 /// A token of SQLite's SQL, enough to take CREATE statements apart.
 struct SQLToken: Equatable {
     enum Kind: Equatable { case word, quotedIdentifier, string, number, blob, punctuation, comment }

@@ -1,3 +1,4 @@
+import Foundation
 import GRDB
 
 /// What reconciling a store with the desired schema would run.
@@ -27,10 +28,6 @@ public struct ReconcilePlan: Sendable, Equatable {
 /// CREATE TABLE line. Plans are deterministic: the same store and schema give the same SQL.
 struct SchemaReconciler {
     let desired: SchemaSnapshot
-
-    init(desiredSQL: String) throws {
-        desired = try SchemaSnapshot.desired(desiredSQL)
-    }
 
     func plan(_ db: Database) throws -> ReconcilePlan {
         var live = try SchemaSnapshot.read(db)
@@ -100,7 +97,8 @@ struct SchemaReconciler {
         for (name, view) in live.views.sorted(by: { $0.key < $1.key }) where recreateAllViews || desired.views[name]?.normalized != view.normalized {
             dropViews.append("DROP VIEW \(quote(name));")
         }
-        for (name, view) in Self.ordered(desired.views, by: desired) where recreateAllViews || live.views[name]?.normalized != view.normalized {
+        // Views in name order: SQLite resolves a view's dependencies when it is used, not created.
+        for (name, view) in desired.views.sorted(by: { $0.key < $1.key }) where recreateAllViews || live.views[name]?.normalized != view.normalized {
             createViews.append(view.sql + ";")
         }
         let (dropIndexes, createIndexes) = Self.diff(live: live.indexes, desired: desired.indexes, rebuilt: rebuilt, kind: "INDEX")
@@ -128,8 +126,9 @@ struct SchemaReconciler {
         let hasSequence = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence')") ?? false
         if hasSequence, let sequence = try Int64.fetchOne(db, sql: "SELECT seq FROM sqlite_sequence WHERE name = ?", arguments: [name]),
            target.sql.lowercased().contains("autoincrement") {
-            steps.append("UPDATE sqlite_sequence SET seq = max(seq, \(sequence)) WHERE name = '\(name.replacingOccurrences(of: "'", with: "''"))';")
-            steps.append("INSERT INTO sqlite_sequence (name, seq) SELECT '\(name.replacingOccurrences(of: "'", with: "''"))', \(sequence) WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = '\(name.replacingOccurrences(of: "'", with: "''"))');")
+            let literal = "'" + name.replacingOccurrences(of: "'", with: "''") + "'"
+            steps.append("UPDATE sqlite_sequence SET seq = max(seq, \(sequence)) WHERE name = \(literal);")
+            steps.append("INSERT INTO sqlite_sequence (name, seq) SELECT \(literal), \(sequence) WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = \(literal));")
         }
         return steps
     }
@@ -145,11 +144,6 @@ struct SchemaReconciler {
             creates.append(object.sql + ";")
         }
         return (drops, creates)
-    }
-
-    private static func ordered(_ objects: [String: SchemaSnapshot.Object], by snapshot: SchemaSnapshot) -> [(String, SchemaSnapshot.Object)] {
-        // Views in name order; SQLite resolves a view's dependencies when it is used, not created.
-        objects.sorted { $0.key < $1.key }
     }
 
     /// What ALTER TABLE ADD COLUMN accepts: no PRIMARY KEY or UNIQUE, NOT NULL only with a
@@ -170,11 +164,5 @@ struct SchemaReconciler {
     static func isGenerated(_ column: TableDefinition.Column) -> Bool {
         let words = column.definition.split(separator: " ")
         return words.contains("generated") || zip(words, words.dropFirst()).contains { $0 == "as" && $1 == "(" }
-    }
-}
-
-extension String {
-    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
-        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
     }
 }

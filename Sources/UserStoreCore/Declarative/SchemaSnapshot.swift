@@ -2,9 +2,9 @@ import GRDB
 
 /// The user-visible schema of a database (the daemon's bookkeeping and SQLite's internal tables
 /// excluded), read from `sqlite_schema`.
-struct SchemaSnapshot {
+struct SchemaSnapshot: Sendable, Equatable {
     /// An index, view or trigger: compared by its normalised SQL.
-    struct Object: Equatable {
+    struct Object: Sendable, Equatable {
         var name: String
         var table: String
         var sql: String
@@ -43,8 +43,6 @@ struct SchemaSnapshot {
         normalized.split(separator: " ").map { $0 == token ? replacement : String($0) }.joined(separator: " ")
     }
 
-    static let ignoredTables: Set<String> = ["app_version", "schema_migrations"]
-
     static func read(_ db: Database) throws -> SchemaSnapshot {
         var snapshot = SchemaSnapshot()
         let rows = try Row.fetchAll(db, sql: """
@@ -54,7 +52,7 @@ struct SchemaSnapshot {
         for row in rows {
             let type: String = row[0], name: String = row[1], table: String = row[2], sql: String = row[3]
             let key = name.lowercased(), tableKey = table.lowercased()
-            if ignoredTables.contains(tableKey) { continue }
+            if Bookkeeping.tables.contains(tableKey) { continue }
             let object = Object(name: key, table: tableKey, sql: sql, normalized: SQLTokenizer.normalized(SQLTokenizer.tokens(sql)))
             switch type {
             case "table":

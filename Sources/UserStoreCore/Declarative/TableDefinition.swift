@@ -1,8 +1,10 @@
+import Foundation
+
 /// A CREATE TABLE statement taken apart: columns and table constraints, compared structurally
 /// (column order and whitespace do not matter; a column added with ADD COLUMN compares equal
 /// to the same column written in the CREATE TABLE statement).
-struct TableDefinition: Equatable {
-    struct Column: Equatable {
+struct TableDefinition: Sendable, Equatable {
+    struct Column: Sendable, Equatable {
         /// Lower-cased, unquoted.
         var name: String
         /// The definition after the name, normalised.
@@ -147,9 +149,5 @@ extension String {
         while let first = text.first, set.contains(first) { text = text.dropFirst() }
         while let last = text.last, set.contains(last) { text = text.dropLast() }
         return String(text)
-    }
-
-    fileprivate func replacingOccurrences(of target: String, with replacement: String) -> String {
-        split(separator: target, omittingEmptySubsequences: false).joined(separator: replacement)
     }
 }

@@ -6,9 +6,6 @@ enum StatementPolicy {
         case refuse(String)
     }
 
-    /// Tables the daemon owns inside every store.
-    static let bookkeepingTables: Set<String> = ["APP_VERSION", "SCHEMA_MIGRATIONS"]
-
     static func classify(_ statement: String) -> Decision {
         let words = SQLScript.keywords(of: statement, count: 4)
         guard let first = words.first else { return .ignore }

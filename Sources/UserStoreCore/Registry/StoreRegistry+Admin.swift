@@ -10,43 +10,26 @@ extension StoreRegistry {
         let migrations = self.migrations
         let path = configuration.layout.storePath(for: user)
         let migrator = makeMigrator(user, migrations: migrations)
-        let simulator = Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion,
-                                 policy: MigrationPolicy(backupBeforeMigrating: false), observer: NoStoreObserver(),
-                                 backups: BackupKeeper(layout: configuration.layout))
-        guard FileManager.default.fileExists(atPath: path) else {
-            var plan = MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion, steps: migrations.migrations,
-                                     skippedVersions: Set(migrations.migrations.filter { gate in
-                                         gate.appVersionBelow.map { configuration.appVersion >= $0 } ?? false
-                                     }.map(\.version)),
-                                     appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil)
-            if let schema = migrations.schema {
-                plan.reconcileStatements = try await Self.offThread {
-                    let copy = try DatabaseQueue()
-                    return try copy.writeWithoutTransaction { db in
-                        _ = try simulator.migrate(db, created: true, reconcile: false)
-                        return try schema.plan(db).statements
-                    }
-                }
-            }
-            return plan
-        }
-        // A short-lived second connection that only reads: safe beside the registry's own (WAL),
-        // and it never triggers the lazy migration that a lease would.
+        let simulator = makeMigrator(user, migrations: migrations, simulating: true)
+        let exists = FileManager.default.fileExists(atPath: path)
         let busyTimeout = configuration.busyTimeoutSeconds
         return try await Self.offThread {
+            // An existing store is read through a short-lived second connection: safe beside the
+            // registry's own (WAL), and it never triggers the lazy migration a lease would. A
+            // missing one is planned as the empty database it would start from, and not created.
             var config = Configuration()
             config.busyMode = .timeout(busyTimeout)
-            let queue = try DatabaseQueue(path: path, configuration: config)
+            let queue = exists ? try DatabaseQueue(path: path, configuration: config) : try DatabaseQueue()
             defer { try? queue.close() }
             var plan = try queue.read { db in try migrator.plan(db) }
-            // The reconcile's SQL depends on the schema the steps leave: find it on a copy.
-            if plan.reconcile, !plan.steps.isEmpty, let schema = migrations.schema {
-                let copy = try DatabaseQueue()
-                try queue.backup(to: copy)
-                plan.reconcileStatements = try copy.writeWithoutTransaction { db in
-                    _ = try simulator.migrate(db, created: false, reconcile: false)
-                    return try schema.plan(db).statements
-                }
+            guard plan.reconcile, let schema = migrations.schema else { return plan }
+            // The reconcile's SQL depends on the schema the steps leave: find it on a copy with
+            // the steps applied.
+            let copy = try DatabaseQueue()
+            try queue.backup(to: copy)
+            plan.reconcileStatements = try copy.writeWithoutTransaction { db in
+                _ = try simulator.migrate(db, created: !exists, reconcile: false)
+                return try schema.plan(db).statements
             }
             return plan
         }

@@ -233,9 +233,13 @@ public final class StoreRegistry: Sendable {
         }
     }
 
-    func makeMigrator(_ user: UserID, migrations: MigrationSet) -> Migrator {
-        Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: configuration.policy,
-                 observer: observer, backups: BackupKeeper(layout: configuration.layout))
+    /// The migrator for `user`; a `simulating` one (for plans run on a copy) takes no backups
+    /// and reports no events.
+    func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false) -> Migrator {
+        var policy = configuration.policy
+        if simulating { policy.backupBeforeMigrating = false }
+        return Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
+                        observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
     }
 
     /// Marks `user`'s open store as needing a fresh preparation on its next use, or records

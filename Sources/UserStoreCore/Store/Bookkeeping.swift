@@ -8,6 +8,9 @@ import GRDB
 /// - `schema_migrations`: one row per applied migration.
 /// - `PRAGMA user_version`: equal to `app_version.schema_version`.
 enum Bookkeeping {
+    /// The tables the daemon owns (lower-case); clients may read them, never change them.
+    static let tables: Set<String> = ["app_version", "schema_migrations"]
+
     static let createTables = """
         CREATE TABLE app_version (
             id INTEGER PRIMARY KEY CHECK (id = 1),

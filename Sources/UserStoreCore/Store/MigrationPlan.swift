@@ -16,8 +16,8 @@ public struct MigrationPlan: Sendable, Equatable {
     public var recordedAppVersion: String?
     /// The store must be reconciled with the desired schema after the steps.
     public var reconcile: Bool = false
-    /// The reconcile's SQL, when it can be known without running the steps first (no steps
-    /// pending); see ``StoreRegistry/plan(_:)``, which simulates the steps to know it always.
+    /// The reconcile's SQL; filled in by ``StoreRegistry/plan(_:)`` only (it simulates the
+    /// steps on a copy to know it), since migrating plans the reconcile under the write lock.
     public var reconcileStatements: [String] = []
 
     /// Nothing to write at all.

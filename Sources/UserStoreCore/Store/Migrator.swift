@@ -43,20 +43,16 @@ struct Migrator: Sendable {
         let appVersionChanged = info.appVersion != appVersion.text
         let schemaChanged = info.schemaHash != migrations.schema?.hash
         if userVersion == migrations.latestVersion, info.migrationsFingerprint == migrations.fingerprint {
-            var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
-                                     skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
-                                     reconcile: schemaChanged && migrations.schema != nil)
-            if plan.reconcile, let schema = migrations.schema { plan.reconcileStatements = try schema.plan(db).statements }
-            return plan
+            return MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
+                                 skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
+                                 reconcile: schemaChanged && migrations.schema != nil)
         }
         let pending = try pendingMigrations(db, latestApplied: userVersion)
-        var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion,
-                                 toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
-                                 skippedVersions: skipped(pending, recorded: info.appVersion),
-                                 appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
-                                 reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
-        if plan.reconcile, pending.isEmpty, let schema = migrations.schema { plan.reconcileStatements = try schema.plan(db).statements }
-        return plan
+        return MigrationPlan(isNewStore: false, fromVersion: userVersion,
+                             toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
+                             skippedVersions: skipped(pending, recorded: info.appVersion),
+                             appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
+                             reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
     }
 
     /// Known migrations not applied to this store, after checking the applied ones.

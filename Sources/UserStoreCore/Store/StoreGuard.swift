@@ -14,9 +14,6 @@ import GRDBSQLite
 /// Thread-safety: SQLite calls the callbacks synchronously on the thread that prepares or steps
 /// a statement, which is always the store's serial queue; all state is touched only there.
 public final class StoreGuard: @unchecked Sendable {
-    /// Tables the daemon owns in every store.
-    public static let bookkeepingTables: Set<String> = ["app_version", "schema_migrations"]
-
     /// PRAGMAs a client may run with an argument because the argument only selects what to read.
     static let introspectionPragmas: Set<String> = [
         "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
@@ -105,6 +102,6 @@ public final class StoreGuard: @unchecked Sendable {
     }
 
     static func isBookkeeping(_ table: String) -> Bool {
-        bookkeepingTables.contains(table.lowercased())
+        Bookkeeping.tables.contains(table.lowercased())
     }
 }
