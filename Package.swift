@@ -48,11 +48,13 @@ let package = Package(
                 .product(name: "Yams", package: "Yams"),
             ]
         ),
+        // The wire shapes of io.userstore.*: named errors and fleet replies (daemon and CLI).
+        .target(name: "UserStoreProtocol", dependencies: ["UserStoreCore", "Varlink"]),
         // The daemon as a library: configuration, socket server, request handling, lifecycle.
         .target(
             name: "UserStoreServer",
             dependencies: [
-                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration",
+                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -67,7 +69,7 @@ let package = Package(
         .target(
             name: "UserStoreCtl",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreConfiguration",
+                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

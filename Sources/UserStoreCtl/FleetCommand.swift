@@ -1,11 +1,13 @@
 import Foundation
+import UserStoreCore
+import UserStoreProtocol
 import Varlink
 
 /// The shared shape of `migrate` and `verify`: stream per-store outcomes (from the daemon or
 /// offline), draw progress on a terminal, print JSON lines for scripts, list failures at the
 /// end, exit 1 when any store failed and 130 when interrupted.
 public struct FleetCommand {
-    public enum Kind { case migrate, verify }
+    public enum Kind: Sendable { case migrate, verify }
 
     public let kind: Kind
     public let output: Output
@@ -100,4 +102,44 @@ public struct FleetCommand {
     }
 
     public func tally(total: Int) -> Tally { Tally(command: self, total: total) }
+}
+
+extension FleetCommand {
+    /// Streams `method`'s per-store replies from the daemon into a tally and prints the
+    /// summary; returns the exit code (130 after Ctrl-C, which ends the stream).
+    public func runThroughDaemon(_ client: DaemonClient, method: String, parameters: [String: JSONValue],
+                                 users: [String], all: Bool) throws(CtlError) -> CtlExitCode {
+        var parameters = parameters
+        if all { parameters["all"] = true } else { parameters["users"] = .array(users.map { .string($0) }) }
+        client.interruptOnSignal()
+        let tally = tally(total: all ? 0 : users.count)
+        do {
+            // The last reply is the summary: it names no user.
+            try client.stream(method, parameters) { reply in if reply["user"] != nil { tally.record(reply) } }
+        } catch {
+            guard Interrupt.requested || error.exitCode == .interrupted else { throw error }
+            return tally.finish(interrupted: true)
+        }
+        return tally.finish(interrupted: false)
+    }
+
+    /// The same work done `--offline`, on the data directory under the daemon's lock; Ctrl-C
+    /// stops starting new stores.
+    public func runOffline(configurationPath: String, users: [String], all: Bool, parallel: Int?, dryRun: Bool = false) async throws(CtlError) -> CtlExitCode {
+        let fleet = try await OfflineFleet(configurationPath: configurationPath)
+        var ids: [UserID] = all ? fleet.users() : []
+        for user in users {
+            do { ids.append(try UserID(user)) } catch { throw CtlError(.usage, "userstorectl: invalid user ID '\(user)': \(error)") }
+        }
+        let tally = tally(total: ids.count)
+        Interrupt.watch(-1)
+        let kind = self.kind
+        await fleet.forEach(ids, parallel: parallel ?? fleet.configuration.fleetParallelism, { registry, user in
+            switch kind {
+            case .migrate: await registry.fleetMigrate(user, dryRun: dryRun).replyFields
+            case .verify: await registry.fleetVerify(user).replyFields
+            }
+        }, report: tally.record)
+        return tally.finish(interrupted: Interrupt.requested)
+    }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreProtocol
 import Varlink
 
 /// `--offline`: the data directory worked on directly, while userstored is stopped, under the
@@ -57,57 +58,13 @@ public final class OfflineFleet {
         ]
     }
 
-    /// Runs `operation` over `users`, `parallel` at a time, reporting each outcome as it finishes.
+    /// Runs `operation` over `users`, `parallel` at a time, reporting each outcome as it
+    /// finishes; Ctrl-C stops starting new stores. Closes every store at the end.
     public func forEach(_ users: [UserID], parallel: Int, _ operation: @escaping @Sendable (StoreRegistry, UserID) async -> [String: JSONValue],
                         report: ([String: JSONValue]) -> Void) async {
         let registry = self.registry
-        await withTaskGroup(of: [String: JSONValue].self) { group in
-            var next = 0
-            for _ in 0..<max(1, parallel) where next < users.count {
-                let user = users[next]; next += 1
-                group.addTask { await operation(registry, user) }
-            }
-            while let outcome = await group.next() {
-                report(outcome)
-                if next < users.count, !Interrupt.requested {
-                    let user = users[next]; next += 1
-                    group.addTask { await operation(registry, user) }
-                }
-            }
-        }
+        try? await FleetRunner.run(users, parallel: parallel, stop: { Interrupt.requested },
+                                   operation: { await operation(registry, $0) }, report: { _, outcome in report(outcome) })
         await registry.shutdown()
-    }
-
-    /// One store migrated (or planned), as the daemon's Migrate reports it.
-    public static func migrate(_ registry: StoreRegistry, _ user: UserID, dryRun: Bool) async -> [String: JSONValue] {
-        var fields: [String: JSONValue] = ["user": .string(user.rawValue)]
-        do {
-            if dryRun {
-                let plan = try await registry.plan(user)
-                fields["state"] = plan.steps.isEmpty && !plan.isNewStore ? "current" : "planned"
-                fields["fromVersion"] = .integer(plan.fromVersion)
-                fields["toVersion"] = .integer(plan.toVersion)
-            } else {
-                let report = try await registry.migrate(user)
-                fields["state"] = report.migrated ? "migrated" : "current"
-                fields["fromVersion"] = .integer(report.fromVersion)
-                fields["toVersion"] = .integer(report.toVersion)
-            }
-        } catch {
-            fields["state"] = "failed"
-            fields["error"] = .string((error as? StoreError)?.description ?? "\(error)")
-        }
-        return fields
-    }
-
-    /// One store verified, as the daemon's Verify reports it.
-    public static func verify(_ registry: StoreRegistry, _ user: UserID) async -> [String: JSONValue] {
-        do {
-            let report = try await registry.verify(user)
-            return ["user": .string(user.rawValue), "ok": .bool(report.ok), "schemaVersion": .integer(report.schemaVersion),
-                    "pending": .array(report.pending.map { .integer($0) }), "problems": .array(report.problems.map { .string($0) })]
-        } catch {
-            return ["user": .string(user.rawValue), "ok": false, "problems": [.string((error as? StoreError)?.description ?? "\(error)")]]
-        }
     }
 }

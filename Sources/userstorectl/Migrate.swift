@@ -32,38 +32,17 @@ extension UserStoreCtlCommand {
 
         func run() async throws {
             let command = FleetCommand(kind: .migrate, output: connection.output)
+            let code: CtlExitCode
             if offline.offline {
-                let fleet = try await OfflineFleet(configurationPath: offline.config)
-                let users = try selection.all ? fleet.users() : selection.users.map { try UserID($0) }
-                let tally = command.tally(total: users.count)
-                installInterruptHandler()
-                let dryRun = self.dryRun
-                await fleet.forEach(users, parallel: parallel ?? fleet.configuration.fleetParallelism, { registry, user in
-                    await OfflineFleet.migrate(registry, user, dryRun: dryRun)
-                }, report: tally.record)
-                throw ExitCode(tally.finish(interrupted: Interrupt.requested).rawValue)
+                code = try await command.runOffline(configurationPath: offline.config, users: selection.users, all: selection.all,
+                                                    parallel: parallel, dryRun: dryRun)
+            } else {
+                var parameters: [String: JSONValue] = ["dryRun": .bool(dryRun)]
+                if let parallel { parameters["parallel"] = .integer(Int64(parallel)) }
+                code = try command.runThroughDaemon(connection.client(), method: "io.userstore.Admin.Migrate", parameters: parameters,
+                                                    users: selection.users, all: selection.all)
             }
-            var parameters: [String: JSONValue] = ["dryRun": .bool(dryRun)]
-            if selection.all { parameters["all"] = true } else { parameters["users"] = .array(selection.users.map { .string($0) }) }
-            if let parallel { parameters["parallel"] = .integer(Int64(parallel)) }
-            let client = try connection.client()
-            client.interruptOnSignal()
-            let tally = command.tally(total: selection.all ? 0 : selection.users.count)
-            var interrupted = false
-            do {
-                try client.stream("io.userstore.Admin.Migrate", parameters) { reply in
-                    if reply["summary"] == nil, reply["user"] != nil { tally.record(reply) }
-                }
-            } catch {
-                guard Interrupt.requested || error.exitCode == .interrupted else { throw error }
-                interrupted = true
-            }
-            throw ExitCode(tally.finish(interrupted: interrupted).rawValue)
+            throw ExitCode(code.rawValue)
         }
     }
-}
-
-/// Ctrl-C in offline mode: stop starting stores, let the ones in flight finish.
-func installInterruptHandler() {
-    Interrupt.watch(-1)
 }

@@ -15,31 +15,11 @@ extension UserStoreCtlCommand {
 
         func run() async throws {
             let command = FleetCommand(kind: .verify, output: connection.output)
-            if offline.offline {
-                let fleet = try await OfflineFleet(configurationPath: offline.config)
-                let users = try selection.all ? fleet.users() : selection.users.map { try UserID($0) }
-                let tally = command.tally(total: users.count)
-                installInterruptHandler()
-                await fleet.forEach(users, parallel: fleet.configuration.fleetParallelism, { registry, user in
-                    await OfflineFleet.verify(registry, user)
-                }, report: tally.record)
-                throw ExitCode(tally.finish(interrupted: Interrupt.requested).rawValue)
-            }
-            var parameters: [String: JSONValue] = [:]
-            if selection.all { parameters["all"] = true } else { parameters["users"] = .array(selection.users.map { .string($0) }) }
-            let client = try connection.client()
-            client.interruptOnSignal()
-            let tally = command.tally(total: selection.all ? 0 : selection.users.count)
-            var interrupted = false
-            do {
-                try client.stream("io.userstore.Admin.Verify", parameters) { reply in
-                    if reply["user"] != nil { tally.record(reply) }
-                }
-            } catch {
-                guard Interrupt.requested || error.exitCode == .interrupted else { throw error }
-                interrupted = true
-            }
-            throw ExitCode(tally.finish(interrupted: interrupted).rawValue)
+            let code = offline.offline
+                ? try await command.runOffline(configurationPath: offline.config, users: selection.users, all: selection.all, parallel: nil)
+                : try command.runThroughDaemon(connection.client(), method: "io.userstore.Admin.Verify", parameters: [:],
+                                               users: selection.users, all: selection.all)
+            throw ExitCode(code.rawValue)
         }
     }
 }

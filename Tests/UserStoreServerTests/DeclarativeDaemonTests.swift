@@ -22,6 +22,11 @@ import Varlink
             CREATE INDEX notes_by_pinned ON notes (pinned);
             """.write(toFile: schemaPath, atomically: true, encoding: .utf8)
         _ = try client.call("io.userstore.Admin.Reload")
+        // Only the reconcile is pending: a dry run must still call the stores planned.
+        let dryRun = try client.call("io.userstore.Admin.Migrate", ["all": true, "dryRun": true])
+        #expect(dryRun["done"] == 3 && dryRun["failures"] == 0)
+        let states = try run([productsDirectory + "/userstorectl", "migrate", "--all", "--dry-run", "--json", "--socket", daemon.socketPath])
+        #expect(states.stdout.components(separatedBy: "\"state\":\"planned\"").count - 1 == 3, "\(states.stdout)")
 
         let plan = try run([productsDirectory + "/userstorectl", "plan", "a", "--socket", daemon.socketPath])
         #expect(plan.status == 0, "\(plan.stderr)")

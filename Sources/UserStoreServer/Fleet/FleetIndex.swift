@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Synchronization
 import UserStoreCore
+import UserStoreProtocol
 
 /// The schema version and state of every store in the data directory, for `Status`,
 /// `ListStores` and `Migrate --all` without opening 100,000 files per call.

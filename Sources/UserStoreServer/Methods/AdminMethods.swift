@@ -1,5 +1,6 @@
 import Foundation
 import UserStoreCore
+import UserStoreProtocol
 import Varlink
 
 /// `io.userstore.Admin`: the operator's view of the fleet and what they can do to it.
@@ -119,8 +120,11 @@ struct AdminMethods {
         var lastProgressLog = ContinuousClock.now
         if !dryRun { FleetProgressLog.started(total: users.count, context: shared) }
         let registry = self.registry, index = context.index
-        try await FleetOperation.run(users, parallel: parallel, operation: { user -> [String: JSONValue] in
-            await Self.migrateOne(user, dryRun: dryRun, registry: registry, index: index)
+        try await FleetRunner.run(users, parallel: parallel, operation: { user -> [String: JSONValue] in
+            let outcome = await registry.fleetMigrate(user, dryRun: dryRun)
+            if !dryRun, let version = outcome.toVersion { index.update(user, version: version, failure: nil) }
+            if case .migrationFailed(_, _, _, _, _, let version)? = outcome.error { index.update(user, version: version, failure: outcome.error) }
+            return outcome.replyFields
         }, report: { user, outcome in
             progress.done += 1
             var fields = outcome
@@ -144,33 +148,6 @@ struct AdminMethods {
         try await send(VarlinkReply.encode(summary))
     }
 
-    private static func migrateOne(_ user: UserID, dryRun: Bool, registry: StoreRegistry, index: FleetIndex) async -> [String: JSONValue] {
-        var fields: [String: JSONValue] = ["user": .string(user.rawValue)]
-        do {
-            if dryRun {
-                let plan = try await registry.plan(user)
-                fields["state"] = plan.steps.isEmpty && !plan.isNewStore ? "current" : "planned"
-                fields["fromVersion"] = .integer(plan.fromVersion)
-                fields["toVersion"] = .integer(plan.toVersion)
-            } else {
-                let report = try await registry.migrate(user)
-                fields["state"] = report.migrated ? "migrated" : "current"
-                fields["fromVersion"] = .integer(report.fromVersion)
-                fields["toVersion"] = .integer(report.toVersion)
-                index.update(user, version: report.toVersion, failure: nil)
-            }
-        } catch {
-            let failure = Errors.from(error)
-            fields["state"] = "failed"
-            fields["error"] = .string((error as? StoreError)?.description ?? failure.description)
-            fields["errorName"] = .string(failure.name)
-            if let storeError = error as? StoreError, case .migrationFailed(_, _, _, _, _, let version) = storeError {
-                index.update(user, version: version, failure: storeError)
-            }
-        }
-        return fields
-    }
-
     private func plan(_ user: UserID) async throws -> [String: JSONValue] {
         let plan = try await registry.plan(user)
         return [
@@ -189,14 +166,8 @@ struct AdminMethods {
         let users = try await targets(parameters)
         var progress = FleetProgress(total: users.count)
         let registry = self.registry
-        try await FleetOperation.run(users, parallel: context.configuration.fleetParallelism, operation: { user -> [String: JSONValue] in
-            do {
-                let report = try await registry.verify(user)
-                return ["user": .string(user.rawValue), "ok": .bool(report.ok), "schemaVersion": .integer(report.schemaVersion),
-                        "pending": .array(report.pending.map { .integer($0) }), "problems": .array(report.problems.map { .string($0) })]
-            } catch {
-                return ["user": .string(user.rawValue), "ok": false, "problems": [.string((error as? StoreError)?.description ?? "\(error)")]]
-            }
+        try await FleetRunner.run(users, parallel: context.configuration.fleetParallelism, operation: { user -> [String: JSONValue] in
+            await registry.fleetVerify(user).replyFields
         }, report: { user, outcome in
             progress.done += 1
             if outcome["ok"] != .bool(true) {
