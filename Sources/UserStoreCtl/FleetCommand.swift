@@ -80,7 +80,7 @@ public struct FleetCommand {
         public func finish(interrupted: Bool) -> CtlExitCode {
             if drawsBar && done > 0 { bar.finish() }
             let elapsed = ContinuousClock.now - started
-            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            let seconds = elapsed.inSeconds
             if command.output.json {
                 command.output.jsonLine(.object([
                     "summary": true, "done": .integer(Int64(done)), "total": .integer(Int64(total)),

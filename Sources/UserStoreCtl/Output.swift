@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreCore
 import Varlink
 
 /// How results are printed: aligned tables for people, one JSON object per line for scripts.
@@ -73,7 +74,7 @@ public struct ProgressBar {
         let filled = Int(fraction * Double(width))
         let bar = String(repeating: "=", count: filled) + (filled < width ? ">" : "") + String(repeating: " ", count: max(0, width - filled - 1))
         let elapsed = ContinuousClock.now - started
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let seconds = elapsed.inSeconds
         let rate = seconds > 0 ? Double(done) / seconds : 0
         let eta = rate > 0 ? Int(Double(total - done) / rate) : 0
         return "[\(bar)] \(done)/\(total) \(Int(fraction * 100))%  \(Int(rate))/s  ETA \(eta)s  \(failures) failed"

@@ -18,10 +18,7 @@ enum FleetProgressLog {
     }
 
     private static func log(_ progress: FleetProgress, context: DaemonContext, final: Bool) {
-        let started = context.counters.withLock { $0.fleet?.started } ?? .now
-        let elapsed = ContinuousClock.now - started
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        let rate = seconds > 0 ? Double(progress.done) / seconds : 0
+        let rate = context.counters.withLock { $0.fleet?.rate } ?? 0
         let text = "\(final ? "fleet migration finished" : "migrating"): \(progress.done)/\(progress.total) stores, \(progress.failures) failed, \(Int(rate))/s"
         context.logger.log(level: final && progress.failures > 0 ? .warning : .notice, "\(text)", metadata: [
             "event": "fleet-progress", "done": "\(progress.done)", "total": "\(progress.total)",

@@ -17,7 +17,7 @@ struct WatchdogService: Service {
     func run() async throws {
         guard let interval = notifier.watchdogInterval else { return try await gracefulShutdown() }
         let hang = ProcessInfo.processInfo.environment["USERSTORED_TEST_FAULT"] == "stop-watchdog"
-        logger.info("watchdog enabled", metadata: ["interval_usec": "\(interval.components.seconds * 1_000_000 + interval.components.attoseconds / 1_000_000_000_000)"])
+        logger.info("watchdog enabled", metadata: ["interval_usec": "\(interval.wholeMicroseconds)"])
         while !Task.isShuttingDownGracefully {
             notifier.notify("WATCHDOG=1")
             if hang {
@@ -52,16 +52,15 @@ struct IdleSweeper: Service {
 
 /// `SIGHUP` = `Reload`: re-reads configuration and migrations.
 struct HangupReloader: Service {
-    let reload: @Sendable () async throws -> DaemonContext.ReloadOutcome
-    let logger: Logger
+    let context: DaemonContext
 
     func run() async throws {
         let signals = await UnixSignalsSequence(trapping: .sighup)
         for await _ in signals.cancelOnGracefulShutdown() {
             do {
-                _ = try await reload()
+                _ = try await context.reload()
             } catch {
-                logger.error("reload failed; the previous configuration and migrations stay in force", metadata: ["error": "\(error)"])
+                context.logger.error("reload failed; the previous configuration and migrations stay in force", metadata: ["error": "\(error)"])
             }
         }
     }
@@ -93,9 +92,7 @@ struct StatusReporter: Service {
         let statistics = context.registry.statistics
         let counters = context.counters.withLock { $0 }
         if let fleet = counters.fleet {
-            let elapsed = Double((ContinuousClock.now - fleet.started).components.seconds) + 0.001
-            let rate = Int(Double(fleet.done) / elapsed)
-            return "Migrating \(fleet.done)/\(fleet.total) stores, \(fleet.failures) failed, \(rate)/s"
+            return "Migrating \(fleet.done)/\(fleet.total) stores, \(fleet.failures) failed, \(Int(fleet.rate))/s"
         }
         let failed = context.index.counts(latest: context.registry.migrations.latestVersion)[.failed] ?? 0
         return "Serving \(statistics.openStores) open stores, \(statistics.preparing) migrating, \(failed) failed, \(counters.connections) connections"

@@ -2,7 +2,6 @@ import Foundation
 import Varlink
 import Logging
 import ServiceLifecycle
-import Synchronization
 import UserStoreConfiguration
 import UserStoreCore
 
@@ -27,8 +26,7 @@ public enum Daemon {
             printError("userstored: configuration refused: \(error)")
             return .configuration
         }
-        let logger = LoggerFactory.makeLogger(target: logTarget ?? configuration.logTarget)
-        let notifier = SystemdNotifier()
+        let (logger, journalWriter) = LoggerFactory.makeLogger(target: logTarget ?? configuration.logTarget)
         logger.info("userstored \(DaemonInfo.version) starting", metadata: [
             "event": "daemon-starting", "config": .string(configuration.sourcePath), "app_version": .string(configuration.appVersion.text),
         ])
@@ -54,12 +52,8 @@ public enum Daemon {
         let index = FleetIndex()
         let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)])
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
-        let reloadBox = Mutex<(@Sendable () async throws -> DaemonContext.ReloadOutcome)?>(nil)
-        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger) {
-            guard let reload = reloadBox.withLock({ $0 }) else { throw Errors.shuttingDown }
-            return try await reload()
-        }
-        reloadBox.withLock { $0 = { try await reload(context: context, logger: logger, notifier: notifier) } }
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger)
+        let notifier = context.notifier
         index.startScan(layout: layout)
 
         let inherited = SystemdNotifier.inheritedSocket()
@@ -88,7 +82,7 @@ public enum Daemon {
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),
                 .init(service: StatusReporter(context: context, notifier: notifier)),
                 .init(service: IdleSweeper(registry: registry)),
-                .init(service: HangupReloader(reload: context.reloader, logger: logger)),
+                .init(service: HangupReloader(context: context)),
                 .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -103,32 +97,35 @@ public enum Daemon {
         await registry.shutdown()
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
-        LoggerFactory.journalWriter?.flush()
+        journalWriter?.flush()
         return exitCode
     }
 
-    /// Re-reads configuration and migrations; keeps the old ones if either is invalid.
-    static func reload(context: DaemonContext, logger: Logger, notifier: SystemdNotifier) async throws -> DaemonContext.ReloadOutcome {
+}
+
+extension DaemonContext {
+    /// Re-reads configuration and migrations (SIGHUP, `Reload`); keeps the old ones if either
+    /// is invalid.
+    func reload() async throws -> ReloadOutcome {
         notifier.notify("RELOADING=1\nSTATUS=Reloading configuration and migrations")
-        defer { notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(context)) }
+        defer { notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(self)) }
         logger.notice("reloading configuration and migrations", metadata: ["event": "daemon-reloading"])
-        let configuration = try await ConfigurationLoader.load(path: context.configuration.sourcePath)
+        let configuration = try await ConfigurationLoader.load(path: self.configuration.sourcePath)
         let migrations: MigrationSet
         do {
             migrations = try ConfigurationLoader.loadMigrations(configuration)
-        } catch let error as MigrationSetError {
-            throw VarlinkErrors.invalidMigrations(error)
         } catch {
-            throw Varlink.VarlinkError("io.userstore.Admin.InvalidMigrations", ["problems": [.string("\(error)")]])
+            let problems = (error as? MigrationSetError)?.problems.map(\.description) ?? ["\(error)"]
+            throw Varlink.VarlinkError("io.userstore.Admin.InvalidMigrations", ["problems": .array(problems.map { .string($0) })])
         }
-        for (key, changed) in restartOnlyChanges(from: context.configuration, to: configuration) where changed {
+        for (key, changed) in Self.restartOnlyChanges(from: self.configuration, to: configuration) where changed {
             logger.warning("configuration key \(key) changed; it takes effect after a restart", metadata: ["event": "daemon-reloading"])
         }
-        context.settings.withLock {
+        settings.withLock {
             $0 = RuntimeSettings(access: configuration.access, limits: configuration.limits, slowRequestMilliseconds: configuration.slowRequestMilliseconds)
         }
-        context.registry.reload(migrations: migrations)
-        let generation = context.registry.statistics.generation
+        registry.reload(migrations: migrations)
+        let generation = registry.statistics.generation
         logger.notice("reloaded: \(migrations.migrations.count) migrations, latest version \(migrations.latestVersion)", metadata: [
             "event": "daemon-reloaded", "latest_version": "\(migrations.latestVersion)",
         ])
@@ -140,14 +137,10 @@ public enum Daemon {
          ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory), ("schemaFile", old.schemaFile != new.schemaFile),
          ("maxOpenStores", old.maxOpenStores != new.maxOpenStores), ("migrations", old.policy != new.policy)]
     }
-
-    static func printError(_ line: String) {
-        FileHandle.standardError.write(Data((line + "\n").utf8))
-    }
 }
 
-enum VarlinkErrors {
-    static func invalidMigrations(_ error: MigrationSetError) -> Varlink.VarlinkError {
-        Varlink.VarlinkError("io.userstore.Admin.InvalidMigrations", ["problems": .array(error.problems.map { .string($0.description) })])
+extension Daemon {
+    static func printError(_ line: String) {
+        FileHandle.standardError.write(Data((line + "\n").utf8))
     }
 }

@@ -4,10 +4,8 @@ import UserStoreJournal
 
 /// Builds the daemon's logger for a log target.
 enum LoggerFactory {
-    /// The journal writer, when logging to the journal (flushed at exit).
-    nonisolated(unsafe) static var journalWriter: JournalWriter? // set once, before any other thread logs
-
-    static func makeLogger(target: DaemonConfiguration.LogTarget) -> Logger {
+    /// The logger for `target`, and the journal writer behind it (to flush at exit), if any.
+    static func makeLogger(target: DaemonConfiguration.LogTarget) -> (Logger, JournalWriter?) {
         let destination: LogDestination
         switch target {
         case .auto: destination = .automatic()
@@ -15,6 +13,7 @@ enum LoggerFactory {
         case .stderr: destination = .stderr(priorityPrefix: false)
         }
         var logger: Logger
+        var journalWriter: JournalWriter?
         switch destination {
         case .journal:
             let writer = JournalWriter()
@@ -24,6 +23,6 @@ enum LoggerFactory {
             logger = Logger(label: "userstored") { _ in ConsoleLogHandler(priorityPrefix: priorityPrefix, timestamps: !priorityPrefix) }
         }
         logger.logLevel = .info
-        return logger
+        return (logger, journalWriter)
     }
 }

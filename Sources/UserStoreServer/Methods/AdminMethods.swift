@@ -29,7 +29,7 @@ struct AdminMethods {
             let path = try await registry.backup(user, to: try parameters.optionalString("path"))
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "path": .string(path)]))
         case "Reload":
-            let outcome = try await context.reloader()
+            let outcome = try await context.reload()
             try await send(VarlinkReply.encode(["migrations": .integer(Int64(outcome.migrations)), "latestVersion": .integer(outcome.latestVersion),
                                                 "generation": .integer(Int64(outcome.generation))]))
         case "AcceptChecksums":
@@ -53,7 +53,7 @@ struct AdminMethods {
             "appVersion": .string(context.configuration.appVersion.text),
             "latestSchemaVersion": .integer(latest),
             "migrations": .integer(Int64(registry.migrations.migrations.count)),
-            "uptimeSeconds": .integer(Int64((ContinuousClock.now - context.started).components.seconds)),
+            "uptimeSeconds": .integer(Int64((ContinuousClock.now - context.started).inSeconds)),
             "dataDirectory": .string(context.configuration.dataDirectory),
             "socketPath": .string(context.configuration.socketPath),
             "openStores": .integer(Int64(statistics.openStores)),
@@ -113,7 +113,7 @@ struct AdminMethods {
         var progress = FleetProgress(total: users.count)
         context.counters.withLock {
             $0.fleetMigrationsInFlight += 1
-            if !dryRun { $0.fleet = (0, users.count, 0, .now) }
+            if !dryRun { $0.fleet = DaemonContext.FleetRun(total: users.count) }
         }
         defer { context.counters.withLock { $0.fleetMigrationsInFlight -= 1; if !dryRun { $0.fleet = nil } } }
         let shared = context
@@ -186,18 +186,7 @@ struct AdminMethods {
     }
 
     private func execute(_ parameters: CallParameters) async throws -> [UInt8] {
-        let user = try parameters.user()
-        let sql = try parameters.string("sql")
-        let values = parameters.values["parameters"]
-        let limits = context.limits
-        return try await registry.withStore(user, access: .admin) { store in
-            try await store.queue.writeWithoutTransaction { db in
-                var writer = JSONWriter(capacity: 256)
-                try VarlinkReply.encode(into: &writer) { writer in
-                    try SQLRunner(store: store, limits: limits).run(db, sql: sql, parameters: values, output: .both, into: &writer)
-                }
-                return writer.bytes
-            }
-        }
+        try await SQLRunner.reply(registry, user: try parameters.user(), access: .admin, sql: try parameters.string("sql"),
+                                  parameters: parameters.values["parameters"], output: .both, limits: context.limits)
     }
 }

@@ -32,15 +32,27 @@ final class DaemonContext: Sendable {
     let notifier = SystemdNotifier()
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
-    /// Re-reads configuration and migrations; set by the daemon.
-    let reloader: @Sendable () async throws -> ReloadOutcome
 
     struct Counters {
         var connections = 0
         var fleetMigrationsInFlight = 0
         var shuttingDown = false
         /// Progress of the fleet migration running now, for STATUS= and the journal.
-        var fleet: (done: Int, total: Int, failures: Int, started: ContinuousClock.Instant)?
+        var fleet: FleetRun?
+    }
+
+    /// A fleet migration under way.
+    struct FleetRun {
+        var total: Int
+        var done = 0
+        var failures = 0
+        let started = ContinuousClock.now
+
+        /// Stores per second so far.
+        var rate: Double {
+            let seconds = (ContinuousClock.now - started).inSeconds
+            return seconds > 0 ? Double(done) / seconds : 0
+        }
     }
 
     struct ReloadOutcome: Sendable {
@@ -49,8 +61,7 @@ final class DaemonContext: Sendable {
         var generation: Int
     }
 
-    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger,
-         reloader: @escaping @Sendable () async throws -> ReloadOutcome) {
+    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger) {
         self.configuration = configuration
         self.registry = registry
         self.index = index
@@ -58,7 +69,6 @@ final class DaemonContext: Sendable {
         self.logger = logger
         self.settings = Mutex(RuntimeSettings(access: configuration.access, limits: configuration.limits,
                                               slowRequestMilliseconds: configuration.slowRequestMilliseconds))
-        self.reloader = reloader
     }
 
     var limits: RequestLimits { settings.withLock { $0.limits } }

@@ -27,7 +27,7 @@ struct RequestRouter {
             logger.warning("slow request", metadata: [
                 "event": "slow-request", "method": .string(call.method),
                 "user": .string(call.parameters["user"]?.stringValue ?? ""),
-                "duration_usec": .stringConvertible(elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000),
+                "duration_usec": .stringConvertible(elapsed.wholeMicroseconds),
             ])
         }
     }

@@ -45,19 +45,8 @@ struct StoreMethods {
     }
 
     private func statement(_ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
-        let user = try user(parameters, peer: peer)
-        let sql = try parameters.string("sql")
-        let values = parameters.values["parameters"]
-        let limits = context.limits
-        return try await context.registry.withStore(user) { store in
-            try await store.queue.writeWithoutTransaction { db in
-                var writer = JSONWriter(capacity: 256)
-                try VarlinkReply.encode(into: &writer) { writer in
-                    try SQLRunner(store: store, limits: limits).run(db, sql: sql, parameters: values, output: output, into: &writer)
-                }
-                return writer.bytes
-            }
-        }
+        try await SQLRunner.reply(context.registry, user: try user(parameters, peer: peer), access: .client, sql: try parameters.string("sql"),
+                                  parameters: parameters.values["parameters"], output: output, limits: context.limits)
     }
 
     private func batch(_ parameters: CallParameters, peer: PeerIdentity) async throws -> [UInt8] {

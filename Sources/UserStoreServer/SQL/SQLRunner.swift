@@ -22,6 +22,21 @@ struct SQLRunner {
     let store: Store
     let limits: RequestLimits
 
+    /// The whole reply (`{"parameters": …}` and its NUL) to one statement on `user`'s store,
+    /// leased with `access`, built on the store's queue.
+    static func reply(_ registry: StoreRegistry, user: UserID, access: StoreRegistry.Access, sql: String,
+                      parameters: JSONValue?, output: Output, limits: RequestLimits) async throws -> [UInt8] {
+        try await registry.withStore(user, access: access) { store in
+            try await store.queue.writeWithoutTransaction { db in
+                var writer = JSONWriter(capacity: 256)
+                try VarlinkReply.encode(into: &writer) { writer in
+                    try SQLRunner(store: store, limits: limits).run(db, sql: sql, parameters: parameters, output: output, into: &writer)
+                }
+                return writer.bytes
+            }
+        }
+    }
+
     /// Runs `sql` with `parameters`; `index` names the statement's place in a Batch for errors.
     func run(_ db: Database, sql: String, parameters: JSONValue?, output: Output, index: Int? = nil,
              into writer: inout JSONWriter) throws(VarlinkError) {

@@ -1,5 +1,6 @@
 import UserStoreConfiguration
 import Foundation
+import Varlink
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -38,21 +39,7 @@ enum SocketBinder {
 
     /// Whether something accepts connections on `path`.
     static func isLive(_ path: String) -> Bool {
-        let fd = socket(AF_UNIX, Int32(Glibc.SOCK_STREAM.rawValue) | Int32(Glibc.SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { return false }
-        defer { close(fd) }
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { return false }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        return result == 0
+        (try? VarlinkConnection(path: path)) != nil
     }
 
     /// Applies the configured mode and group to a socket the daemon bound.
