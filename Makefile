@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall check-units bench clean
+.PHONY: deps build release test run install uninstall bench clean
 
 deps:
 	@bash scripts/install-deps.sh

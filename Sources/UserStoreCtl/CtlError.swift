@@ -33,9 +33,9 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
             guard let value = error.parameters[key] else { return nil }
             return "\(key): \(value.stringValue ?? value.serialized)"
         }.joined(separator: "; ")
-        // PermissionDenied is also how the daemon refuses a statement (ATTACH, bookkeeping);
-        // only a refused caller (the access rules: "uid N is not ...") means exit code 3.
-        let accessDenied = short == "PermissionDenied" && (error.parameters["reason"]?.stringValue?.hasPrefix("uid ") ?? true)
+        // PermissionDenied with statement: true refuses one statement (ATTACH, the bookkeeping);
+        // only a refused caller (the access rules) means exit code 3.
+        let accessDenied = short == "PermissionDenied" && error.parameters["statement"] != .bool(true)
         let code: CtlExitCode = accessDenied ? .unreachable : .someFailed
         let prefix = accessDenied ? "\(socket): permission denied" : short
         return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")

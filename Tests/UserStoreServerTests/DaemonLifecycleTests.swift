@@ -109,25 +109,13 @@ import Varlink
 
         // A second daemon on the same socket (another data directory) refuses to start.
         let second = try DaemonHarness()
-        try """
-            appVersion: "2.0.0"
-            dataDirectory: \(second.dataDirectory)
-            socketPath: \(daemon.socketPath)
-            migrationsDirectory: \(second.migrationsDirectory)
-            logTarget: stderr
-            """.write(toFile: second.configPath, atomically: true, encoding: .utf8)
+        try second.writeConfig(socketPath: daemon.socketPath)
         try second.start(waitForReady: false)
         #expect(second.waitForExit() == 69)
         #expect(second.stderr.contains("another process is serving it"))
         // And a second daemon on the same data directory refuses too.
         let third = try DaemonHarness()
-        try """
-            appVersion: "2.0.0"
-            dataDirectory: \(daemon.dataDirectory)
-            socketPath: \(third.socketPath)
-            migrationsDirectory: \(third.migrationsDirectory)
-            logTarget: stderr
-            """.write(toFile: third.configPath, atomically: true, encoding: .utf8)
+        try third.writeConfig(dataDirectory: daemon.dataDirectory)
         try third.start(waitForReady: false)
         #expect(third.waitForExit() == 69)
         #expect(third.stderr.contains("data directory is in use"))

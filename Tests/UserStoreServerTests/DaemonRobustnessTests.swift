@@ -151,6 +151,13 @@ import Varlink
             }
         }
         #expect(!FileManager.default.fileExists(atPath: daemon.directory.path + "/copy.sqlite"))
+        // A refused statement says so, unlike a refused caller.
+        #expect {
+            try client.call("io.userstore.Store.Execute", ["user": "attacker", "sql": "DELETE FROM schema_migrations"])
+        } throws: { error in
+            let error = error as? VarlinkError
+            return error?.name == "io.userstore.Store.PermissionDenied" && error?.parameters["statement"] == true
+        }
         // Reading the bookkeeping and introspection are fine.
         #expect(try client.call("io.userstore.Store.Query", ["user": "attacker", "sql": "SELECT schema_version FROM app_version"])["rows"] == [[6]])
         #expect(try client.call("io.userstore.Store.Query", ["user": "attacker", "sql": "PRAGMA user_version"])["rows"] == [[6]])

@@ -50,7 +50,7 @@ struct RequestRouter {
             try await StoreMethods(context: context).handle(call, peer: peer, send: guarded)
         case "io.userstore.Admin":
             guard peer.grant.admin else {
-                throw VarlinkError("io.userstore.Store.PermissionDenied", ["reason": .string("uid \(peer.uid) is not an administrator (access.adminUsers / access.adminGroups)")])
+                throw Errors.permissionDenied("uid \(peer.uid) is not an administrator (access.adminUsers / access.adminGroups)")
             }
             try await AdminMethods(context: context).handle(call, peer: peer, send: guarded)
         default:

@@ -9,8 +9,12 @@ enum Errors {
         VarlinkError("io.userstore.Store.LimitExceeded", ["limit": .string(limit), "maximum": .integer(Int64(maximum))])
     }
 
-    static func permissionDenied(_ reason: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.PermissionDenied", ["reason": .string(reason)])
+    /// The caller may not do this: not allowed at all (the access rules), or — `statement` —
+    /// this statement is refused (ATTACH, the bookkeeping, a setting PRAGMA, …).
+    static func permissionDenied(_ reason: String, statement: Bool = false) -> VarlinkError {
+        var parameters: [String: JSONValue] = ["reason": .string(reason)]
+        if statement { parameters["statement"] = true }
+        return VarlinkError("io.userstore.Store.PermissionDenied", parameters)
     }
 
     static func sqlError(code: Int32, message: String, index: Int? = nil) -> VarlinkError {

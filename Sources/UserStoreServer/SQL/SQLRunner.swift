@@ -41,7 +41,7 @@ struct SQLRunner {
     func run(_ db: Database, sql: String, parameters: JSONValue?, output: Output, index: Int? = nil,
              into writer: inout JSONWriter) throws(VarlinkError) {
         if SQLScript.firstKeyword(of: sql) == "VACUUM" {
-            throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests")
+            throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests", statement: true)
         }
         let connection = db.sqliteConnection!
         let guardian = store.guardian
@@ -137,7 +137,7 @@ struct SQLRunner {
             return Errors.limitExceeded("statementMilliseconds", maximum: limits.statementTimeoutMilliseconds)
         }
         if code & 0xFF == SQLITE_AUTH, let refusal = guardian.refusal {
-            return Errors.permissionDenied(refusal)
+            return Errors.permissionDenied(refusal, statement: true)
         }
         return Errors.sqlError(code: sqlite3_extended_errcode(connection), message: String(cString: sqlite3_errmsg(connection)), index: index)
     }

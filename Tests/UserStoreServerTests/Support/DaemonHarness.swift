@@ -31,15 +31,21 @@ final class DaemonHarness {
                 try FileManager.default.copyItem(atPath: repositoryRoot + "/config/migrations/" + name, toPath: migrationsDirectory + "/" + name)
             }
         }
+        notify = try NotifySocket(path: directory.path + "/notify.sock")
+        try writeConfig(appVersion: appVersion, extra: extraConfig)
+    }
+
+    /// (Re)writes the configuration; `dataDirectory` and `socketPath` default to this harness's
+    /// own (another daemon's, to make two collide).
+    func writeConfig(appVersion: String = "2.0.0", dataDirectory: String? = nil, socketPath: String? = nil, extra: String = "") throws {
         try """
             appVersion: "\(appVersion)"
-            dataDirectory: \(dataDirectory)
-            socketPath: \(socketPath)
+            dataDirectory: \(dataDirectory ?? self.dataDirectory)
+            socketPath: \(socketPath ?? self.socketPath)
             migrationsDirectory: \(migrationsDirectory)
             logTarget: stderr
-            \(extraConfig)
+            \(extra)
             """.write(toFile: configPath, atomically: true, encoding: .utf8)
-        notify = try NotifySocket(path: directory.path + "/notify.sock")
     }
 
     /// Writes another migration file.
