@@ -11,6 +11,7 @@ public final class VarlinkConnection {
     /// The socket's file descriptor (to shut it down from a signal handler).
     public let descriptor: Int32
     private var buffer: [UInt8] = []
+    private var chunk = [UInt8](repeating: 0, count: 65_536)
     private let parser = JSONParser(maxDepth: 512)
 
     /// Why a connection failed at the transport level (as opposed to a varlink error reply).
@@ -96,7 +97,6 @@ public final class VarlinkConnection {
                 buffer.removeSubrange(...end)
                 return frame
             }
-            var chunk = [UInt8](repeating: 0, count: 65_536)
             let count = chunk.withUnsafeMutableBytes { recv(descriptor, $0.baseAddress, $0.count, 0) }
             if count < 0 {
                 if errno == EINTR { continue }

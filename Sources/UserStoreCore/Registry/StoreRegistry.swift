@@ -316,19 +316,6 @@ public final class StoreRegistry: Sendable {
         }
     }
 
-    /// Users whose store is open right now, with their phase.
-    public func openStores() -> [(user: UserID, failure: StoreError?)] {
-        state.withLock { state in
-            state.entries.compactMap { user, entry in
-                switch entry.phase {
-                case .preparing: return nil
-                case .ready: return (user, nil)
-                case .failed(let error, _): return (user, error)
-                }
-            }
-        }
-    }
-
     // MARK: Helpers
 
     /// Closing checkpoints the WAL (disk I/O), so it runs on a dispatch thread, not the

@@ -38,7 +38,4 @@ public final class StatementCache: @unchecked Sendable {
         for entry in statements.values { sqlite3_finalize(entry.statement) }
         statements.removeAll()
     }
-
-    /// How many statements are cached.
-    public var count: Int { statements.count }
 }
