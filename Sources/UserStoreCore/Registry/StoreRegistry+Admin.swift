@@ -43,7 +43,7 @@ extension StoreRegistry {
         if let report = lease.report { return report }
         let migrator = makeMigrator(user, migrations: migrations)
         do {
-            let report = try await lease.store.queue.writeWithoutTransaction { db in try migrator.migrate(db, created: false) }
+            let report = try await lease.store.write { db in try migrator.migrate(db, created: false) }
             setPhase(user, ready: true)
             return report
         } catch {
@@ -63,7 +63,7 @@ extension StoreRegistry {
             let migrator = makeMigrator(user, migrations: migrations)
             defer { setPhase(user, ready: false, stale: true) }
             do {
-                return try await store.queue.writeWithoutTransaction { db in try migrator.rollback(db, to: version) }
+                return try await store.write { db in try migrator.rollback(db, to: version) }
             } catch {
                 throw Self.storeError(error, user: user)
             }
@@ -75,7 +75,7 @@ extension StoreRegistry {
     public func backup(_ user: UserID, to path: String? = nil) async throws -> String {
         let keeper = BackupKeeper(layout: configuration.layout)
         return try await withStore(user, access: .admin) { store in
-            try await store.queue.writeWithoutTransaction { db in
+            try await store.write { db in
                 try keeper.take(db, user: user, schemaVersion: try Bookkeeping.userVersion(db), to: path)
             }
         }
@@ -86,7 +86,7 @@ extension StoreRegistry {
     public func acceptChecksums(_ user: UserID, versions: Set<Int64>? = nil) async throws -> [Int64] {
         let accepted = try await withStore(user, access: .admin) { store in
             let migrator = makeMigrator(user, migrations: migrations)
-            return try await store.queue.writeWithoutTransaction { db in try migrator.acceptChecksums(db, versions: versions) }
+            return try await store.write { db in try migrator.acceptChecksums(db, versions: versions) }
         }
         setPhase(user, ready: false, stale: true)
         return accepted
@@ -97,7 +97,7 @@ extension StoreRegistry {
     public func verify(_ user: UserID) async throws -> VerificationReport {
         let migrations = self.migrations
         return try await withStore(user, access: .admin) { store in
-            try await store.queue.read { db in try StoreVerifier(user: user, migrations: migrations).verify(db) }
+            try await store.read { db in try StoreVerifier(user: user, migrations: migrations).verify(db) }
         }
     }
 }

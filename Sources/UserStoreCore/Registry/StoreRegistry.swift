@@ -68,7 +68,7 @@ public final class StoreRegistry: Sendable {
     /// The recorded versions of `user`'s store (opening and migrating it like any request).
     public func info(_ user: UserID, access: Access = .client) async throws -> StoreVersionInfo {
         try await withStore(user, access: access) { store in
-            try await store.queue.read { db in
+            try await store.read { db in
                 guard let info = try Bookkeeping.read(db) else {
                     throw StoreError.storeDamaged(user: user, message: "the app_version table is missing")
                 }
@@ -214,7 +214,7 @@ public final class StoreRegistry: Sendable {
             let phase: RegistryEntry.Phase
             var report: MigrationReport?
             do {
-                report = try await store.queue.writeWithoutTransaction { db in try migrator.migrate(db, created: isNew) }
+                report = try await store.write { db in try migrator.migrate(db, created: isNew) }
                 phase = .ready(generation)
             } catch {
                 let failure = Self.storeError(error, user: user)

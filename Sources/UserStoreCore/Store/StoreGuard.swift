@@ -23,30 +23,40 @@ public final class StoreGuard: @unchecked Sendable {
 
     private var clientRules = false
     private var deadline: UInt64 = .max
+    private var yieldAt: UInt64 = .max
     /// Why the last client statement was refused (for the error message).
     public private(set) var refusal: String?
     /// The last client statement ran out of time.
     public private(set) var timedOut = false
+    /// The last client statement was interrupted at its `yieldAt` time, before its deadline.
+    public private(set) var yielded = false
 
     public init() {}
 
     /// Runs `body` (which prepares and steps client statements) under the client rules.
-    public func withClientRules<T>(deadline: UInt64, _ body: () throws -> T) rethrows -> T {
+    /// A statement still running at `deadline` is interrupted and ``timedOut`` set; one still
+    /// running at `yieldAt` (earlier) is interrupted and ``yielded`` set, so that the caller
+    /// can run it again where it may take its time.
+    public func withClientRules<T>(deadline: UInt64, yieldAt: UInt64 = .max, _ body: () throws -> T) rethrows -> T {
         clientRules = true
         self.deadline = deadline
+        self.yieldAt = yieldAt
         refusal = nil
         timedOut = false
+        yielded = false
         defer {
             clientRules = false
             self.deadline = .max
+            self.yieldAt = .max
         }
         return try body()
     }
 
-    /// Monotonic nanoseconds, cheap enough to read every thousand VM steps.
+    /// Monotonic nanoseconds (a vDSO call, cheap beside the thousand VM steps between reads;
+    /// the coarse clock's jiffy resolution would be too rough for ``withClientRules``' `yieldAt`).
     public static func now() -> UInt64 {
         var spec = timespec()
-        clock_gettime(CLOCK_MONOTONIC_COARSE, &spec)
+        clock_gettime(CLOCK_MONOTONIC, &spec)
         return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
     }
 
@@ -59,9 +69,17 @@ public final class StoreGuard: @unchecked Sendable {
         }, context)
         sqlite3_progress_handler(connection, 1000, { context in
             let guardian = Unmanaged<StoreGuard>.fromOpaque(context!).takeUnretainedValue()
-            guard guardian.clientRules, StoreGuard.now() > guardian.deadline else { return 0 }
-            guardian.timedOut = true
-            return 1
+            guard guardian.clientRules else { return 0 }
+            let now = StoreGuard.now()
+            if now > guardian.deadline {
+                guardian.timedOut = true
+                return 1
+            }
+            if now > guardian.yieldAt {
+                guardian.yielded = true
+                return 1
+            }
+            return 0
         }, context)
     }
 

@@ -64,7 +64,7 @@ struct StoreMethods {
         let transaction = try parameters.optionalBool("transaction") ?? true
         let frozen = statements
         return try await context.registry.withStore(user) { store in
-            try await store.queue.writeWithoutTransaction { db in
+            try await store.write { db in
                 try BatchRunner(runner: SQLRunner(store: store, limits: limits)).run(db, statements: frozen, transaction: transaction)
             }
         }

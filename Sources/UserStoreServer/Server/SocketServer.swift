@@ -2,6 +2,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import ServiceLifecycle
+import Synchronization
 import UserStoreCore
 import Varlink
 
@@ -85,33 +86,80 @@ final class SocketServer: Service {
         let peer = PeerIdentity(uid: credentials.uid, gid: credentials.gid, pid: credentials.pid,
                                 grant: settings.access.grant(uid: credentials.uid, gid: credentials.gid, groups: credentials.groups))
         let parser = JSONParser(maxDepth: settings.limits.maxJSONDepth)
+        let gate = ConnectionGate(channel: connection.channel)
         do {
-            try await connection.executeThenClose { inbound, outbound in
-                let send: ReplySink = { bytes in try await outbound.write(ByteBuffer(bytes: bytes)) }
-                guard admitted else {
-                    try await send(VarlinkReply.encode(Errors.limitExceeded("connections", maximum: settings.limits.maxConnections)))
-                    return
-                }
-                for try await frame in inbound.cancelOnGracefulShutdown() {
-                    guard case .message(let buffer) = frame else {
-                        try await send(VarlinkReply.encode(Errors.limitExceeded("requestBytes", maximum: settings.limits.maxRequestBytes)))
+            // Not `cancelOnGracefulShutdown()`: it iterates the stream in a task of its own on
+            // the global pool, a thread hand-off per request. The gate closes an idle connection
+            // at shutdown instead and lets a request in flight finish first.
+            try await withGracefulShutdownHandler {
+                try await connection.executeThenClose { inbound, outbound in
+                    let send: ReplySink = { bytes in try await outbound.write(ByteBuffer(bytes: bytes)) }
+                    guard admitted else {
+                        try await send(VarlinkReply.encode(Errors.limitExceeded("connections", maximum: settings.limits.maxConnections)))
                         return
                     }
-                    let call: VarlinkCall
-                    do {
-                        call = try VarlinkCall(message: try parser.parse(buffer.readableBytesView))
-                    } catch let error as VarlinkError {
-                        try await send(VarlinkReply.encode(error))
-                        continue
-                    } catch {
-                        try await send(VarlinkReply.encode(VarlinkError.invalidRequest("\(error)")))
-                        continue
+                    for try await frame in inbound {
+                        guard gate.begin() else { return }
+                        defer { gate.end() }
+                        guard case .message(let buffer) = frame else {
+                            try await send(VarlinkReply.encode(Errors.limitExceeded("requestBytes", maximum: settings.limits.maxRequestBytes)))
+                            return
+                        }
+                        let call: VarlinkCall
+                        do {
+                            call = try VarlinkCall(message: try parser.parse(buffer.readableBytesView))
+                        } catch let error as VarlinkError {
+                            try await send(VarlinkReply.encode(error))
+                            continue
+                        } catch {
+                            try await send(VarlinkReply.encode(VarlinkError.invalidRequest("\(error)")))
+                            continue
+                        }
+                        try await router.handle(call, peer: peer, send: send)
                     }
-                    try await router.handle(call, peer: peer, send: send)
                 }
+            } onGracefulShutdown: {
+                gate.stop()
             }
         } catch {
             logger.debug("connection closed", metadata: ["error": "\(error)", "pid": "\(credentials.pid)"])
         }
+    }
+}
+
+/// Ends a connection at graceful shutdown: at once when it waits for a request, after the
+/// reply when a request is in flight.
+final class ConnectionGate: Sendable {
+    private struct State { var busy = false, stopping = false }
+    private let state = Mutex(State())
+    private let channel: any Channel
+
+    init(channel: any Channel) { self.channel = channel }
+
+    /// Before handling a request: false when the connection is to end instead.
+    func begin() -> Bool {
+        state.withLock { state in
+            guard !state.stopping else { return false }
+            state.busy = true
+            return true
+        }
+    }
+
+    /// After the reply: closes the connection if shutdown began meanwhile.
+    func end() {
+        let close = state.withLock { state in
+            state.busy = false
+            return state.stopping
+        }
+        if close { channel.close(promise: nil) }
+    }
+
+    /// Shutdown began: closes the connection unless a request is in flight.
+    func stop() {
+        let close = state.withLock { state in
+            state.stopping = true
+            return !state.busy
+        }
+        if close { channel.close(promise: nil) }
     }
 }
