@@ -34,23 +34,20 @@ struct Scenarios {
         let fleet = try await kvFleet(name: "point", count: 1000, rows: 10_000)
         let (daemon, socket) = try env.startDaemon(name: "point", data: fleet.data, migrations: fleet.migrations)
         let users = fleet.users.map { Array("{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"\($0)\",\"sql\":\"\(Self.pointQuery)\",\"parameters\":[".utf8) }
-        let makeWorker: @Sendable (Int) -> (@Sendable () -> Bool) = { index in
-            let client = SocketClient(path: socket)
-            let box = RandomBox(FastRandom(state: UInt64(index + 1) * 7919))
-            return {
-                let prefix = users[box.below(users.count)]
-                let request = prefix + Array("\(box.below(10_000) + 1)]}}".utf8) + [0]
-                return client.roundTrip(request)
-            }
+        let makeRequests: @Sendable (Int) -> (() -> [UInt8]) = { index in
+            var random = FastRandom(state: UInt64(index + 1) * 7919)
+            return { users[random.below(users.count)] + Array("\(random.below(10_000) + 1)]}}".utf8) + [0] }
         }
-        _ = runLoad(threads: 8, seconds: min(seconds, 3), setup: makeWorker) // warm: open every store
+        _ = runConnections(8, seconds: min(seconds, 3), socket: socket, request: makeRequests) // warm: open every store
         var daemonThroughput: [Int: Double] = [:]
         for clients in [1, 8, 64] {
-            let result = runLoad(threads: clients, seconds: seconds, setup: makeWorker)
+            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
+            let result = runConnections(clients, seconds: seconds, socket: socket, request: makeRequests)
+            let cpuPerRequest = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / max(result.throughput * seconds, 1)
             daemonThroughput[clients] = result.throughput
             measurements.append(Measurement(scenario: "1. point query", subject: "userstored, \(clients) client\(clients == 1 ? "" : "s")",
                                             value: result.throughput, unit: "req/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
-                                            note: result.errors == 0 ? "" : "\(result.errors) errors"))
+                                            note: "daemon CPU \(format(cpuPerRequest)) µs/request" + (result.errors == 0 ? "" : "; \(result.errors) errors")))
             if clients == 8 {
                 let p99 = result.latencies.percentile(0.99)
                 targets.append(TargetCheck(target: "point query p99 < 1 ms at 8 clients", measured: "\(format(p99)) µs", met: p99 < 1000))
@@ -102,10 +99,9 @@ struct Scenarios {
         let (daemon, socket) = try env.startDaemon(name: "writes", data: fleet.data, migrations: fleet.migrations)
         var daemonRates: [Int: Double] = [:]
         for clients in [1, 8] {
-            let result = runLoad(threads: clients, seconds: seconds) { index in
-                let client = SocketClient(path: socket)
+            let result = runConnections(clients, seconds: seconds, socket: socket) { index in
                 let request = Array("{\"method\":\"io.userstore.Store.Execute\",\"parameters\":{\"user\":\"u\(String(format: "%05d", index))\",\"sql\":\"INSERT INTO kv (value) VALUES ('durable write')\"}}".utf8) + [0]
-                return { client.roundTrip(request) }
+                return { request }
             }
             daemonRates[clients] = result.throughput
             measurements.append(Measurement(scenario: "2. durable INSERT", subject: "userstored, \(clients == 1 ? "1 user" : "\(clients) users, 1 client each")",

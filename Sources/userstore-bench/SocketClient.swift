@@ -23,14 +23,39 @@ final class SocketClient: @unchecked Sendable { // each instance is used by exac
 
     deinit { close(fd) }
 
-    /// Sends `request` (NUL-terminated) and waits for one reply; true when it is not an error.
-    func roundTrip(_ request: [UInt8]) -> Bool {
+    /// Sends all of `request`; false when the connection failed.
+    func send(_ request: [UInt8]) -> Bool {
         var sent = 0
         while sent < request.count {
-            let count = request[sent...].withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            let count = request[sent...].withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             guard count > 0 else { return false }
             sent += count
         }
+        return true
+    }
+
+    /// Reads what is available (one `recv`) and returns, per complete reply, whether it is a
+    /// success; sets ``closed`` when the peer is gone.
+    func receiveReplies() -> [Bool] {
+        let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        guard count > 0 else { closed = true; return [] }
+        pending.append(contentsOf: buffer[..<count])
+        var replies: [Bool] = []
+        while let end = pending.firstIndex(of: 0) {
+            replies.append(pending.starts(with: Self.success))
+            pending.removeSubrange(...end)
+        }
+        return replies
+    }
+
+    private static let success = Array("{\"parameters\"".utf8)
+
+    /// The peer closed the connection (seen by ``receiveReplies()``).
+    private(set) var closed = false
+
+    /// Sends `request` (NUL-terminated) and waits for one reply; true when it is not an error.
+    func roundTrip(_ request: [UInt8]) -> Bool {
+        guard send(request) else { return false }
         while true {
             if let end = pending.firstIndex(of: 0) {
                 let ok = pending.starts(with: Array("{\"parameters\"".utf8))

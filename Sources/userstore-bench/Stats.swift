@@ -95,3 +95,13 @@ func log(_ text: String) {
     FileHandle.standardError.write(Data((text + "\n").utf8))
 }
 
+
+/// CPU time (user + system) a process has used so far, in microseconds.
+func cpuMicroseconds(of pid: Int32) -> Double {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return 0 }
+    // Fields after the command name: state is field 3, utime 14 and stime 15 (1-based).
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+    return (user + system) * 1e6 / Double(sysconf(Int32(_SC_CLK_TCK)))
+}

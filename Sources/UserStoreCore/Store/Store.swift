@@ -11,18 +11,24 @@ public final class Store: Sendable {
     public let user: UserID
     /// The store's file.
     public let path: String
-    /// The serial queue (GRDB's `DatabaseQueue`: one connection, one dispatch queue). Prefer
-    /// ``write(_:)``, ``read(_:)`` and ``runIfIdle(_:)``: they keep the count that lets a short
-    /// request run on the caller's thread instead of hopping to the queue.
+    /// The serial queue (GRDB's `DatabaseQueue`: one connection, one dispatch queue). Use
+    /// ``write(_:)`` and ``read(_:)``: they take the connection lock that ``runIfIdle(_:)``
+    /// relies on. Direct use is only safe while no request can reach the store.
     public let queue: DatabaseQueue
     /// The connection's authorizer and deadline for client statements.
     public let guardian: StoreGuard
-    /// Prepared client statements; use only on ``queue``.
+    /// Prepared client statements; use only while holding the connection (in ``write(_:)``,
+    /// ``read(_:)`` or ``runIfIdle(_:)``).
     public let statements: StatementCache
-    /// Work submitted through ``write(_:)``, ``read(_:)`` or ``runIfIdle(_:)`` and not finished.
-    private let activity = Atomic<Int>(0)
+    /// Work submitted through ``write(_:)`` or ``read(_:)`` and not finished.
+    private let queued = Atomic<Int>(0)
+    /// The SQLite connection behind ``queue``; used only under ``connectionLock``.
+    nonisolated(unsafe) private let connection: OpaquePointer
+    /// Held by whoever uses the connection: work on the queue, or ``runIfIdle(_:)``.
+    private let connectionLock = Mutex<Void>(())
 
     init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard) {
+        self.connection = queue.inDatabase { $0.sqliteConnection! }
         self.user = user
         self.path = path
         self.queue = queue
@@ -32,29 +38,29 @@ public final class Store: Sendable {
 
     /// Runs `body` on the store's serial queue, after the work already queued there.
     public func write<T: Sendable>(_ body: @Sendable (Database) throws -> T) async throws -> T {
-        activity.add(1, ordering: .acquiringAndReleasing)
-        defer { activity.subtract(1, ordering: .acquiringAndReleasing) }
-        return try await queue.writeWithoutTransaction(body)
+        queued.add(1, ordering: .relaxed)
+        defer { queued.subtract(1, ordering: .relaxed) }
+        return try await queue.writeWithoutTransaction { db in try connectionLock.withLock { _ in try body(db) } }
     }
 
     /// Runs `body` on the store's serial queue in a read-only transaction.
     public func read<T: Sendable>(_ body: @Sendable (Database) throws -> T) async throws -> T {
-        activity.add(1, ordering: .acquiringAndReleasing)
-        defer { activity.subtract(1, ordering: .acquiringAndReleasing) }
-        return try await queue.read(body)
+        queued.add(1, ordering: .relaxed)
+        defer { queued.subtract(1, ordering: .relaxed) }
+        return try await queue.read { db in try connectionLock.withLock { _ in try body(db) } }
     }
 
-    /// Runs `body` right now on the calling thread when nothing else is queued on the store,
-    /// and returns nil without running it otherwise (never waits).
+    /// Runs `body` right now on the calling thread with the raw connection when no other work
+    /// is queued on the store or running, and returns nil without running it otherwise (it
+    /// never waits).
     ///
     /// This is the request fast path: a point query on an idle store costs a few microseconds,
-    /// while hopping to the queue's thread and back costs two thread wake-ups. Serial order
-    /// still holds: work submitted meanwhile queues behind `body` (GRDB's synchronous access
-    /// runs an idle queue's work on the caller's thread). The caller must keep `body` short.
-    public func runIfIdle<T>(_ body: (Database) throws -> T) rethrows -> T? {
-        guard activity.compareExchange(expected: 0, desired: 1, ordering: .acquiringAndReleasing).exchanged else { return nil }
-        defer { activity.subtract(1, ordering: .acquiringAndReleasing) }
-        return try queue.inDatabase(body)
+    /// while hopping to the queue's thread and back costs two thread wake-ups. Queued work
+    /// goes first (order is kept), and work queued while `body` runs waits for it on the
+    /// queue's thread. The caller must keep `body` short and leave no transaction open.
+    public func runIfIdle<T>(_ body: (OpaquePointer) throws -> T) rethrows -> T? {
+        guard queued.load(ordering: .relaxed) == 0 else { return nil }
+        return try connectionLock.withLockIfAvailable { _ in try body(connection) }
     }
 
     /// Closes the connection after the work already queued on it.

@@ -84,7 +84,7 @@ struct BatchRunner {
                 writer.raw("{\"results\":[")
                 for (index, statement) in statements.enumerated() {
                     if index > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-                    try runner.run(db, sql: statement.sql, parameters: statement.parameters, output: .both, index: index, into: &writer)
+                    try runner.run(db.sqliteConnection!, sql: statement.sql, parameters: statement.parameters, output: .both, index: index, into: &writer)
                 }
                 writer.raw("]}")
             }

@@ -39,26 +39,26 @@ struct SQLRunner {
                       parameters: JSONValue?, output: Output, limits: RequestLimits) async throws -> [UInt8] {
         try await registry.withStore(user, access: access) { store in
             let runner = SQLRunner(store: store, limits: limits)
-            let inline: Result<[UInt8], VarlinkError>?? = store.runIfIdle { db in
-                let result = runner.reply(db, sql: sql, parameters: parameters, output: output,
+            let inline: Result<[UInt8], VarlinkError>?? = store.runIfIdle { connection in
+                let result = runner.reply(connection, sql: sql, parameters: parameters, output: output,
                                           yieldAt: StoreGuard.now() + inlineBudgetNanoseconds)
                 if case .failure = result, store.guardian.yielded { return nil }
                 return result
             }
             if case .some(.some(let result)) = inline { return try result.get() }
             return try await store.write { db in
-                try runner.reply(db, sql: sql, parameters: parameters, output: output, yieldAt: .max).get()
+                try runner.reply(db.sqliteConnection!, sql: sql, parameters: parameters, output: output, yieldAt: .max).get()
             }
         }
     }
 
     /// The reply to one statement, built on the store's connection.
-    func reply(_ db: Database, sql: String, parameters: JSONValue?, output: Output, yieldAt: UInt64) -> Result<[UInt8], VarlinkError> {
+    func reply(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, yieldAt: UInt64) -> Result<[UInt8], VarlinkError> {
         var writer = JSONWriter(capacity: 256)
         var failure: VarlinkError?
         VarlinkReply.encode(into: &writer) { writer in
             do throws(VarlinkError) {
-                try run(db, sql: sql, parameters: parameters, output: output, yieldAt: yieldAt, into: &writer)
+                try run(connection, sql: sql, parameters: parameters, output: output, yieldAt: yieldAt, into: &writer)
             } catch {
                 failure = error
             }
@@ -69,12 +69,11 @@ struct SQLRunner {
 
     /// Runs `sql` with `parameters`; `index` names the statement's place in a Batch for errors.
     /// A statement still running at `yieldAt` is interrupted (see ``StoreGuard``).
-    func run(_ db: Database, sql: String, parameters: JSONValue?, output: Output, index: Int? = nil,
+    func run(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, index: Int? = nil,
              yieldAt: UInt64 = .max, into writer: inout JSONWriter) throws(VarlinkError) {
         if SQLScript.firstKeyword(of: sql) == "VACUUM" {
             throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests", statement: true)
         }
-        let connection = db.sqliteConnection!
         let guardian = store.guardian
         let deadline = StoreGuard.now() + UInt64(limits.statementTimeoutMilliseconds) * 1_000_000
         var writerCopy = writer
