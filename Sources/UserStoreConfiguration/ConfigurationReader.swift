@@ -35,6 +35,7 @@ extension ConfigurationLoader {
             policy.backupBeforeMigrating = try bool("migrations.backupBeforeMigrating") ?? true
             policy.backupRetentionSeconds = try int("migrations.backupRetentionSeconds", minimum: 0) ?? 86_400
             policy.allowDestructiveSchemaChanges = try bool("migrations.allowDestructiveSchemaChanges") ?? false
+            policy.newStoresFromTemplate = try bool("migrations.newStoresFromTemplate") ?? false
 
             var access = AccessRules()
             access.clientUsers = try ids("access.clientUsers", resolve: AccessRules.resolveUser)

@@ -11,7 +11,8 @@ struct BenchEnvironment {
     var exampleMigrations: String { repository + "/config/migrations" }
 
     /// A started userstored on `data` with `migrations`; returns its process and socket.
-    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: Bool = true) throws -> (Process, String) {
+    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: Bool = true,
+                     template: Bool = false) throws -> (Process, String) {
         let directory = root + "/" + name
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let socket = directory + "/userstore.sock"
@@ -26,6 +27,7 @@ struct BenchEnvironment {
             fleetParallelism: 8
             migrations:
               backupBeforeMigrating: \(backups)
+              newStoresFromTemplate: \(template)
             """.write(toFile: config, atomically: true, encoding: .utf8)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binaries + "/userstored")

@@ -27,6 +27,8 @@ public struct StoreLayout: Sendable, Equatable {
     /// Folder holding the pre-migration copies.
     public var backupsDirectory: String { dataDirectory + "/backups" }
     /// The cross-process lock file.
+    /// Scratch space for building the new-store template (see `StoreTemplate`).
+    public var templatesDirectory: String { dataDirectory + "/templates" }
     public var lockPath: String { dataDirectory + "/userstore.lock" }
 
     /// `ab/cd` for `user`.

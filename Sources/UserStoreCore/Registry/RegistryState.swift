@@ -9,6 +9,10 @@ struct RegistryState: ~Copyable {
     var tick: UInt64 = 0
     var migrationRuns = 0
     var capacityWaiters: [CheckedContinuation<Void, Never>] = []
+    /// The new-store template, when built for the current generation.
+    var template: StoreTemplate?
+    /// The generation a template build was last started for (built or failed).
+    var templateAttempted: Int?
 
     init(migrations: MigrationSet) {
         self.migrations = migrations

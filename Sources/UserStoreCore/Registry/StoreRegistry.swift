@@ -155,7 +155,8 @@ public final class StoreRegistry: Sendable {
         if state.holding < configuration.maxOpenStores {
             state.holding += 1
             state.peak = max(state.peak, state.holding)
-            let task = prepare(user, existing: nil, generation: state.generation, migrations: state.migrations)
+            let task = prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
+                               template: templateForNewStore(&state))
             state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
             return .wait(task)
         }
@@ -188,16 +189,40 @@ public final class StoreRegistry: Sendable {
 
     /// Opens (if `existing` is nil) and migrates `user`'s store in a task of its own, so that a
     /// client that disconnects never cancels a migration half-way.
-    private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet) -> Task<PreparationOutcome, Never> {
+    private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
+                         template: StoreTemplate? = nil) -> Task<PreparationOutcome, Never> {
         Task {
+            let migrator = makeMigrator(user, migrations: migrations)
             let store: Store
-            var created = false
+            let migration: Result<MigrationReport, any Error>
             if let existing {
                 store = existing
-            } else {
                 do {
-                    (store, created) = try await Self.offThread { [opener] in try opener.open(user) }
-                    if created { observer.record(.storeCreated(user: user, path: store.path)) }
+                    migration = .success(try await store.write { db in try migrator.migrate(db, created: false) })
+                } catch {
+                    migration = .failure(error)
+                }
+            } else {
+                // Opening and the first migration run on one thread, without hops: nobody else
+                // can reach the store before this task publishes it.
+                let opened: (Store, Result<MigrationReport, any Error>)
+                do {
+                    opened = try await Self.offThread { [opener, observer] in
+                        let (store, created) = try opener.open(user, template: template)
+                        if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
+                        let copied = created ? template : nil
+                        return (store, Result {
+                            try store.writeBlocking { db in
+                                var report = try migrator.migrate(db, created: created)
+                                if let copied {
+                                    try Bookkeeping.stampCreation(db)
+                                    report.fromVersion = 0
+                                    report.applied = copied.applied + report.applied
+                                }
+                                return report
+                            }
+                        })
+                    }
                 } catch {
                     let failure = Self.storeError(error, user: user)
                     observer.record(.storeRefused(user: user, error: failure))
@@ -208,15 +233,15 @@ public final class StoreRegistry: Sendable {
                     }
                     return .openFailed(failure)
                 }
+                (store, migration) = opened
             }
-            let migrator = makeMigrator(user, migrations: migrations)
-            let isNew = created
             let phase: RegistryEntry.Phase
             var report: MigrationReport?
-            do {
-                report = try await store.write { db in try migrator.migrate(db, created: isNew) }
+            switch migration {
+            case .success(let outcome):
+                report = outcome
                 phase = .ready(generation)
-            } catch {
+            case .failure(let error):
                 let failure = Self.storeError(error, user: user)
                 if case .migrationFailed = failure {} else { observer.record(.storeRefused(user: user, error: failure)) }
                 phase = .failed(failure, generation)
@@ -230,6 +255,39 @@ public final class StoreRegistry: Sendable {
                 state.entries[user] = entry
             }
             return .prepared(report)
+        }
+    }
+
+    // MARK: Template
+
+    /// The template for the current generation if new stores are to be copied from one and it
+    /// is built; otherwise nil, and a build is started if none was for this generation
+    /// (meanwhile new stores are migrated step by step).
+    private func templateForNewStore(_ state: inout RegistryState) -> StoreTemplate? {
+        guard configuration.policy.newStoresFromTemplate else { return nil }
+        if let template = state.template, template.generation == state.generation { return template }
+        if state.templateAttempted != state.generation {
+            state.templateAttempted = state.generation
+            Task { try? await buildTemplate() }
+        }
+        return nil
+    }
+
+    /// Builds the new-store template for the migrations in force (when
+    /// ``MigrationPolicy/newStoresFromTemplate`` is set; otherwise does nothing). Throws what
+    /// migrating an empty store throws; new stores are then migrated step by step, and fail
+    /// the same way.
+    public func buildTemplate() async throws {
+        guard configuration.policy.newStoresFromTemplate else { return }
+        let (generation, migrations) = state.withLock { state in
+            state.templateAttempted = state.generation
+            return (state.generation, state.migrations)
+        }
+        let migrator = makeMigrator(try UserID("template"), migrations: migrations, simulating: true)
+        let layout = configuration.layout
+        let template = try await Self.offThread { try StoreTemplate.build(generation: generation, migrator: migrator, layout: layout) }
+        state.withLock { state in
+            if state.generation == generation { state.template = template }
         }
     }
 

@@ -69,6 +69,18 @@ enum Bookkeeping {
             """, arguments: [appVersion.text, appVersion.text, MigrationSet.versionsFingerprint([])])
     }
 
+    /// Stamps the creation time of a store copied from the template (the copy carries the
+    /// template's).
+    ///
+    /// Without fsync: the copy itself is durable (`StoreTemplate.install`); if a crash loses
+    /// this one transaction (WAL frames are checksummed, a torn one is ignored), the store
+    /// keeps the template's time — while syncing it would double the cost of creating a store.
+    static func stampCreation(_ db: Database) throws {
+        try db.execute(sql: "PRAGMA synchronous = OFF")
+        defer { try? db.execute(sql: "PRAGMA synchronous = FULL") }
+        try db.execute(sql: "UPDATE app_version SET created_at = \(now), updated_at = \(now) WHERE id = 1")
+    }
+
     /// Every applied migration, ascending.
     static func applied(_ db: Database) throws -> [AppliedMigration] {
         try Row.fetchAll(db, sql: """

@@ -50,6 +50,13 @@ public final class Store: Sendable {
         return try await queue.read { db in try connectionLock.withLock { _ in try body(db) } }
     }
 
+    /// Runs `body` on the calling thread, waiting for work in progress; for a store nobody
+    /// else can reach yet (being opened), where a hop to the queue's thread would only add
+    /// latency. Blocks: never call it on an event loop or the cooperative pool.
+    func writeBlocking<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
+        try connectionLock.withLock { _ in try queue.inDatabase(body) }
+    }
+
     /// Runs `body` right now on the calling thread with the raw connection when no other work
     /// is queued on the store or running, and returns nil without running it otherwise (it
     /// never waits).
@@ -61,6 +68,12 @@ public final class Store: Sendable {
     public func runIfIdle<T>(_ body: (OpaquePointer) throws -> T) rethrows -> T? {
         guard queued.load(ordering: .relaxed) == 0 else { return nil }
         return try connectionLock.withLockIfAvailable { _ in try body(connection) }
+    }
+
+    /// ``runIfIdle(_:)`` with GRDB's `Database` (for the daemon's own short reads).
+    func readIfIdle<T: Sendable>(_ body: (Database) throws -> T) throws -> T? {
+        guard queued.load(ordering: .relaxed) == 0 else { return nil }
+        return try connectionLock.withLockIfAvailable { _ in try queue.inDatabase(body) }
     }
 
     /// Closes the connection after the work already queued on it.
@@ -75,11 +88,13 @@ extension Store {
     /// The store's `app_version` row.
     public func versionInfo() async throws -> StoreVersionInfo {
         let user = self.user
-        return try await read { db in
+        let read: @Sendable (Database) throws -> StoreVersionInfo = { db in
             guard let info = try Bookkeeping.read(db) else {
                 throw StoreError.storeDamaged(user: user, message: "the app_version table is missing")
             }
             return info
         }
+        if let info = try readIfIdle(read) { return info }
+        return try await self.read(read)
     }
 }

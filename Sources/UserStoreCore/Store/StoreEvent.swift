@@ -2,8 +2,9 @@
 /// The journal and the CLI's progress display are built on these. Events never carry SQL
 /// parameters or row contents.
 public enum StoreEvent: Sendable, Equatable {
-    /// A new store file was created.
-    case storeCreated(user: UserID, path: String)
+    /// A new store file was created; `templateVersion` is the schema version of the template it
+    /// was copied from, nil when it starts empty and is migrated step by step.
+    case storeCreated(user: UserID, path: String, templateVersion: Int64? = nil)
     /// A migration run starts: `steps` migrations take the store from `from` to `to`.
     case migrationStarted(user: UserID, from: Int64, to: Int64, steps: Int)
     /// Step `step` of `steps` finished. `skipped` when app-version gating skipped its SQL.
@@ -24,7 +25,7 @@ public enum StoreEvent: Sendable, Equatable {
     /// The user the event is about.
     public var user: UserID {
         switch self {
-        case .storeCreated(let user, _), .migrationStarted(let user, _, _, _),
+        case .storeCreated(let user, _, _), .migrationStarted(let user, _, _, _),
              .migrationStep(let user, _, _, _, _, _, _), .migrationFinished(let user, _, _, _, _),
              .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _),
              .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _):

@@ -7,9 +7,10 @@ struct StoreOpener: Sendable {
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     let busyTimeoutSeconds: Double
 
-    /// Opens `user`'s file; creates it (and its folders) when absent. Nothing is written to an
-    /// existing file here: journal mode and bookkeeping are only touched when migrating.
-    func open(_ user: UserID) throws -> (store: Store, created: Bool) {
+    /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`
+    /// when one is given. Nothing is written to an existing file here: journal mode and
+    /// bookkeeping are only touched when migrating.
+    func open(_ user: UserID, template: StoreTemplate? = nil) throws -> (store: Store, created: Bool) {
         let path = layout.storePath(for: user)
         let created = !FileManager.default.fileExists(atPath: path)
         if created {
@@ -18,6 +19,7 @@ struct StoreOpener: Sendable {
             } catch {
                 throw StoreError.storageFailure(user: user, message: (error as NSError).localizedDescription)
             }
+            try template?.install(at: path, user: user)
         }
         let guardian = StoreGuard()
         var configuration = Configuration()

@@ -55,6 +55,14 @@ public enum Daemon {
         let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger)
         let notifier = context.notifier
         index.startScan(layout: layout)
+        if configuration.registryConfiguration.policy.newStoresFromTemplate {
+            // Before the socket serves, so that the very first new store is already a copy.
+            do {
+                try await registry.buildTemplate()
+            } catch {
+                logger.warning("new-store template not built, new stores are migrated step by step: \(error)", metadata: ["event": "template-failed"])
+            }
+        }
 
         let inherited = SystemdNotifier.inheritedSocket()
         let server: SocketServer

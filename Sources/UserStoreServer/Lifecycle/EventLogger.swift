@@ -12,10 +12,15 @@ struct EventLogger: StoreObserver {
         let level: Logger.Level
         let message: String
         switch event {
-        case .storeCreated(_, let path):
-            (level, message) = (.info, "store created")
+        case .storeCreated(_, let path, let templateVersion):
             metadata["event"] = "store-created"
             metadata["path"] = .string(path)
+            if let templateVersion {
+                (level, message) = (.info, "store created from the template at schema version \(templateVersion)")
+                metadata["to_version"] = "\(templateVersion)"
+            } else {
+                (level, message) = (.info, "store created")
+            }
         case .migrationStarted(_, let from, let to, let steps):
             (level, message) = (.info, "migrating store from version \(from) to \(to) (\(steps) step\(steps == 1 ? "" : "s"))")
             metadata["event"] = "migration-started"

@@ -1,0 +1,62 @@
+import Foundation
+import GRDB
+
+/// An empty store migrated once for one migration set; new stores start as a byte copy of it
+/// (``MigrationPolicy/newStoresFromTemplate``).
+///
+/// Migrating a new store costs a write transaction, and so an fsync, per migration; copying
+/// the template costs one file write and three fsyncs (file, directory, and the transaction
+/// that stamps the store's creation time) whatever the number of migrations.
+struct StoreTemplate: Sendable {
+    /// The registry generation (migration set) it was built for.
+    let generation: Int
+    /// The file's bytes: a complete database in WAL mode, with no WAL of its own.
+    let bytes: [UInt8]
+    let schemaVersion: Int64
+    /// Versions applied while building it, ascending.
+    let applied: [Int64]
+
+    /// Migrates a fresh scratch file in `layout.templatesDirectory` with `migrator` exactly as
+    /// a new store would be, keeps its bytes and deletes the file.
+    static func build(generation: Int, migrator: Migrator, layout: StoreLayout) throws -> StoreTemplate {
+        let directory = layout.templatesDirectory
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let path = directory + "/build-\(getpid())-\(generation).sqlite"
+        let remove = { for suffix in ["", "-wal", "-shm", "-journal"] { unlink(path + suffix) } }
+        remove()
+        defer { remove() }
+        let queue = try DatabaseQueue(path: path)
+        let report = try queue.writeWithoutTransaction { db in try migrator.migrate(db, created: true) }
+        try queue.close() // checkpoints the WAL into the file and deletes it
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw StoreError.storageFailure(user: migrator.user, message: "cannot read the template built at \(path)")
+        }
+        return StoreTemplate(generation: generation, bytes: Array(data), schemaVersion: report.toVersion, applied: report.applied)
+    }
+
+    /// Writes a copy to `path`, durably and atomically: a temporary file next to it, fsync,
+    /// rename, fsync of the directory. A crash leaves either no store or the whole copy.
+    func install(at path: String, user: UserID) throws {
+        let temporary = path + ".new" // not `.sqlite`: never mistaken for a store
+        let fail = { (step: String) -> StoreError in
+            let reason = String(cString: strerror(errno))
+            unlink(temporary)
+            return .storageFailure(user: user, message: "creating the store from the template: \(step) \(temporary): \(reason)")
+        }
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw fail("open") }
+        var written = 0
+        while written < bytes.count {
+            let count = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            guard count > 0 else { close(fd); throw fail("write") }
+            written += count
+        }
+        guard fsync(fd) == 0 else { close(fd); throw fail("fsync") }
+        close(fd)
+        guard rename(temporary, path) == 0 else { throw fail("rename") }
+        let directory = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard directory >= 0 else { throw fail("open directory of") }
+        defer { close(directory) }
+        guard fsync(directory) == 0 else { throw fail("fsync directory of") }
+    }
+}
