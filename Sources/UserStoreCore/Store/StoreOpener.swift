@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import GRDBSQLite
 
 /// Opens (or creates) a store's file with the connection settings every store uses.
 struct StoreOpener: Sendable {
@@ -33,6 +34,11 @@ struct StoreOpener: Sendable {
             // Replaces GRDB's own authorizer, which only feeds features userstore does not use
             // (transaction observers, region tracking); see StoreGuard.
             guardian.install(on: db.sqliteConnection!)
+            // GRDB's commit and rollback hooks feed its transaction observers (unused here) and
+            // expect to run on GRDB's own queue; client statements also run on the caller's
+            // thread (Store.runIfIdle), where they would trap.
+            sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
+            sqlite3_rollback_hook(db.sqliteConnection!, nil, nil)
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)
