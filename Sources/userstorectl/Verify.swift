@@ -15,10 +15,14 @@ extension UserStoreCtlCommand {
 
         func run() async throws {
             let command = FleetCommand(kind: .verify, output: connection.output)
-            let code = offline.offline
-                ? try await command.runOffline(configurationPath: offline.config, users: selection.users, all: selection.all, parallel: nil)
-                : try command.runThroughDaemon(connection.client(), method: "io.userstore.Admin.Verify", parameters: [:],
-                                               users: selection.users, all: selection.all)
+            // An if, not a ternary with `try await` in one branch: Swift 6.3.1 crashes compiling
+            // that in release mode (coroutine splitting).
+            if offline.offline {
+                let code = try await command.runOffline(configurationPath: offline.config, users: selection.users, all: selection.all, parallel: nil)
+                throw ExitCode(code.rawValue)
+            }
+            let code = try command.runThroughDaemon(connection.client(), method: "io.userstore.Admin.Verify", parameters: [:],
+                                                    users: selection.users, all: selection.all)
             throw ExitCode(code.rawValue)
         }
     }

@@ -197,34 +197,12 @@ public final class StoreRegistry: Sendable {
             let migration: Result<MigrationReport, any Error>
             if let existing {
                 store = existing
-                do {
-                    migration = .success(try await store.write { db in try migrator.migrate(db, created: false) })
-                } catch {
-                    migration = .failure(error)
-                }
+                migration = await Self.migrate(existing, with: migrator)
             } else {
-                // Opening and the first migration run on one thread, without hops: nobody else
-                // can reach the store before this task publishes it.
-                let opened: (Store, Result<MigrationReport, any Error>)
-                do {
-                    opened = try await Self.offThread { [opener, observer] in
-                        let (store, created) = try opener.open(user, template: template)
-                        if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
-                        let copied = created ? template : nil
-                        return (store, Result {
-                            try store.writeBlocking { db in
-                                var report = try migrator.migrate(db, created: created)
-                                if let copied {
-                                    try Bookkeeping.stampCreation(db)
-                                    report.fromVersion = 0
-                                    report.applied = copied.applied + report.applied
-                                }
-                                return report
-                            }
-                        })
-                    }
-                } catch {
-                    let failure = Self.storeError(error, user: user)
+                switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrator, observer: observer) {
+                case .success(let opened):
+                    (store, migration) = opened
+                case .failure(let failure):
                     observer.record(.storeRefused(user: user, error: failure))
                     state.withLock { state in
                         state.entries[user] = nil
@@ -233,7 +211,6 @@ public final class StoreRegistry: Sendable {
                     }
                     return .openFailed(failure)
                 }
-                (store, migration) = opened
             }
             let phase: RegistryEntry.Phase
             var report: MigrationReport?
@@ -255,6 +232,43 @@ public final class StoreRegistry: Sendable {
                 state.entries[user] = entry
             }
             return .prepared(report)
+        }
+    }
+
+    /// Brings an open store up to date on its queue (after the requests already queued).
+    @inline(never)
+    private static func migrate(_ store: Store, with migrator: Migrator) async -> Result<MigrationReport, any Error> {
+        do {
+            return .success(try await store.write { db in try migrator.migrate(db, created: false) })
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
+    /// yet, on one dispatch thread without hops. Fails only when the file cannot be opened.
+    @inline(never)
+    private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator,
+                                       observer: any StoreObserver) async -> Result<(Store, Result<MigrationReport, any Error>), StoreError> {
+        do {
+            return .success(try await offThread {
+                let (store, created) = try opener.open(user, template: template)
+                if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
+                let copied = created ? template : nil
+                return (store, Result {
+                    try store.writeBlocking { db in
+                        var report = try migrator.migrate(db, created: created)
+                        if let copied {
+                            try Bookkeeping.stampCreation(db)
+                            report.fromVersion = 0
+                            report.applied = copied.applied + report.applied
+                        }
+                        return report
+                    }
+                })
+            })
+        } catch {
+            return .failure(storeError(error, user: user))
         }
     }
 
