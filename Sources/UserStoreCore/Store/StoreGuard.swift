@@ -28,7 +28,8 @@ public final class StoreGuard: @unchecked Sendable {
     public private(set) var refusal: String?
     /// The last client statement ran out of time.
     public private(set) var timedOut = false
-    /// The last client statement was interrupted at its `yieldAt` time, before its deadline.
+    /// The last client statement was given up (at its `yieldAt` time, or by ``yield()``) to be
+    /// run again elsewhere.
     public private(set) var yielded = false
 
     public init() {}
@@ -50,6 +51,12 @@ public final class StoreGuard: @unchecked Sendable {
             self.yieldAt = .max
         }
         return try body()
+    }
+
+    /// Gives up the client statement being run, as if its `yieldAt` had passed (for one that
+    /// must not run where it is, whatever its duration).
+    public func yield() {
+        yielded = true
     }
 
     /// Monotonic nanoseconds (a vDSO call, cheap beside the thousand VM steps between reads;

@@ -29,36 +29,38 @@ struct SQLRunner {
     /// The whole reply (`{"parameters": …}` and its NUL) to one statement on `user`'s store,
     /// leased with `access`.
     ///
-    /// When the store is idle the statement runs right here, on the connection's event loop,
-    /// for up to ``inlineBudgetNanoseconds``: most requests are point queries of a few
+    /// When the store is idle a read-only statement runs right here, on the connection's event
+    /// loop, for up to ``inlineBudgetNanoseconds``: most requests are point queries of a few
     /// microseconds, and two thread hand-offs would cost ten times that. A statement that runs
     /// longer is interrupted — outside a transaction (requests cannot open one) SQLite then
     /// rolls the whole statement back — and runs again on the store's serial queue, so a slow
-    /// statement never holds up the other connections of the event loop for long.
+    /// statement never holds up the other connections of the event loop for long. A statement
+    /// that writes goes to the queue before it steps: its commit waits for an fsync, and
+    /// eight users' commits must overlap on their own queues, not queue up on an event loop.
     static func reply(_ registry: StoreRegistry, user: UserID, access: StoreRegistry.Access, sql: String,
                       parameters: JSONValue?, output: Output, limits: RequestLimits) async throws -> [UInt8] {
         try await registry.withStore(user, access: access) { store in
             let runner = SQLRunner(store: store, limits: limits)
             let inline: Result<[UInt8], VarlinkError>?? = store.runIfIdle { connection in
                 let result = runner.reply(connection, sql: sql, parameters: parameters, output: output,
-                                          yieldAt: StoreGuard.now() + inlineBudgetNanoseconds)
+                                          inlineBudget: inlineBudgetNanoseconds)
                 if case .failure = result, store.guardian.yielded { return nil }
                 return result
             }
             if case .some(.some(let result)) = inline { return try result.get() }
             return try await store.write { db in
-                try runner.reply(db.sqliteConnection!, sql: sql, parameters: parameters, output: output, yieldAt: .max).get()
+                try runner.reply(db.sqliteConnection!, sql: sql, parameters: parameters, output: output, inlineBudget: nil).get()
             }
         }
     }
 
     /// The reply to one statement, built on the store's connection.
-    func reply(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, yieldAt: UInt64) -> Result<[UInt8], VarlinkError> {
+    func reply(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, inlineBudget: UInt64?) -> Result<[UInt8], VarlinkError> {
         var writer = JSONWriter(capacity: 256)
         var failure: VarlinkError?
         VarlinkReply.encode(into: &writer) { writer in
             do throws(VarlinkError) {
-                try run(connection, sql: sql, parameters: parameters, output: output, yieldAt: yieldAt, into: &writer)
+                try run(connection, sql: sql, parameters: parameters, output: output, inlineBudget: inlineBudget, into: &writer)
             } catch {
                 failure = error
             }
@@ -68,22 +70,28 @@ struct SQLRunner {
     }
 
     /// Runs `sql` with `parameters`; `index` names the statement's place in a Batch for errors.
-    /// A statement still running at `yieldAt` is interrupted (see ``StoreGuard``).
+    /// With an `inlineBudget` (running off the store's queue), a statement that writes, or that
+    /// still runs after that many nanoseconds, is given up with ``StoreGuard/yielded`` set.
     func run(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, index: Int? = nil,
-             yieldAt: UInt64 = .max, into writer: inout JSONWriter) throws(VarlinkError) {
+             inlineBudget: UInt64? = nil, into writer: inout JSONWriter) throws(VarlinkError) {
         if SQLScript.firstKeyword(of: sql) == "VACUUM" {
             throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests", statement: true)
         }
         let guardian = store.guardian
-        let deadline = StoreGuard.now() + UInt64(limits.statementTimeoutMilliseconds) * 1_000_000
+        let now = StoreGuard.now()
+        let deadline = now + UInt64(limits.statementTimeoutMilliseconds) * 1_000_000
         var writerCopy = writer
-        let result: Result<Void, VarlinkError> = guardian.withClientRules(deadline: deadline, yieldAt: yieldAt) {
+        let result: Result<Void, VarlinkError> = guardian.withClientRules(deadline: deadline, yieldAt: inlineBudget.map { now + $0 } ?? .max) {
             do throws(VarlinkError) {
                 let (statement, fresh) = try prepare(sql, on: connection, index: index)
                 defer {
                     sqlite3_reset(statement)
                     sqlite3_clear_bindings(statement)
                     if fresh { store.statements.keep(statement, for: sql) }
+                }
+                if inlineBudget != nil, sqlite3_stmt_readonly(statement) == 0 {
+                    guardian.yield()
+                    return .failure(Errors.sqlError(code: SQLITE_INTERRUPT, message: "moved to the store's queue", index: index))
                 }
                 try ValueBinding.bind(parameters, to: statement)
                 try execute(statement, on: connection, output: output, index: index, into: &writerCopy)
