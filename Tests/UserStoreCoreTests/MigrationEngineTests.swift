@@ -286,7 +286,7 @@ import Testing
         try folder.remove("0003_c.sql")
         try folder.remove("0002_b.sql")
         harness.registry.reload(migrations: try folder.load())
-        #expect(try await harness.registry.rollback(user("judy"), to: 1) == [3, 2])
+        #expect(try await harness.registry.rollback(user("judy"), to: 1) == ([3, 2], 1))
         let tables = try await harness.registry.withStore(user("judy"), access: .admin) { store in
             try await store.queue.read { db in
                 (try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('a','b','c') ORDER BY name"),

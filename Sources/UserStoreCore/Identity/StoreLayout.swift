@@ -26,9 +26,9 @@ public struct StoreLayout: Sendable, Equatable {
     public var storesDirectory: String { dataDirectory + "/stores" }
     /// Folder holding the pre-migration copies.
     public var backupsDirectory: String { dataDirectory + "/backups" }
-    /// The cross-process lock file.
     /// Scratch space for building the new-store template (see `StoreTemplate`).
     public var templatesDirectory: String { dataDirectory + "/templates" }
+    /// The cross-process lock file.
     public var lockPath: String { dataDirectory + "/userstore.lock" }
 
     /// `ab/cd` for `user`.

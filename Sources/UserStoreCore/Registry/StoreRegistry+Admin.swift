@@ -54,16 +54,17 @@ extension StoreRegistry {
     }
 
     /// Rolls `user`'s store back to `version` with the Down sections (the files', or the ones
-    /// recorded when the migrations were applied). Returns the versions undone, newest first.
+    /// recorded when the migrations were applied). Returns the versions undone, newest first,
+    /// and the store's schema version afterwards.
     ///
     /// While the daemon still knows the newer migrations, the next request migrates the store
     /// forward again: roll back after removing or fixing those files (and reloading).
-    public func rollback(_ user: UserID, to version: Int64) async throws -> [Int64] {
+    public func rollback(_ user: UserID, to version: Int64) async throws -> (undone: [Int64], schemaVersion: Int64) {
         try await withStore(user, access: .admin) { store in
             let migrator = makeMigrator(user, migrations: migrations)
             defer { setPhase(user, ready: false, stale: true) }
             do {
-                return try await store.write { db in try migrator.rollback(db, to: version) }
+                return try await store.write { db in (try migrator.rollback(db, to: version), try Bookkeeping.userVersion(db)) }
             } catch {
                 throw Self.storeError(error, user: user)
             }

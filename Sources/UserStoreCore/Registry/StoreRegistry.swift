@@ -67,14 +67,7 @@ public final class StoreRegistry: Sendable {
 
     /// The recorded versions of `user`'s store (opening and migrating it like any request).
     public func info(_ user: UserID, access: Access = .client) async throws -> StoreVersionInfo {
-        try await withStore(user, access: access) { store in
-            try await store.read { db in
-                guard let info = try Bookkeeping.read(db) else {
-                    throw StoreError.storeDamaged(user: user, message: "the app_version table is missing")
-                }
-                return info
-            }
-        }
+        try await withStore(user, access: access) { try await $0.versionInfo() }
     }
 
     // MARK: Leasing
@@ -197,7 +190,11 @@ public final class StoreRegistry: Sendable {
             let migration: Result<MigrationReport, any Error>
             if let existing {
                 store = existing
-                migration = await Self.migrate(existing, with: migrator)
+                do {
+                    migration = .success(try await existing.write { db in try migrator.migrate(db, created: false) })
+                } catch {
+                    migration = .failure(error)
+                }
             } else {
                 switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrator, observer: observer) {
                 case .success(let opened):
@@ -235,19 +232,8 @@ public final class StoreRegistry: Sendable {
         }
     }
 
-    /// Brings an open store up to date on its queue (after the requests already queued).
-    @inline(never)
-    private static func migrate(_ store: Store, with migrator: Migrator) async -> Result<MigrationReport, any Error> {
-        do {
-            return .success(try await store.write { db in try migrator.migrate(db, created: false) })
-        } catch {
-            return .failure(error)
-        }
-    }
-
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, on one dispatch thread without hops. Fails only when the file cannot be opened.
-    @inline(never)
     private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator,
                                        observer: any StoreObserver) async -> Result<(Store, Result<MigrationReport, any Error>), StoreError> {
         do {

@@ -5,8 +5,8 @@ import GRDB
 /// (``MigrationPolicy/newStoresFromTemplate``).
 ///
 /// Migrating a new store costs a write transaction, and so an fsync, per migration; copying
-/// the template costs one file write and three fsyncs (file, directory, and the transaction
-/// that stamps the store's creation time) whatever the number of migrations.
+/// the template costs one file write and two fsyncs (the file and its folder) whatever the
+/// number of migrations (the creation time is stamped without one: `Bookkeeping.stampCreation`).
 struct StoreTemplate: Sendable {
     /// The registry generation (migration set) it was built for.
     let generation: Int

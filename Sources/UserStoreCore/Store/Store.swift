@@ -71,9 +71,9 @@ public final class Store: Sendable {
     }
 
     /// ``runIfIdle(_:)`` with GRDB's `Database` (for the daemon's own short reads).
-    func readIfIdle<T: Sendable>(_ body: (Database) throws -> T) throws -> T? {
-        guard queued.load(ordering: .relaxed) == 0 else { return nil }
-        return try connectionLock.withLockIfAvailable { _ in try queue.inDatabase(body) }
+    func readIfIdle<T>(_ body: (Database) throws -> T) throws -> T? {
+        // The queue is idle while we hold the connection, so GRDB runs `body` on this thread.
+        try runIfIdle { _ in try queue.inDatabase(body) }
     }
 
     /// Closes the connection after the work already queued on it.

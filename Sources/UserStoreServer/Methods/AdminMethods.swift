@@ -20,8 +20,7 @@ struct AdminMethods {
         case "Verify": try await verify(parameters, more: call.more, send: send)
         case "Rollback":
             let user = try parameters.user()
-            let undone = try await registry.rollback(user, to: try parameters.int("toVersion"))
-            let version = try await registry.withStore(user, access: .admin) { try await $0.versionInfo().schemaVersion }
+            let (undone, version) = try await registry.rollback(user, to: try parameters.int("toVersion"))
             context.index.update(user, version: version, failure: nil)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "undone": .array(undone.map { .integer($0) }), "schemaVersion": .integer(version)]))
         case "Backup":
