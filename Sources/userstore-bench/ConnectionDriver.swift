@@ -10,66 +10,40 @@ import Foundation
 func runConnections(_ connections: Int, threads: Int = 2, seconds: Double, socket: String,
                     request: @escaping @Sendable (Int) -> (() -> [UInt8])) -> (throughput: Double, latencies: Latencies, errors: Int) {
     let threadCount = max(1, min(threads, connections))
-    final class Results: @unchecked Sendable { // each worker writes its own slot once; read after join
-        var samples: [[UInt64]]
-        var errors: [Int]
-        init(_ count: Int) { samples = Array(repeating: [], count: count); errors = Array(repeating: 0, count: count) }
-    }
-    let results = Results(threadCount)
-    let group = DispatchGroup()
-    let start = DispatchSemaphore(value: 0)
-    let deadline = UnsafeMutablePointer<UInt64>.allocate(capacity: 1)
-    deadline.initialize(to: 0)
-    defer { deadline.deallocate() }
-    let deadlineAddress = UInt(bitPattern: deadline)
-    for thread in 0..<threadCount {
-        group.enter()
-        Thread {
-            let mine = Array(stride(from: thread, to: connections, by: threadCount))
-            let clients = mine.map { _ in SocketClient(path: socket) }
-            let makers = mine.map { request($0) }
-            var polled = clients.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
-            var sentAt = [UInt64](repeating: 0, count: clients.count)
-            var samples: [UInt64] = []
-            samples.reserveCapacity(400_000)
-            var errors = 0, inFlight = 0
-            start.wait()
-            let end = UnsafePointer<UInt64>(bitPattern: deadlineAddress)!.pointee
-            for slot in clients.indices {
-                sentAt[slot] = nanoseconds()
-                if clients[slot].send(makers[slot]()) { inFlight += 1 } else { errors += 1 }
-            }
-            while inFlight > 0 {
-                let ready = poll(&polled, nfds_t(polled.count), 1000)
-                guard ready > 0 else { if ready < 0 && errno == EINTR { continue } else { break } }
-                for slot in polled.indices where polled[slot].revents != 0 {
-                    polled[slot].revents = 0
-                    let replies = clients[slot].receiveReplies()
-                    guard replies.count > 0 || !clients[slot].closed else { polled[slot].fd = -1; inFlight -= 1; errors += 1; continue }
-                    for ok in replies {
-                        let now = nanoseconds()
-                        samples.append(now - sentAt[slot])
-                        if !ok { errors += 1 }
-                        if now < end {
-                            sentAt[slot] = now
-                            if !clients[slot].send(makers[slot]()) { inFlight -= 1; errors += 1 }
-                        } else {
-                            inFlight -= 1
-                        }
+    return runWorkers(threadCount, seconds: seconds) { thread, waitForStart in
+        let mine = Array(stride(from: thread, to: connections, by: threadCount))
+        let clients = mine.map { _ in SocketClient(path: socket) }
+        let makers = mine.map { request($0) }
+        var polled = clients.map { pollfd(fd: $0.fd, events: Int16(POLLIN), revents: 0) }
+        var sentAt = [UInt64](repeating: 0, count: clients.count)
+        var samples: [UInt64] = []
+        samples.reserveCapacity(400_000)
+        var errors = 0, inFlight = 0
+        let end = waitForStart()
+        for slot in clients.indices {
+            sentAt[slot] = nanoseconds()
+            if clients[slot].send(makers[slot]()) { inFlight += 1 } else { errors += 1 }
+        }
+        while inFlight > 0 {
+            let ready = poll(&polled, nfds_t(polled.count), 1000)
+            guard ready > 0 else { if ready < 0 && errno == EINTR { continue } else { break } }
+            for slot in polled.indices where polled[slot].revents != 0 {
+                polled[slot].revents = 0
+                let replies = clients[slot].receiveReplies()
+                guard replies.count > 0 || !clients[slot].closed else { polled[slot].fd = -1; inFlight -= 1; errors += 1; continue }
+                for ok in replies {
+                    let now = nanoseconds()
+                    samples.append(now - sentAt[slot])
+                    if !ok { errors += 1 }
+                    if now < end {
+                        sentAt[slot] = now
+                        if !clients[slot].send(makers[slot]()) { inFlight -= 1; errors += 1 }
+                    } else {
+                        inFlight -= 1
                     }
                 }
             }
-            results.samples[thread] = samples
-            results.errors[thread] = errors
-            group.leave()
-        }.start()
+        }
+        return (samples, errors)
     }
-    usleep(200_000) // let every thread connect before the clock starts
-    let begin = nanoseconds()
-    deadline.pointee = begin + UInt64(seconds * 1e9)
-    for _ in 0..<threadCount { start.signal() }
-    group.wait()
-    let elapsed = Double(nanoseconds() - begin) / 1e9
-    let all = results.samples.flatMap { $0 }
-    return (Double(all.count) / elapsed, Latencies(samples: all), results.errors.reduce(0, +))
 }

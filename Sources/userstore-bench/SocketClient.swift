@@ -56,16 +56,10 @@ final class SocketClient: @unchecked Sendable { // each instance is used by exac
     /// Sends `request` (NUL-terminated) and waits for one reply; true when it is not an error.
     func roundTrip(_ request: [UInt8]) -> Bool {
         guard send(request) else { return false }
-        while true {
-            if let end = pending.firstIndex(of: 0) {
-                let ok = pending.starts(with: Array("{\"parameters\"".utf8))
-                pending.removeSubrange(...end)
-                return ok
-            }
-            let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
-            guard count > 0 else { return false }
-            pending.append(contentsOf: buffer[..<count])
+        while !closed {
+            if let reply = receiveReplies().first { return reply }
         }
+        return false
     }
 }
 
@@ -85,45 +79,55 @@ struct FastRandom {
 /// Runs `threads` workers for `seconds`; each calls `work` in a loop and records its latency.
 func runLoad(threads: Int, seconds: Double, setup: @escaping @Sendable (Int) -> (@Sendable () -> Bool),
              stopWhen: @escaping @Sendable () -> Bool = { false }) -> (throughput: Double, latencies: Latencies, errors: Int) {
-    final class Results: @unchecked Sendable { // written by each worker once, read after join
+    runWorkers(threads, seconds: seconds) { index, waitForStart in
+        let work = setup(index)
+        var samples: [UInt64] = []
+        samples.reserveCapacity(200_000)
+        var errors = 0
+        let deadline = waitForStart()
+        while true {
+            let before = nanoseconds()
+            if before >= deadline || stopWhen() { break }
+            if !work() { errors += 1 }
+            samples.append(nanoseconds() - before)
+        }
+        return (samples, errors)
+    }
+}
+
+/// Starts `threads` threads running `worker` together: each sets itself up, then calls the
+/// `waitForStart` it is given, which returns when every thread is ready with the common
+/// deadline (nanoseconds). Each returns its latency samples and error count.
+func runWorkers(_ threads: Int, seconds: Double,
+                _ worker: @escaping @Sendable (_ index: Int, _ waitForStart: () -> UInt64) -> (samples: [UInt64], errors: Int))
+    -> (throughput: Double, latencies: Latencies, errors: Int) {
+    final class Shared: @unchecked Sendable { // each worker writes its own slot; the deadline is set before the start signal
         var samples: [[UInt64]]
         var errors: [Int]
+        var deadline: UInt64 = 0
         init(_ count: Int) { samples = Array(repeating: [], count: count); errors = Array(repeating: 0, count: count) }
     }
-    let results = Results(threads)
+    let shared = Shared(threads)
     let group = DispatchGroup()
     let start = DispatchSemaphore(value: 0)
-    var begin: UInt64 = 0
-    let deadlineBox = UnsafeMutablePointer<UInt64>.allocate(capacity: 1)
-    deadlineBox.initialize(to: 0)
-    defer { deadlineBox.deallocate() }
-    let deadlinePointer = UInt(bitPattern: deadlineBox)
     for index in 0..<threads {
         group.enter()
         Thread {
-            let work = setup(index)
-            var samples: [UInt64] = []
-            samples.reserveCapacity(200_000)
-            var errors = 0
-            start.wait()
-            let deadline = UnsafePointer<UInt64>(bitPattern: deadlinePointer)!.pointee
-            while true {
-                let before = nanoseconds()
-                if before >= deadline || stopWhen() { break }
-                if !work() { errors += 1 }
-                samples.append(nanoseconds() - before)
+            let (samples, errors) = worker(index) {
+                start.wait()
+                return shared.deadline
             }
-            results.samples[index] = samples
-            results.errors[index] = errors
+            shared.samples[index] = samples
+            shared.errors[index] = errors
             group.leave()
         }.start()
     }
     usleep(200_000) // let every worker connect before the clock starts
-    begin = nanoseconds()
-    deadlineBox.pointee = begin + UInt64(seconds * 1e9)
+    let begin = nanoseconds()
+    shared.deadline = begin + UInt64(seconds * 1e9)
     for _ in 0..<threads { start.signal() }
     group.wait()
     let elapsed = Double(nanoseconds() - begin) / 1e9
-    let all = results.samples.flatMap { $0 }
-    return (Double(all.count) / elapsed, Latencies(samples: all), results.errors.reduce(0, +))
+    let all = shared.samples.flatMap { $0 }
+    return (Double(all.count) / elapsed, Latencies(samples: all), shared.errors.reduce(0, +))
 }

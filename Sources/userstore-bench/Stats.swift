@@ -95,7 +95,6 @@ func log(_ text: String) {
     FileHandle.standardError.write(Data((text + "\n").utf8))
 }
 
-
 /// CPU time (user + system) a process has used so far, in microseconds.
 func cpuMicroseconds(of pid: Int32) -> Double {
     guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
