@@ -5,7 +5,7 @@ import Varlink
 
 extension UserStoreCtlCommand {
     struct Backup: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Take a consistent copy of a store (VACUUM INTO), written by the daemon.")
+        static let configuration = CommandConfiguration(abstract: "Take a consistent copy of a store (SQLite backup API), written by the daemon.")
 
         @OptionGroup var connection: ConnectionOptions
 

@@ -328,11 +328,17 @@ import Testing
         #expect(BackupKeeper.isBackup(URL(fileURLWithPath: backup).lastPathComponent, of: user("kim")))
         #expect(!BackupKeeper.isBackup(URL(fileURLWithPath: backup).lastPathComponent, of: user("ki")))
 
+        // A copy a crash left half-written is never listed, and the next prune removes it.
+        let leftover = backup.replacingOccurrences(of: ".sqlite", with: "9.sqlite") + BackupKeeper.partialSuffix
+        #expect(FileManager.default.createFile(atPath: leftover, contents: Data("half".utf8)))
+        #expect(!BackupKeeper(layout: StoreLayout(dataDirectory: directory.path + "/data")).list(user: user("kim")).contains(leftover))
+
         try folder.write("0003_c.sql", "CREATE TABLE c (x);")
         let prune = try Harness(directory: directory, migrations: try folder.load(),
                                 policy: MigrationPolicy(backupRetentionSeconds: 0))
         _ = try await prune.registry.migrate(user("kim"))
         #expect(BackupKeeper(layout: prune.layout).list(user: user("kim")).isEmpty)
+        #expect(!FileManager.default.fileExists(atPath: leftover))
     }
 
     @Test func planShowsWhatWouldRunWithoutWriting() async throws {

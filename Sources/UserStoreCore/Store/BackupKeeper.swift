@@ -1,13 +1,19 @@
 import Foundation
 import GRDB
+import GRDBSQLite
 
-/// Takes consistent copies of stores (`VACUUM INTO`) and prunes old ones.
+/// Takes consistent copies of stores (SQLite's online backup API) and prunes old ones.
 ///
 /// Copies live in `<data>/backups/ab/cd/<user>.v<schemaVersion>.<UTC time>.sqlite`.
 struct BackupKeeper: Sendable {
     let layout: StoreLayout
 
     /// Copies the store open on `db` and returns the copy's path. Runs outside any transaction.
+    ///
+    /// The copy is written page by page to `<path>.partial` without a journal (nobody else can
+    /// see it), synced, and renamed into place, then the folder is synced: a crash leaves either
+    /// no copy or a complete one. Cheaper than `VACUUM INTO`, which re-parses the schema,
+    /// rebuilds every table and index, and writes, syncs and deletes a journal.
     func take(_ db: Database, user: UserID, schemaVersion: Int64, to explicitPath: String? = nil) throws -> String {
         let path: String
         if let explicitPath {
@@ -17,21 +23,65 @@ struct BackupKeeper: Sendable {
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
             path = directory + "/" + Self.fileName(user: user, schemaVersion: schemaVersion, at: Date())
         }
+        let partial = path + Self.partialSuffix
         do {
-            try db.execute(sql: "VACUUM INTO ?", arguments: [path])
-        } catch let error as DatabaseError {
-            throw StoreError.storageFailure(user: user, message: "backup to \(path) failed: \(error.message ?? "\(error.resultCode)")")
+            try Self.copy(db.sqliteConnection!, to: partial)
+            try Self.publish(partial, as: path)
+        } catch {
+            unlink(partial)
+            throw StoreError.storageFailure(user: user, message: "backup to \(path) failed: \(error)")
         }
         return path
     }
 
-    /// Deletes `user`'s copies older than `seconds`.
+    /// Suffix of a copy still being written (or left by a crash; ``prune(user:olderThanSeconds:)`` removes those).
+    static let partialSuffix = ".partial"
+
+    private struct CopyFailure: Error, CustomStringConvertible { let description: String }
+
+    /// Copies every page of `source`'s main database into a new file at `path`.
+    private static func copy(_ source: OpaquePointer, to path: String) throws {
+        var destination: OpaquePointer?
+        defer { sqlite3_close_v2(destination) }
+        guard sqlite3_open_v2(path, &destination, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nil) == SQLITE_OK, let destination else {
+            throw CopyFailure(description: destination.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory")
+        }
+        func failure() -> CopyFailure { CopyFailure(description: String(cString: sqlite3_errmsg(destination))) }
+        // The copy is private until renamed: no journal, and one sync of the whole file below.
+        guard sqlite3_exec(destination, "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF", nil, nil, nil) == SQLITE_OK else { throw failure() }
+        guard let backup = sqlite3_backup_init(destination, "main", source, "main") else { throw failure() }
+        let stepped = sqlite3_backup_step(backup, -1)
+        guard sqlite3_backup_finish(backup) == SQLITE_OK, stepped == SQLITE_DONE else { throw failure() }
+    }
+
+    /// Syncs `partial`, renames it to `path` and syncs the folder, so the copy survives a crash
+    /// that follows (the migration it protects commits next).
+    private static func publish(_ partial: String, as path: String) throws {
+        try sync(partial, flags: O_RDONLY)
+        guard rename(partial, path) == 0 else { throw CopyFailure(description: "rename: " + String(cString: strerror(errno))) }
+        try sync((path as NSString).deletingLastPathComponent, flags: O_RDONLY | O_DIRECTORY)
+    }
+
+    private static func sync(_ path: String, flags: Int32) throws {
+        let descriptor = open(path, flags | O_CLOEXEC)
+        guard descriptor >= 0 else { throw CopyFailure(description: "open \(path): " + String(cString: strerror(errno))) }
+        defer { close(descriptor) }
+        guard fsync(descriptor) == 0 else { throw CopyFailure(description: "fsync \(path): " + String(cString: strerror(errno))) }
+    }
+
+    /// Deletes `user`'s copies older than `seconds`, and any copy a crash left half-written.
     func prune(user: UserID, olderThanSeconds seconds: Int) {
         let directory = layout.backupDirectory(for: user)
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
         let cutoff = Date().addingTimeInterval(-Double(seconds))
-        for name in names where Self.isBackup(name, of: user) {
+        for name in names {
             let path = directory + "/" + name
+            if name.hasSuffix(Self.partialSuffix), Self.isBackup(String(name.dropLast(Self.partialSuffix.count)), of: user) {
+                // Only this store's queue writes its copies, and it is here: this one is left over.
+                unlink(path)
+                continue
+            }
+            guard Self.isBackup(name, of: user) else { continue }
             let modified = (try? FileManager.default.attributesOfItem(atPath: path)[.modificationDate] as? Date) ?? Date()
             if seconds <= 0 || modified < cutoff { try? FileManager.default.removeItem(atPath: path) }
         }
@@ -44,12 +94,20 @@ struct BackupKeeper: Sendable {
         return names.filter { Self.isBackup($0, of: user) }.sorted().map { directory + "/" + $0 }
     }
 
+    /// `<user>.v<schemaVersion>.<yyyyMMdd'T'HHmmss.ffffff'Z'>.sqlite` (UTC; names sort by time).
     static func fileName(user: UserID, schemaVersion: Int64, at date: Date) -> String {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "UTC")
-        formatter.dateFormat = "yyyyMMdd'T'HHmmss.SSSSSS'Z'"
-        return "\(user.rawValue).v\(schemaVersion).\(formatter.string(from: date)).sqlite"
+        let since1970 = date.timeIntervalSince1970
+        var seconds = time_t(since1970.rounded(.down))
+        let micros = Int((since1970 - Double(seconds)) * 1_000_000)
+        var utc = tm()
+        gmtime_r(&seconds, &utc)
+        func padded(_ value: Int, _ width: Int) -> String {
+            let digits = String(value)
+            return String(repeating: "0", count: max(0, width - digits.count)) + digits
+        }
+        let stamp = padded(Int(utc.tm_year) + 1900, 4) + padded(Int(utc.tm_mon) + 1, 2) + padded(Int(utc.tm_mday), 2) + "T"
+            + padded(Int(utc.tm_hour), 2) + padded(Int(utc.tm_min), 2) + padded(Int(utc.tm_sec), 2) + "." + padded(micros, 6) + "Z"
+        return "\(user.rawValue).v\(schemaVersion).\(stamp).sqlite"
     }
 
     /// Whether `name` is one of `user`'s copies (and not the copy of a user whose ID merely
