@@ -49,6 +49,10 @@ import Testing
         let report = try await harness.registry.migrate(user("bob"))
         #expect(report.fromVersion == 1 && report.toVersion == 5 && report.applied == [2, 3, 4, 5])
         #expect(report.backupPath != nil)
+        // The run commits without fsync until its last step; the connection is back to FULL.
+        #expect(try await harness.registry.withStore(user("bob")) { store in
+            try await store.queue.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") }
+        } == 2)
         await harness.registry.shutdown()
         try harness.inspect("bob") { (db: Database) throws in
             #expect(try Int.fetchAll(db, sql: "SELECT step FROM log ORDER BY rowid") == [1, 100, 2, 3, 4, 5])
@@ -84,10 +88,12 @@ import Testing
             try await store.queue.read { db in
                 (try Int.fetchOne(db, sql: "SELECT count(*) FROM items")!,
                  try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'extra')")!,
-                 try BookkeepingSnapshot.read(db))
+                 try BookkeepingSnapshot.read(db),
+                 try Int.fetchOne(db, sql: "PRAGMA synchronous")!)
             }
         }
         #expect(state.0 == 2 && state.1 == false)
+        #expect(state.3 == 2) // FULL again after a run that stopped half-way
         #expect(state.2.userVersion == 2 && state.2.migrations == [1, 2])
 
         // Another user is unaffected... by a store that cannot migrate (a different failure path).

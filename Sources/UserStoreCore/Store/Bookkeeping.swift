@@ -94,29 +94,29 @@ enum Bookkeeping {
 
     /// Whether `version` is recorded as applied.
     static func isApplied(_ db: Database, version: Int64) throws -> Bool {
-        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?)", arguments: [version]) ?? false
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?)"), arguments: [version]) ?? false
     }
 
     /// Records `migration` as applied.
     static func recordApplied(_ db: Database, _ migration: Migration, durationMicroseconds: Int64, appVersion: AppVersion, skipped: Bool) throws {
-        try db.execute(sql: """
+        try db.cachedStatement(sql: """
             INSERT INTO schema_migrations (version, name, checksum, applied_at, duration_usec, app_version, skipped, down_sql)
             VALUES (?, ?, ?, \(now), ?, ?, ?, ?)
-            """, arguments: [migration.version, migration.name, migration.checksum, durationMicroseconds,
+            """).execute(arguments: [migration.version, migration.name, migration.checksum, durationMicroseconds,
                              appVersion.text, skipped, migration.down?.joined(separator: "\n")])
     }
 
     /// Sets `user_version`, the row's schema version and fingerprint from `schema_migrations`,
     /// and (when given) the app version that last touched the store.
     static func syncVersion(_ db: Database, appVersion: AppVersion?) throws -> Int64 {
-        let versions = try Int64.fetchAll(db, sql: "SELECT version FROM schema_migrations")
+        let versions = try Int64.fetchAll(db.cachedStatement(sql: "SELECT version FROM schema_migrations"))
         let schemaVersion = versions.max() ?? 0
         try db.execute(sql: "PRAGMA user_version = \(schemaVersion)")
-        try db.execute(sql: """
+        try db.cachedStatement(sql: """
             UPDATE app_version SET schema_version = ?, migrations_fingerprint = ?,
                    app_version = coalesce(?, app_version), updated_at = \(now)
             WHERE id = 1
-            """, arguments: [schemaVersion, MigrationSet.versionsFingerprint(versions), appVersion?.text])
+            """).execute(arguments: [schemaVersion, MigrationSet.versionsFingerprint(versions), appVersion?.text])
         return schemaVersion
     }
 

@@ -103,7 +103,22 @@ struct Migrator: Sendable {
                                      backupPath: nil, durationMicroseconds: 0)
         if plan.isEmpty { return report }
 
+        // One fsync for the whole run: every commit before the last is written with
+        // synchronous=NORMAL, the last with FULL, whose fsync of the WAL covers the earlier
+        // frames too. WAL commits stay atomic either way, so a power cut mid-run leaves the
+        // store at some earlier version, never in between (the rule above still holds).
+        let reconciles = plan.reconcile && reconciling && migrations.schema != nil
+        let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0)
+            + (plan.steps.isEmpty && plan.appVersionChanged ? 1 : 0)
+        var committed = 0
+        func beforeCommit() throws {
+            committed += 1
+            if commits > 1 { try db.execute(sql: committed < commits ? "PRAGMA synchronous = NORMAL" : "PRAGMA synchronous = FULL") }
+        }
+        defer { if commits > 1, committed < commits { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
+
         if plan.isNewStore {
+            try beforeCommit()
             try db.execute(sql: "PRAGMA journal_mode = WAL")
             try db.inTransaction(.immediate) {
                 if try !Bookkeeping.exists(db) { try Bookkeeping.initialise(db, appVersion: appVersion) }
@@ -125,6 +140,7 @@ struct Migrator: Sendable {
         for (index, migration) in plan.steps.enumerated() {
             let isLast = index == plan.steps.count - 1
             let skip = plan.skippedVersions.contains(migration.version)
+            try beforeCommit()
             let duration = try apply(db, migration, skip: skip, isLast: isLast, schemaVersion: report.toVersion)
             if let duration {
                 report.applied.append(migration.version)
@@ -133,13 +149,15 @@ struct Migrator: Sendable {
                                                step: index + 1, steps: totalSteps, durationMicroseconds: duration, skipped: skip))
             }
         }
-        if plan.reconcile, reconciling, let schema = migrations.schema {
+        if reconciles, let schema = migrations.schema {
+            try beforeCommit()
             let started = DispatchTime.now()
             report.reconciled = try reconcile(db, schema: schema, schemaVersion: report.toVersion)
             observer.record(.migrationStep(user: user, version: report.toVersion, migration: schema.fileName, step: totalSteps, steps: totalSteps,
                                            durationMicroseconds: Self.microseconds(since: started), skipped: false))
         }
         if plan.steps.isEmpty, plan.appVersionChanged {
+            try beforeCommit()
             try db.inTransaction(.immediate) {
                 _ = try Bookkeeping.syncVersion(db, appVersion: appVersion)
                 return .commit
