@@ -28,8 +28,11 @@ let package = Package(
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                "CSQLiteSettings",
             ]
         ),
+        // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
+        .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // The varlink protocol: exact JSON, framing, messages, a blocking client.
         .target(name: "Varlink"),
         // libsystemd: sd_notify, sd_listen_fds, sd_journal_sendv.

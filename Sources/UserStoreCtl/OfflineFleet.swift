@@ -12,6 +12,7 @@ public final class OfflineFleet {
     private let lock: DataDirectoryLock
 
     public init(configurationPath: String) async throws(CtlError) {
+        _ = SQLiteProcessSettings.apply() // before anything opens a database; as frugal as the daemon
         do {
             configuration = try await ConfigurationLoader.load(path: configurationPath)
         } catch {

@@ -19,6 +19,7 @@ public enum Daemon {
     /// Runs the daemon; returns its exit code. Problems before serving are printed as one line
     /// on stderr (and logged).
     public static func run(configurationPath: String, logTarget: DaemonConfiguration.LogTarget?) async -> ExitCode {
+        let sqliteSettings = SQLiteProcessSettings.apply() // before anything opens a database
         let configuration: DaemonConfiguration
         do {
             configuration = try await ConfigurationLoader.load(path: configurationPath)
@@ -30,6 +31,7 @@ public enum Daemon {
         logger.info("userstored \(DaemonInfo.version) starting", metadata: [
             "event": "daemon-starting", "config": .string(configuration.sourcePath), "app_version": .string(configuration.appVersion.text),
         ])
+        if !sqliteSettings { logger.warning("SQLite was initialised before its memory settings could apply", metadata: ["event": "sqlite-settings-late"]) }
 
         let migrations: MigrationSet
         do {

@@ -1,0 +1,13 @@
+#ifndef USERSTORE_SQLITE_SETTINGS_H
+#define USERSTORE_SQLITE_SETTINGS_H
+
+#include <sqlite3.h>
+
+/// sqlite3_config(SQLITE_CONFIG_PAGECACHE, NULL, 0, 0): page caches start empty instead of with
+/// a bulk allocation of 20 pages (~87 KiB per cache). Wrapped here because sqlite3_config is
+/// variadic, which Swift cannot call. Only works before SQLite initialises (else SQLITE_MISUSE).
+static inline int userstore_page_cache_without_bulk_allocation(void) {
+    return sqlite3_config(SQLITE_CONFIG_PAGECACHE, (void *)0, 0, 0);
+}
+
+#endif
