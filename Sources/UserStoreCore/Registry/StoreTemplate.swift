@@ -4,8 +4,8 @@ import GRDB
 /// An empty store migrated once for one migration set; new stores start as a byte copy of it
 /// (``MigrationPolicy/newStoresFromTemplate``).
 ///
-/// Migrating a new store costs a write transaction, and so an fsync, per migration; copying
-/// the template costs one file write and two fsyncs (the file and its folder) whatever the
+/// Migrating a new store costs a write transaction per migration (and one fsync for the run);
+/// copying the template costs one file write and two fsyncs (the file and its folder) whatever the
 /// number of migrations (the creation time is stamped without one: `Bookkeeping.stampCreation`).
 struct StoreTemplate: Sendable {
     /// The registry generation (migration set) it was built for.
@@ -34,29 +34,29 @@ struct StoreTemplate: Sendable {
         return StoreTemplate(generation: generation, bytes: Array(data), schemaVersion: report.toVersion, applied: report.applied)
     }
 
-    /// Writes a copy to `path`, durably and atomically: a temporary file next to it, fsync,
-    /// rename, fsync of the directory. A crash leaves either no store or the whole copy.
+    /// Writes a copy to `path`, durably and atomically (``DurableFile``): a crash leaves either
+    /// no store or the whole copy.
     func install(at path: String, user: UserID) throws {
         let temporary = path + ".new" // not `.sqlite`: never mistaken for a store
-        let fail = { (step: String) -> StoreError in
-            let reason = String(cString: strerror(errno))
-            unlink(temporary)
-            return .storageFailure(user: user, message: "creating the store from the template: \(step) \(temporary): \(reason)")
-        }
+        let fail = { (reason: String) -> StoreError in .storageFailure(user: user, message: "creating the store from the template: \(reason)") }
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw fail("open") }
+        guard fd >= 0 else { throw fail(DurableFile.Failure("open", temporary).description) }
         var written = 0
         while written < bytes.count {
             let count = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            guard count > 0 else { close(fd); throw fail("write") }
+            guard count > 0 else {
+                let failure = DurableFile.Failure("write", temporary)
+                close(fd)
+                unlink(temporary)
+                throw fail(failure.description)
+            }
             written += count
         }
-        guard fsync(fd) == 0 else { close(fd); throw fail("fsync") }
         close(fd)
-        guard rename(temporary, path) == 0 else { throw fail("rename") }
-        let directory = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard directory >= 0 else { throw fail("open directory of") }
-        defer { close(directory) }
-        guard fsync(directory) == 0 else { throw fail("fsync directory of") }
+        do {
+            try DurableFile.publish(temporary, as: path)
+        } catch {
+            throw fail(error.description)
+        }
     }
 }

@@ -11,9 +11,10 @@ struct BackupKeeper: Sendable {
     /// Copies the store open on `db` and returns the copy's path. Runs outside any transaction.
     ///
     /// The copy is written page by page to `<path>.partial` without a journal (nobody else can
-    /// see it), synced, and renamed into place, then the folder is synced: a crash leaves either
-    /// no copy or a complete one. Cheaper than `VACUUM INTO`, which re-parses the schema,
-    /// rebuilds every table and index, and writes, syncs and deletes a journal.
+    /// see it), then published with ``DurableFile``: a crash leaves either no copy or a complete
+    /// one, and it is on disk before the migration it protects commits. Cheaper than `VACUUM
+    /// INTO`, which re-parses the schema, rebuilds every table and index, and writes, syncs and
+    /// deletes a journal.
     func take(_ db: Database, user: UserID, schemaVersion: Int64, to explicitPath: String? = nil) throws -> String {
         let path: String
         if let explicitPath {
@@ -26,7 +27,7 @@ struct BackupKeeper: Sendable {
         let partial = path + Self.partialSuffix
         do {
             try Self.copy(db.sqliteConnection!, to: partial)
-            try Self.publish(partial, as: path)
+            try DurableFile.publish(partial, as: path)
         } catch {
             unlink(partial)
             throw StoreError.storageFailure(user: user, message: "backup to \(path) failed: \(error)")
@@ -47,26 +48,11 @@ struct BackupKeeper: Sendable {
             throw CopyFailure(description: destination.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory")
         }
         func failure() -> CopyFailure { CopyFailure(description: String(cString: sqlite3_errmsg(destination))) }
-        // The copy is private until renamed: no journal, and one sync of the whole file below.
+        // The copy is private until published: no journal, and one sync of the whole file then.
         guard sqlite3_exec(destination, "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF", nil, nil, nil) == SQLITE_OK else { throw failure() }
         guard let backup = sqlite3_backup_init(destination, "main", source, "main") else { throw failure() }
         let stepped = sqlite3_backup_step(backup, -1)
         guard sqlite3_backup_finish(backup) == SQLITE_OK, stepped == SQLITE_DONE else { throw failure() }
-    }
-
-    /// Syncs `partial`, renames it to `path` and syncs the folder, so the copy survives a crash
-    /// that follows (the migration it protects commits next).
-    private static func publish(_ partial: String, as path: String) throws {
-        try sync(partial, flags: O_RDONLY)
-        guard rename(partial, path) == 0 else { throw CopyFailure(description: "rename: " + String(cString: strerror(errno))) }
-        try sync((path as NSString).deletingLastPathComponent, flags: O_RDONLY | O_DIRECTORY)
-    }
-
-    private static func sync(_ path: String, flags: Int32) throws {
-        let descriptor = open(path, flags | O_CLOEXEC)
-        guard descriptor >= 0 else { throw CopyFailure(description: "open \(path): " + String(cString: strerror(errno))) }
-        defer { close(descriptor) }
-        guard fsync(descriptor) == 0 else { throw CopyFailure(description: "fsync \(path): " + String(cString: strerror(errno))) }
     }
 
     /// Deletes `user`'s copies older than `seconds`, and any copy a crash left half-written.
@@ -98,15 +84,10 @@ struct BackupKeeper: Sendable {
     static func fileName(user: UserID, schemaVersion: Int64, at date: Date) -> String {
         let since1970 = date.timeIntervalSince1970
         var seconds = time_t(since1970.rounded(.down))
-        let micros = Int((since1970 - Double(seconds)) * 1_000_000)
         var utc = tm()
         gmtime_r(&seconds, &utc)
-        func padded(_ value: Int, _ width: Int) -> String {
-            let digits = String(value)
-            return String(repeating: "0", count: max(0, width - digits.count)) + digits
-        }
-        let stamp = padded(Int(utc.tm_year) + 1900, 4) + padded(Int(utc.tm_mon) + 1, 2) + padded(Int(utc.tm_mday), 2) + "T"
-            + padded(Int(utc.tm_hour), 2) + padded(Int(utc.tm_min), 2) + padded(Int(utc.tm_sec), 2) + "." + padded(micros, 6) + "Z"
+        let stamp = String(format: "%04d%02d%02dT%02d%02d%02d.%06dZ", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday,
+                           utc.tm_hour, utc.tm_min, utc.tm_sec, Int32((since1970 - Double(seconds)) * 1_000_000))
         return "\(user.rawValue).v\(schemaVersion).\(stamp).sqlite"
     }
 

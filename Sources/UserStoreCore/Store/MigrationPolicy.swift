@@ -23,7 +23,7 @@ public struct MigrationPolicy: Sendable, Equatable {
     /// Let a desired-schema reconcile drop tables, and columns that hold data.
     public var allowDestructiveSchemaChanges: Bool
     /// Create new stores as a copy of a store migrated once per migration set (a file write
-    /// and two fsyncs instead of a transaction, and its fsync, per migration). Such a store's journal shows
+    /// and two fsyncs instead of a transaction per migration). Such a store's journal shows
     /// one "created from the template" entry instead of one entry per migration step.
     public var newStoresFromTemplate: Bool
 

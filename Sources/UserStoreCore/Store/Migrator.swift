@@ -108,8 +108,8 @@ struct Migrator: Sendable {
         // frames too. WAL commits stay atomic either way, so a power cut mid-run leaves the
         // store at some earlier version, never in between (the rule above still holds).
         let reconciles = plan.reconcile && reconciling && migrations.schema != nil
-        let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0)
-            + (plan.steps.isEmpty && plan.appVersionChanged ? 1 : 0)
+        let recordsAppVersionOnly = plan.steps.isEmpty && plan.appVersionChanged
+        let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0) + (recordsAppVersionOnly ? 1 : 0)
         var committed = 0
         func beforeCommit() throws {
             committed += 1
@@ -156,7 +156,7 @@ struct Migrator: Sendable {
             observer.record(.migrationStep(user: user, version: report.toVersion, migration: schema.fileName, step: totalSteps, steps: totalSteps,
                                            durationMicroseconds: Self.microseconds(since: started), skipped: false))
         }
-        if plan.steps.isEmpty, plan.appVersionChanged {
+        if recordsAppVersionOnly {
             try beforeCommit()
             try db.inTransaction(.immediate) {
                 _ = try Bookkeeping.syncVersion(db, appVersion: appVersion)
