@@ -94,7 +94,7 @@ let package = Package(
         .executableTarget(
             name: "userstore-bench",
             dependencies: [
-                "UserStoreCore",
+                "UserStoreCore", "Varlink",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
@@ -112,7 +112,7 @@ let package = Package(
         // Writes journal entries inside a private mount namespace for the wire-level tests.
         .executableTarget(
             name: "userstore-journal-probe",
-            dependencies: ["UserStoreJournal", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["UserStoreJournal", "Varlink", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Helpers/userstore-journal-probe"
         ),
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),

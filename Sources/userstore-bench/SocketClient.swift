@@ -1,4 +1,5 @@
 import Foundation
+import Varlink
 
 /// A raw varlink client for load generation: pre-built request bytes, replies read up to the
 /// NUL and only checked for being a success (no JSON parsing on the measuring path).
@@ -9,15 +10,7 @@ final class SocketClient: @unchecked Sendable { // each instance is used by exac
 
     init(path: String) {
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: Array(path.utf8))
-            raw[path.utf8.count] = 0
-        }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let result = UnixSocketAddress.with(path: path) { connect(fd, $0, $1) }
         precondition(result == 0, "cannot connect to \(path): \(String(cString: strerror(errno)))")
     }
 

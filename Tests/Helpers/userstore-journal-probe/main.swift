@@ -7,6 +7,7 @@
 //   userstore-journal-probe flood   binds the socket and never reads it; logs 100,000 entries;
 //                                   prints the writer's counters as JSON
 import Foundation
+import Varlink
 import Logging
 import UserStoreJournal
 
@@ -16,15 +17,7 @@ func bindJournalSocket() -> Int32 {
     try? FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
     unlink(socketPath)
     let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
-    var address = sockaddr_un()
-    address.sun_family = sa_family_t(AF_UNIX)
-    withUnsafeMutableBytes(of: &address.sun_path) { raw in
-        raw.copyBytes(from: Array(socketPath.utf8))
-        raw[socketPath.utf8.count] = 0
-    }
-    let result = withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-    }
+    let result = UnixSocketAddress.with(path: socketPath) { bind(fd, $0, $1) }
     guard fd >= 0, result == 0 else {
         FileHandle.standardError.write(Data("cannot bind \(socketPath): \(String(cString: strerror(errno)))\n".utf8))
         exit(2)

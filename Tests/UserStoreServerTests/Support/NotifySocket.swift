@@ -1,4 +1,5 @@
 import Foundation
+import Varlink
 import Synchronization
 
 /// A datagram socket standing in for systemd's `NOTIFY_SOCKET`: collects every message the
@@ -12,16 +13,7 @@ final class NotifySocket: Sendable {
     init(path: String) throws {
         self.path = path
         let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let result = UnixSocketAddress.with(path: path) { bind(fd, $0, $1) }
         guard fd >= 0, result == 0 else { throw CocoaError(.fileWriteUnknown) }
         descriptor = fd
         let thread = Thread { [self] in self.receive() }
