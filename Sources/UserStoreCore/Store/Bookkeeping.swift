@@ -1,4 +1,5 @@
 import GRDB
+import GRDBSQLite
 
 /// The daemon's own tables inside every store, and the only code that reads or writes them.
 ///
@@ -49,14 +50,38 @@ enum Bookkeeping {
 
     /// The `app_version` row; nil when the table does not exist yet.
     static func read(_ db: Database) throws -> StoreVersionInfo? {
-        guard try exists(db) else { return nil }
-        guard let row = try Row.fetchOne(db, sql: """
+        try read(connection: db.sqliteConnection!)
+    }
+
+    /// ``read(_:)`` on the raw connection, so that it also serves ``Store/runIfIdle(_:)``:
+    /// GRDB's `Database` cannot be reached from there without a synchronous hop to the store's
+    /// queue, which may be waiting for the connection lock the caller holds.
+    static func read(connection: OpaquePointer) throws -> StoreVersionInfo? {
+        let exists = try firstRow(connection, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'app_version'") { _ in true }
+        guard exists == true else { return nil }
+        let sql = """
             SELECT app_version, schema_version, created_by_app_version, created_at, updated_at,
                    migrations_fingerprint, schema_hash FROM app_version WHERE id = 1
-            """) else { return nil }
-        return StoreVersionInfo(
-            appVersion: row[0], schemaVersion: row[1], createdByAppVersion: row[2],
-            createdAt: row[3], updatedAt: row[4], migrationsFingerprint: row[5], schemaHash: row[6])
+            """
+        return try firstRow(connection, sql) { row in
+            func text(_ column: Int32) -> String? { sqlite3_column_text(row, column).map { String(cString: $0) } }
+            return StoreVersionInfo(
+                appVersion: text(0) ?? "", schemaVersion: sqlite3_column_int64(row, 1), createdByAppVersion: text(2) ?? "",
+                createdAt: text(3) ?? "", updatedAt: text(4) ?? "", migrationsFingerprint: text(5) ?? "", schemaHash: text(6))
+        }
+    }
+
+    /// Runs `sql` and hands its first row to `body`; nil when there is none.
+    private static func firstRow<T>(_ connection: OpaquePointer, _ sql: String, _ body: (OpaquePointer) -> T) throws -> T? {
+        var statement: OpaquePointer?
+        defer { sqlite3_finalize(statement) }
+        var code = sqlite3_prepare_v2(connection, sql, -1, &statement, nil)
+        if code == SQLITE_OK, let statement {
+            code = sqlite3_step(statement)
+            if code == SQLITE_ROW { return body(statement) }
+            if code == SQLITE_DONE { return nil }
+        }
+        throw DatabaseError(resultCode: ResultCode(rawValue: code), message: String(cString: sqlite3_errmsg(connection)), sql: sql)
     }
 
     /// Creates the tables and the single row of a new store (schema version 0).

@@ -70,12 +70,6 @@ public final class Store: Sendable {
         return try connectionLock.withLockIfAvailable { _ in try body(connection) }
     }
 
-    /// ``runIfIdle(_:)`` with GRDB's `Database` (for the daemon's own short reads).
-    func readIfIdle<T>(_ body: (Database) throws -> T) throws -> T? {
-        // The queue is idle while we hold the connection, so GRDB runs `body` on this thread.
-        try runIfIdle { _ in try queue.inDatabase(body) }
-    }
-
     /// Closes the connection after the work already queued on it.
     func close() {
         let statements = self.statements
@@ -85,16 +79,11 @@ public final class Store: Sendable {
 }
 
 extension Store {
-    /// The store's `app_version` row.
+    /// The store's `app_version` row: read right here when the store is idle, else on its queue.
     public func versionInfo() async throws -> StoreVersionInfo {
-        let user = self.user
-        let read: @Sendable (Database) throws -> StoreVersionInfo = { db in
-            guard let info = try Bookkeeping.read(db) else {
-                throw StoreError.storeDamaged(user: user, message: "the app_version table is missing")
-            }
-            return info
-        }
-        if let info = try readIfIdle(read) { return info }
-        return try await self.read(read)
+        var row = try runIfIdle { connection in try Bookkeeping.read(connection: connection) }
+        if row == nil { row = try await self.read { db in try Bookkeeping.read(db) } }
+        guard let row = row ?? nil else { throw StoreError.storeDamaged(user: user, message: "the app_version table is missing") }
+        return row
     }
 }
