@@ -43,11 +43,17 @@ public final class Store: Sendable {
         return try await queue.writeWithoutTransaction { db in try connectionLock.withLock { _ in try body(db) } }
     }
 
-    /// Runs `body` on the store's serial queue in a read-only transaction.
+    /// Runs `body` on the store's serial queue with the connection read-only (`PRAGMA
+    /// query_only`). No transaction is needed for a consistent view: every write to this file
+    /// goes through this queue.
+    ///
+    /// Not GRDB's `read`: it runs its own statements (query_only, a savepoint and its release)
+    /// around `body`, outside the connection lock, so they could meet a ``runIfIdle(_:)``
+    /// statement on the same connection (seen as SQLITE_ABORT "abort due to ROLLBACK").
     public func read<T: Sendable>(_ body: @Sendable (Database) throws -> T) async throws -> T {
         queued.add(1, ordering: .relaxed)
         defer { queued.subtract(1, ordering: .relaxed) }
-        return try await queue.read { db in try connectionLock.withLock { _ in try body(db) } }
+        return try await queue.writeWithoutTransaction { db in try connectionLock.withLock { _ in try db.readOnly { try body(db) } } }
     }
 
     /// Runs `body` on the calling thread, waiting for work in progress; for a store nobody
