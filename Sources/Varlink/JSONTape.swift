@@ -37,6 +37,12 @@ public struct JSONTape: Sendable {
         self.maxDepth = maxDepth
     }
 
+    /// A tape holding `tokens` (copied from another tape's view).
+    init(tokens: [JSONToken]) {
+        self.maxDepth = 0
+        self.tokens = tokens
+    }
+
     /// Parses exactly one JSON value (surrounded by optional whitespace) from `bytes`,
     /// replacing the tokens of the previous document.
     public mutating func parse(_ bytes: UnsafeBufferPointer<UInt8>) throws(JSONParseError) {
@@ -50,8 +56,8 @@ public struct JSONTape: Sendable {
 
     /// Runs `body` with a view of the last document parsed, whose bytes are `bytes` (the same
     /// bytes given to ``parse(_:)``).
-    public func withView<T>(_ bytes: UnsafeBufferPointer<UInt8>, _ body: (JSONView) throws -> T) rethrows -> T {
-        try tokens.withUnsafeBufferPointer { tokens in try body(JSONView(bytes: bytes, tokens: tokens)) }
+    public func withView<T, E: Error>(_ bytes: UnsafeBufferPointer<UInt8>, _ body: (JSONView) throws(E) -> T) throws(E) -> T {
+        try tokens.withUnsafeBufferPointer { tokens throws(E) in try body(JSONView(bytes: bytes, tokens: tokens)) }
     }
 
     private struct Scanner {

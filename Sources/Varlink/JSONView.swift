@@ -77,14 +77,14 @@ public struct JSONView {
 
     /// Calls `body` with the UTF-8 of the string at `index`, unescaped (the bytes in place when
     /// the string has no escapes, a temporary copy otherwise).
-    public func withStringBytes<T>(_ index: Int, _ body: (UnsafeBufferPointer<UInt8>) throws -> T) rethrows -> T {
+    public func withStringBytes<T, E: Error>(_ index: Int, _ body: (UnsafeBufferPointer<UInt8>) throws(E) -> T) throws(E) -> T {
         let token = tokens[index]
         let raw = UnsafeBufferPointer(rebasing: bytes[Int(token.start)..<Int(token.end)])
         guard token.flag else { return try body(raw) }
         var unescaped: [UInt8] = []
         unescaped.reserveCapacity(raw.count)
         Self.unescape(raw, into: &unescaped)
-        return try unescaped.withUnsafeBufferPointer { try body($0) }
+        return try unescaped.withUnsafeBufferPointer { buffer throws(E) in try body(buffer) }
     }
 
     /// The text of the string at `index`.
@@ -253,8 +253,14 @@ public struct JSONMessage: Sendable {
         self.tape = tape
     }
 
+    /// A copy of the message `view` reads (for work that outlives the buffer it arrived in).
+    public init(copying view: JSONView) {
+        self.bytes = Array(view.bytes)
+        self.tape = JSONTape(tokens: Array(view.tokens))
+    }
+
     /// Runs `body` with a view of the message.
-    public func withView<T>(_ body: (JSONView) throws -> T) rethrows -> T {
-        try bytes.withUnsafeBufferPointer { buffer in try tape.withView(buffer, body) }
+    public func withView<T, E: Error>(_ body: (JSONView) throws(E) -> T) throws(E) -> T {
+        try bytes.withUnsafeBufferPointer { buffer throws(E) in try tape.withView(buffer, body) }
     }
 }

@@ -102,7 +102,8 @@ public struct VarlinkError: Error, Sendable, Equatable, CustomStringConvertible 
 public enum VarlinkReply {
     /// `{"parameters": {...}, "continues": true?}\0` with the parameters written by `body`
     /// (which must write one JSON object).
-    public static func encode(continues: Bool = false, into writer: inout JSONWriter, _ body: (inout JSONWriter) throws -> Void) rethrows {
+    public static func encode<E: Error>(continues: Bool = false, into writer: inout JSONWriter,
+                                        _ body: (inout JSONWriter) throws(E) -> Void) throws(E) {
         writer.raw("{\"parameters\":")
         try body(&writer)
         if continues { writer.raw(",\"continues\":true") }
@@ -120,13 +121,18 @@ public enum VarlinkReply {
     /// An error reply.
     public static func encode(_ error: VarlinkError) -> [UInt8] {
         var writer = JSONWriter()
+        encode(error, into: &writer)
+        return writer.bytes
+    }
+
+    /// Appends an error reply to `writer`.
+    public static func encode(_ error: VarlinkError, into writer: inout JSONWriter) {
         writer.raw("{\"error\":")
         writer.write(error.name)
         writer.raw(",\"parameters\":")
         writer.write(.object(error.parameters))
         writer.raw("}")
         writer.raw(byte: 0)
-        return writer.bytes
     }
 }
 

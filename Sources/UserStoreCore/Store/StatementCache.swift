@@ -2,13 +2,21 @@ import GRDBSQLite
 
 /// Prepared statements of one store, reused across requests with the same SQL.
 ///
-/// Bounded (a client sending ever-new SQL must not grow memory without limit): when full, the
-/// least recently used statement is finalised. Confined to the store's serial queue, like the
-/// connection it belongs to; ``finalizeAll()`` runs before the connection closes.
+/// Keyed by the SQL's bytes as they arrived (the JSON string's raw text), so a request finds
+/// its statement without building a `String`. Bounded (a client sending ever-new SQL must not
+/// grow memory without limit): when full, the least recently used statement is finalised.
+/// Confined to whoever holds the store's connection, like the connection it belongs to;
+/// ``finalizeAll()`` runs before the connection closes.
 public final class StatementCache: @unchecked Sendable {
     /// At most this many statements are kept.
     public let capacity: Int
-    private var statements: [String: (statement: OpaquePointer, tick: UInt64)] = [:]
+    private struct Entry {
+        var sql: [UInt8]
+        var statement: OpaquePointer
+        var tick: UInt64
+    }
+    /// By a hash of the SQL; the bytes are compared too, so a collision is only a miss.
+    private var entries: [Int: Entry] = [:]
     private var tick: UInt64 = 0
 
     public init(capacity: Int = 64) {
@@ -16,26 +24,36 @@ public final class StatementCache: @unchecked Sendable {
     }
 
     /// A reset statement for `sql`, if cached.
-    public func take(_ sql: String) -> OpaquePointer? {
-        guard let entry = statements[sql] else { return nil }
+    public func take(_ sql: UnsafeBufferPointer<UInt8>) -> OpaquePointer? {
+        let key = Self.key(sql)
+        guard let index = entries.index(forKey: key), entries.values[index].sql.elementsEqual(sql) else { return nil }
         tick += 1
-        statements[sql] = (entry.statement, tick)
-        return entry.statement
+        entries.values[index].tick = tick
+        return entries.values[index].statement
     }
 
     /// Keeps `statement` for `sql`.
-    public func keep(_ statement: OpaquePointer, for sql: String) {
-        if statements.count >= capacity, let oldest = statements.min(by: { $0.value.tick < $1.value.tick }) {
+    public func keep(_ statement: OpaquePointer, for sql: UnsafeBufferPointer<UInt8>) {
+        let key = Self.key(sql)
+        if let replaced = entries[key] {
+            sqlite3_finalize(replaced.statement)
+        } else if entries.count >= capacity, let oldest = entries.min(by: { $0.value.tick < $1.value.tick }) {
             sqlite3_finalize(oldest.value.statement)
-            statements[oldest.key] = nil
+            entries[oldest.key] = nil
         }
         tick += 1
-        statements[sql] = (statement, tick)
+        entries[key] = Entry(sql: Array(sql), statement: statement, tick: tick)
     }
 
     /// Finalises every statement (before the connection closes).
     public func finalizeAll() {
-        for entry in statements.values { sqlite3_finalize(entry.statement) }
-        statements.removeAll()
+        for entry in entries.values { sqlite3_finalize(entry.statement) }
+        entries.removeAll()
+    }
+
+    private static func key(_ sql: UnsafeBufferPointer<UInt8>) -> Int {
+        var hasher = Hasher()
+        hasher.combine(bytes: UnsafeRawBufferPointer(sql))
+        return hasher.finalize()
     }
 }

@@ -56,6 +56,19 @@ public final class Store: Sendable {
         return try await queue.writeWithoutTransaction { db in try connectionLock.withLock { _ in try db.readOnly { try body(db) } } }
     }
 
+    /// Runs `body` on the store's serial queue after the work already queued there, then hands
+    /// its result to `completion` (on the queue's thread) — without a task or a wait: the
+    /// callback form of ``write(_:)``, for the event loops.
+    public func enqueue<T: Sendable>(_ body: @escaping @Sendable (Database) -> T, completion: @escaping @Sendable (T) -> Void) {
+        queued.add(1, ordering: .relaxed)
+        queue.asyncWriteWithoutTransaction { [self] db in
+            let result = connectionLock.withLock { _ in body(db) }
+            // Before the completion: the caller's next request may find the store idle.
+            queued.subtract(1, ordering: .relaxed)
+            completion(result)
+        }
+    }
+
     /// Runs `body` on the calling thread, waiting for work in progress; for a store nobody
     /// else can reach yet (being opened), where a hop to the queue's thread would only add
     /// latency. Blocks: never call it on an event loop or the cooperative pool.
@@ -85,6 +98,13 @@ public final class Store: Sendable {
 }
 
 extension Store {
+    /// The store's `app_version` row when the store is idle (read right here, without waiting);
+    /// nil when it is busy or the row cannot be read (``versionInfo()`` then says why).
+    public func versionInfoIfIdle() -> StoreVersionInfo? {
+        guard let row = try? runIfIdle({ connection in try Bookkeeping.read(connection: connection) }) else { return nil }
+        return row
+    }
+
     /// The store's `app_version` row: read right here when the store is idle, else on its queue.
     public func versionInfo() async throws -> StoreVersionInfo {
         var row = try runIfIdle { connection in try Bookkeeping.read(connection: connection) }

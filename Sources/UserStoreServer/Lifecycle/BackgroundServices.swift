@@ -95,6 +95,6 @@ struct StatusReporter: Service {
             return "Migrating \(fleet.done)/\(fleet.total) stores, \(fleet.failures) failed, \(Int(fleet.rate))/s"
         }
         let failed = context.index.counts(latest: context.registry.migrations.latestVersion)[.failed] ?? 0
-        return "Serving \(statistics.openStores) open stores, \(statistics.preparing) migrating, \(failed) failed, \(counters.connections) connections"
+        return "Serving \(statistics.openStores) open stores, \(statistics.preparing) migrating, \(failed) failed, \(context.connections.count) connections"
     }
 }

@@ -8,7 +8,8 @@ struct AdminMethods {
     let context: DaemonContext
     private var registry: StoreRegistry { context.registry }
 
-    func handle(_ call: VarlinkCall, peer: PeerIdentity, send: ReplySink) async throws {
+    func handle(_ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
+        let call = request.call
         let parameters = CallParameters(call)
         switch call.member {
         case "Status": try await send(VarlinkReply.encode(status()))
@@ -36,7 +37,7 @@ struct AdminMethods {
             let versions = try parameters.optionalInts("versions").map(Set.init)
             let accepted = try await registry.acceptChecksums(user, versions: versions)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "accepted": .array(accepted.map { .integer($0) })]))
-        case "Execute": try await send(execute(parameters))
+        case "Execute": try await send(execute(request, parameters))
         default: throw VarlinkError.methodNotFound(call.method)
         }
     }
@@ -63,7 +64,7 @@ struct AdminMethods {
             "failedStores": .integer(Int64(counts[.failed] ?? 0)),
             "tooNewStores": .integer(Int64(counts[.tooNew] ?? 0)),
             "migrationsInFlight": .integer(Int64(statistics.preparing + counters.fleetMigrationsInFlight)),
-            "connections": .integer(Int64(counters.connections)),
+            "connections": .integer(Int64(context.connections.count)),
             "indexComplete": .bool(context.index.isComplete),
         ]
     }
@@ -184,8 +185,8 @@ struct AdminMethods {
         try await send(VarlinkReply.encode(summary))
     }
 
-    private func execute(_ parameters: CallParameters) async throws -> [UInt8] {
-        try await SQLRunner.reply(registry, user: try parameters.user(), access: .admin, sql: try parameters.string("sql"),
-                                  parameters: parameters.values["parameters"], output: .both, limits: context.limits)
+    private func execute(_ request: Request, _ parameters: CallParameters) async throws -> [UInt8] {
+        try await SQLRunner.reply(registry, user: try parameters.user(), access: .admin, message: request.message,
+                                  statement: try request.statement(), output: .both, limits: context.limits)
     }
 }

@@ -30,13 +30,20 @@ final class DaemonContext: Sendable {
     let started: ContinuousClock.Instant
     let logger: Logger
     let notifier = SystemdNotifier()
+    /// The open client connections.
+    let connections = ConnectionTracker()
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
 
+    /// Graceful shutdown has begun: new calls get `ShuttingDown` (read on every request).
+    private let shuttingDown = Atomic<Bool>(false)
+
+    var isShuttingDown: Bool { shuttingDown.load(ordering: .relaxed) }
+
+    func beginShutdown() { shuttingDown.store(true, ordering: .relaxed) }
+
     struct Counters {
-        var connections = 0
         var fleetMigrationsInFlight = 0
-        var shuttingDown = false
         /// Progress of the fleet migration running now, for STATUS= and the journal.
         var fleet: FleetRun?
     }
@@ -72,4 +79,17 @@ final class DaemonContext: Sendable {
     }
 
     var limits: RequestLimits { settings.withLock { $0.limits } }
+}
+
+extension DaemonContext {
+    /// Logs a request slower than `slowRequestMilliseconds`. The method name and user are
+    /// logged; SQL and parameters are users' data and are not.
+    func logIfSlow(method: String, user: String, elapsed: Duration) {
+        let slow = settings.withLock { $0.slowRequestMilliseconds }
+        guard elapsed > .milliseconds(slow) else { return }
+        logger.warning("slow request", metadata: [
+            "event": "slow-request", "method": .string(method), "user": .string(user),
+            "duration_usec": .stringConvertible(elapsed.wholeMicroseconds),
+        ])
+    }
 }

@@ -2,44 +2,38 @@ import Logging
 import UserStoreCore
 import Varlink
 
-/// Dispatches a call to its interface after the access check, and turns every failure into a
-/// named varlink error reply. One client's bad request never affects another's.
+/// Dispatches a call that the event loop's ``FastPath`` did not answer to its interface after
+/// the access check, and turns every failure into a named varlink error reply. One client's bad
+/// request never affects another's.
 struct RequestRouter {
     let context: DaemonContext
     let logger: Logger
 
     /// Handles `call`; throws only when the reply cannot be sent (the peer went away).
-    func handle(_ call: VarlinkCall, peer: PeerIdentity, send: @escaping ReplySink) async throws {
+    func handle(_ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
+        let call = request.call
         let discard: ReplySink = { _ in }
         let sink: ReplySink = call.oneway ? discard : send
         let started = ContinuousClock.now
         do {
-            try await dispatch(call, peer: peer, send: sink)
+            try await dispatch(request, peer: peer, send: sink)
         } catch let failure as ReplyFailed {
             throw failure.underlying
         } catch {
             try await sink(VarlinkReply.encode(Errors.from(error)))
         }
-        let elapsed = ContinuousClock.now - started
-        let slow = context.settings.withLock { $0.slowRequestMilliseconds }
-        if elapsed > .milliseconds(slow) {
-            // The method name and user are logged; SQL and parameters are users' data and are not.
-            logger.warning("slow request", metadata: [
-                "event": "slow-request", "method": .string(call.method),
-                "user": .string(call.parameters["user"]?.stringValue ?? ""),
-                "duration_usec": .stringConvertible(elapsed.wholeMicroseconds),
-            ])
-        }
+        context.logIfSlow(method: call.method, user: call.parameters["user"]?.stringValue ?? "", elapsed: ContinuousClock.now - started)
     }
 
     /// Wraps the sink so a transport failure is told apart from a method's own errors.
     private struct ReplyFailed: Error { let underlying: any Error }
 
-    private func dispatch(_ call: VarlinkCall, peer: PeerIdentity, send: @escaping ReplySink) async throws {
+    private func dispatch(_ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
+        let call = request.call
         let guarded: ReplySink = { bytes in
             do { try await send(bytes) } catch { throw ReplyFailed(underlying: error) }
         }
-        if context.counters.withLock({ $0.shuttingDown }) && call.interface != "org.varlink.service" {
+        if context.isShuttingDown && call.interface != "org.varlink.service" {
             throw Errors.shuttingDown
         }
         switch call.interface {
@@ -47,12 +41,12 @@ struct RequestRouter {
             try await ServiceMethods().handle(call, send: guarded)
         case "io.userstore.Store":
             guard peer.grant.store else { throw Errors.permissionDenied("uid \(peer.uid) is not an allowed client (access.clientUsers / access.clientGroups)") }
-            try await StoreMethods(context: context).handle(call, peer: peer, send: guarded)
+            try await StoreMethods(context: context).handle(request, peer: peer, send: guarded)
         case "io.userstore.Admin":
             guard peer.grant.admin else {
                 throw Errors.permissionDenied("uid \(peer.uid) is not an administrator (access.adminUsers / access.adminGroups)")
             }
-            try await AdminMethods(context: context).handle(call, peer: peer, send: guarded)
+            try await AdminMethods(context: context).handle(request, peer: peer, send: guarded)
         default:
             throw VarlinkError.interfaceNotFound(String(call.interface))
         }

@@ -6,13 +6,14 @@ import Varlink
 struct StoreMethods {
     let context: DaemonContext
 
-    func handle(_ call: VarlinkCall, peer: PeerIdentity, send: ReplySink) async throws {
+    func handle(_ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
+        let call = request.call
         let parameters = CallParameters(call)
         switch call.member {
         case "Open": try await send(open(try user(parameters, peer: peer)))
-        case "Query": try await send(statement(parameters, peer: peer, output: .rows))
-        case "Execute": try await send(statement(parameters, peer: peer, output: .changes))
-        case "Batch": try await send(batch(parameters, peer: peer))
+        case "Query": try await send(statement(request, parameters, peer: peer, output: .rows))
+        case "Execute": try await send(statement(request, parameters, peer: peer, output: .changes))
+        case "Batch": try await send(batch(request, parameters, peer: peer))
         default: throw VarlinkError.methodNotFound(call.method)
         }
     }
@@ -33,7 +34,12 @@ struct StoreMethods {
         let (info, report) = try await context.registry.withStore(user, reporting: { store, report in
             (try await store.versionInfo(), report)
         })
-        return VarlinkReply.encode([
+        return Self.openReply(user, info, report: report)
+    }
+
+    /// The reply to Open; `report` says what opening the store did (nil: it was open already).
+    static func openReply(_ user: UserID, _ info: StoreVersionInfo, report: MigrationReport?) -> [UInt8] {
+        VarlinkReply.encode([
             "user": .string(user.rawValue),
             "schemaVersion": .integer(info.schemaVersion),
             "appVersion": .string(info.appVersion),
@@ -44,28 +50,21 @@ struct StoreMethods {
         ])
     }
 
-    private func statement(_ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
-        try await SQLRunner.reply(context.registry, user: try user(parameters, peer: peer), access: .client, sql: try parameters.string("sql"),
-                                  parameters: parameters.values["parameters"], output: output, limits: context.limits)
+    private func statement(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
+        let user = try user(parameters, peer: peer)
+        return try await SQLRunner.reply(context.registry, user: user, access: .client, message: request.message,
+                                         statement: try request.statement(), output: output, limits: context.limits)
     }
 
-    private func batch(_ parameters: CallParameters, peer: PeerIdentity) async throws -> [UInt8] {
+    private func batch(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
-        guard let list = parameters.values["statements"]?.arrayValue else { throw VarlinkError.invalidParameter("statements") }
         let limits = context.limits
-        guard list.count <= limits.maxBatchStatements else {
-            throw Errors.limitExceeded("batchStatements", maximum: limits.maxBatchStatements)
-        }
-        var statements: [(sql: String, parameters: JSONValue?)] = []
-        for (offset, element) in list.enumerated() {
-            guard let sql = element["sql"]?.stringValue else { throw VarlinkError.invalidParameter("statements[\(offset)].sql") }
-            statements.append((sql, element["parameters"]))
-        }
+        let statements = try request.batchStatements(maximum: limits.maxBatchStatements)
         let transaction = try parameters.optionalBool("transaction") ?? true
-        let frozen = statements
+        let message = request.message
         return try await context.registry.withStore(user) { store in
             try await store.write { db in
-                try BatchRunner(runner: SQLRunner(store: store, limits: limits)).run(db, statements: frozen, transaction: transaction)
+                BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements, transaction: transaction)
             }
         }
     }
@@ -76,24 +75,34 @@ struct StoreMethods {
 struct BatchRunner {
     let runner: SQLRunner
 
-    func run(_ db: Database, statements: [(sql: String, parameters: JSONValue?)], transaction: Bool) throws -> [UInt8] {
+    /// The whole reply (results, or the error of the statement that failed).
+    func reply(_ db: Database, message: JSONMessage, statements: [SQLRunner.Statement], transaction: Bool) -> [UInt8] {
+        do {
+            return try message.withView { view in try run(db, view, statements: statements, transaction: transaction) }
+        } catch let error as VarlinkError {
+            return VarlinkReply.encode(error)
+        } catch let error as DatabaseError {
+            return VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)"))
+        } catch {
+            return VarlinkReply.encode(Errors.from(error))
+        }
+    }
+
+    private func run(_ db: Database, _ view: JSONView, statements: [SQLRunner.Statement], transaction: Bool) throws -> [UInt8] {
         var writer = JSONWriter(capacity: 256 * max(statements.count, 1))
         if transaction { try db.execute(sql: "BEGIN IMMEDIATE") }
         do {
-            try VarlinkReply.encode(into: &writer) { writer in
+            try VarlinkReply.encode(into: &writer) { (writer: inout JSONWriter) throws(VarlinkError) in
                 writer.raw("{\"results\":[")
-                for (index, statement) in statements.enumerated() {
-                    if index > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-                    try runner.run(db.sqliteConnection!, sql: statement.sql, parameters: statement.parameters, output: .both, index: index, into: &writer)
+                for (offset, statement) in statements.enumerated() {
+                    if offset > 0 { writer.raw(byte: UInt8(ascii: ",")) }
+                    try runner.run(db.sqliteConnection!, view, statement, output: .both, into: &writer)
                 }
                 writer.raw("]}")
             }
             if transaction { try db.execute(sql: "COMMIT") }
         } catch {
             if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
-            if let error = error as? DatabaseError {
-                throw Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")
-            }
             throw error
         }
         return writer.bytes

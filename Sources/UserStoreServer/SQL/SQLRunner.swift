@@ -7,7 +7,8 @@ import Varlink
 
 /// Runs one client statement on a store's connection and writes its result straight into the
 /// reply, with the SQLite C API: prepared statements are cached per store, values go from the
-/// statement to JSON without intermediate objects. Runs on the store's serial queue.
+/// statement to JSON without intermediate objects. Runs wherever the store's connection is held:
+/// its serial queue, or an event loop for a read-only statement on an idle store.
 struct SQLRunner {
     /// What a call returns.
     enum Output {
@@ -26,89 +27,108 @@ struct SQLRunner {
     /// interrupted and run again on the store's queue, where it may take its time.
     static let inlineBudgetNanoseconds: UInt64 = 2_000_000
 
-    /// The whole reply (`{"parameters": …}` and its NUL) to one statement on `user`'s store,
-    /// leased with `access`.
+    /// One statement of a call: the tokens of its SQL (a string) and parameters in the call's
+    /// ``JSONView``, and its place in a Batch (for errors).
+    struct Statement {
+        var sql: Int
+        var parameters: Int?
+        var index: Int?
+    }
+
+    /// The whole reply (`{"parameters": …}` and its NUL, or an error) to one statement on
+    /// `user`'s store, leased with `access`; for calls that do not come through the event loop's
+    /// fast path (``FastPath``), which does the same without a task.
     ///
-    /// When the store is idle a read-only statement runs right here, on the connection's event
-    /// loop, for up to ``inlineBudgetNanoseconds``: most requests are point queries of a few
-    /// microseconds, and two thread hand-offs would cost ten times that. A statement that runs
-    /// longer is interrupted — outside a transaction (requests cannot open one) SQLite then
-    /// rolls the whole statement back — and runs again on the store's serial queue, so a slow
-    /// statement never holds up the other connections of the event loop for long. A statement
-    /// that writes goes to the queue before it steps: its commit waits for an fsync, and
-    /// eight users' commits must overlap on their own queues, not queue up on an event loop.
-    static func reply(_ registry: StoreRegistry, user: UserID, access: StoreRegistry.Access, sql: String,
-                      parameters: JSONValue?, output: Output, limits: RequestLimits) async throws -> [UInt8] {
+    /// When the store is idle a read-only statement runs right here for up to
+    /// ``inlineBudgetNanoseconds`` (see ``reply(_:_:_:output:inlineBudget:into:)``); otherwise,
+    /// or when it was given up, it runs on the store's serial queue.
+    static func reply(_ registry: StoreRegistry, user: UserID, access: StoreRegistry.Access, message: JSONMessage,
+                      statement: Statement, output: Output, limits: RequestLimits) async throws -> [UInt8] {
         try await registry.withStore(user, access: access) { store in
             let runner = SQLRunner(store: store, limits: limits)
-            let inline: Result<[UInt8], VarlinkError>?? = store.runIfIdle { connection in
-                let result = runner.reply(connection, sql: sql, parameters: parameters, output: output,
-                                          inlineBudget: inlineBudgetNanoseconds)
-                if case .failure = result, store.guardian.yielded { return nil }
-                return result
+            var writer = JSONWriter(capacity: 256)
+            let inline = store.runIfIdle { connection in
+                message.withView { view in
+                    runner.reply(connection, view, statement, output: output, inlineBudget: inlineBudgetNanoseconds, into: &writer)
+                }
             }
-            if case .some(.some(let result)) = inline { return try result.get() }
+            if inline == true { return writer.bytes }
             return try await store.write { db in
-                try runner.reply(db.sqliteConnection!, sql: sql, parameters: parameters, output: output, inlineBudget: nil).get()
+                var writer = JSONWriter(capacity: 256)
+                message.withView { view in
+                    _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil, into: &writer)
+                }
+                return writer.bytes
             }
         }
     }
 
-    /// The reply to one statement, built on the store's connection.
-    func reply(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, inlineBudget: UInt64?) -> Result<[UInt8], VarlinkError> {
-        var writer = JSONWriter(capacity: 256)
-        var failure: VarlinkError?
-        VarlinkReply.encode(into: &writer) { writer in
-            do throws(VarlinkError) {
-                try run(connection, sql: sql, parameters: parameters, output: output, inlineBudget: inlineBudget, into: &writer)
-            } catch {
-                failure = error
+    /// Appends the reply to `statement` — its result, or the error it ended with — to `writer`.
+    ///
+    /// With an `inlineBudget` (running off the store's queue, on an event loop), a statement
+    /// that writes, or that still runs after that many nanoseconds, is given up: nothing is
+    /// written and the result is false, for the caller to run it again on the store's queue.
+    /// Outside a transaction (requests cannot open one) SQLite rolls an interrupted statement
+    /// back whole. A statement that writes yields before it steps: its commit waits for an
+    /// fsync, and users' commits must overlap on their own queues, not line up on an event loop.
+    func reply(_ connection: OpaquePointer, _ view: JSONView, _ statement: Statement, output: Output,
+               inlineBudget: UInt64?, into writer: inout JSONWriter) -> Bool {
+        let mark = writer.bytes.count
+        do throws(VarlinkError) {
+            try VarlinkReply.encode(into: &writer) { (writer: inout JSONWriter) throws(VarlinkError) in
+                try run(connection, view, statement, output: output, inlineBudget: inlineBudget, into: &writer)
             }
+            return true
+        } catch {
+            writer.bytes.removeSubrange(mark...)
+            if inlineBudget != nil, store.guardian.yielded { return false }
+            VarlinkReply.encode(error, into: &writer)
+            return true
         }
-        if let failure { return .failure(failure) }
-        return .success(writer.bytes)
     }
 
-    /// Runs `sql` with `parameters`; `index` names the statement's place in a Batch for errors.
-    /// With an `inlineBudget` (running off the store's queue), a statement that writes, or that
-    /// still runs after that many nanoseconds, is given up with ``StoreGuard/yielded`` set.
-    func run(_ connection: OpaquePointer, sql: String, parameters: JSONValue?, output: Output, index: Int? = nil,
+    /// Runs one statement, writing its result object into `writer`. With an `inlineBudget`, a
+    /// statement that writes, or that still runs after that many nanoseconds, is given up with
+    /// ``StoreGuard/yielded`` set.
+    func run(_ connection: OpaquePointer, _ view: JSONView, _ statement: Statement, output: Output,
              inlineBudget: UInt64? = nil, into writer: inout JSONWriter) throws(VarlinkError) {
-        if SQLScript.firstKeyword(of: sql) == "VACUUM" {
-            throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests", statement: true)
-        }
         let guardian = store.guardian
         let now = StoreGuard.now()
         let deadline = now + UInt64(limits.statementTimeoutMilliseconds) * 1_000_000
-        var writerCopy = writer
+        let start = writer.bytes.count
         let result: Result<Void, VarlinkError> = guardian.withClientRules(deadline: deadline, yieldAt: inlineBudget.map { now + $0 } ?? .max) {
             do throws(VarlinkError) {
-                let (statement, fresh) = try prepare(sql, on: connection, index: index)
+                let prepared = try view.withStringBytes(statement.sql) { sql throws(VarlinkError) in
+                    try prepare(sql, on: connection, index: statement.index)
+                }
                 defer {
-                    sqlite3_reset(statement)
-                    sqlite3_clear_bindings(statement)
-                    if fresh { store.statements.keep(statement, for: sql) }
+                    sqlite3_reset(prepared)
+                    sqlite3_clear_bindings(prepared)
                 }
-                if inlineBudget != nil, sqlite3_stmt_readonly(statement) == 0 {
+                if inlineBudget != nil, sqlite3_stmt_readonly(prepared) == 0 {
                     guardian.yield()
-                    return .failure(Errors.sqlError(code: SQLITE_INTERRUPT, message: "moved to the store's queue", index: index))
+                    return .failure(Errors.sqlError(code: SQLITE_INTERRUPT, message: "moved to the store's queue", index: statement.index))
                 }
-                try ValueBinding.bind(parameters, to: statement)
-                try execute(statement, on: connection, output: output, index: index, into: &writerCopy)
+                try ValueBinding.bind(view, statement.parameters, to: prepared)
+                try execute(prepared, on: connection, output: output, index: statement.index, start: start, into: &writer)
                 return .success(())
             } catch {
                 return .failure(error)
             }
         }
         try result.get()
-        writer = writerCopy
     }
 
-    private func prepare(_ sql: String, on connection: OpaquePointer, index: Int?) throws(VarlinkError) -> (OpaquePointer, Bool) {
-        if let cached = store.statements.take(sql) { return (cached, false) }
+    /// The statement for `sql`: cached, or prepared (and cached) now.
+    private func prepare(_ sql: UnsafeBufferPointer<UInt8>, on connection: OpaquePointer, index: Int?) throws(VarlinkError) -> OpaquePointer {
+        if let cached = store.statements.take(sql) { return cached }
+        let text = String(decoding: sql, as: UTF8.self)
+        if SQLScript.firstKeyword(of: text) == "VACUUM" {
+            throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests", statement: true)
+        }
         var statement: OpaquePointer?
         var extra: String?
-        let code = sql.withCString { start -> Int32 in
+        let code = text.withCString { start -> Int32 in
             var tail: UnsafePointer<CChar>?
             let code = sqlite3_prepare_v3(connection, start, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, &tail)
             if code == SQLITE_OK, let tail, tail.pointee != 0 { extra = String(cString: tail) }
@@ -122,11 +142,12 @@ struct SQLRunner {
             sqlite3_finalize(statement)
             throw Errors.sqlError(code: SQLITE_MISUSE, message: "one statement per call; send several with Batch", index: index)
         }
-        return (statement, true)
+        store.statements.keep(statement, for: sql)
+        return statement
     }
 
     private func execute(_ statement: OpaquePointer, on connection: OpaquePointer, output: Output, index: Int?,
-                         into writer: inout JSONWriter) throws(VarlinkError) {
+                         start: Int, into writer: inout JSONWriter) throws(VarlinkError) {
         let columnCount = sqlite3_column_count(statement)
         let writesRows = output == .rows || (output == .both && columnCount > 0)
         writer.raw(byte: UInt8(ascii: "{"))
@@ -134,7 +155,8 @@ struct SQLRunner {
             writer.raw("\"columns\":[")
             for column in 0..<columnCount {
                 if column > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-                writer.write(String(cString: sqlite3_column_name(statement, column)))
+                let name = sqlite3_column_name(statement, column)!
+                name.withMemoryRebound(to: UInt8.self, capacity: 1) { writer.writeString(utf8: UnsafeBufferPointer(start: $0, count: strlen(name))) }
             }
             writer.raw("],\"rows\":[")
         }
@@ -152,7 +174,7 @@ struct SQLRunner {
                 ValueWriter.write(column: column, of: statement, into: &writer)
             }
             writer.raw(byte: UInt8(ascii: "]"))
-            if writer.bytes.count > limits.maxResponseBytes {
+            if writer.bytes.count - start > limits.maxResponseBytes {
                 throw Errors.limitExceeded("responseBytes", maximum: limits.maxResponseBytes)
             }
         }
