@@ -30,6 +30,8 @@ extension StoreError {
             return VarlinkError(prefix + "SQLError", ["code": .integer(Int64(code)), "message": .string(message)])
         case .storageFailure(let user, let message):
             return VarlinkError(prefix + "StorageFailure", ["user": .string(user.rawValue), "message": .string(message)])
+        case .noSuchStore(let user):
+            return VarlinkError("io.userstore.Admin.NoSuchStore", ["user": .string(user.rawValue)])
         }
     }
 }

@@ -8,37 +8,43 @@ extension StoreRegistry {
     /// exist is not created).
     public func plan(_ user: UserID) async throws -> MigrationPlan {
         let migrations = self.migrations
-        let path = configuration.layout.storePath(for: user)
         let migrator = makeMigrator(user, migrations: migrations)
         let simulator = makeMigrator(user, migrations: migrations, simulating: true)
-        let exists = FileManager.default.fileExists(atPath: path)
-        let busyTimeout = configuration.busyTimeoutSeconds
-        return try await Self.offThread {
-            // An existing store is read through a short-lived second connection: safe beside the
-            // registry's own (WAL), and it never triggers the lazy migration a lease would. A
-            // missing one is planned as the empty database it would start from, and not created.
-            var config = Configuration()
-            config.busyMode = .timeout(busyTimeout)
-            let queue = exists ? try DatabaseQueue(path: path, configuration: config) : try DatabaseQueue()
-            defer { try? queue.close() }
-            var plan = try queue.read { db in try migrator.plan(db) }
-            guard plan.reconcile, let schema = migrations.schema else { return plan }
-            // The reconcile's SQL depends on the schema the steps leave: find it on a copy with
-            // the steps applied.
-            let copy = try DatabaseQueue()
-            try queue.backup(to: copy)
-            plan.reconcileStatements = try copy.writeWithoutTransaction { db in
-                _ = try simulator.migrate(db, created: !exists, reconcile: false)
-                return try schema.plan(db).statements
+        // An existing store is read through the daemon's own connection to it, as it is (a
+        // lease would migrate it first); a missing one is planned as the empty database it would
+        // start from, and not created.
+        let existing: MigrationPlan?
+        do {
+            existing = try await withExistingStore(user) { store in
+                try await store.read { db in try Self.plan(db, migrator: migrator, simulator: simulator, schema: migrations.schema, created: false) }
             }
-            return plan
+        } catch StoreError.noSuchStore {
+            existing = nil
         }
+        if let existing { return existing }
+        return try await Self.offThread {
+            try DatabaseQueue().read { db in try Self.plan(db, migrator: migrator, simulator: simulator, schema: migrations.schema, created: true) }
+        }
+    }
+
+    private static func plan(_ db: Database, migrator: Migrator, simulator: Migrator, schema: DesiredSchema?, created: Bool) throws -> MigrationPlan {
+        var plan = try migrator.plan(db)
+        guard plan.reconcile, let schema else { return plan }
+        // The reconcile's SQL depends on the schema the steps leave: find it on a copy with
+        // the steps applied.
+        let copy = try DatabaseQueue()
+        try copy.writeWithoutTransaction { copyDB in try db.backup(to: copyDB) }
+        plan.reconcileStatements = try copy.writeWithoutTransaction { copyDB in
+            _ = try simulator.migrate(copyDB, created: created, reconcile: false)
+            return try schema.plan(copyDB).statements
+        }
+        return plan
     }
 
     /// Migrates `user`'s store now: creates it if absent, and retries a failed migration.
     /// Throws the ``StoreError`` of a migration that fails again.
     public func migrate(_ user: UserID) async throws -> MigrationReport {
-        let lease = try await acquire(user, access: .admin)
+        let lease = try await acquire(user, access: .admin, mode: .migrate)
         defer { release(user) }
         if let report = lease.report { return report }
         let migrator = makeMigrator(user, migrations: migrations)

@@ -52,7 +52,7 @@ public final class StoreRegistry: Sendable {
     /// `.outOfOrderMigration`, `.storeDamaged` or `.storageFailure` for client access to a
     /// store that cannot be served.
     public func withStore<T>(_ user: UserID, access: Access = .client, _ body: (Store) async throws -> T) async throws -> T {
-        let lease = try await acquire(user, access: access)
+        let lease = try await acquire(user, access: access, mode: .migrate)
         defer { release(user) }
         return try await body(lease.store)
     }
@@ -60,9 +60,19 @@ public final class StoreRegistry: Sendable {
     /// Like ``withStore(_:access:_:)``, also saying what opening the store did (nil when it
     /// was already open and current).
     public func withStore<T>(_ user: UserID, access: Access = .client, reporting body: (Store, MigrationReport?) async throws -> T) async throws -> T {
-        let lease = try await acquire(user, access: access)
+        let lease = try await acquire(user, access: access, mode: .migrate)
         defer { release(user) }
         return try await body(lease.store, lease.report)
+    }
+
+    /// Runs `body` with `user`'s store as it is — opened if needed, but neither created nor
+    /// migrated (a later request migrates it as usual) — for operators' reads such as `Plan`,
+    /// which must go through the one connection the daemon keeps per file. Throws
+    /// ``StoreError/noSuchStore(user:)`` when the user has no store.
+    public func withExistingStore<T>(_ user: UserID, _ body: (Store) async throws -> T) async throws -> T {
+        _ = try await acquire(user, access: .admin, mode: .asIs)
+        defer { release(user) }
+        return try await body(state.withLock { $0.entries[user]!.store! })
     }
 
     /// `user`'s store, leased, when it is open and up to date — or nil, without waiting, when a
@@ -94,6 +104,10 @@ public final class StoreRegistry: Sendable {
         let failure: StoreError?
     }
 
+    /// What a lease does to the store first: bring it up to date (every request), or nothing
+    /// (``withExistingStore(_:_:)``: open an existing file as it is).
+    enum LeaseMode { case migrate, asIs }
+
     private enum NextStep {
         case use(Store, StoreError?)
         case wait(Task<PreparationOutcome, Never>)
@@ -102,10 +116,11 @@ public final class StoreRegistry: Sendable {
         case fail(StoreError)
     }
 
-    func acquire(_ user: UserID, access: Access) async throws(StoreError) -> Lease {
+    func acquire(_ user: UserID, access: Access, mode: LeaseMode) async throws(StoreError) -> Lease {
         var report: MigrationReport?
         while true {
-            let step = state.withLock { state in nextStep(&state, user: user, access: access) }
+            let exists = mode == .asIs ? FileManager.default.fileExists(atPath: configuration.layout.storePath(for: user)) : true
+            let step = state.withLock { state in nextStep(&state, user: user, access: access, mode: mode, exists: exists) }
             switch step {
             case .use(let store, let failure):
                 return Lease(store: store, report: report, failure: failure)
@@ -135,12 +150,16 @@ public final class StoreRegistry: Sendable {
         }
     }
 
-    private func nextStep(_ state: inout RegistryState, user: UserID, access: Access) -> NextStep {
+    private func nextStep(_ state: inout RegistryState, user: UserID, access: Access, mode: LeaseMode, exists: Bool) -> NextStep {
         state.tick += 1
         if var entry = state.entries[user] {
             switch entry.phase {
             case .preparing(let task):
                 return .wait(task)
+            case .ready where mode == .asIs, .failed where mode == .asIs:
+                entry.lease(tick: state.tick)
+                state.entries[user] = entry
+                return .use(entry.store!, nil)
             case .ready(let generation) where generation == state.generation:
                 entry.lease(tick: state.tick)
                 state.entries[user] = entry
@@ -160,11 +179,13 @@ public final class StoreRegistry: Sendable {
                 return .wait(task)
             }
         }
+        if mode == .asIs && !exists { return .fail(.noSuchStore(user: user)) }
         if state.holding < configuration.maxOpenStores {
             state.holding += 1
             state.peak = max(state.peak, state.holding)
-            let task = prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
-                               template: templateForNewStore(&state))
+            let task = mode == .asIs
+                ? prepare(user, existing: nil, generation: -1, migrations: state.migrations, migrate: false)
+                : prepare(user, existing: nil, generation: state.generation, migrations: state.migrations, template: templateForNewStore(&state))
             state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
             return .wait(task)
         }
@@ -196,13 +217,14 @@ public final class StoreRegistry: Sendable {
     }
 
     /// Opens (if `existing` is nil) and migrates `user`'s store in a task of its own, so that a
-    /// client that disconnects never cancels a migration half-way.
+    /// client that disconnects never cancels a migration half-way. Without `migrate`, only opens
+    /// an existing file (the entry is then stale: the next request migrates it).
     private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
-                         template: StoreTemplate? = nil) -> Task<PreparationOutcome, Never> {
+                         template: StoreTemplate? = nil, migrate: Bool = true) -> Task<PreparationOutcome, Never> {
         Task {
             let migrator = makeMigrator(user, migrations: migrations)
             let store: Store
-            let migration: Result<MigrationReport, any Error>
+            let migration: Result<MigrationReport?, any Error>
             if let existing {
                 store = existing
                 do {
@@ -211,7 +233,7 @@ public final class StoreRegistry: Sendable {
                     migration = .failure(error)
                 }
             } else {
-                switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrator, observer: observer) {
+                switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrate ? migrator : nil, observer: observer) {
                 case .success(let opened):
                     (store, migration) = opened
                 case .failure(let failure):
@@ -249,14 +271,16 @@ public final class StoreRegistry: Sendable {
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, on one dispatch thread without hops. Fails only when the file cannot be opened.
-    private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator,
-                                       observer: any StoreObserver) async -> Result<(Store, Result<MigrationReport, any Error>), StoreError> {
+    /// Without a `migrator`, only opens an existing file.
+    private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator?,
+                                       observer: any StoreObserver) async -> Result<(Store, Result<MigrationReport?, any Error>), StoreError> {
         do {
             return .success(try await offThread {
-                let (store, created) = try opener.open(user, template: template)
+                let (store, created) = try opener.open(user, template: template, create: migrator != nil)
+                guard let migrator else { return (store, .success(nil)) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
                 let copied = created ? template : nil
-                return (store, Result {
+                return (store, Result { () throws -> MigrationReport? in
                     try store.writeBlocking { db in
                         var report = try migrator.migrate(db, created: created)
                         if let copied {

@@ -98,6 +98,11 @@ public final class Store: Sendable {
 }
 
 extension Store {
+    /// The store's schema version (`PRAGMA user_version`), read on its queue.
+    public func schemaVersion() async throws -> Int64 {
+        try await read { db in try Bookkeeping.userVersion(db) }
+    }
+
     /// The store's `app_version` row when the store is idle (read right here, without waiting);
     /// nil when it is busy or the row cannot be read (``versionInfo()`` then says why).
     public func versionInfoIfIdle() -> StoreVersionInfo? {

@@ -21,6 +21,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case sqlError(code: Int32, message: String, sql: String?)
     /// The store's file could not be created or opened (permissions, disk full, ...).
     case storageFailure(user: UserID, message: String)
+    /// The user has no store (for operations that never create one).
+    case noSuchStore(user: UserID)
 
     public var description: String {
         switch self {
@@ -42,6 +44,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
             return "SQL error \(code): \(message)"
         case .storageFailure(let user, let message):
             return "store '\(user)': cannot open or create the file: \(message)"
+        case .noSuchStore(let user):
+            return "user '\(user)' has no store"
         }
     }
 }

@@ -9,11 +9,13 @@ struct StoreOpener: Sendable {
     let busyTimeoutSeconds: Double
 
     /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`
-    /// when one is given. Nothing is written to an existing file here: journal mode and
-    /// bookkeeping are only touched when migrating.
-    func open(_ user: UserID, template: StoreTemplate? = nil) throws -> (store: Store, created: Bool) {
+    /// when one is given — or, without `create`, throws ``StoreError/noSuchStore(user:)``.
+    /// Nothing is written to an existing file here: journal mode and bookkeeping are only
+    /// touched when migrating.
+    func open(_ user: UserID, template: StoreTemplate? = nil, create: Bool = true) throws -> (store: Store, created: Bool) {
         let path = layout.storePath(for: user)
         let created = !FileManager.default.fileExists(atPath: path)
+        if created && !create { throw StoreError.noSuchStore(user: user) }
         if created {
             do {
                 try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true)
@@ -29,6 +31,12 @@ struct StoreOpener: Sendable {
         configuration.busyMode = .timeout(busyTimeoutSeconds)
         configuration.journalMode = .default
         configuration.prepareDatabase { db in
+            // The daemon is the only process that opens its stores (the data directory's lock),
+            // and each through one connection: the file lock is taken once and kept (no lock
+            // and unlock system calls per statement), and WAL's index lives in the connection's
+            // memory instead of a -shm file (one file descriptor fewer per open store). Must be
+            // set before the first read of the file.
+            try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
             // Durability of every committed transaction (WAL's default NORMAL can lose the last ones on power loss).
             try db.execute(sql: "PRAGMA synchronous = FULL")
             // Replaces GRDB's own authorizer, which only feeds features userstore does not use

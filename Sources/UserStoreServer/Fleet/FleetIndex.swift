@@ -31,11 +31,11 @@ final class FleetIndex: StoreObserver {
     /// Whether the start-up scan has finished.
     var isComplete: Bool { complete.load(ordering: .acquiring) }
 
-    /// Starts the scan of `layout` in the background.
-    func startScan(layout: StoreLayout) {
+    /// Starts the scan of `registry`'s data directory in the background.
+    func startScan(registry: StoreRegistry) {
         scanTask.withLock { task in
             guard task == nil else { return }
-            task = Task.detached(priority: .utility) { await self.scan(layout: layout) }
+            task = Task.detached(priority: .utility) { await self.scan(registry: registry) }
         }
     }
 
@@ -45,14 +45,20 @@ final class FleetIndex: StoreObserver {
     }
 
     /// Reads every store's version from its header. Entries recorded by events while the scan
-    /// runs are newer and are kept.
-    private func scan(layout: StoreLayout) async {
+    /// runs are newer and are kept. A store left with a WAL by a crash is read through the
+    /// registry (the daemon's one connection per file), as it is.
+    private func scan(registry: StoreRegistry) async {
+        let layout = registry.configuration.layout
         let users = await Task.detached { layout.allUsers() }.value
         for chunk in stride(from: 0, to: users.count, by: 512) {
             let slice = users[chunk..<min(chunk + 512, users.count)]
-            let read = await Task.detached { slice.map { ($0, StoreFileInspector.schemaVersion(of: layout.storePath(for: $0))) } }.value
+            var read = await Task.detached { slice.map { ($0, StoreFileInspector.headerVersion(of: layout.storePath(for: $0))) } }.value
+            for (offset, (user, version)) in read.enumerated() where version == nil {
+                let current = try? await registry.withExistingStore(user) { store in try await store.schemaVersion() }
+                read[offset].1 = current ?? -1
+            }
             entries.withLock { entries in
-                for (user, version) in read where entries[user] == nil { entries[user] = Entry(version: version) }
+                for (user, version) in read where entries[user] == nil { entries[user] = Entry(version: version ?? -1) }
             }
         }
         complete.store(true, ordering: .releasing)

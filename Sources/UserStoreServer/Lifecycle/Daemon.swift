@@ -56,7 +56,7 @@ public enum Daemon {
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
         let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger)
         let notifier = context.notifier
-        index.startScan(layout: layout)
+        index.startScan(registry: registry)
         if configuration.registryConfiguration.policy.newStoresFromTemplate {
             // Before the socket serves, so that the very first new store is already a copy.
             do {
