@@ -243,9 +243,10 @@ int main(int argc, char **argv) {
         at += workers[t].samples_used;
     }
     qsort(all, total, sizeof(uint64_t), compare);
-    double p50 = total ? all[(size_t)(total * 0.50)] / 1e3 : 0, p99 = total ? all[(size_t)(total * 0.99)] / 1e3 : 0;
-    printf("{\"requests\": %zu, \"errors\": %llu, \"seconds\": %.3f, \"throughput\": %.1f, \"p50_us\": %.1f, \"p99_us\": %.1f, "
-           "\"client_cpu_us_per_request\": %.2f}\n",
-           total, (unsigned long long)errors, elapsed, total / elapsed, p50, p99, total ? cpu / (double)total : 0);
+#define PERCENTILE(q) (total ? all[(size_t)(total * (q))] / 1e3 : 0)
+    printf("{\"requests\": %zu, \"errors\": %llu, \"seconds\": %.3f, \"throughput\": %.1f, \"p50_us\": %.1f, \"p90_us\": %.1f, "
+           "\"p99_us\": %.1f, \"p999_us\": %.1f, \"client_cpu_us_per_request\": %.2f}\n",
+           total, (unsigned long long)errors, elapsed, total / elapsed, PERCENTILE(0.50), PERCENTILE(0.90), PERCENTILE(0.99),
+           PERCENTILE(0.999), total ? cpu / (double)total : 0);
     return 0;
 }
