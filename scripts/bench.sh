@@ -14,4 +14,8 @@ pg_ctlcluster 15 main stop 2>/dev/null || true
 swift build -c release --static-swift-stdlib --product userstored
 swift build -c release --static-swift-stdlib --product userstorectl
 swift build -c release --static-swift-stdlib --product userstore-bench
-exec "$(swift build -c release --show-bin-path)/userstore-bench" --repository "$PWD" "$@"
+command -v cc >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+# The load generator is C, as lean as pgbench (bench/userstore-load.c).
+bin="$(swift build -c release --show-bin-path)"
+cc -O2 -Wall -pthread -o "$bin/userstore-load" bench/userstore-load.c
+exec "$bin/userstore-bench" --repository "$PWD" "$@"

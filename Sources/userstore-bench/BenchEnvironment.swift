@@ -109,3 +109,18 @@ struct Postgres {
         _ = shellDetached("runuser -u postgres -- \(bin)/pg_ctl -D \(directory)/data -m fast -w stop")
     }
 }
+
+extension Postgres {
+    /// A pgbench script of 16 point queries sent in one pipeline (`\startpipeline`), the
+    /// counterpart of userstore-load's pipelined run; returns queries per second.
+    func pipelined(clients: Int, seconds: Int, depth: Int = 16) -> Double {
+        let script = directory + "/pipeline.sql"
+        let lines = ["\\set aid random(1, 100000 * :scale)", "\\startpipeline"]
+            + Array(repeating: "SELECT abalance FROM pgbench_accounts WHERE aid = :aid;", count: depth) + ["\\endpipeline"]
+        try? (lines.joined(separator: "\n") + "\n").write(toFile: script, atomically: true, encoding: .utf8)
+        shell("chown postgres \(script)")
+        let (_, output) = shell("runuser -u postgres -- \(bin)/pgbench -h \(directory)/socket -f \(script) -M prepared -c \(clients) -j \(min(clients, 2)) -T \(seconds) postgres")
+        let tps = output.split(separator: "\n").first { $0.hasPrefix("tps = ") }.flatMap { Double($0.split(separator: " ")[2]) } ?? 0
+        return tps * Double(depth)
+    }
+}

@@ -28,7 +28,8 @@ struct BenchCommand: AsyncParsableCommand {
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         chmod(root, 0o755)
         defer { try? FileManager.default.removeItem(atPath: root) }
-        var scenarios = Scenarios(env: BenchEnvironment(root: root, binaries: binaries, repository: repository), seconds: quick ? 2 : seconds, quick: quick)
+        var scenarios = Scenarios(env: BenchEnvironment(root: root, binaries: binaries, repository: repository), seconds: quick ? 2 : seconds,
+                                  quick: quick, load: LoadGenerator.available(in: binaries))
         let selected = Set(only.split(separator: ",").map(String.init))
         if selected.contains("1") { try await scenarios.pointQueries() }
         if selected.contains("2") { try await scenarios.durableWrites() }

@@ -1,0 +1,43 @@
+import Foundation
+import UserStoreCore
+import Varlink
+
+extension Scenarios {
+    // MARK: 5. Memory
+
+    mutating func memory() async throws {
+        let count = quick ? 20_000 : 100_000
+        log("5. memory: touching \(count) users with maxOpenStores = 1024")
+        let seed = try await env.makeSeed(data: env.root + "/memory-seed", migrations: try MigrationSet.load(directory: env.exampleMigrations), user: "seed", fill: "")
+        let data = env.root + "/memory-data"
+        let names = users(count, prefix: "m")
+        try env.clone(seed, into: data, users: names)
+        let (daemon, socket) = try env.startDaemon(name: "memory", data: data, migrations: env.exampleMigrations, maxOpenStores: 1024)
+        let next = Counter()
+        let started = nanoseconds()
+        let result = runLoad(threads: 16, seconds: 3600) { _ in
+            let client = SocketClient(path: socket)
+            return {
+                let index = next.next()
+                guard index < names.count else { return false }
+                return client.roundTrip(Array("{\"method\":\"io.userstore.Store.Open\",\"parameters\":{\"user\":\"\(names[index])\"}}".utf8) + [0])
+            }
+        } stopWhen: { next.value >= names.count }
+        let seconds = Double(nanoseconds() - started) / 1e9
+        let status = (try? String(contentsOfFile: "/proc/\(daemon.processIdentifier)/status", encoding: .utf8)) ?? ""
+        let rss = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") }.flatMap { Double($0.split(separator: " ").dropFirst().first ?? "") } ?? 0
+        let fdDirectory = "/proc/\(daemon.processIdentifier)/fd"
+        let fdTargets = ((try? FileManager.default.contentsOfDirectory(atPath: fdDirectory)) ?? []).compactMap {
+            try? FileManager.default.destinationOfSymbolicLink(atPath: fdDirectory + "/" + $0)
+        }
+        let fds = fdTargets.count
+        let storeFDs = fdTargets.filter { $0.hasPrefix(data + "/stores/") }.count
+        let openStores = (try? VarlinkConnection(path: socket).call("io.userstore.Admin.Status"))?["openStores"]?.integerValue ?? 0
+        env.stop(daemon)
+        let perStore = Double(storeFDs) / Double(max(openStores, 1))
+        measurements.append(Measurement(scenario: "5. memory", subject: "RSS after touching \(count) users", value: rss / 1024, unit: "MiB",
+                                        note: "\(fds) open fds, \(storeFDs) of them on the \(openStores) open stores: \(format(perStore)) per store; \(Int(result.throughput)) opens/s over \(format(seconds)) s"))
+        targets.append(TargetCheck(target: "memory < 256 MiB RSS after \(count) users", measured: "\(format(rss / 1024)) MiB", met: rss / 1024 < 256))
+        targets.append(TargetCheck(target: "≤ 2 fds per open store", measured: format(perStore), met: perStore <= 2))
+    }
+}

@@ -1,0 +1,151 @@
+import Foundation
+import GRDB
+import UserStoreCore
+
+extension Scenarios {
+    // MARK: 1. Point queries
+
+    /// `SELECT value FROM kv WHERE id = ?` on 100 and on 1,000 users × 10,000 rows, driven by
+    /// the C load generator like pgbench drives PostgreSQL (`-j 2`), alternating with pgbench
+    /// at each client count; then pipelined, with the Swift client, and in process.
+    mutating func pointQueries() async throws {
+        let postgres = Postgres.available() ? Postgres(directory: env.root + "/postgres") : nil
+        postgres?.start()
+        defer { postgres?.stop() }
+        for userCount in quick ? [100] : [100, 1000] {
+            try await pointQueries(users: userCount, postgres: postgres)
+        }
+    }
+
+    private mutating func pointQueries(users userCount: Int, postgres: Postgres?) async throws {
+        let scenario = "1. point query, \(userCount) users"
+        log("\(scenario): preparing \(userCount) users x 10,000 rows")
+        let fleet = try await kvFleet(name: "point\(userCount)", count: userCount, rows: 10_000)
+        let (daemon, socket) = try env.startDaemon(name: "point\(userCount)", data: fleet.data, migrations: fleet.migrations)
+        let workload = LoadGenerator.Workload(users: userCount)
+        guard let load else {
+            measurements.append(Measurement(scenario: scenario, subject: "userstored", value: 0, unit: "req/s", note: "userstore-load not built"))
+            return
+        }
+        _ = load.run(socket: socket, connections: 8, seconds: min(seconds, 3), workload) // warm: opens every store
+        var postgresAt8: Double?
+        for clients in [1, 8, 64] {
+            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
+            let ours = load.run(socket: socket, connections: clients, seconds: seconds, workload)
+            let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(ours.requests, 1))
+            measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
+                                            value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
+                                            note: "daemon CPU \(format(daemonCPU)) µs/request, client CPU \(format(ours.clientCPU)) µs/request" + errors(ours.errors)))
+            if clients == 8 {
+                targets.append(TargetCheck(target: "p99 < 500 µs at 8 clients (\(userCount) users)", measured: "\(format(ours.p99)) µs", met: ours.p99 < 500))
+                targets.append(TargetCheck(target: "daemon CPU ≤ 20 µs per point query at 8 clients (\(userCount) users)", measured: "\(format(daemonCPU)) µs", met: daemonCPU <= 20))
+            }
+            guard let postgres else { continue }
+            let (tps, latencies) = postgres.pgbench("-S", clients: clients, seconds: Int(seconds.rounded(.up)))
+            if clients == 8 { postgresAt8 = tps }
+            let ratio = ours.throughput / max(tps, 1)
+            measurements.append(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench -S -M prepared -j 2, \(clients) client\(clients == 1 ? "" : "s")",
+                                            value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
+                                            note: String(format: "userstored / PostgreSQL = %.2f×", ratio)))
+            targets.append(TargetCheck(target: "point queries ≥ 1.0× PostgreSQL at \(clients) client\(clients == 1 ? "" : "s") (\(userCount) users)",
+                                       measured: String(format: "%.2f×", ratio), met: ratio >= 1.0))
+        }
+
+        // Pipelined: 16 calls in flight on each of 8 connections.
+        let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
+        let pipelined = load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, workload)
+        let pipelinedCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(pipelined.requests, 1))
+        var note = "daemon CPU \(format(pipelinedCPU)) µs/request" + errors(pipelined.errors)
+        if let postgresAt8 {
+            let ratio = pipelined.throughput / max(postgresAt8, 1)
+            note += String(format: "; %.2f× pgbench -S at 8 clients", ratio)
+            targets.append(TargetCheck(target: "pipelined point queries ≥ 2× PostgreSQL at 8 connections (\(userCount) users)",
+                                       measured: String(format: "%.2f×", ratio), met: ratio >= 2))
+        }
+        measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × 16 pipelined",
+                                        value: pipelined.throughput, unit: "req/s", p50: pipelined.p50, p99: pipelined.p99, note: note))
+        if let postgres {
+            let queries = postgres.pipelined(clients: 8, seconds: Int(seconds.rounded(.up)))
+            measurements.append(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench pipeline mode, 8 clients × 16 queries",
+                                            value: queries, unit: "queries/s",
+                                            note: String(format: "userstored pipelined / PostgreSQL pipelined = %.2f×", pipelined.throughput / max(queries, 1))))
+        }
+
+        // The Swift client (a thread per two connections, poll): the client most Swift code would write.
+        let requests = fleet.users.map { Array("{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"\($0)\",\"sql\":\"\(Self.pointQuery)\",\"parameters\":[".utf8) }
+        let swift = runConnections(8, seconds: seconds, socket: socket) { index in
+            var random = FastRandom(state: UInt64(index + 1) * 7919)
+            return { requests[random.below(requests.count)] + Array("\(random.below(10_000) + 1)]}}".utf8) + [0] }
+        }
+        measurements.append(Measurement(scenario: scenario, subject: "userstored, Swift client, 8 connections", value: swift.throughput, unit: "req/s",
+                                        p50: swift.latencies.percentile(0.5), p99: swift.latencies.percentile(0.99), note: errors(swift.errors)))
+        env.stop(daemon)
+
+        // In-process GRDB on the same files: what SQLite itself costs (no socket, no JSON).
+        guard userCount == (quick ? 100 : 1000) else { return }
+        let layout = StoreLayout(dataDirectory: fleet.data)
+        let queues = try fleet.users.map { try DatabaseQueue(path: layout.storePath(for: try UserID($0))) }
+        for threads in [1, 8] {
+            let result = runLoad(threads: threads, seconds: seconds) { index in
+                let box = RandomBox(FastRandom(state: UInt64(index + 1) * 104_729))
+                return {
+                    let queue = queues[box.below(queues.count)]
+                    return (try? queue.inDatabase { db in try String.fetchOne(db.cachedStatement(sql: Self.pointQuery), arguments: [box.below(10_000) + 1]) }) != nil
+                }
+            }
+            measurements.append(Measurement(scenario: scenario, subject: "in-process GRDB, \(threads) thread\(threads == 1 ? "" : "s")",
+                                            value: result.throughput, unit: "req/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
+                                            note: "what SQLite itself costs: no socket, no JSON"))
+        }
+        for queue in queues { try? queue.close() }
+    }
+
+    func errors(_ count: Int) -> String { count == 0 ? "" : "; \(count) errors" }
+
+    // MARK: 2. Durable writes
+
+    /// Single-row INSERTs in autocommit (WAL, `synchronous=FULL`), one user and eight users
+    /// (a connection each), against in-process GRDB with the daemon's connection settings.
+    mutating func durableWrites() async throws {
+        log("2. durable writes")
+        let fleet = try await kvFleet(name: "writes", count: 8, rows: 0)
+        let (daemon, socket) = try env.startDaemon(name: "writes", data: fleet.data, migrations: fleet.migrations)
+        let insert = "INSERT INTO kv (value) VALUES ('durable write')"
+        var daemonRates: [Int: Double] = [:]
+        for users in [1, 8] {
+            guard let load else { break }
+            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
+            let result = load.run(socket: socket, connections: users, seconds: seconds,
+                                  LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
+            let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(result.requests, 1))
+            daemonRates[users] = result.throughput
+            measurements.append(Measurement(scenario: "2. durable INSERT", subject: "userstored, C client, \(users == 1 ? "1 user" : "\(users) users, a connection each")",
+                                            value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
+                                            note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
+        }
+        env.stop(daemon)
+        let layout = StoreLayout(dataDirectory: fleet.data)
+        for threads in [1, 8] {
+            let queues = try (0..<threads).map { index -> DatabaseQueue in
+                var config = Configuration()
+                config.prepareDatabase { db in
+                    // The daemon's own connection settings (StoreOpener).
+                    try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
+                    try db.execute(sql: "PRAGMA synchronous = FULL")
+                }
+                return try DatabaseQueue(path: layout.storePath(for: try UserID(fleet.users[index])), configuration: config)
+            }
+            let result = runLoad(threads: threads, seconds: seconds) { index in
+                { (try? queues[index].inDatabase { try $0.execute(sql: insert) }) != nil }
+            }
+            let share = (daemonRates[threads] ?? 0) / max(result.throughput, 1)
+            measurements.append(Measurement(scenario: "2. durable INSERT", subject: "in-process GRDB (WAL, synchronous=FULL, exclusive locking), \(threads) thread\(threads == 1 ? "" : "s")",
+                                            value: result.throughput, unit: "ops/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
+                                            note: String(format: "userstored reaches %.0f%% of it", 100 * share)))
+            if threads == 8 {
+                targets.append(TargetCheck(target: "durable INSERTs ≥ 80% of in-process GRDB at 8 users", measured: String(format: "%.0f%%", 100 * share), met: share >= 0.8))
+            }
+            for queue in queues { try? queue.close() }
+        }
+    }
+}
