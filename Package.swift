@@ -13,7 +13,6 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
-        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: [.defaults, "YAML"]),
@@ -34,7 +33,9 @@ let package = Package(
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // The varlink protocol: exact JSON, framing, messages, a blocking client.
-        .target(name: "Varlink"),
+        .target(name: "Varlink", dependencies: ["CUnixSocket"]),
+        // recvmsg/sendmsg with SCM_RIGHTS, SO_PEERCRED and epoll (C macros and packed structs Swift cannot use).
+        .target(name: "CUnixSocket"),
         // libsystemd: sd_notify, sd_listen_fds, sd_journal_sendv.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // Structured events to the systemd journal (sd_journal_sendv) or stderr.
@@ -57,11 +58,9 @@ let package = Package(
         .target(
             name: "UserStoreServer",
             dependencies: [
-                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol",
+                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),

@@ -1,4 +1,8 @@
+import Synchronization
 import Varlink
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A call as the handlers off the event loop's fast path see it: its decoded form, and the
 /// message it came in, from which SQL and parameters are read in place.
@@ -7,6 +11,8 @@ struct Request: Sendable {
     let call: VarlinkCall
     /// The call's bytes and tokens.
     let message: JSONMessage
+    /// File descriptors the caller passed with the call (`SCM_RIGHTS`).
+    var descriptors = PassedDescriptors([])
 
     /// The statement of a Query or Execute call: `sql` (a string) and `parameters`.
     func statement() throws(VarlinkError) -> SQLRunner.Statement {
@@ -47,5 +53,36 @@ extension SQLRunner.Statement {
         }
         if let failure { throw failure }
         return statements
+    }
+}
+
+/// File descriptors a caller passed with a call (`SCM_RIGHTS`), owned by the call: a handler
+/// takes the ones it keeps, and the rest are closed when the call ends.
+final class PassedDescriptors: Sendable {
+    private let descriptors: Mutex<[Int32?]>
+
+    init(_ descriptors: [Int32]) {
+        self.descriptors = Mutex(descriptors.map { $0 })
+    }
+
+    /// How many came with the call.
+    var count: Int { descriptors.withLock { $0.count } }
+
+    /// Takes descriptor `index` (the caller closes it); nil when there is none or it was taken.
+    func take(_ index: Int) -> Int32? {
+        descriptors.withLock { list in
+            guard list.indices.contains(index) else { return nil }
+            defer { list[index] = nil }
+            return list[index]
+        }
+    }
+
+    /// Closes every descriptor not taken.
+    func closeAll() {
+        let left = descriptors.withLock { list in
+            defer { list = list.map { _ in nil } }
+            return list.compactMap { $0 }
+        }
+        for descriptor in left { close(descriptor) }
     }
 }

@@ -1,4 +1,3 @@
-import NIOCore
 import Synchronization
 
 /// The open client connections: admission against `limits.maxConnections`, the count for
@@ -7,7 +6,7 @@ final class ConnectionTracker: Sendable {
     enum Admission { case admitted, full, stopping }
 
     private struct State {
-        var channels: [ObjectIdentifier: any Channel] = [:]
+        var channels: [ObjectIdentifier: Connection] = [:]
         var stopping = false
         var waiters: [CheckedContinuation<Void, Never>] = []
     }
@@ -17,18 +16,18 @@ final class ConnectionTracker: Sendable {
     /// Connections admitted and not yet closed.
     var count: Int { state.withLock { $0.channels.count } }
 
-    /// Admits `channel` unless `maximum` connections are open or shutdown has begun.
-    func admit(_ channel: any Channel, maximum: Int) -> Admission {
+    /// Admits `connection` unless `maximum` connections are open or shutdown has begun.
+    func admit(_ connection: Connection, maximum: Int) -> Admission {
         state.withLock { state in
             if state.stopping { return .stopping }
             guard state.channels.count < maximum else { return .full }
-            state.channels[ObjectIdentifier(channel)] = channel
+            state.channels[ObjectIdentifier(connection)] = connection
             return .admitted
         }
     }
 
     /// Forgets a closed connection.
-    func remove(_ channel: any Channel) {
+    func remove(_ channel: Connection) {
         let waiters = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             state.channels[ObjectIdentifier(channel)] = nil
             guard state.channels.isEmpty else { return [] }
@@ -38,16 +37,16 @@ final class ConnectionTracker: Sendable {
         for waiter in waiters { waiter.resume() }
     }
 
-    /// Admits no more connections, asks every open one to finish (``ChannelShouldQuiesceEvent``:
-    /// an idle connection closes at once, a busy one after the replies to the calls it started),
+    /// Admits no more connections, asks every open one to finish (``Connection/quiesce()``: an
+    /// idle connection closes at once, a busy one after the replies to the calls it started),
     /// and returns when all are closed.
     func quiesce() async {
         let channels = state.withLock { state in
             state.stopping = true
             return Array(state.channels.values)
         }
-        for channel in channels {
-            channel.eventLoop.execute { channel.pipeline.fireUserInboundEventTriggered(ChannelShouldQuiesceEvent()) }
+        for connection in channels {
+            connection.loop.execute { connection.quiesce() }
         }
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let done = state.withLock { state in

@@ -1,50 +1,73 @@
+import CUnixSocket
 import Logging
-import NIOCore
-import NIOPosix
 import ServiceLifecycle
 import UserStoreCore
 import Varlink
+#if canImport(Glibc)
+import Glibc
+#endif
 
-/// The varlink socket: accepts connections and serves each on its channel's event loop with a
-/// ``ConnectionHandler``. A slow, idle or broken client only ever holds up its own connection.
+/// The varlink socket: one ``EventLoop`` per core accepts connections and serves each with a
+/// ``Connection``. A slow, idle or broken client only ever holds up its own connection.
 final class SocketServer: Service {
-    private let listener: any Channel
+    private let listener: Int32
+    private let loops: [EventLoop]
+    private let acceptors: [Acceptor]
     private let context: DaemonContext
     private let onReady: @Sendable () -> Void
     private let onStopping: @Sendable () -> Void
 
-    private init(listener: any Channel, context: DaemonContext,
+    private init(listener: Int32, loops: [EventLoop], acceptors: [Acceptor], context: DaemonContext,
                  onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) {
         self.listener = listener
+        self.loops = loops
+        self.acceptors = acceptors
         self.context = context
         self.onReady = onReady
         self.onStopping = onStopping
     }
 
-    /// Binds `path` (or adopts `inherited`, a listening socket from systemd).
+    /// Binds `path` (or adopts `inherited`, a listening socket from systemd) and starts the loops.
     static func bind(path: String, inherited: Int32?, context: DaemonContext, logger: Logger,
                      onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) async throws -> SocketServer {
-        let shared = ConnectionHandler.Shared(context: context, fastPath: FastPath(context: context),
-                                              router: RequestRouter(context: context, logger: logger), logger: logger)
-        let bootstrap = ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-            .serverChannelOption(.backlog, value: 1024)
-            // A client that shuts down its sending side still gets the replies to what it sent.
-            .childChannelOption(.allowRemoteHalfClosure, value: true)
-            .childChannelOption(.maxMessagesPerRead, value: 16)
-            .childChannelInitializer { child in
-                PeerCredentials.read(from: child).flatMapThrowing { credentials in
-                    try child.pipeline.syncOperations.addHandler(ConnectionHandler(shared: shared, credentials: credentials))
-                }
-            }
-        let listener: any Channel
+        let listener: Int32
         if let inherited {
-            listener = try await bootstrap.withBoundSocket(inherited).get()
+            listener = inherited
+            _ = fcntl(listener, F_SETFL, fcntl(listener, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(listener, F_SETFD, FD_CLOEXEC)
         } else {
             try SocketBinder.prepare(path)
-            listener = try await bootstrap.bind(unixDomainSocketPath: path, cleanupExistingSocketFile: false).get()
+            listener = try listen(on: path)
             try SocketBinder.restrict(path, mode: context.configuration.socketMode, group: context.configuration.socketGroup)
         }
-        return SocketServer(listener: listener, context: context, onReady: onReady, onStopping: onStopping)
+        let shared = Connection.Shared(context: context, fastPath: FastPath(context: context),
+                                       router: RequestRouter(context: context, logger: logger), logger: logger)
+        let loops = try (0..<max(1, System.coreCount)).map { try EventLoop(name: "userstored-loop-\($0)") }
+        let acceptors = loops.map { Acceptor(listener: listener, loop: $0, shared: shared) }
+        for (loop, acceptor) in zip(loops, acceptors) {
+            loop.start()
+            loop.execute { acceptor.start() }
+        }
+        return SocketServer(listener: listener, loops: loops, acceptors: acceptors, context: context, onReady: onReady, onStopping: onStopping)
+    }
+
+    /// A non-blocking listening Unix socket bound to `path`.
+    private static func listen(on path: String) throws -> Int32 {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_NONBLOCK.rawValue | SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { throw TransportError.system("socket", errno) }
+        let bound = UnixSocketAddress.with(path: path) { address, length in Glibc.bind(descriptor, address, length) }
+        guard bound == 0 else {
+            let code = errno
+            close(descriptor)
+            throw SocketBinder.PathError(path: path, problem: bound == nil ? "the path is longer than a socket address allows (107 bytes)"
+                                                                            : "bind failed: \(String(cString: strerror(code)))")
+        }
+        guard Glibc.listen(descriptor, 1024) == 0 else {
+            let code = errno
+            close(descriptor)
+            throw TransportError.system("listen", code)
+        }
+        return descriptor
     }
 
     /// Serves until graceful shutdown; then accepts nothing more, lets every connection finish
@@ -54,7 +77,18 @@ final class SocketServer: Service {
         try? await gracefulShutdown()
         context.beginShutdown()
         onStopping()
-        try? await listener.close()
+        await withTaskGroup(of: Void.self) { group in
+            for (loop, acceptor) in zip(loops, acceptors) {
+                group.addTask { await withCheckedContinuation { done in loop.execute { acceptor.finish(); done.resume() } } }
+            }
+        }
+        close(listener)
         await context.connections.quiesce()
+        for loop in loops { loop.stopAndWait() }
     }
+}
+
+enum System {
+    /// Cores this process may run on.
+    static var coreCount: Int { Int(us_cpu_count()) }
 }

@@ -1,0 +1,72 @@
+import CUnixSocket
+import Logging
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The listening socket on one ``EventLoop``: every loop waits on it (`EPOLLEXCLUSIVE`: the
+/// kernel wakes one loop per incoming connection) and serves the connections it accepts.
+/// Confined to its loop's thread (reached from elsewhere only through `loop.execute`), hence
+/// `@unchecked Sendable`.
+final class Acceptor: EventHandler, @unchecked Sendable {
+    private let listener: Int32
+    private let loop: EventLoop
+    private let shared: Connection.Shared
+    private var token: UInt64?
+    private var finished = false
+
+    init(listener: Int32, loop: EventLoop, shared: Connection.Shared) {
+        self.listener = listener
+        self.loop = loop
+        self.shared = shared
+    }
+
+    /// Starts accepting (on the loop's thread).
+    func start() {
+        guard token == nil, !finished else { return }
+        do {
+            token = try loop.register(listener, events: EPOLLIN.rawValue | EPOLLEXCLUSIVE.rawValue, self)
+        } catch {
+            shared.logger.error("cannot wait for connections: \(error)", metadata: ["event": "accept-failed"])
+        }
+    }
+
+    /// Stops accepting for good (on the loop's thread).
+    func finish() {
+        finished = true
+        stop()
+    }
+
+    private func stop() {
+        guard let token else { return }
+        loop.unregister(listener, token: token)
+        self.token = nil
+    }
+
+    func ready(_ events: UInt32) {
+        for _ in 0..<16 {
+            let descriptor = us_accept(listener)
+            if descriptor >= 0 {
+                Connection.start(descriptor, loop: loop, shared: shared)
+                continue
+            }
+            switch errno {
+            case EINTR, ECONNABORTED:
+                continue
+            case EAGAIN, EWOULDBLOCK:
+                return
+            case EMFILE, ENFILE, ENOBUFS, ENOMEM:
+                // Out of descriptors or memory: the connection stays in the backlog; stop looking
+                // for a moment instead of spinning on a listener that stays readable.
+                shared.logger.warning("cannot accept a connection: \(String(cString: strerror(errno))); retrying in 100 ms",
+                                      metadata: ["event": "accept-failed"])
+                stop()
+                loop.schedule(after: 100_000_000) { [self] in start() }
+                return
+            default:
+                shared.logger.error("accept failed: \(String(cString: strerror(errno)))", metadata: ["event": "accept-failed"])
+                return
+            }
+        }
+    }
+}

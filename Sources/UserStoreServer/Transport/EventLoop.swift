@@ -1,0 +1,203 @@
+import CUnixSocket
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Something registered with an ``EventLoop``: told, on the loop's thread, which epoll events
+/// fired for its descriptor.
+protocol EventHandler: AnyObject {
+    func ready(_ events: UInt32)
+}
+
+/// One thread waiting on epoll: runs the handlers of the descriptors that became ready, tasks
+/// handed to it from other threads (``execute(_:)``, woken through an eventfd) and timers.
+///
+/// The daemon's own, rather than SwiftNIO's, because a varlink peer may pass file descriptors
+/// with a call (`SCM_RIGHTS`, as systemd's varlink services do) and NIO reads stream sockets
+/// with `read(2)`, which makes the kernel drop them; this loop's connections use `recvmsg(2)`.
+///
+/// Thread-safety: ``execute(_:)`` and ``inEventLoop`` from anywhere; everything else only on
+/// the loop's thread (its state is confined there, hence `@unchecked Sendable`).
+final class EventLoop: @unchecked Sendable {
+    let name: String
+    private let epoll: Int32
+    private let wakeDescriptor: Int32
+    private struct Inbox {
+        var tasks: [@Sendable () -> Void] = []
+        var woken = false
+    }
+    private let inbox = Mutex(Inbox())
+    private let thread = Atomic<UInt>(0)
+    private let finished = DispatchSemaphore(value: 0)
+
+    // Loop-confined.
+    private var handlers: [UInt64: any EventHandler] = [:]
+    private var nextToken: UInt64 = 1
+    private var timers: [Timer] = []
+    private var nextTimer = 0
+    private var stopping = false
+
+    private struct Timer {
+        var deadline: UInt64
+        var id: Int
+        var task: () -> Void
+    }
+
+    init(name: String) throws {
+        self.name = name
+        epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+        wakeDescriptor = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
+        guard epoll >= 0, wakeDescriptor >= 0 else { throw TransportError.system("epoll_create1/eventfd", errno) }
+        guard us_epoll_ctl(epoll, EPOLL_CTL_ADD, wakeDescriptor, EPOLLIN.rawValue, 0) == 0 else {
+            throw TransportError.system("epoll_ctl", errno)
+        }
+    }
+
+    deinit {
+        close(epoll)
+        close(wakeDescriptor)
+    }
+
+    /// Starts the loop's thread.
+    func start() {
+        let thread = Thread { [self] in
+            self.thread.store(UInt(pthread_self()), ordering: .releasing)
+            run()
+            finished.signal()
+        }
+        thread.name = name
+        thread.start()
+    }
+
+    /// Whether the caller runs on this loop's thread.
+    var inEventLoop: Bool { thread.load(ordering: .acquiring) == UInt(pthread_self()) }
+
+    /// Runs `task` on the loop's thread, after what is already queued (from any thread).
+    func execute(_ task: @escaping @Sendable () -> Void) {
+        let wake = inbox.withLock { inbox in
+            inbox.tasks.append(task)
+            defer { inbox.woken = true }
+            return !inbox.woken
+        }
+        if wake {
+            var one: UInt64 = 1
+            _ = write(wakeDescriptor, &one, 8)
+        }
+    }
+
+    /// Asks the loop to end once the handlers registered have gone, and waits for it.
+    func stopAndWait() {
+        execute { [self] in stopping = true }
+        finished.wait()
+    }
+
+    // MARK: Registration (on the loop's thread)
+
+    /// Registers `handler` for `events` on `descriptor`; returns the token to change or remove it.
+    func register(_ descriptor: Int32, events: UInt32, _ handler: any EventHandler) throws -> UInt64 {
+        let token = nextToken
+        nextToken += 1
+        guard us_epoll_ctl(epoll, EPOLL_CTL_ADD, descriptor, events, token) == 0 else { throw TransportError.system("epoll_ctl", errno) }
+        handlers[token] = handler
+        return token
+    }
+
+    /// Changes the events `descriptor` (registered as `token`) waits for.
+    func modify(_ descriptor: Int32, token: UInt64, events: UInt32) {
+        _ = us_epoll_ctl(epoll, EPOLL_CTL_MOD, descriptor, events, token)
+    }
+
+    /// Removes `descriptor` (registered as `token`); call before closing it.
+    func unregister(_ descriptor: Int32, token: UInt64) {
+        _ = us_epoll_ctl(epoll, EPOLL_CTL_DEL, descriptor, 0, 0)
+        handlers[token] = nil
+    }
+
+    /// Runs `task` on the loop after `nanoseconds`; returns an id for ``cancel(_:)``.
+    @discardableResult
+    func schedule(after nanoseconds: UInt64, _ task: @escaping () -> Void) -> Int {
+        nextTimer += 1
+        timers.append(Timer(deadline: StoreClock.now() + nanoseconds, id: nextTimer, task: task))
+        return nextTimer
+    }
+
+    func cancel(_ timer: Int) {
+        timers.removeAll { $0.id == timer }
+    }
+
+    // MARK: The loop
+
+    private func run() {
+        var tokens = [UInt64](repeating: 0, count: 64)
+        var events = [UInt32](repeating: 0, count: 64)
+        while !(stopping && handlers.isEmpty) {
+            let count = tokens.withUnsafeMutableBufferPointer { tokens in
+                events.withUnsafeMutableBufferPointer { events in
+                    us_epoll_wait(epoll, tokens.baseAddress, events.baseAddress, 64, timeoutMilliseconds())
+                }
+            }
+            if count < 0 {
+                if errno == EINTR { continue }
+                fatalError("\(name): epoll_wait failed: \(String(cString: strerror(errno)))")
+            }
+            for index in 0..<Int(count) {
+                if tokens[index] == 0 {
+                    runTasks()
+                } else if let handler = handlers[tokens[index]] {
+                    handler.ready(events[index])
+                }
+            }
+            runTimers()
+        }
+    }
+
+    private func runTasks() {
+        var drained: UInt64 = 0
+        _ = read(wakeDescriptor, &drained, 8)
+        let tasks = inbox.withLock { inbox in
+            inbox.woken = false
+            defer { inbox.tasks.removeAll(keepingCapacity: true) }
+            return inbox.tasks
+        }
+        for task in tasks { task() }
+    }
+
+    private func timeoutMilliseconds() -> Int32 {
+        guard let next = timers.min(by: { $0.deadline < $1.deadline })?.deadline else { return -1 }
+        let now = StoreClock.now()
+        return next <= now ? 0 : Int32(min((next - now + 999_999) / 1_000_000, 60_000))
+    }
+
+    private func runTimers() {
+        guard !timers.isEmpty else { return }
+        let now = StoreClock.now()
+        let due = timers.filter { $0.deadline <= now }
+        guard !due.isEmpty else { return }
+        timers.removeAll { $0.deadline <= now }
+        for timer in due { timer.task() }
+    }
+}
+
+/// Monotonic nanoseconds (a vDSO call).
+enum StoreClock {
+    static func now() -> UInt64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &spec)
+        return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
+    }
+}
+
+/// A system call of the transport failed.
+enum TransportError: Error, CustomStringConvertible {
+    case system(String, Int32)
+    case closed
+
+    var description: String {
+        switch self {
+        case .system(let call, let code): return "\(call): \(String(cString: strerror(code)))"
+        case .closed: return "the connection is closed"
+        }
+    }
+}
