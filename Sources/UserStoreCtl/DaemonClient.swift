@@ -21,9 +21,9 @@ public final class DaemonClient {
     }
 
     /// Calls a method and returns its reply.
-    public func call(_ method: String, _ parameters: [String: JSONValue] = [:]) throws(CtlError) -> [String: JSONValue] {
+    public func call(_ method: String, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) throws(CtlError) -> [String: JSONValue] {
         do {
-            return try connection.call(method, parameters)
+            return try connection.call(method, parameters, descriptors: descriptors)
         } catch let error as VarlinkError {
             throw CtlError.from(error, socket: socketPath)
         } catch {

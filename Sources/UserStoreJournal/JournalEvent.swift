@@ -20,6 +20,10 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case backupCreated = "backup-created"
     case rollbackStep = "rollback-step"
     case logEntriesDropped = "log-entries-dropped"
+    case storeDeleted = "store-deleted"
+    case storeExported = "store-exported"
+    case storeImported = "store-imported"
+    case storeRestored = "store-restored"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -42,6 +46,10 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .backupCreated: return "d4fc1eb900974116bb02f3f6448e2bfa"
         case .rollbackStep: return "bff55c34b7384819b3a37a1ca7ba61d2"
         case .logEntriesDropped: return "435beae6a69248f58fd8e37d3223dd37"
+        case .storeDeleted: return "8f0b5e2c6d1a4f3e9b7c2a1d0e4f6a83"
+        case .storeExported: return "2c7e9a41b5d34f08a6e1c3b7d9f2a504"
+        case .storeImported: return "d61a3f8e27c94b5f8e0a4c6b2d7f9e15"
+        case .storeRestored: return "5a9c1e7f3b2d4e6a8c0f1b3d5e7a9c26"
         }
     }
 }

@@ -32,6 +32,10 @@ extension StoreError {
             return VarlinkError(prefix + "StorageFailure", ["user": .string(user.rawValue), "message": .string(message)])
         case .noSuchStore(let user):
             return VarlinkError("io.userstore.Admin.NoSuchStore", ["user": .string(user.rawValue)])
+        case .noSuchBackup(let user, let backup):
+            return VarlinkError("io.userstore.Admin.NoSuchBackup", ["user": .string(user.rawValue), "backup": .string(backup)])
+        case .importRefused(let user, let reason):
+            return VarlinkError("io.userstore.Admin.ImportRefused", ["user": .string(user.rawValue), "reason": .string(reason)])
         }
     }
 }

@@ -1,3 +1,4 @@
+import CUnixSocket
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -71,12 +72,21 @@ public final class VarlinkConnection {
         }
     }
 
-    /// Sends a call.
-    public func send(_ call: VarlinkCall) throws(TransportError) {
+    /// Sends a call; `descriptors` travel with it (`SCM_RIGHTS`, at most 16), as systemd's
+    /// varlink clients pass files.
+    public func send(_ call: VarlinkCall, descriptors: [Int32] = []) throws(TransportError) {
         var writer = JSONWriter()
         writer.write(call.message)
         writer.raw(byte: 0)
-        try send(raw: writer.bytes)
+        guard !descriptors.isEmpty else { return try send(raw: writer.bytes) }
+        // The descriptors go with the first bytes; the rest of a long message follows as usual.
+        let sent = writer.bytes.withUnsafeBytes { bytes in
+            descriptors.withUnsafeBufferPointer { fds in
+                us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, fds.baseAddress, Int32(fds.count))
+            }
+        }
+        guard sent > 0 else { throw .io(path: path, message: "write failed: \(String(cString: strerror(errno)))") }
+        if sent < writer.bytes.count { try send(raw: Array(writer.bytes[sent...])) }
     }
 
     /// Reads the next NUL-terminated message.
@@ -109,8 +119,8 @@ public final class VarlinkConnection {
 
     /// Calls `method` and returns its single reply; a varlink error reply is thrown as
     /// ``VarlinkError``, a transport failure as ``TransportError``.
-    public func call(_ method: String, _ parameters: [String: JSONValue] = [:]) throws -> [String: JSONValue] {
-        try send(VarlinkCall(method: method, parameters: parameters))
+    public func call(_ method: String, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) throws -> [String: JSONValue] {
+        try send(VarlinkCall(method: method, parameters: parameters), descriptors: descriptors)
         return try readReply().checked().parameters
     }
 

@@ -91,7 +91,7 @@ extension Scenarios {
         guard userCount == (quick ? 100 : 1000) else { return }
         let layout = StoreLayout(dataDirectory: fleet.data)
         let queues = try fleet.users.map { try DatabaseQueue(path: layout.storePath(for: try UserID($0))) }
-        for queue in queues { _ = try queue.read { db in try Int.fetchOne(db, sql: "SELECT sum(length(value)) FROM kv") } } // warm, as above
+        for queue in queues { _ = try queue.inDatabase { db in try Int.fetchOne(db, sql: "SELECT sum(length(value)) FROM kv") } } // warm, as above
         for threads in [1, 8] {
             let result = runLoad(threads: threads, seconds: seconds) { index in
                 let box = RandomBox(FastRandom(state: UInt64(index + 1) * 104_729))

@@ -335,7 +335,7 @@ import Testing
         #expect(!BackupKeeper.isBackup(URL(fileURLWithPath: backup).lastPathComponent, of: user("ki")))
 
         // A copy a crash left half-written is never listed, and the next prune removes it.
-        let leftover = backup.replacingOccurrences(of: ".sqlite", with: "9.sqlite") + BackupKeeper.partialSuffix
+        let leftover = backup.replacingOccurrences(of: ".v1.", with: ".v7.") + BackupKeeper.partialSuffix
         #expect(FileManager.default.createFile(atPath: leftover, contents: Data("half".utf8)))
         #expect(!BackupKeeper(layout: StoreLayout(dataDirectory: directory.path + "/data")).list(user: user("kim")).contains(leftover))
 

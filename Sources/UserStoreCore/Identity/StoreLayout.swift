@@ -6,7 +6,9 @@ import Foundation
 /// ```
 /// <dataDirectory>/userstore.lock                      cross-process lock (DataDirectoryLock)
 /// <dataDirectory>/stores/ab/cd/<userID>.sqlite        one store per user
-/// <dataDirectory>/backups/ab/cd/<userID>.v3.<time>.sqlite   copies taken before migrating
+/// <dataDirectory>/backups/ab/cd/<userID>.v3.<time>.<reason>.sqlite   copies of the store
+/// <dataDirectory>/staging/                            imports and restores being prepared
+/// <dataDirectory>/deleting/<userID>                   deletions under way
 /// ```
 /// `ab/cd` are the first two bytes of SHA-256(userID) in hex: 65,536 folders, so a million users
 /// put about fifteen files in each, and `find -name '<userID>.sqlite'` still finds a store.
@@ -28,6 +30,12 @@ public struct StoreLayout: Sendable, Equatable {
     public var backupsDirectory: String { dataDirectory + "/backups" }
     /// Scratch space for building the new-store template (see `StoreTemplate`).
     public var templatesDirectory: String { dataDirectory + "/templates" }
+    /// Files being imported or restored, until they are published as a store (anything left
+    /// there by a crash is removed at start-up).
+    public var stagingDirectory: String { dataDirectory + "/staging" }
+    /// One marker per store being deleted, written before its first file is removed, so a
+    /// deletion cut short by a crash is finished at start-up.
+    public var deletingDirectory: String { dataDirectory + "/deleting" }
     /// The cross-process lock file.
     public var lockPath: String { dataDirectory + "/userstore.lock" }
 

@@ -67,6 +67,8 @@ struct RegistryEntry {
     /// LRU order.
     var tick: UInt64
     var lastUsed: ContinuousClock.Instant = .now
+    /// Who waits for the last lease to end (``StoreRegistry/withStoreClosed(_:_:)``).
+    var drainWaiters: [CheckedContinuation<Void, Never>] = []
 
     init(store: Store?, phase: Phase, tick: UInt64) {
         self.store = store

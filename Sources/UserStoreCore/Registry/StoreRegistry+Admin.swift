@@ -83,7 +83,7 @@ extension StoreRegistry {
         let keeper = BackupKeeper(layout: configuration.layout)
         return try await withStore(user, access: .admin) { store in
             try await store.write { db in
-                try keeper.take(db, user: user, schemaVersion: try Bookkeeping.userVersion(db), to: path)
+                try keeper.take(db, user: user, schemaVersion: try Bookkeeping.userVersion(db), reason: .manual, to: path)
             }
         }
     }

@@ -25,7 +25,7 @@ public final class StoreRegistry: Sendable {
     let observer: any StoreObserver
     private let lock: DataDirectoryLock
     private let opener: StoreOpener
-    private let state: Mutex<RegistryState>
+    let state: Mutex<RegistryState>
 
     /// A registry over `configuration.layout`, which `lock` must be the lock of.
     public init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
@@ -198,12 +198,17 @@ public final class StoreRegistry: Sendable {
 
     /// Ends a lease taken by ``leaseIfReady(_:)`` (``withStore(_:access:_:)`` ends its own).
     public func release(_ user: UserID) {
-        state.withLock { state in
-            guard let index = state.entries.index(forKey: user) else { return }
+        let drained = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            guard let index = state.entries.index(forKey: user) else { return [] }
             state.entries.values[index].leases -= 1
             state.entries.values[index].lastUsed = .now
-            if state.entries.values[index].leases == 0 && !state.capacityWaiters.isEmpty { state.wakeWaiters() }
+            guard state.entries.values[index].leases == 0 else { return [] }
+            if !state.capacityWaiters.isEmpty { state.wakeWaiters() }
+            guard !state.entries.values[index].drainWaiters.isEmpty else { return [] }
+            defer { state.entries.values[index].drainWaiters.removeAll() }
+            return state.entries.values[index].drainWaiters
         }
+        for waiter in drained { waiter.resume() }
     }
 
     // MARK: Preparing
@@ -417,7 +422,7 @@ public final class StoreRegistry: Sendable {
 
     /// Closing checkpoints the WAL (disk I/O), so it runs on a dispatch thread, not the
     /// cooperative pool. GRDB's close waits for work already queued on the store.
-    private func close(_ store: Store) async {
+    func close(_ store: Store) async {
         await Self.offThread { store.close() }
     }
 

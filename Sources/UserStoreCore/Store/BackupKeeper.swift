@@ -2,9 +2,35 @@ import Foundation
 import GRDB
 import GRDBSQLite
 
-/// Takes consistent copies of stores (SQLite's online backup API) and prunes old ones.
+/// Why a copy of a store was taken.
+public enum BackupReason: String, Sendable, CaseIterable {
+    /// Before a migration (kept for `migrations.backupRetentionSeconds`).
+    case beforeMigration = "before-migration"
+    /// `io.userstore.Admin.Backup` into the backups folder (kept until deleted).
+    case manual
+    /// The live store, before `RestoreStore` replaced it.
+    case beforeRestore = "before-restore"
+    /// The live store, before `ImportStore` with `replace` replaced it.
+    case beforeImport = "before-import"
+}
+
+/// One copy of a store in the backups folder.
+public struct BackupInfo: Sendable, Equatable {
+    public var path: String
+    /// The file's name (what `RestoreStore` accepts, as well as the path).
+    public var fileName: String
+    /// When it was taken (ISO-8601 UTC, microseconds).
+    public var takenAt: String
+    /// The store's schema version when it was taken.
+    public var schemaVersion: Int64
+    public var reason: BackupReason
+    public var bytes: Int64
+}
+
+/// Takes consistent copies of stores (SQLite's online backup API), lists and prunes them.
 ///
-/// Copies live in `<data>/backups/ab/cd/<user>.v<schemaVersion>.<UTC time>.sqlite`.
+/// Copies live in `<data>/backups/ab/cd/<user>.v<schemaVersion>.<UTC time>.<reason>.sqlite`
+/// (copies named before reasons were recorded, without `.<reason>`, read as before-migration).
 struct BackupKeeper: Sendable {
     let layout: StoreLayout
 
@@ -15,18 +41,23 @@ struct BackupKeeper: Sendable {
     /// one, and it is on disk before the migration it protects commits. Cheaper than `VACUUM
     /// INTO`, which re-parses the schema, rebuilds every table and index, and writes, syncs and
     /// deletes a journal.
-    func take(_ db: Database, user: UserID, schemaVersion: Int64, to explicitPath: String? = nil) throws -> String {
+    func take(_ db: Database, user: UserID, schemaVersion: Int64, reason: BackupReason, to explicitPath: String? = nil) throws -> String {
+        try take(db.sqliteConnection!, user: user, schemaVersion: schemaVersion, reason: reason, to: explicitPath)
+    }
+
+    /// ``take(_:user:schemaVersion:reason:to:)`` from a raw connection.
+    func take(_ connection: OpaquePointer, user: UserID, schemaVersion: Int64, reason: BackupReason, to explicitPath: String? = nil) throws -> String {
         let path: String
         if let explicitPath {
             path = explicitPath
         } else {
             let directory = layout.backupDirectory(for: user)
             try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-            path = directory + "/" + Self.fileName(user: user, schemaVersion: schemaVersion, at: Date())
+            path = directory + "/" + Self.fileName(user: user, schemaVersion: schemaVersion, reason: reason, at: Date())
         }
         let partial = path + Self.partialSuffix
         do {
-            try Self.copy(db.sqliteConnection!, to: partial)
+            try Self.copy(connection, to: partial)
             try DurableFile.publish(partial, as: path)
         } catch {
             unlink(partial)
@@ -41,7 +72,7 @@ struct BackupKeeper: Sendable {
     private struct CopyFailure: Error, CustomStringConvertible { let description: String }
 
     /// Copies every page of `source`'s main database into a new file at `path`.
-    private static func copy(_ source: OpaquePointer, to path: String) throws {
+    static func copy(_ source: OpaquePointer, to path: String) throws {
         var destination: OpaquePointer?
         defer { sqlite3_close_v2(destination) }
         guard sqlite3_open_v2(path, &destination, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nil) == SQLITE_OK, let destination else {
@@ -55,7 +86,8 @@ struct BackupKeeper: Sendable {
         guard sqlite3_backup_finish(backup) == SQLITE_OK, stepped == SQLITE_DONE else { throw failure() }
     }
 
-    /// Deletes `user`'s copies older than `seconds`, and any copy a crash left half-written.
+    /// Deletes `user`'s before-migration copies older than `seconds`, and any copy a crash left
+    /// half-written. Copies an operator asked for (manual, before a restore or an import) stay.
     func prune(user: UserID, olderThanSeconds seconds: Int) {
         let directory = layout.backupDirectory(for: user)
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
@@ -67,7 +99,7 @@ struct BackupKeeper: Sendable {
                 unlink(path)
                 continue
             }
-            guard Self.isBackup(name, of: user) else { continue }
+            guard Self.parse(name, of: user)?.reason == .beforeMigration else { continue }
             let modified = (try? FileManager.default.attributesOfItem(atPath: path)[.modificationDate] as? Date) ?? Date()
             if seconds <= 0 || modified < cutoff { try? FileManager.default.removeItem(atPath: path) }
         }
@@ -75,30 +107,57 @@ struct BackupKeeper: Sendable {
 
     /// Every backup of `user`, oldest first.
     func list(user: UserID) -> [String] {
-        let directory = layout.backupDirectory(for: user)
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-        return names.filter { Self.isBackup($0, of: user) }.sorted().map { directory + "/" + $0 }
+        backups(of: user).map(\.path)
     }
 
-    /// `<user>.v<schemaVersion>.<yyyyMMdd'T'HHmmss.ffffff'Z'>.sqlite` (UTC; names sort by time).
-    static func fileName(user: UserID, schemaVersion: Int64, at date: Date) -> String {
+    /// Every backup of `user` with what its name and size say, oldest first.
+    func backups(of user: UserID) -> [BackupInfo] {
+        let directory = layout.backupDirectory(for: user)
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+        return names.compactMap { name -> BackupInfo? in
+            guard let parsed = Self.parse(name, of: user) else { return nil }
+            let path = directory + "/" + name
+            let bytes = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int64) ?? 0
+            return BackupInfo(path: path, fileName: name, takenAt: parsed.takenAt, schemaVersion: parsed.schemaVersion, reason: parsed.reason, bytes: bytes)
+        }.sorted { ($0.takenAt, $0.fileName) < ($1.takenAt, $1.fileName) }
+    }
+
+    /// `<user>.v<schemaVersion>.<yyyyMMdd'T'HHmmss.ffffff'Z'>.<reason>.sqlite` (UTC; names sort by time).
+    static func fileName(user: UserID, schemaVersion: Int64, reason: BackupReason, at date: Date) -> String {
         let since1970 = date.timeIntervalSince1970
         var seconds = time_t(since1970.rounded(.down))
         var utc = tm()
         gmtime_r(&seconds, &utc)
         let stamp = String(format: "%04d%02d%02dT%02d%02d%02d.%06dZ", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday,
                            utc.tm_hour, utc.tm_min, utc.tm_sec, Int32((since1970 - Double(seconds)) * 1_000_000))
-        return "\(user.rawValue).v\(schemaVersion).\(stamp).sqlite"
+        return "\(user.rawValue).v\(schemaVersion).\(stamp).\(reason.rawValue).sqlite"
     }
 
     /// Whether `name` is one of `user`'s copies (and not the copy of a user whose ID merely
     /// starts with the same characters).
-    static func isBackup(_ name: String, of user: UserID) -> Bool {
+    static func isBackup(_ name: String, of user: UserID) -> Bool { parse(name, of: user) != nil }
+
+    /// What the name of one of `user`'s copies says; nil for any other name.
+    static func parse(_ name: String, of user: UserID) -> (schemaVersion: Int64, takenAt: String, reason: BackupReason)? {
         let prefix = user.rawValue + ".v"
-        guard name.hasPrefix(prefix), name.hasSuffix(".sqlite") else { return false }
-        let middle = name.dropFirst(prefix.count).dropLast(".sqlite".count)
-        let parts = middle.split(separator: ".", maxSplits: 1)
-        guard parts.count == 2, parts[0].allSatisfy(\.isNumber) else { return false }
-        return parts[1].allSatisfy { $0.isNumber || $0 == "T" || $0 == "Z" || $0 == "." }
+        guard name.hasPrefix(prefix), name.hasSuffix(".sqlite") else { return nil }
+        // <version>.<yyyyMMdd>T<HHmmss>.<ffffff>Z[.<reason>]
+        let parts = name.dropFirst(prefix.count).dropLast(".sqlite".count).split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 || parts.count == 4, let version = Int64(parts[0]), parts[0].allSatisfy(\.isNumber) else { return nil }
+        let (day, fraction) = (Array(parts[1].utf8), Array(parts[2].utf8))
+        guard day.count == 15, day[8] == UInt8(ascii: "T"), fraction.count == 7, fraction[6] == UInt8(ascii: "Z"),
+              day.enumerated().allSatisfy({ $0.offset == 8 || (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0.element) }),
+              fraction.dropLast().allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "9")).contains($0) }) else { return nil }
+        let reason: BackupReason
+        if parts.count == 4 {
+            guard let named = BackupReason(rawValue: String(parts[3])) else { return nil }
+            reason = named
+        } else {
+            reason = .beforeMigration
+        }
+        let d = String(parts[1])
+        func at(_ offset: Int, _ length: Int) -> Substring { d.dropFirst(offset).prefix(length) }
+        let takenAt = "\(at(0, 4))-\(at(4, 2))-\(at(6, 2))T\(at(9, 2)):\(at(11, 2)):\(at(13, 2)).\(parts[2].dropLast())Z"
+        return (version, takenAt, reason)
     }
 }

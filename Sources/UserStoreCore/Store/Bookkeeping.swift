@@ -84,14 +84,26 @@ enum Bookkeeping {
         throw DatabaseError(resultCode: ResultCode(rawValue: code), message: String(cString: sqlite3_errmsg(connection)), sql: sql)
     }
 
-    /// Creates the tables and the single row of a new store (schema version 0).
-    static func initialise(_ db: Database, appVersion: AppVersion) throws {
+    /// Creates the tables and the single row of a new store (schema version 0), created by
+    /// `appVersion` (or `createdBy`: `imported` for a file brought in by `ImportStore`).
+    static func initialise(_ db: Database, appVersion: AppVersion, createdBy: String? = nil) throws {
         try db.execute(sql: createTables)
         try db.execute(sql: """
             INSERT INTO app_version (id, app_version, schema_version, created_by_app_version,
                                      created_at, updated_at, migrations_fingerprint)
             VALUES (1, ?, 0, ?, \(now), \(now), ?)
-            """, arguments: [appVersion.text, appVersion.text, MigrationSet.versionsFingerprint([])])
+            """, arguments: [appVersion.text, createdBy ?? appVersion.text, MigrationSet.versionsFingerprint([])])
+    }
+
+    /// The `app_version` of migrations recorded by an import: the file already had their schema.
+    static let importedMarker = "imported"
+
+    /// Records `migration` as applied by an import (its SQL was not run here).
+    static func recordImported(_ db: Database, _ migration: Migration) throws {
+        try db.execute(sql: """
+            INSERT INTO schema_migrations (version, name, checksum, applied_at, duration_usec, app_version, skipped, down_sql)
+            VALUES (?, ?, ?, \(now), 0, ?, 0, ?)
+            """, arguments: [migration.version, migration.name, migration.checksum, importedMarker, migration.down?.joined(separator: "\n")])
     }
 
     /// Stamps the creation time of a store copied from the template (the copy carries the

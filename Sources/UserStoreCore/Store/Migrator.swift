@@ -127,7 +127,7 @@ struct Migrator: Sendable {
         } else if !plan.steps.isEmpty || plan.reconcile {
             try ensureWAL(db)
             if policy.backupBeforeMigrating, plan.fromVersion > 0 {
-                let path = try backups.take(db, user: user, schemaVersion: plan.fromVersion)
+                let path = try backups.take(db, user: user, schemaVersion: plan.fromVersion, reason: .beforeMigration)
                 report.backupPath = path
                 observer.record(.backupCreated(user: user, path: path, schemaVersion: plan.fromVersion))
             }

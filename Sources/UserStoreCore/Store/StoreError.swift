@@ -23,6 +23,10 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case storageFailure(user: UserID, message: String)
     /// The user has no store (for operations that never create one).
     case noSuchStore(user: UserID)
+    /// The user has no backup of that name.
+    case noSuchBackup(user: UserID, backup: String)
+    /// An import was refused (not SQLite, damaged, version unknown, store exists); nothing changed.
+    case importRefused(user: UserID, reason: String)
 
     public var description: String {
         switch self {
@@ -46,6 +50,10 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
             return "store '\(user)': cannot open or create the file: \(message)"
         case .noSuchStore(let user):
             return "user '\(user)' has no store"
+        case .noSuchBackup(let user, let backup):
+            return "user '\(user)' has no backup '\(backup)'"
+        case .importRefused(let user, let reason):
+            return "import into store '\(user)' refused: \(reason)"
         }
     }
 }

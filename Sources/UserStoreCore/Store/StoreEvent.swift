@@ -21,6 +21,12 @@ public enum StoreEvent: Sendable, Equatable {
     case rollbackStep(user: UserID, version: Int64, migration: String, durationMicroseconds: Int64)
     /// An applied migration whose file is gone; reported, not fatal.
     case unknownAppliedMigration(user: UserID, version: Int64, name: String)
+    /// The store was deleted: `removedFiles` files, backups kept or not.
+    case storeDeleted(user: UserID, removedFiles: Int, keptBackups: Bool)
+    /// A SQLite file became the store, at `schemaVersion` (the next request migrates it).
+    case storeImported(user: UserID, schemaVersion: Int64, replaced: Bool, durationMicroseconds: Int64)
+    /// The store was replaced by `source` (a backup) at `schemaVersion`.
+    case storeRestored(user: UserID, source: String, schemaVersion: Int64, durationMicroseconds: Int64)
 
     /// The user the event is about.
     public var user: UserID {
@@ -28,7 +34,8 @@ public enum StoreEvent: Sendable, Equatable {
         case .storeCreated(let user, _, _), .migrationStarted(let user, _, _, _),
              .migrationStep(let user, _, _, _, _, _, _), .migrationFinished(let user, _, _, _, _),
              .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _),
-             .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _):
+             .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _),
+             .storeDeleted(let user, _, _), .storeImported(let user, _, _, _), .storeRestored(let user, _, _, _):
             return user
         }
     }

@@ -23,6 +23,39 @@ enum DurableFile {
         try sync((path as NSString).deletingLastPathComponent, flags: O_RDONLY | O_DIRECTORY)
     }
 
+    /// Syncs the folder `path` (after files in it were created, renamed or removed).
+    static func syncDirectory(_ path: String) throws(Failure) {
+        try sync(path, flags: O_RDONLY | O_DIRECTORY)
+    }
+
+    /// Writes `contents` to a new file at `path` and makes it durable (file and folder synced).
+    static func write(_ contents: String, to path: String) throws(Failure) {
+        let temporary = path + ".partial"
+        let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else { throw Failure("open", temporary) }
+        let bytes = Array(contents.utf8)
+        let written = bytes.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+        close(descriptor)
+        guard written == bytes.count else { unlink(temporary); throw Failure("write", temporary) }
+        try publish(temporary, as: path)
+    }
+
+    /// Removes `paths` (those that exist) and syncs their folders; returns the ones removed.
+    static func remove(_ paths: [String]) throws(Failure) -> [String] {
+        var removed: [String] = []
+        var folders: Set<String> = []
+        for path in paths {
+            if unlink(path) == 0 {
+                removed.append(path)
+                folders.insert((path as NSString).deletingLastPathComponent)
+            } else if errno != ENOENT {
+                throw Failure("unlink", path)
+            }
+        }
+        for folder in folders.sorted() { try syncDirectory(folder) }
+        return removed
+    }
+
     private static func sync(_ path: String, flags: Int32) throws(Failure) {
         let descriptor = open(path, flags | O_CLOEXEC)
         guard descriptor >= 0 else { throw Failure("open", path) }

@@ -89,6 +89,11 @@ final class FleetIndex: StoreObserver {
                     entry.failure = error.description
                     entry.failureName = error.varlinkError.name
                 }
+            case .storeDeleted:
+                entries[user] = nil
+                return
+            case .storeImported(_, let version, _, _), .storeRestored(_, _, let version, _):
+                entry = Entry(version: version)
             case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration:
                 return
             }

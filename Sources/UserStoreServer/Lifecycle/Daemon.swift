@@ -54,6 +54,17 @@ public enum Daemon {
         let index = FleetIndex()
         let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)])
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
+        do {
+            for user in try registry.recoverInterruptedOperations() {
+                logger.notice("finished the deletion of store '\(user)' that a crash had interrupted", metadata: [
+                    "event": "store-deleted", "user": .string(user.rawValue),
+                ])
+            }
+        } catch {
+            logger.critical("cannot finish an interrupted deletion or clear the staging folder: \(error)", metadata: ["event": "daemon-failed"])
+            printError("userstored: \(error)")
+            return .unavailable
+        }
         let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger)
         let notifier = context.notifier
         index.startScan(registry: registry)

@@ -72,6 +72,23 @@ struct EventLogger: StoreObserver {
             (level, message) = (.warning, "migration \(version) (\(name)) is applied to the store but its file is gone")
             metadata["event"] = "unknown-migration"
             metadata["version"] = "\(version)"
+        case .storeDeleted(_, let removed, let keptBackups):
+            (level, message) = (.notice, "store deleted: \(removed) file\(removed == 1 ? "" : "s") removed\(keptBackups ? ", backups kept" : "")")
+            metadata["event"] = "store-deleted"
+            metadata["removed_files"] = "\(removed)"
+            metadata["kept_backups"] = "\(keptBackups)"
+        case .storeImported(_, let version, let replaced, let duration):
+            (level, message) = (.notice, "store imported at schema version \(version)\(replaced ? ", replacing the previous store" : "")")
+            metadata["event"] = "store-imported"
+            metadata["schema_version"] = "\(version)"
+            metadata["replaced"] = "\(replaced)"
+            metadata["duration_usec"] = "\(duration)"
+        case .storeRestored(_, let source, let version, let duration):
+            (level, message) = (.notice, "store restored from \(source) at schema version \(version)")
+            metadata["event"] = "store-restored"
+            metadata["source"] = .string(source)
+            metadata["schema_version"] = "\(version)"
+            metadata["duration_usec"] = "\(duration)"
         }
         logger.log(level: level, "\(message)", metadata: metadata)
     }

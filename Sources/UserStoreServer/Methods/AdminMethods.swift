@@ -8,7 +8,7 @@ struct AdminMethods {
     let context: DaemonContext
     private var registry: StoreRegistry { context.registry }
 
-    func handle(_ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
+    func handle(_ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
         let call = request.call
         let parameters = CallParameters(call)
         switch call.member {
@@ -38,7 +38,8 @@ struct AdminMethods {
             let accepted = try await registry.acceptChecksums(user, versions: versions)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "accepted": .array(accepted.map { .integer($0) })]))
         case "Execute": try await send(execute(request, parameters))
-        default: throw VarlinkError.methodNotFound(call.method)
+        default:
+            guard try await LifecycleMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
         }
     }
 

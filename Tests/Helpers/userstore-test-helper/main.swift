@@ -1,8 +1,9 @@
 // A child process for the crash tests: takes the data directory's lock, opens one user's store
 // through a registry (which migrates it) and prints each store event on its own line, flushed,
-// so the parent knows when a migration is under way before it sends SIGKILL.
+// so the parent knows when a migration is under way before it sends SIGKILL. With an
+// operation, runs that instead of opening the store (the lifecycle crash tests).
 //
-//   userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION
+//   userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION [delete | import FILE | restore BACKUP]
 import Foundation
 import UserStoreCore
 
@@ -23,8 +24,8 @@ struct LineObserver: StoreObserver {
 }
 
 let arguments = CommandLine.arguments
-guard arguments.count == 5 else {
-    FileHandle.standardError.write(Data("usage: userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION\n".utf8))
+guard (5...7).contains(arguments.count) else {
+    FileHandle.standardError.write(Data("usage: userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION [delete | import FILE | restore BACKUP]\n".utf8))
     exit(2)
 }
 do {
@@ -33,9 +34,23 @@ do {
     let registry = StoreRegistry(
         configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion(arguments[4])),
         migrations: try MigrationSet.load(directory: arguments[2]), lock: lock, observer: LineObserver())
-    let info = try await registry.info(try UserID(arguments[3]))
+    let user = try UserID(arguments[3])
+    _ = try registry.recoverInterruptedOperations()
+    switch arguments.count > 5 ? arguments[5] : "open" {
+    case "delete":
+        let report = try await registry.delete(user, keepBackups: false)
+        print("done deleted \(report.removedFiles.count)")
+    case "import":
+        let report = try await registry.importStore(user, from: .path(arguments[6]), schemaVersion: nil, replace: true)
+        print("done imported \(report.schemaVersion)")
+    case "restore":
+        let (restored, _) = try await registry.restore(user, backup: arguments[6])
+        print("done restored \(restored.schemaVersion)")
+    default:
+        let info = try await registry.info(user)
+        print("done \(info.schemaVersion)")
+    }
     await registry.shutdown()
-    print("done \(info.schemaVersion)")
 } catch {
     FileHandle.standardError.write(Data("error: \(error)\n".utf8))
     exit(1)

@@ -1,0 +1,105 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What deleting a store removed.
+public struct DeletionReport: Sendable, Equatable {
+    /// The user had a store file.
+    public var existed: Bool
+    /// Every file removed (the store, its WAL, its backups unless kept), as paths.
+    public var removedFiles: [String]
+}
+
+/// The files of one store as a whole, crash-safely: deleting them all, and putting a prepared
+/// file in place as the store. Runs only while nobody has the store open
+/// (``StoreRegistry/withStoreClosed(_:_:)``).
+///
+/// - A deletion writes a marker (`<data>/deleting/<user>`) before it removes anything and
+///   removes the marker last; ``recoverInterruptedOperations()`` finishes any deletion a crash
+///   cut short before the daemon serves, so after a crash a store is either whole or gone.
+/// - A new store file (import, restore) is prepared under `<data>/staging/`, synced, and renamed
+///   over the store's path: the old file or the new one, never a mix. The store's WAL is gone
+///   by then (a store closes with a checkpoint), so no old WAL can meet a new file.
+struct StoreFiles: Sendable {
+    let layout: StoreLayout
+
+    /// The files that make up `user`'s store beside the database: its journals.
+    private func storeFiles(_ user: UserID) -> [String] {
+        let path = layout.storePath(for: user)
+        return [path, path + "-wal", path + "-shm", path + "-journal"]
+    }
+
+    /// Every file of `user` that a deletion removes.
+    func files(of user: UserID, keepBackups: Bool) -> [String] {
+        var files = storeFiles(user).filter { FileManager.default.fileExists(atPath: $0) }
+        if !keepBackups {
+            let directory = layout.backupDirectory(for: user)
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+            for name in names.sorted() {
+                let base = name.hasSuffix(BackupKeeper.partialSuffix) ? String(name.dropLast(BackupKeeper.partialSuffix.count)) : name
+                if BackupKeeper.isBackup(base, of: user) { files.append(directory + "/" + name) }
+            }
+        }
+        return files
+    }
+
+    /// Removes every file of `user`'s store (and its backups unless `keepBackups`), behind a
+    /// durable marker so that a crash half-way is finished at the next start.
+    func delete(_ user: UserID, keepBackups: Bool) throws -> DeletionReport {
+        let existed = FileManager.default.fileExists(atPath: layout.storePath(for: user))
+        let files = files(of: user, keepBackups: keepBackups)
+        guard !files.isEmpty else { return DeletionReport(existed: existed, removedFiles: []) }
+        let marker = layout.deletingDirectory + "/" + user.rawValue
+        do {
+            try FileManager.default.createDirectory(atPath: layout.deletingDirectory, withIntermediateDirectories: true)
+            try DurableFile.write(keepBackups ? "keep-backups\n" : "all\n", to: marker)
+            let removed = try DurableFile.remove(files)
+            _ = try DurableFile.remove([marker])
+            return DeletionReport(existed: existed, removedFiles: removed)
+        } catch {
+            throw StoreError.storageFailure(user: user, message: "deleting the store: \(error)")
+        }
+    }
+
+    /// Finishes deletions a crash interrupted and removes half-prepared imports and restores.
+    /// Run before anything opens a store.
+    func recoverInterruptedOperations() throws -> [UserID] {
+        var finished: [UserID] = []
+        let markers = (try? FileManager.default.contentsOfDirectory(atPath: layout.deletingDirectory)) ?? []
+        for name in markers.sorted() {
+            let marker = layout.deletingDirectory + "/" + name
+            guard let user = try? UserID(name) else {
+                unlink(marker) // a marker's own temporary file (".partial")
+                continue
+            }
+            let keepBackups = (try? String(contentsOfFile: marker, encoding: .utf8))?.hasPrefix("keep-backups") ?? false
+            _ = try DurableFile.remove(files(of: user, keepBackups: keepBackups))
+            _ = try DurableFile.remove([marker])
+            finished.append(user)
+        }
+        let staged = (try? FileManager.default.contentsOfDirectory(atPath: layout.stagingDirectory)) ?? []
+        _ = try DurableFile.remove(staged.map { layout.stagingDirectory + "/" + $0 })
+        return finished
+    }
+
+    /// A new path in the staging folder for a file being prepared for `user`.
+    func stagingPath(for user: UserID) throws -> String {
+        try FileManager.default.createDirectory(atPath: layout.stagingDirectory, withIntermediateDirectories: true)
+        return layout.stagingDirectory + "/" + user.rawValue + "." + UUID().uuidString.lowercased() + ".sqlite"
+    }
+
+    /// Makes the prepared file at `staged` `user`'s store, replacing the current one: synced,
+    /// renamed over the store's path, folder synced. The store must be closed (no WAL).
+    func publish(_ staged: String, as user: UserID) throws {
+        let path = layout.storePath(for: user)
+        do {
+            try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true)
+            // A WAL or shared-memory file of the store being replaced must not meet the new file.
+            _ = try DurableFile.remove([path + "-wal", path + "-shm", path + "-journal"])
+            try DurableFile.publish(staged, as: path)
+        } catch {
+            throw StoreError.storageFailure(user: user, message: "publishing \(staged): \(error)")
+        }
+    }
+}

@@ -1,0 +1,219 @@
+import Foundation
+import GRDB
+import GRDBSQLite
+import Synchronization
+
+/// A store's whole life beyond requests: delete, import, export snapshots, backups and restore.
+/// Each operation that replaces or removes the files runs with the store closed; requests for
+/// that user wait and are answered after it, never in the middle.
+extension StoreRegistry {
+    /// Runs `operation` (file work, on a dispatch thread) while nobody uses `user`'s store:
+    /// requests that arrive meanwhile wait, work in flight finishes first, the store is closed
+    /// (a checkpoint: no WAL is left), and afterwards the next request opens the files as
+    /// `operation` left them — migrating them as usual.
+    ///
+    /// The caller must not hold a lease on the store itself.
+    func withStoreClosed<T: Sendable>(_ user: UserID, _ operation: @escaping @Sendable () throws -> T) async throws -> T {
+        let outcome = ResultBox<T>()
+        while true {
+            let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
+                if let entry = state.entries[user], case .preparing(let task) = entry.phase { return (task, nil) }
+                let store = state.entries[user]?.store
+                let task = Task<PreparationOutcome, Never> {
+                    if let store {
+                        await self.drain(user)
+                        await self.close(store)
+                    }
+                    let result = await Self.offThreadResult(operation)
+                    outcome.set(result)
+                    self.state.withLock { state in
+                        state.entries[user] = nil
+                        if store != nil { state.holding -= 1 }
+                        state.wakeWaiters()
+                    }
+                    return .prepared(nil)
+                }
+                if var entry = state.entries[user] {
+                    entry.phase = .preparing(task)
+                    state.entries[user] = entry
+                } else {
+                    state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
+                }
+                return (nil, task)
+            }
+            if let busy {
+                _ = await busy.value
+                continue
+            }
+            _ = await mine!.value
+            return try outcome.get()
+        }
+    }
+
+    /// The outcome of an operation run in another task.
+    private final class ResultBox<T: Sendable>: Sendable {
+        private let result = Mutex<Result<T, any Error>?>(nil)
+        func set(_ value: Result<T, any Error>) { result.withLock { $0 = value } }
+        func get() throws -> T { try result.withLock { $0! }.get() }
+    }
+
+    /// Waits until no request holds `user`'s store.
+    private func drain(_ user: UserID) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state -> Bool in
+                guard let index = state.entries.index(forKey: user), state.entries.values[index].leases > 0 else { return true }
+                state.entries.values[index].drainWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    static func offThreadResult<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async -> Result<T, any Error> {
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(returning: Result { try work() }) }
+        }
+    }
+
+    // MARK: Delete
+
+    /// Removes `user`'s store, its WAL, and every backup of it unless `keepBackups`. A later
+    /// request for the user starts a new, empty store.
+    public func delete(_ user: UserID, keepBackups: Bool) async throws -> DeletionReport {
+        let files = StoreFiles(layout: configuration.layout)
+        let report = try await withStoreClosed(user) { try files.delete(user, keepBackups: keepBackups) }
+        if report.existed || !report.removedFiles.isEmpty {
+            observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))
+        }
+        return report
+    }
+
+    /// Finishes deletions a crash interrupted and clears half-prepared imports and restores.
+    /// Call before serving.
+    public func recoverInterruptedOperations() throws -> [UserID] {
+        try StoreFiles(layout: configuration.layout).recoverInterruptedOperations()
+    }
+
+    // MARK: Import
+
+    /// Makes the SQLite file `source` `user`'s store (see ``StoreImporter``). Refused when the
+    /// user has a store, unless `replace` (the old one is copied first).
+    public func importStore(_ user: UserID, from source: ImportSource, schemaVersion requested: Int64?, replace: Bool) async throws -> ImportReport {
+        let started = ContinuousClock.now
+        let files = StoreFiles(layout: configuration.layout)
+        let importer = StoreImporter(user: user, migrations: migrations, appVersion: configuration.appVersion)
+        let staged = try files.stagingPath(for: user)
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
+        let prepared = try await Self.offThreadResult {
+            try importer.copy(source, to: staged)
+            return try importer.prepare(staged, requested: requested)
+        }.get()
+        let layout = configuration.layout
+        let report = try await withStoreClosed(user) { () throws -> ImportReport in
+            let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
+            if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
+            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport) : nil
+            try files.publish(staged, as: user)
+            return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
+        }
+        observer.record(.storeImported(user: user, schemaVersion: report.schemaVersion, replaced: report.replaced,
+                                       durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
+        return report
+    }
+
+    // MARK: Backups and restore
+
+    /// Every backup of `user`, oldest first.
+    public func backups(of user: UserID) -> [BackupInfo] {
+        BackupKeeper(layout: configuration.layout).backups(of: user)
+    }
+
+    /// Replaces `user`'s store with its backup `name` (a file name or path from
+    /// ``backups(of:)``); the live store, if any, is copied first. The next request migrates
+    /// the restored store as usual. Returns the backup restored and the live store's copy.
+    public func restore(_ user: UserID, backup name: String) async throws -> (restored: BackupInfo, previous: String?) {
+        let started = ContinuousClock.now
+        guard let backup = backups(of: user).first(where: { $0.fileName == name || $0.path == name }) else {
+            throw StoreError.noSuchBackup(user: user, backup: name)
+        }
+        let files = StoreFiles(layout: configuration.layout)
+        let staged = try files.stagingPath(for: user)
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
+        try await Self.offThreadResult {
+            try FileManager.default.copyItem(atPath: backup.path, toPath: staged)
+            try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)")
+        }.get()
+        let layout = configuration.layout
+        let previous = try await withStoreClosed(user) { () throws -> String? in
+            let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
+            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore) : nil
+            try files.publish(staged, as: user)
+            return copy
+        }
+        observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
+                                       durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
+        return (backup, previous)
+    }
+
+    /// A consistent copy of `user`'s store as it is (not migrated first) at `path`, taken on its
+    /// queue; returns its schema version. Throws ``StoreError/noSuchStore(user:)``.
+    public func snapshot(_ user: UserID, to path: String) async throws -> Int64 {
+        try await withExistingStore(user) { store in
+            try await store.write { db in
+                do {
+                    try BackupKeeper.copy(db.sqliteConnection!, to: path)
+                } catch {
+                    throw StoreError.storageFailure(user: user, message: "copying the store: \(error)")
+                }
+                return try Bookkeeping.userVersion(db)
+            }
+        }
+    }
+
+    /// Copies a closed store (before it is replaced) into its backups folder. A file SQLite
+    /// cannot read is copied byte for byte, so that even a damaged store is kept.
+    private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason) throws -> String {
+        let path = layout.storePath(for: user)
+        let keeper = BackupKeeper(layout: layout)
+        var connection: OpaquePointer?
+        defer { sqlite3_close_v2(connection) }
+        if sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection,
+           sqlite3_exec(connection, "PRAGMA locking_mode = EXCLUSIVE; SELECT count(*) FROM sqlite_master", nil, nil, nil) == SQLITE_OK {
+            var version: Int64 = 0
+            var statement: OpaquePointer?
+            if sqlite3_prepare_v2(connection, "PRAGMA user_version", -1, &statement, nil) == SQLITE_OK, sqlite3_step(statement) == SQLITE_ROW {
+                version = sqlite3_column_int64(statement, 0)
+            }
+            sqlite3_finalize(statement)
+            return try keeper.take(connection, user: user, schemaVersion: version, reason: reason)
+        }
+        let directory = layout.backupDirectory(for: user)
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let target = directory + "/" + BackupKeeper.fileName(user: user, schemaVersion: -1, reason: reason, at: Date())
+        try FileManager.default.copyItem(atPath: path, toPath: target + BackupKeeper.partialSuffix)
+        try DurableFile.publish(target + BackupKeeper.partialSuffix, as: target)
+        return target
+    }
+
+    /// Refuses a file SQLite cannot open or whose `integrity_check` fails.
+    static func checkIntegrity(_ path: String, user: UserID, what: String) throws {
+        var connection: OpaquePointer?
+        defer { sqlite3_close_v2(connection) }
+        guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
+            throw StoreError.storeDamaged(user: user, message: "\(what) cannot be opened")
+        }
+        var statement: OpaquePointer?
+        defer { sqlite3_finalize(statement) }
+        var finding = "cannot be read"
+        if sqlite3_prepare_v2(connection, "PRAGMA integrity_check", -1, &statement, nil) == SQLITE_OK {
+            if sqlite3_step(statement) == SQLITE_ROW, let text = sqlite3_column_text(statement, 0) {
+                finding = String(cString: text)
+            } else {
+                finding = String(cString: sqlite3_errmsg(connection))
+            }
+        } else {
+            finding = String(cString: sqlite3_errmsg(connection))
+        }
+        guard finding == "ok" else { throw StoreError.storeDamaged(user: user, message: "\(what) fails integrity_check: \(finding)") }
+    }
+}

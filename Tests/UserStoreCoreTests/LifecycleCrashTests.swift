@@ -1,0 +1,136 @@
+import Foundation
+import GRDB
+import Testing
+@testable import UserStoreCore
+
+/// A child process is SIGKILLed at random moments of a delete, an import and a restore; after
+/// the start-up recovery the store must be either the old one or the new one, whole.
+@Suite(.serialized) struct LifecycleCrashTests {
+    /// Rows of padding, so that copying the store takes long enough to be interrupted.
+    static let rows = 150_000
+
+    struct Setup {
+        let directory: TemporaryDirectory
+        let folder: MigrationFolder
+        let layout: StoreLayout
+        let store: String
+        /// A copy of the data directory to reset from before each run.
+        let pristine: String
+    }
+
+    /// A data directory whose store for `victim` holds a `tag` row saying `old` (and a manual
+    /// backup of it when `withBackup`, after which the live store says `current`).
+    func makeSetup(withBackup: Bool) async throws -> Setup {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_base.sql", """
+            CREATE TABLE tag (value TEXT NOT NULL);
+            INSERT INTO tag VALUES ('old');
+            CREATE TABLE padding (id INTEGER PRIMARY KEY, payload TEXT NOT NULL);
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < \(Self.rows))
+            INSERT INTO padding (id, payload) SELECT i, hex(randomblob(32)) FROM n;
+            """)
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        _ = try await harness.registry.info(user("victim"))
+        if withBackup {
+            _ = try await harness.registry.backup(user("victim"))
+            try await harness.registry.withStore(user("victim")) { store in
+                try await store.write { db in try db.execute(sql: "UPDATE tag SET value = 'current'") }
+            }
+        }
+        await harness.registry.shutdown()
+        let layout = StoreLayout(dataDirectory: directory.path + "/data")
+        let pristine = directory.path + "/pristine"
+        try FileManager.default.copyItem(atPath: layout.dataDirectory, toPath: pristine)
+        return Setup(directory: directory, folder: folder, layout: layout, store: layout.storePath(for: user("victim")), pristine: pristine)
+    }
+
+    func reset(_ setup: Setup) {
+        try? FileManager.default.removeItem(atPath: setup.layout.dataDirectory)
+        try! FileManager.default.copyItem(atPath: setup.pristine, toPath: setup.layout.dataDirectory)
+    }
+
+    /// The store's tag after the recovery a restart runs; nil when the store is gone.
+    func stateAfterRecovery(_ setup: Setup) throws -> String? {
+        _ = try StoreFiles(layout: setup.layout).recoverInterruptedOperations()
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: setup.layout.stagingDirectory)) ?? []).isEmpty)
+        guard FileManager.default.fileExists(atPath: setup.store) else {
+            #expect(!FileManager.default.fileExists(atPath: setup.store + "-wal"))
+            return nil
+        }
+        let queue = try DatabaseQueue(path: setup.store)
+        defer { try? queue.close() }
+        return try queue.read { db in
+            #expect(try String.fetchAll(db, sql: "PRAGMA integrity_check") == ["ok"])
+            #expect(try Int.fetchOne(db, sql: "SELECT count(*) FROM padding") == Self.rows)
+            return try String.fetchOne(db, sql: "SELECT value FROM tag")
+        }
+    }
+
+    /// Runs the helper with `operation`; with `killAfter`, SIGKILLs it after that long.
+    func runHelper(_ setup: Setup, _ operation: [String], killAfter: Duration?) -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: productsDirectory + "/userstore-test-helper")
+        process.arguments = [setup.layout.dataDirectory, setup.folder.path, "victim", "1.0"] + operation
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try! process.run()
+        if let killAfter {
+            let deadline = ContinuousClock.now + killAfter
+            while ContinuousClock.now < deadline, process.isRunning { usleep(200) }
+            kill(process.processIdentifier, SIGKILL)
+        }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Kills `operation` at random points of its run; every outcome must be in `allowed`.
+    func crashLoop(_ setup: Setup, _ operation: [String], allowed: Set<String?>, finished: String?,
+                   check: (String?) -> Void = { _ in }) throws {
+        reset(setup)
+        let calibration = ContinuousClock().measure { #expect(runHelper(setup, operation, killAfter: nil) == 0) }
+        let end = try stateAfterRecovery(setup)
+        #expect(end == finished)
+        check(end)
+        let window = calibration.components.seconds * 1_000_000 + calibration.components.attoseconds / 1_000_000_000_000
+        var outcomes: [String: Int] = [:]
+        for _ in 0..<16 {
+            reset(setup)
+            _ = runHelper(setup, operation, killAfter: .microseconds(Int64.random(in: 0...(window * 11 / 10))))
+            let state = try stateAfterRecovery(setup)
+            #expect(allowed.contains(state), "\(operation): \(state ?? "no store")")
+            check(state)
+            outcomes[state ?? "gone", default: 0] += 1
+            #expect(!DataDirectoryLock.isHeld(layout: setup.layout))
+        }
+        print("lifecycle crash test \(operation.first!): calibrated run \(window / 1000) ms; outcomes \(outcomes.sorted { $0.key < $1.key })")
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func sigkillDuringDeleteLeavesTheStoreWholeOrGone() async throws {
+        let setup = try await makeSetup(withBackup: true)
+        // Gone means gone, backups too; a store still there has all its backups.
+        try crashLoop(setup, ["delete"], allowed: ["current", nil], finished: nil) { state in
+            #expect(BackupKeeper(layout: setup.layout).backups(of: user("victim")).count == (state == nil ? 0 : 1))
+        }
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func sigkillDuringImportLeavesTheOldStoreOrTheNew() async throws {
+        let setup = try await makeSetup(withBackup: false)
+        // The file to import: the store itself with another tag.
+        let source = setup.directory.path + "/import.sqlite"
+        try FileManager.default.copyItem(atPath: setup.store, toPath: source)
+        let queue = try DatabaseQueue(path: source)
+        try await queue.write { db in try db.execute(sql: "UPDATE tag SET value = 'imported'") }
+        try queue.close()
+        try crashLoop(setup, ["import", source], allowed: ["old", "imported"], finished: "imported")
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func sigkillDuringRestoreLeavesTheStoreOrItsBackup() async throws {
+        let setup = try await makeSetup(withBackup: true)
+        let backup = try #require(BackupKeeper(layout: setup.layout).backups(of: user("victim")).first)
+        #expect(backup.reason == .manual)
+        try crashLoop(setup, ["restore", backup.fileName], allowed: ["current", "old"], finished: "old")
+    }
+}
