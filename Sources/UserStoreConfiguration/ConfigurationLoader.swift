@@ -20,6 +20,7 @@ public enum ConfigurationLoader {
         "access.clientUsers", "access.clientGroups", "access.adminUsers", "access.adminGroups", "access.perUnixUserStores",
         "limits.maxRequestBytes", "limits.maxResponseBytes", "limits.statementTimeoutMilliseconds",
         "limits.maxBatchStatements", "limits.maxConnections", "limits.maxJSONDepth",
+        "limits.transactionIdleMilliseconds", "limits.transactionMilliseconds",
     ]
 
     /// The numbered migrations and the desired schema `configuration` names, loaded and checked.

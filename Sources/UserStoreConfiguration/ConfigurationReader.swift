@@ -51,6 +51,8 @@ extension ConfigurationLoader {
             limits.maxBatchStatements = try int("limits.maxBatchStatements", minimum: 1) ?? limits.maxBatchStatements
             limits.maxConnections = try int("limits.maxConnections", minimum: 1) ?? limits.maxConnections
             limits.maxJSONDepth = try int("limits.maxJSONDepth", minimum: 8, maximum: 1000) ?? limits.maxJSONDepth
+            limits.transactionIdleMilliseconds = try int("limits.transactionIdleMilliseconds", minimum: 1) ?? limits.transactionIdleMilliseconds
+            limits.transactionMilliseconds = try int("limits.transactionMilliseconds", minimum: 1) ?? limits.transactionMilliseconds
 
             var socketMode: UInt32 = 0o660
             if let mode = try string("socketMode") {

@@ -63,6 +63,11 @@ public struct RequestLimits: Sendable, Equatable {
     public var maxConnections: Int = 1_024
     /// Deepest JSON nesting accepted (`limits.maxJSONDepth`).
     public var maxJSONDepth: Int = 64
+    /// An interactive transaction with no call for this long is rolled back
+    /// (`limits.transactionIdleMilliseconds`).
+    public var transactionIdleMilliseconds: Int = 5_000
+    /// An interactive transaction open this long is rolled back (`limits.transactionMilliseconds`).
+    public var transactionMilliseconds: Int = 30_000
 
     public init() {}
 }

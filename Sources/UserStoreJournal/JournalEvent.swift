@@ -24,6 +24,7 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case storeExported = "store-exported"
     case storeImported = "store-imported"
     case storeRestored = "store-restored"
+    case transactionExpired = "transaction-expired"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -50,6 +51,7 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .storeExported: return "2c7e9a41b5d34f08a6e1c3b7d9f2a504"
         case .storeImported: return "d61a3f8e27c94b5f8e0a4c6b2d7f9e15"
         case .storeRestored: return "5a9c1e7f3b2d4e6a8c0f1b3d5e7a9c26"
+        case .transactionExpired: return "7e3b9d1f5a2c4e8b9d0f2a4c6e8b1d37"
         }
     }
 }

@@ -65,6 +65,12 @@ public final class StoreRegistry: Sendable {
         return try await body(lease.store, lease.report)
     }
 
+    /// `user`'s store, opened and migrated like for any request, leased until ``release(_:)``
+    /// (an interactive transaction holds its store this way across calls).
+    public func lease(_ user: UserID) async throws -> Store {
+        try await acquire(user, access: .client, mode: .migrate).store
+    }
+
     /// Runs `body` with `user`'s store as it is — opened if needed, but neither created nor
     /// migrated (a later request migrates it as usual) — for operators' reads such as `Plan`,
     /// which must go through the one connection the daemon keeps per file. Throws

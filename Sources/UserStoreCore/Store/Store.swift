@@ -1,31 +1,62 @@
 import GRDB
+import GRDBSQLite
 import Synchronization
 
 /// One user's open store: a single SQLite connection behind its own serial queue.
 ///
-/// All access goes through ``queue``, so statements for one user run one at a time in arrival
-/// order; different users' stores run in parallel. Obtain stores from a ``StoreRegistry``,
-/// which guarantees one connection per file.
+/// All work on the connection is *submitted*: it waits in the store's list in arrival order and
+/// runs one at a time on GRDB's dispatch queue (one GCD block drains whatever is waiting), so
+/// statements for one user run one at a time in arrival order while different users' stores run
+/// in parallel. The only exception is ``runIfIdle(_:)``, which runs a short read right away when
+/// nothing is waiting or running.
+///
+/// An interactive transaction (``beginTransaction(_:immediate:)``) *holds* the store: while it
+/// is open only its own work runs, and everything else waits, in order, until it commits or
+/// rolls back. Other stores never wait.
+///
+/// Obtain stores from a ``StoreRegistry``, which guarantees one connection per file.
 public final class Store: Sendable {
     /// Whose store this is.
     public let user: UserID
     /// The store's file.
     public let path: String
-    /// The serial queue (GRDB's `DatabaseQueue`: one connection, one dispatch queue). Use
-    /// ``write(_:)`` and ``read(_:)``: they take the connection lock that ``runIfIdle(_:)``
-    /// relies on. Direct use is only safe while no request can reach the store.
+    /// GRDB's `DatabaseQueue` (one connection, one dispatch queue). Use ``write(_:)``,
+    /// ``read(_:)`` and ``enqueue(_:completion:)``: they keep the order and the transaction
+    /// gate. Direct use is only safe while no request can reach the store.
     public let queue: DatabaseQueue
     /// The connection's authorizer and deadline for client statements.
     public let guardian: StoreGuard
-    /// Prepared client statements; use only while holding the connection (in ``write(_:)``,
-    /// ``read(_:)`` or ``runIfIdle(_:)``).
+    /// Prepared client statements; use only while holding the connection (in submitted work or
+    /// ``runIfIdle(_:)``).
     public let statements: StatementCache
-    /// Work submitted through ``write(_:)`` or ``read(_:)`` and not finished.
+    /// Work submitted and not finished, plus one while a transaction is open: ``runIfIdle(_:)``
+    /// runs only at zero.
     private let queued = Atomic<Int>(0)
     /// The SQLite connection behind ``queue``; used only under ``connectionLock``.
     nonisolated(unsafe) private let connection: OpaquePointer
-    /// Held by whoever uses the connection: work on the queue, or ``runIfIdle(_:)``.
+    /// Held by whoever uses the connection: submitted work, or ``runIfIdle(_:)``.
     private let connectionLock = Mutex<Void>(())
+    private let schedule = Mutex(Schedule())
+
+    /// Work waiting for the connection, in arrival order, and the transaction holding it.
+    private struct Schedule {
+        var waiting: [Work] = []
+        var draining = false
+        var owner: TransactionKey?
+    }
+
+    /// Identifies an open interactive transaction on its store.
+    public struct TransactionKey: Hashable, Sendable {
+        public let value: UInt64
+        public init(_ value: UInt64) { self.value = value }
+    }
+
+    private struct Work {
+        /// The transaction it belongs to (nil: ordinary work, which waits while one is open).
+        let transaction: TransactionKey?
+        /// Runs with the connection held; returns what to do once it is released.
+        let run: @Sendable (Database) -> (@Sendable () -> Void)
+    }
 
     init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard) {
         self.connection = queue.inDatabase { $0.sqliteConnection! }
@@ -36,37 +67,65 @@ public final class Store: Sendable {
         self.statements = StatementCache()
     }
 
-    /// Runs `body` on the store's serial queue, after the work already queued there.
-    public func write<T: Sendable>(_ body: @Sendable (Database) throws -> T) async throws -> T {
+    // MARK: Submitting work
+
+    /// Adds `work` to the store's list and makes sure a drain runs.
+    private func submit(_ work: Work) {
         queued.add(1, ordering: .relaxed)
-        defer { queued.subtract(1, ordering: .relaxed) }
-        return try await queue.writeWithoutTransaction { db in try connectionLock.withLock { _ in try body(db) } }
+        let start = schedule.withLock { schedule in
+            schedule.waiting.append(work)
+            defer { schedule.draining = true }
+            return !schedule.draining
+        }
+        if start { queue.asyncWriteWithoutTransaction { [self] db in drain(db) } }
     }
 
-    /// Runs `body` on the store's serial queue with the connection read-only (`PRAGMA
-    /// query_only`). No transaction is needed for a consistent view: every write to this file
-    /// goes through this queue.
-    ///
-    /// Not GRDB's `read`: it runs its own statements (query_only, a savepoint and its release)
-    /// around `body`, outside the connection lock, so they could meet a ``runIfIdle(_:)``
-    /// statement on the same connection (seen as SQLITE_ABORT "abort due to ROLLBACK").
-    public func read<T: Sendable>(_ body: @Sendable (Database) throws -> T) async throws -> T {
-        queued.add(1, ordering: .relaxed)
-        defer { queued.subtract(1, ordering: .relaxed) }
-        return try await queue.writeWithoutTransaction { db in try connectionLock.withLock { _ in try db.readOnly { try body(db) } } }
-    }
-
-    /// Runs `body` on the store's serial queue after the work already queued there, then hands
-    /// its result to `completion` (on the queue's thread) — without a task or a wait: the
-    /// callback form of ``write(_:)``, for the event loops.
-    public func enqueue<T: Sendable>(_ body: @escaping @Sendable (Database) -> T, completion: @escaping @Sendable (T) -> Void) {
-        queued.add(1, ordering: .relaxed)
-        queue.asyncWriteWithoutTransaction { [self] db in
-            let result = connectionLock.withLock { _ in body(db) }
+    /// Runs waiting work in order until none may run: with a transaction open, only its own.
+    private func drain(_ db: Database) {
+        while true {
+            let next = schedule.withLock { schedule -> Work? in
+                let index = schedule.owner == nil ? schedule.waiting.indices.first
+                    : schedule.waiting.firstIndex { $0.transaction == schedule.owner }
+                guard let index else {
+                    schedule.draining = false
+                    return nil
+                }
+                return schedule.waiting.remove(at: index)
+            }
+            guard let next else { return }
+            let after = connectionLock.withLock { _ in next.run(db) }
             // Before the completion: the caller's next request may find the store idle.
             queued.subtract(1, ordering: .relaxed)
-            completion(result)
+            after()
         }
+    }
+
+    /// Runs `body` with the store, after the work already submitted.
+    public func write<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            submit(Work(transaction: nil) { db in
+                let result = Result { try body(db) }
+                return { continuation.resume(with: result) }
+            })
+        }
+    }
+
+    /// Runs `body` with the store read-only (`PRAGMA query_only`), after the work already
+    /// submitted. No transaction is needed for a consistent view: all work on the file is
+    /// submitted here.
+    public func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
+        try await write { db in try db.readOnly { try body(db) } }
+    }
+
+    /// Runs `body` with the store after the work already submitted, then hands its result to
+    /// `completion` — without a task or a wait: the callback form of ``write(_:)``, for the
+    /// event loops. With `transaction`, `body` is that transaction's work.
+    public func enqueue<T: Sendable>(transaction: TransactionKey? = nil, _ body: @escaping @Sendable (Database) -> T,
+                                     completion: @escaping @Sendable (T) -> Void) {
+        submit(Work(transaction: transaction) { db in
+            let result = body(db)
+            return { completion(result) }
+        })
     }
 
     /// Runs `body` on the calling thread, waiting for work in progress; for a store nobody
@@ -76,20 +135,75 @@ public final class Store: Sendable {
         try connectionLock.withLock { _ in try queue.inDatabase(body) }
     }
 
-    /// Runs `body` right now on the calling thread with the raw connection when no other work
-    /// is queued on the store or running, and returns nil without running it otherwise (it
-    /// never waits).
+    /// Runs `body` right now on the calling thread with the raw connection when nothing is
+    /// submitted, running or holding the store (a transaction), and returns nil without running
+    /// it otherwise (it never waits).
     ///
     /// This is the request fast path: a point query on an idle store costs a few microseconds,
-    /// while hopping to the queue's thread and back costs two thread wake-ups. Queued work
-    /// goes first (order is kept), and work queued while `body` runs waits for it on the
-    /// queue's thread. The caller must keep `body` short and leave no transaction open.
+    /// while hopping to the queue's thread and back costs two thread wake-ups. Submitted work
+    /// goes first (order is kept), and work submitted while `body` runs waits for it. The caller
+    /// must keep `body` short and leave no transaction open.
     public func runIfIdle<T>(_ body: (OpaquePointer) throws -> T) rethrows -> T? {
         guard queued.load(ordering: .relaxed) == 0 else { return nil }
         return try connectionLock.withLockIfAvailable { _ in try body(connection) }
     }
 
-    /// Closes the connection after the work already queued on it.
+    // MARK: Interactive transactions
+
+    /// Opens transaction `key` (`BEGIN IMMEDIATE`, or `BEGIN DEFERRED`) in its turn; from then
+    /// on only work of `key` runs until ``endTransaction(_:commit:completion:)``. `completion`
+    /// gets SQLite's error, or nil when the transaction is open.
+    public func beginTransaction(_ key: TransactionKey, immediate: Bool, completion: @escaping @Sendable (DatabaseError?) -> Void) {
+        submit(Work(transaction: nil) { [self] db in
+            do {
+                try db.execute(sql: immediate ? "BEGIN IMMEDIATE" : "BEGIN DEFERRED")
+                schedule.withLock { $0.owner = key }
+                queued.add(1, ordering: .relaxed) // held: nothing runs inline until the end
+                return { completion(nil) }
+            } catch {
+                return { completion(error as? DatabaseError ?? DatabaseError(resultCode: .SQLITE_ERROR, message: "\(error)")) }
+            }
+        })
+    }
+
+    /// Commits (or rolls back) transaction `key` after its work already submitted, and lets the
+    /// waiting work run. A commit that fails rolls back. `completion` gets the error, or nil.
+    public func endTransaction(_ key: TransactionKey, commit: Bool, completion: @escaping @Sendable (DatabaseError?) -> Void) {
+        submit(Work(transaction: key) { [self] db in
+            var failure: DatabaseError?
+            if db.isInsideTransaction {
+                do {
+                    try db.execute(sql: commit ? "COMMIT" : "ROLLBACK")
+                } catch {
+                    failure = error as? DatabaseError
+                    if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
+                }
+            }
+            release(key)
+            let outcome = failure
+            return { completion(outcome) }
+        })
+    }
+
+    /// Whether `key` still holds the store; false once SQLite itself ended the transaction (an
+    /// interrupted write, a full disk), which also releases the store. Call from `key`'s work.
+    public func transactionIsAlive(_ key: TransactionKey, _ db: Database) -> Bool {
+        if db.isInsideTransaction { return true }
+        release(key)
+        return false
+    }
+
+    /// Ends `key`'s hold on the store (its transaction is over).
+    private func release(_ key: TransactionKey) {
+        let held = schedule.withLock { schedule -> Bool in
+            guard schedule.owner == key else { return false }
+            schedule.owner = nil
+            return true
+        }
+        if held { queued.subtract(1, ordering: .relaxed) }
+    }
+
+    /// Closes the connection after the work already submitted.
     func close() {
         let statements = self.statements
         queue.writeWithoutTransaction { _ in statements.finalizeAll() }
@@ -98,7 +212,7 @@ public final class Store: Sendable {
 }
 
 extension Store {
-    /// The store's schema version (`PRAGMA user_version`), read on its queue.
+    /// The store's schema version (`PRAGMA user_version`), read in its turn.
     public func schemaVersion() async throws -> Int64 {
         try await read { db in try Bookkeeping.userVersion(db) }
     }
@@ -110,7 +224,7 @@ extension Store {
         return row
     }
 
-    /// The store's `app_version` row: read right here when the store is idle, else on its queue.
+    /// The store's `app_version` row: read right here when the store is idle, else in its turn.
     public func versionInfo() async throws -> StoreVersionInfo {
         var row = try runIfIdle { connection in try Bookkeeping.read(connection: connection) }
         if row == nil { row = try await self.read { db in try Bookkeeping.read(db) } }

@@ -8,7 +8,8 @@ import GRDBSQLite
 /// everything — and strict only while ``withClientRules(deadline:_:)`` runs a client's
 /// statement. Then it refuses: `ATTACH`/`DETACH`; changes to `app_version`,
 /// `schema_migrations` and `user_version`; PRAGMAs that change settings; transaction control
-/// (a transaction must never outlive a request); `load_extension`; virtual tables other than
+/// (the API owns transactions; inside an interactive one, savepoints are allowed);
+/// `load_extension`; virtual tables other than
 /// FTS and R-Tree; and it interrupts a statement that runs past its deadline.
 ///
 /// Thread-safety: SQLite calls the callbacks synchronously on the thread that prepares or steps
@@ -22,6 +23,7 @@ public final class StoreGuard: @unchecked Sendable {
     static let allowedModules: Set<String> = ["fts3", "fts4", "fts5", "rtree", "rtree_i32", "geopoly"]
 
     private var clientRules = false
+    private var savepointsAllowed = false
     private var deadline: UInt64 = .max
     private var yieldAt: UInt64 = .max
     /// Why the last client statement was refused (for the error message).
@@ -38,8 +40,9 @@ public final class StoreGuard: @unchecked Sendable {
     /// A statement still running at `deadline` is interrupted and ``timedOut`` set; one still
     /// running at `yieldAt` (earlier) is interrupted and ``yielded`` set, so that the caller
     /// can run it again where it may take its time.
-    public func withClientRules<T>(deadline: UInt64, yieldAt: UInt64 = .max, _ body: () throws -> T) rethrows -> T {
+    public func withClientRules<T>(deadline: UInt64, yieldAt: UInt64 = .max, savepoints: Bool = false, _ body: () throws -> T) rethrows -> T {
         clientRules = true
+        savepointsAllowed = savepoints
         self.deadline = deadline
         self.yieldAt = yieldAt
         refusal = nil
@@ -47,6 +50,7 @@ public final class StoreGuard: @unchecked Sendable {
         yielded = false
         defer {
             clientRules = false
+            savepointsAllowed = false
             self.deadline = .max
             self.yieldAt = .max
         }
@@ -105,8 +109,11 @@ public final class StoreGuard: @unchecked Sendable {
             let name = (first ?? "").lowercased()
             if Self.introspectionPragmas.contains(name) || second == nil { return SQLITE_OK }
             return deny("PRAGMA \(name) cannot be changed by a request")
+        case SQLITE_SAVEPOINT where savepointsAllowed:
+            return SQLITE_OK
         case SQLITE_TRANSACTION, SQLITE_SAVEPOINT:
-            return deny("transaction control is refused: use Batch with transaction: true")
+            return deny(savepointsAllowed ? "BEGIN, COMMIT and ROLLBACK belong to the API: use Commit or Rollback"
+                                          : "transaction control is refused: use Begin/Commit, or Batch with transaction: true")
         case SQLITE_FUNCTION:
             if let name = second?.lowercased(), name == "load_extension" || name == "fts3_tokenizer" {
                 return deny("\(name)() is refused")

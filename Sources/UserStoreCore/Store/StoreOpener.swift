@@ -30,6 +30,8 @@ struct StoreOpener: Sendable {
         configuration.foreignKeysEnabled = true
         configuration.busyMode = .timeout(busyTimeoutSeconds)
         configuration.journalMode = .default
+        // An interactive transaction spans several blocks of the store's queue (Store).
+        configuration.allowsUnsafeTransactions = true
         configuration.prepareDatabase { db in
             // The daemon is the only process that opens its stores (the data directory's lock),
             // and each through one connection: the file lock is taken once and kept (no lock

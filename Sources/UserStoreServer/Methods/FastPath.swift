@@ -84,7 +84,7 @@ struct FastPath {
             }
             let message = JSONMessage(copying: view)
             enqueue(store, user: user, method: view.string(methodToken), reply: makeQueuedReply()) { db in
-                BatchRunner(runner: runner).reply(db, message: message, statements: statements, transaction: transaction)
+                BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: transaction ? .transaction : .statements)
             }
             return .queued
         }

@@ -64,21 +64,32 @@ struct StoreMethods {
         let message = request.message
         return try await context.registry.withStore(user) { store in
             try await store.write { db in
-                BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements, transaction: transaction)
+                BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements,
+                                                                                 mode: transaction ? .transaction : .statements)
             }
         }
     }
 }
 
 /// Runs a Batch: in one IMMEDIATE transaction (rolled back if any statement fails) or
-/// statement by statement.
+/// statement by statement — or, inside an interactive transaction, as one savepoint (a failing
+/// Batch leaves the transaction as it was before it).
 struct BatchRunner {
     let runner: SQLRunner
 
+    enum Mode {
+        /// Its own IMMEDIATE transaction.
+        case transaction
+        /// Statement by statement (autocommit).
+        case statements
+        /// A savepoint inside the interactive transaction that holds the store.
+        case savepoint
+    }
+
     /// The whole reply (results, or the error of the statement that failed).
-    func reply(_ db: Database, message: JSONMessage, statements: [SQLRunner.Statement], transaction: Bool) -> [UInt8] {
+    func reply(_ db: Database, message: JSONMessage, statements: [SQLRunner.Statement], mode: Mode) -> [UInt8] {
         do {
-            return try message.withView { view in try run(db, view, statements: statements, transaction: transaction) }
+            return try message.withView { view in try run(db, view, statements: statements, mode: mode) }
         } catch let error as VarlinkError {
             return VarlinkReply.encode(error)
         } catch let error as DatabaseError {
@@ -88,21 +99,39 @@ struct BatchRunner {
         }
     }
 
-    private func run(_ db: Database, _ view: JSONView, statements: [SQLRunner.Statement], transaction: Bool) throws -> [UInt8] {
+    private func run(_ db: Database, _ view: JSONView, statements: [SQLRunner.Statement], mode: Mode) throws -> [UInt8] {
         var writer = JSONWriter(capacity: 256 * max(statements.count, 1))
-        if transaction { try db.execute(sql: "BEGIN IMMEDIATE") }
+        switch mode {
+        case .transaction: try db.execute(sql: "BEGIN IMMEDIATE")
+        case .savepoint: try db.execute(sql: "SAVEPOINT userstore_batch")
+        case .statements: break
+        }
         do {
             try VarlinkReply.encode(into: &writer) { (writer: inout JSONWriter) throws(VarlinkError) in
                 writer.raw("{\"results\":[")
                 for (offset, statement) in statements.enumerated() {
                     if offset > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-                    try runner.run(db.sqliteConnection!, view, statement, output: .both, into: &writer)
+                    try runner.run(db.sqliteConnection!, view, statement, output: .both, inTransaction: mode == .savepoint, into: &writer)
                 }
                 writer.raw("]}")
             }
-            if transaction { try db.execute(sql: "COMMIT") }
+            switch mode {
+            case .transaction: try db.execute(sql: "COMMIT")
+            case .savepoint: try db.execute(sql: "RELEASE userstore_batch")
+            case .statements: break
+            }
         } catch {
-            if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
+            switch mode {
+            case .transaction:
+                if db.isInsideTransaction { try? db.execute(sql: "ROLLBACK") }
+            case .savepoint:
+                // SQLite may already have rolled the whole transaction back (an interrupt).
+                if db.isInsideTransaction {
+                    try? db.execute(sql: "ROLLBACK TO userstore_batch")
+                    try? db.execute(sql: "RELEASE userstore_batch")
+                }
+            case .statements: break
+            }
             throw error
         }
         return writer.bytes

@@ -25,6 +25,16 @@ enum Errors {
 
     static let shuttingDown = VarlinkError("io.userstore.Store.ShuttingDown")
 
+    /// The transaction is not an open transaction of this connection.
+    static func noSuchTransaction(_ transaction: String) -> VarlinkError {
+        VarlinkError("io.userstore.Store.NoSuchTransaction", ["transaction": .string(transaction)])
+    }
+
+    /// The transaction was rolled back without the client asking: `idle`, `total`, or why.
+    static func transactionExpired(_ transaction: String, reason: String) -> VarlinkError {
+        VarlinkError("io.userstore.Store.TransactionExpired", ["transaction": .string(transaction), "reason": .string(reason)])
+    }
+
     /// Any error as a varlink error.
     static func from(_ error: any Error) -> VarlinkError {
         switch error {

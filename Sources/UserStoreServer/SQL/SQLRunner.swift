@@ -72,11 +72,11 @@ struct SQLRunner {
     /// back whole. A statement that writes yields before it steps: its commit waits for an
     /// fsync, and users' commits must overlap on their own queues, not line up on an event loop.
     func reply(_ connection: OpaquePointer, _ view: JSONView, _ statement: Statement, output: Output,
-               inlineBudget: UInt64?, into writer: inout JSONWriter) -> Bool {
+               inlineBudget: UInt64?, inTransaction: Bool = false, into writer: inout JSONWriter) -> Bool {
         let mark = writer.bytes.count
         do throws(VarlinkError) {
             try VarlinkReply.encode(into: &writer) { (writer: inout JSONWriter) throws(VarlinkError) in
-                try run(connection, view, statement, output: output, inlineBudget: inlineBudget, into: &writer)
+                try run(connection, view, statement, output: output, inlineBudget: inlineBudget, inTransaction: inTransaction, into: &writer)
             }
             return true
         } catch {
@@ -89,14 +89,16 @@ struct SQLRunner {
 
     /// Runs one statement, writing its result object into `writer`. With an `inlineBudget`, a
     /// statement that writes, or that still runs after that many nanoseconds, is given up with
-    /// ``StoreGuard/yielded`` set.
+    /// ``StoreGuard/yielded`` set. `inTransaction`: it belongs to an interactive transaction,
+    /// where savepoints are allowed.
     func run(_ connection: OpaquePointer, _ view: JSONView, _ statement: Statement, output: Output,
-             inlineBudget: UInt64? = nil, into writer: inout JSONWriter) throws(VarlinkError) {
+             inlineBudget: UInt64? = nil, inTransaction: Bool = false, into writer: inout JSONWriter) throws(VarlinkError) {
         let guardian = store.guardian
         let now = StoreGuard.now()
         let deadline = now + UInt64(limits.statementTimeoutMilliseconds) * 1_000_000
         let start = writer.bytes.count
-        let result: Result<Void, VarlinkError> = guardian.withClientRules(deadline: deadline, yieldAt: inlineBudget.map { now + $0 } ?? .max) {
+        let result: Result<Void, VarlinkError> = guardian.withClientRules(deadline: deadline, yieldAt: inlineBudget.map { now + $0 } ?? .max,
+                                                                          savepoints: inTransaction) {
             do throws(VarlinkError) {
                 let prepared = try view.withStringBytes(statement.sql) { sql throws(VarlinkError) in
                     try prepare(sql, on: connection, index: statement.index)

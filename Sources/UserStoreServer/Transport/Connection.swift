@@ -48,9 +48,9 @@ final class Connection: EventHandler, @unchecked Sendable {
 
     let descriptor: Int32
     let loop: EventLoop
-    private let shared: Shared
-    private let peer: PeerIdentity
-    private var limits: RequestLimits
+    let shared: Shared
+    let peer: PeerIdentity
+    private(set) var limits: RequestLimits
     private var tape: JSONTape
     private var token: UInt64 = 0
     private var interest: UInt32 = 0
@@ -87,6 +87,8 @@ final class Connection: EventHandler, @unchecked Sendable {
     private var inputClosed = false
     private var processing = false
     private(set) var closed = false
+    /// This connection's interactive transaction (see Connection+Transactions.swift).
+    var transaction: OpenTransaction?
 
     private init(descriptor: Int32, loop: EventLoop, shared: Shared, peer: PeerIdentity, settings: RuntimeSettings) {
         self.descriptor = descriptor
@@ -206,7 +208,9 @@ final class Connection: EventHandler, @unchecked Sendable {
         guard !processing, !closed else { return }
         processing = true
         defer { processing = false }
-        while !taskRunning, !stopping, pending.count < Self.maxPendingReplies, isWritable {
+        // At shutdown, a connection whose transaction holds a store goes on: its calls may still
+        // commit it (the others are refused).
+        while !taskRunning, !stopping || holdsTransaction, pending.count < Self.maxPendingReplies, isWritable {
             let start = inputStart + scanned
             let available = inputEnd - start
             let nul: Int? = available <= 0 ? nil : input.withUnsafeBytes { buffer in
@@ -260,6 +264,16 @@ final class Connection: EventHandler, @unchecked Sendable {
             appendReply(VarlinkError.invalidRequest("\(error)"))
             return true
         }
+        if let kind = tape.withView(bytes, { Self.transactionCall($0) }) {
+            descriptors.forEach { close($0) }
+            tape.withView(bytes) { handleTransaction(kind, $0) }
+            return true
+        }
+        if stopping {
+            descriptors.forEach { close($0) }
+            appendReply(Errors.shuttingDown)
+            return true
+        }
         let outcome: FastPath.Outcome
         if !descriptors.isEmpty {
             outcome = .slow // only task calls take descriptors
@@ -293,14 +307,14 @@ final class Connection: EventHandler, @unchecked Sendable {
     }
 
     /// Registers a reply that a store's queue will deliver, after every reply before it.
-    private func makeQueuedReply() -> QueuedReply {
+    func makeQueuedReply() -> QueuedReply {
         let queued = QueuedReply(connection: self)
         pending.append(Pending(queued: queued, bytes: nil))
         return queued
     }
 
     /// A reply from a store's queue (on the loop's thread).
-    fileprivate func deliver(_ queued: QueuedReply, _ bytes: [UInt8]) {
+    func deliver(_ queued: QueuedReply, _ bytes: [UInt8]) {
         guard !closed, let index = pending.firstIndex(where: { $0.queued === queued }) else { return }
         pending[index].bytes = bytes
         var ready = 0
@@ -359,7 +373,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     // MARK: Progress
 
     private var shouldPauseReading: Bool {
-        taskRunning || stopping || pending.count >= Self.maxPendingReplies || !isWritable
+        taskRunning || (stopping && !holdsTransaction) || pending.count >= Self.maxPendingReplies || !isWritable
     }
 
     private var isWritable: Bool { unsent.count - unsentStart < Self.highWatermark }
@@ -449,6 +463,8 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// Closes when the connection is to end and every started call has replied; true if it did.
     private func closeIfDone() -> Bool {
         guard stopping || inputClosed, !processing, !taskRunning, pending.isEmpty else { return false }
+        // At shutdown, an open transaction may still commit (its time limits bound the wait).
+        if stopping, !inputClosed, holdsTransaction { return false }
         // After the client's close, calls still complete in the input are answered first.
         if inputClosed, !stopping, inputEnd > inputStart, input[inputStart..<inputEnd].contains(0) { return false }
         if unsentStart < unsent.count {
@@ -463,6 +479,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     private func closeNow() {
         guard !closed else { return }
         closed = true
+        abandonTransaction()
         loop.unregister(descriptor, token: token)
         close(descriptor)
         for (_, passedDescriptor) in passed { close(passedDescriptor) }

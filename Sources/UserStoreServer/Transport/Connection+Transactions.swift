@@ -1,0 +1,321 @@
+import GRDB
+import UserStoreConfiguration
+import UserStoreCore
+import Varlink
+import Synchronization
+
+/// An interactive transaction of a connection (at most one). Its `var`s are touched only on the
+/// connection's loop; other threads (the store's queue, tasks) read only its `let`s — hence
+/// `@unchecked Sendable`.
+final class OpenTransaction: @unchecked Sendable {
+    enum State: Equatable {
+        /// `Begin` is waiting for the store.
+        case beginning
+        case open
+        /// Rolled back without the client asking (a time-out, SQLite itself); the next call that
+        /// names it learns why.
+        case ended(reason: String)
+    }
+
+    /// The id the client names it by: 128 random bits, hex.
+    let id: String
+    let key: Store.TransactionKey
+    let user: UserID
+    let immediate: Bool
+    var store: Store?
+    var state: State = .beginning
+    /// Calls of the transaction not answered yet (it is not idle while one runs).
+    var inFlight = 0
+    var idleTimer: Int?
+    var totalTimer: Int?
+    let began = StoreClock.now()
+
+    private static let nextKey = Atomic<UInt64>(1)
+
+    init(user: UserID, immediate: Bool) {
+        var random = SystemRandomNumberGenerator()
+        id = (0..<2).map { _ in String(random.next() as UInt64, radix: 16) }.map { String(repeating: "0", count: 16 - $0.count) + $0 }.joined()
+        key = Store.TransactionKey(Self.nextKey.add(1, ordering: .relaxed).newValue)
+        self.user = user
+        self.immediate = immediate
+    }
+
+    /// Holds its store (beginning or open).
+    var isLive: Bool {
+        if case .ended = state { return false }
+        return true
+    }
+}
+
+/// Interactive transactions: `Begin`, statements with `transaction`, `Commit`, `Rollback`.
+///
+/// A transaction holds its user's store (``Store/beginTransaction(_:immediate:completion:)``):
+/// other connections' calls for that user wait their turn in order; other users never wait. It
+/// belongs to the connection that began it; closing the connection rolls it back; it is rolled
+/// back when idle longer than `limits.transactionIdleMilliseconds` or open longer than
+/// `limits.transactionMilliseconds`. Its calls run on the store's queue, never inline.
+extension Connection {
+    enum TransactionCall {
+        case begin
+        case end(commit: Bool)
+        /// A Query (`.rows`), Execute (`.changes`) or Batch (nil) naming a transaction.
+        case statement(SQLRunner.Output?)
+    }
+
+    /// Whether the call in `view` is about an interactive transaction, and which part.
+    static func transactionCall(_ view: JSONView) -> TransactionCall? {
+        guard view.kind(0) == .object, let method = view.member("method", of: 0), view.kind(method) == .string else { return nil }
+        if view.stringEquals(method, "io.userstore.Store.Begin") { return .begin }
+        if view.stringEquals(method, "io.userstore.Store.Commit") { return .end(commit: true) }
+        if view.stringEquals(method, "io.userstore.Store.Rollback") { return .end(commit: false) }
+        guard let call = view.member("parameters", of: 0), let named = view.member("transaction", of: call), view.kind(named) == .string else { return nil }
+        if view.stringEquals(method, "io.userstore.Store.Query") { return .statement(.rows) }
+        if view.stringEquals(method, "io.userstore.Store.Execute") { return .statement(.changes) }
+        if view.stringEquals(method, "io.userstore.Store.Batch") { return .statement(nil) }
+        return nil
+    }
+
+    /// Handles a transaction call (its reply takes its turn among the connection's replies).
+    func handleTransaction(_ kind: TransactionCall, _ view: JSONView) {
+        let reply = makeQueuedReply()
+        let call = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
+        do throws(VarlinkError) {
+            guard view.member("oneway", of: 0).flatMap(view.bool) != true else { throw .invalidParameter("oneway") }
+            guard peer.grant.store else {
+                throw Errors.permissionDenied("uid \(peer.uid) is not an allowed client (access.clientUsers / access.clientGroups)")
+            }
+            switch kind {
+            case .begin: try begin(view, call, reply)
+            case .end(let commit): try end(view, call, commit: commit, reply)
+            case .statement(let output): try statement(view, call!, output: output, reply)
+            }
+        } catch {
+            finish(reply, VarlinkReply.encode(error))
+        }
+    }
+
+    /// Delivers `bytes` as `reply` (on the loop).
+    private func finish(_ reply: QueuedReply, _ bytes: [UInt8]) {
+        deliver(reply, bytes)
+    }
+
+    // MARK: Begin
+
+    private func begin(_ view: JSONView, _ call: Int?, _ reply: QueuedReply) throws(VarlinkError) {
+        if shared.context.isShuttingDown { throw Errors.shuttingDown }
+        let user = try transactionUser(view, call)
+        let immediate: Bool
+        switch call.flatMap({ view.member("mode", of: $0) }) {
+        case nil: immediate = true
+        case let token? where view.kind(token) == .null: immediate = true
+        case let token? where view.stringEquals(token, "immediate"): immediate = true
+        case let token? where view.stringEquals(token, "deferred"): immediate = false
+        default: throw .invalidParameter("mode")
+        }
+        if let current = transaction, current.isLive { throw Errors.limitExceeded("transactions", maximum: 1) }
+        let transaction = OpenTransaction(user: user, immediate: immediate)
+        self.transaction = transaction
+        let registry = shared.context.registry
+        if let store = registry.leaseIfReady(user) {
+            start(transaction, on: store, reply)
+            return
+        }
+        // The store must be opened or migrated first: in a task, then back here.
+        let loop = self.loop
+        Task {
+            do {
+                let store = try await registry.lease(user)
+                loop.execute { [self] in start(transaction, on: store, reply) }
+            } catch {
+                loop.execute { [self] in
+                    if self.transaction === transaction { self.transaction = nil }
+                    finish(reply, VarlinkReply.encode(Errors.from(error)))
+                }
+            }
+        }
+    }
+
+    /// Begins `transaction` on `store` (leased for it), in the store's turn.
+    private func start(_ transaction: OpenTransaction, on store: Store, _ reply: QueuedReply) {
+        let registry = shared.context.registry
+        guard !closed, self.transaction === transaction else {
+            registry.release(transaction.user)
+            return
+        }
+        transaction.store = store
+        let loop = self.loop
+        store.beginTransaction(transaction.key, immediate: transaction.immediate) { error in
+            loop.execute { [self] in
+                if let error {
+                    registry.release(transaction.user)
+                    if self.transaction === transaction { self.transaction = nil }
+                    finish(reply, VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")))
+                    return
+                }
+                guard !closed, self.transaction === transaction else {
+                    // The connection went away meanwhile.
+                    store.endTransaction(transaction.key, commit: false) { _ in registry.release(transaction.user) }
+                    return
+                }
+                transaction.state = .open
+                transaction.totalTimer = loop.schedule(after: UInt64(limits.transactionMilliseconds) * 1_000_000) { [self] in
+                    expire(transaction, reason: "total")
+                }
+                armIdleTimer(transaction)
+                finish(reply, VarlinkReply.encode(["transaction": .string(transaction.id)]))
+            }
+        }
+    }
+
+    /// The store a Begin addresses; with per-Unix-user stores, only the caller's own.
+    private func transactionUser(_ view: JSONView, _ call: Int?) throws(VarlinkError) -> UserID {
+        let token = call.flatMap { view.member("user", of: $0) }
+        if let only = peer.grant.onlyStore {
+            if let token, view.kind(token) != .null, view.string(token) != only {
+                throw Errors.permissionDenied("stores are per Unix user: uid \(peer.uid) may only reach store '\(only)'")
+            }
+            return try CallParameters.userID(only)
+        }
+        guard let token, view.kind(token) == .string else { throw .invalidParameter("user") }
+        return try CallParameters.userID(view.string(token))
+    }
+
+    // MARK: Calls in a transaction
+
+    /// The open transaction `call` names; a name that is not this connection's open transaction
+    /// is `NoSuchTransaction`, one that was rolled back meanwhile `TransactionExpired` (once).
+    private func namedTransaction(_ view: JSONView, _ call: Int?) throws(VarlinkError) -> OpenTransaction {
+        guard let call, let token = view.member("transaction", of: call), view.kind(token) == .string else { throw .invalidParameter("transaction") }
+        let id = view.string(token)
+        guard let transaction, transaction.id == id else { throw Errors.noSuchTransaction(id) }
+        switch transaction.state {
+        case .open: return transaction
+        case .beginning: throw Errors.noSuchTransaction(id)
+        case .ended(let reason):
+            self.transaction = nil
+            throw Errors.transactionExpired(id, reason: reason)
+        }
+    }
+
+    private func statement(_ view: JSONView, _ call: Int, output: SQLRunner.Output?, _ reply: QueuedReply) throws(VarlinkError) {
+        let transaction = try namedTransaction(view, call)
+        if let token = view.member("user", of: call), view.kind(token) != .null, view.string(token) != transaction.user.rawValue {
+            throw .invalidParameter("user")
+        }
+        let store = transaction.store!
+        let runner = SQLRunner(store: store, limits: limits)
+        let message = JSONMessage(copying: view)
+        let work: @Sendable (Database) -> (bytes: [UInt8], alive: Bool)
+        if let output {
+            let statement = try SQLRunner.Statement.single(view, call)
+            work = { db in
+                var writer = JSONWriter(capacity: 256)
+                message.withView { view in
+                    _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil, inTransaction: true, into: &writer)
+                }
+                return (writer.bytes, store.transactionIsAlive(transaction.key, db))
+            }
+        } else {
+            let statements = try SQLRunner.Statement.batch(view, view.member("statements", of: call), maximum: limits.maxBatchStatements)
+            work = { db in
+                let bytes = BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: .savepoint)
+                return (bytes, store.transactionIsAlive(transaction.key, db))
+            }
+        }
+        transaction.inFlight += 1
+        cancelIdleTimer(transaction)
+        let loop = self.loop
+        store.enqueue(transaction: transaction.key, work) { outcome in
+            loop.execute { [self] in
+                transaction.inFlight -= 1
+                if !outcome.alive, transaction.state == .open {
+                    // SQLite rolled the transaction back itself (an interrupted write, a full
+                    // disk): the store is free again; the next call learns why.
+                    end(transaction, reason: "rolled back by SQLite after a failed statement", rolledBack: true)
+                } else if transaction.state == .open, transaction.inFlight == 0 {
+                    armIdleTimer(transaction)
+                }
+                finish(reply, outcome.bytes)
+            }
+        }
+    }
+
+    // MARK: Commit and Rollback
+
+    private func end(_ view: JSONView, _ call: Int?, commit: Bool, _ reply: QueuedReply) throws(VarlinkError) {
+        let transaction = try namedTransaction(view, call)
+        transaction.state = .ended(reason: commit ? "committed" : "rolled back")
+        cancelTimers(transaction)
+        let store = transaction.store!, registry = shared.context.registry, loop = self.loop
+        store.endTransaction(transaction.key, commit: commit) { error in
+            registry.release(transaction.user)
+            loop.execute { [self] in
+                if self.transaction === transaction { self.transaction = nil }
+                if let error {
+                    finish(reply, VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")))
+                } else {
+                    finish(reply, VarlinkReply.encode([:]))
+                }
+            }
+        }
+    }
+
+    // MARK: Time-outs and endings
+
+    private func armIdleTimer(_ transaction: OpenTransaction) {
+        cancelIdleTimer(transaction)
+        transaction.idleTimer = loop.schedule(after: UInt64(limits.transactionIdleMilliseconds) * 1_000_000) { [self] in
+            expire(transaction, reason: "idle")
+        }
+    }
+
+    private func cancelIdleTimer(_ transaction: OpenTransaction) {
+        if let timer = transaction.idleTimer { loop.cancel(timer) }
+        transaction.idleTimer = nil
+    }
+
+    private func cancelTimers(_ transaction: OpenTransaction) {
+        cancelIdleTimer(transaction)
+        if let timer = transaction.totalTimer { loop.cancel(timer) }
+        transaction.totalTimer = nil
+    }
+
+    /// A time-out: rolls `transaction` back unless it already ended (or, for `idle`, a call of
+    /// it is running).
+    private func expire(_ transaction: OpenTransaction, reason: String) {
+        guard self.transaction === transaction, transaction.state == .open else { return }
+        if reason == "idle" && transaction.inFlight > 0 { return }
+        end(transaction, reason: reason, rolledBack: false)
+    }
+
+    /// Ends `transaction` without the client asking: rolled back (unless SQLite already did),
+    /// the store released, the journal told; the next call naming it gets `TransactionExpired`.
+    private func end(_ transaction: OpenTransaction, reason: String, rolledBack: Bool) {
+        transaction.state = .ended(reason: reason)
+        cancelTimers(transaction)
+        let registry = shared.context.registry
+        let seconds = Double(StoreClock.now() - transaction.began) / 1e9
+        shared.logger.warning("transaction \(transaction.id) expired (\(reason)): rolled back after \(String(format: "%.1f", seconds)) s", metadata: [
+            "event": "transaction-expired", "user": .string(transaction.user.rawValue), "transaction": .string(transaction.id),
+            "reason": .string(reason), "peer_pid": "\(peer.pid)", "peer_uid": "\(peer.uid)",
+            "duration_usec": "\(Int64(seconds * 1e6))",
+        ])
+        if rolledBack {
+            registry.release(transaction.user)
+        } else {
+            transaction.store!.endTransaction(transaction.key, commit: false) { _ in registry.release(transaction.user) }
+        }
+    }
+
+    /// The connection closed with a transaction open: rolled back, store released.
+    func abandonTransaction() {
+        guard let transaction, transaction.state == .open, let store = transaction.store else { return }
+        transaction.state = .ended(reason: "connection closed")
+        cancelTimers(transaction)
+        let registry = shared.context.registry
+        store.endTransaction(transaction.key, commit: false) { _ in registry.release(transaction.user) }
+    }
+
+    /// Whether a transaction of this connection holds a store (shutdown waits for it).
+    var holdsTransaction: Bool { transaction?.isLive ?? false }
+}

@@ -1,0 +1,215 @@
+import Foundation
+import Synchronization
+import Testing
+import Varlink
+
+/// Interactive transactions over the socket: Begin, statements in the transaction, Commit,
+/// Rollback; isolation from other connections; time-outs; a dropped connection; a crash.
+@Suite(.serialized) struct TransactionTests {
+    static let counterSetup = ["CREATE TABLE counter (n INTEGER NOT NULL)", "INSERT INTO counter VALUES (0)"]
+
+    func setUp(_ client: VarlinkConnection, user: String) throws {
+        for sql in Self.counterSetup { _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": .string(sql)]) }
+    }
+
+    func counter(_ client: VarlinkConnection, user: String, transaction: String? = nil) throws -> Int64? {
+        var parameters: [String: JSONValue] = ["user": .string(user), "sql": "SELECT n FROM counter"]
+        if let transaction { parameters["transaction"] = .string(transaction) }
+        return try client.call("io.userstore.Store.Query", parameters)["rows"]?.arrayValue?.first?.arrayValue?.first?.integerValue
+    }
+
+    func begin(_ client: VarlinkConnection, user: String, mode: String? = nil) throws -> String {
+        var parameters: [String: JSONValue] = ["user": .string(user)]
+        if let mode { parameters["mode"] = .string(mode) }
+        return try #require(try client.call("io.userstore.Store.Begin", parameters)["transaction"]?.stringValue)
+    }
+
+    func error(_ body: () throws -> Void) -> VarlinkError? {
+        do { try body(); return nil } catch { return error as? VarlinkError }
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func readIncrementWriteFromEightConnectionsNeverLosesAnUpdate() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        try setUp(try daemon.connect(), user: "bank")
+        let socket = daemon.socketPath
+        let failures = Mutex<[String]>([])
+        let group = DispatchGroup()
+        for _ in 0..<8 {
+            group.enter()
+            Thread {
+                defer { group.leave() }
+                do {
+                    let client = try VarlinkConnection(path: socket)
+                    client.setReceiveTimeout(seconds: 60)
+                    for _ in 0..<200 {
+                        let transaction = try begin(client, user: "bank")
+                        let n = try #require(try counter(client, user: "bank", transaction: transaction))
+                        // The decision happens here, in the client, between the read and the write.
+                        _ = try client.call("io.userstore.Store.Execute", ["user": "bank", "sql": "UPDATE counter SET n = ?",
+                                                                           "parameters": [.integer(n + 1)], "transaction": .string(transaction)])
+                        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+                    }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+            }.start()
+        }
+        group.wait()
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        #expect(try counter(try daemon.connect(), user: "bank") == 1600)
+        daemon.stop()
+    }
+
+    @Test func anOpenTransactionHoldsItsStoreOnlyAndItsRowsStayPrivate() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let owner = try daemon.connect(), waiter = try daemon.connect(), other = try daemon.connect()
+        try setUp(owner, user: "held")
+        _ = try other.call("io.userstore.Store.Open", ["user": "free"])
+        let transaction = try begin(owner, user: "held")
+        _ = try owner.call("io.userstore.Store.Execute", ["user": "held", "sql": "UPDATE counter SET n = 42", "transaction": .string(transaction)])
+        #expect(try counter(owner, user: "held", transaction: transaction) == 42)
+        // Another connection's request for the same user waits its turn...
+        try waiter.send(VarlinkCall(method: "io.userstore.Store.Query", parameters: ["user": "held", "sql": "SELECT n FROM counter"]))
+        // ...while another user is answered at once.
+        #expect(try other.call("io.userstore.Store.Query", ["user": "free", "sql": "SELECT 7"])["rows"] == [[7]])
+        var pending = pollfd(fd: waiter.descriptor, events: Int16(POLLIN), revents: 0)
+        #expect(poll(&pending, 1, 0) == 0) // no reply yet
+        // The transaction belongs to its connection.
+        #expect(error { _ = try other.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
+        #expect(error { _ = try other.call("io.userstore.Store.Query", ["user": "held", "sql": "SELECT 1", "transaction": .string(transaction)]) }?.name
+                == "io.userstore.Store.NoSuchTransaction")
+        // One at a time per connection.
+        let second = error { _ = try owner.call("io.userstore.Store.Begin", ["user": "free"]) }
+        #expect(second?.name == "io.userstore.Store.LimitExceeded" && second?.parameters["limit"] == "transactions")
+        _ = try owner.call("io.userstore.Store.Rollback", ["transaction": .string(transaction)])
+        // The waiting request ran after the rollback: it never saw the uncommitted 42.
+        #expect(try waiter.readReply().parameters["rows"] == [[0]])
+        #expect(error { _ = try owner.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
+        daemon.stop()
+    }
+
+    @Test func transactionControlBelongsToTheAPIAndSavepointsAndBatchesNest() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        try setUp(client, user: "sql")
+        let transaction = JSONValue.string(try begin(client, user: "sql", mode: "deferred"))
+        for statement in ["BEGIN", "COMMIT", "ROLLBACK", "END"] {
+            let refused = error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(statement), "transaction": transaction]) }
+            #expect(refused?.name == "io.userstore.Store.PermissionDenied", "\(statement)")
+        }
+        for sql in ["SAVEPOINT a", "UPDATE counter SET n = 5", "ROLLBACK TO a", "RELEASE a"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(sql), "transaction": transaction])
+        }
+        #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 0)
+        // A failing Batch leaves the transaction as it was before the Batch.
+        _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "UPDATE counter SET n = 1", "transaction": transaction])
+        let failed = error {
+            _ = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [
+                ["sql": "UPDATE counter SET n = 2"], ["sql": "INSERT INTO nowhere VALUES (1)"],
+            ]])
+        }
+        #expect(failed?.name == "io.userstore.Store.SQLError" && failed?.parameters["index"] == 1)
+        #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 1)
+        let batch = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [["sql": "UPDATE counter SET n = n + 10"]]])
+        #expect(batch["results"]?.arrayValue?.first?["changes"] == 1)
+        _ = try client.call("io.userstore.Store.Commit", ["transaction": transaction])
+        #expect(try counter(client, user: "sql") == 11)
+        // Outside a transaction, savepoints stay refused.
+        #expect(error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "SAVEPOINT b"]) }?.name == "io.userstore.Store.PermissionDenied")
+        daemon.stop()
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func idleAndOverlongTransactionsAreRolledBackAndNamed() throws {
+        let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 300\n  transactionMilliseconds: 1500\n")
+        try daemon.start()
+        let client = try daemon.connect()
+        try setUp(client, user: "slowpoke")
+        // Idle: nothing for longer than transactionIdleMilliseconds.
+        let idle = try begin(client, user: "slowpoke")
+        _ = try client.call("io.userstore.Store.Execute", ["user": "slowpoke", "sql": "UPDATE counter SET n = 1", "transaction": .string(idle)])
+        var expired: VarlinkError?
+        while expired == nil {
+            // Waits for the daemon's own report that it rolled the transaction back.
+            if daemon.stderr.contains("transaction \(idle) expired") {
+                expired = error { _ = try counter(client, user: "slowpoke", transaction: idle) }
+            } else {
+                usleep(20_000)
+            }
+        }
+        #expect(expired?.name == "io.userstore.Store.TransactionExpired")
+        #expect(expired?.parameters["transaction"] == .string(idle) && expired?.parameters["reason"] == "idle")
+        #expect(try counter(client, user: "slowpoke") == 0)
+        // Too long: busy, but past transactionMilliseconds.
+        let long = try begin(client, user: "slowpoke")
+        var reason: JSONValue?
+        while reason == nil {
+            do {
+                _ = try client.call("io.userstore.Store.Execute", ["user": "slowpoke", "sql": "UPDATE counter SET n = n + 1", "transaction": .string(long)])
+                usleep(50_000)
+            } catch let error as VarlinkError {
+                #expect(error.name == "io.userstore.Store.TransactionExpired")
+                reason = error.parameters["reason"]
+            }
+        }
+        #expect(reason == "total")
+        #expect(try counter(client, user: "slowpoke") == 0)
+        daemon.stop()
+        #expect(daemon.stderr.contains("user=slowpoke") || daemon.stderr.contains("slowpoke"))
+    }
+
+    @Test func aDroppedConnectionRollsBack() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        try setUp(client, user: "dropped")
+        do {
+            let gone = try daemon.connect()
+            let transaction = try begin(gone, user: "dropped")
+            _ = try gone.call("io.userstore.Store.Execute", ["user": "dropped", "sql": "UPDATE counter SET n = 99", "transaction": .string(transaction)])
+        } // closed here
+        // The next request for the store waits for the rollback and sees the old value.
+        #expect(try counter(client, user: "dropped") == 0)
+        daemon.stop()
+    }
+
+    @Test func sigkillKeepsWhatWasCommittedAndNothingElse() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        try setUp(client, user: "crash")
+        let committed = try begin(client, user: "crash")
+        _ = try client.call("io.userstore.Store.Execute", ["user": "crash", "sql": "UPDATE counter SET n = 1", "transaction": .string(committed)])
+        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(committed)])
+        let open = try begin(client, user: "crash")
+        _ = try client.call("io.userstore.Store.Execute", ["user": "crash", "sql": "UPDATE counter SET n = 2", "transaction": .string(open)])
+        daemon.stop(signal: SIGKILL)
+        try daemon.start()
+        #expect(try counter(try daemon.connect(), user: "crash") == 1)
+        #expect(try daemon.connect().call("io.userstore.Admin.Verify", ["users": ["crash"]])["failures"] == 0)
+        daemon.stop()
+    }
+
+    @Test func shutdownLetsAnOpenTransactionFinishAndRefusesOtherWork() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        try setUp(client, user: "late")
+        let transaction = try begin(client, user: "late")
+        kill(daemon.pid, SIGTERM)
+        // Wait until the daemon says it is stopping, then the transaction still commits.
+        while !daemon.stderr.contains("stopping") { usleep(10_000) }
+        _ = try client.call("io.userstore.Store.Execute", ["user": "late", "sql": "UPDATE counter SET n = 3", "transaction": .string(transaction)])
+        // Calls outside the transaction are refused meanwhile.
+        #expect(error { _ = try client.call("io.userstore.Store.Query", ["user": "late", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown")
+        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+        #expect(daemon.waitForExit() == 0)
+        try daemon.start()
+        #expect(try counter(try daemon.connect(), user: "late") == 3)
+        daemon.stop()
+    }
+}
