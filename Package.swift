@@ -67,11 +67,13 @@ let package = Package(
             ],
             resources: [.embedInCode("Interfaces/io.userstore.Store.varlink"), .embedInCode("Interfaces/io.userstore.Admin.varlink")]
         ),
+        // libedit's line editor and history for userstorectl's interactive sql mode.
+        .systemLibrary(name: "CEditLine", providers: [.apt(["libedit-dev"])]),
         // userstorectl's work: daemon client, output, progress, linter, offline operations.
         .target(
             name: "UserStoreCtl",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol",
+                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

@@ -13,6 +13,10 @@
  *          [--pipeline 1] [--users 1000] [--user-format u%05d] [--pick random|connection]
  *          [--method io.userstore.Store.Query] [--sql "SELECT value FROM kv WHERE id = ?"]
  *          [--rows 10000]  (a random id in 1..rows is the one parameter; 0: no parameter)
+ *          [--tpcb ACCOUNTS]  (instead: pgbench's TPC-B-like transaction on each connection's own
+ *                              user, one call at a time: Begin, UPDATE accounts, SELECT, UPDATE
+ *                              tellers, UPDATE branches, INSERT history, Commit; a request is a
+ *                              whole transaction)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,6 +39,7 @@ static const char *user_format = "u%05d";
 static const char *method = "io.userstore.Store.Query";
 static const char *sql = "SELECT value FROM kv WHERE id = ?";
 static int pick_random_user = 1;
+static int tpcb_accounts = 0;
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -53,6 +58,11 @@ static uint64_t next_random(uint64_t *state) {
 struct connection {
     int fd;
     int index;
+    /* TPC-B mode: the call of the transaction to send next (0 = Begin), its id and values. */
+    int step;
+    char transaction[64];
+    long aid, tid, bid, delta;
+    uint64_t began;
     uint64_t *sent_at; /* ring of pipeline_depth send times */
     int head, in_flight;
     char in[1 << 16];
@@ -83,7 +93,49 @@ static void record(struct worker *w, uint64_t sample) {
     w->samples[w->samples_used++] = sample;
 }
 
+/* The next call of connection `c`'s TPC-B-like transaction. */
+static int build_tpcb(struct worker *w, struct connection *c, char *out, size_t size) {
+    char user[160];
+    snprintf(user, sizeof user, user_format, c->index % users);
+    int n = 0;
+    switch (c->step) {
+    case 0:
+        c->aid = (long)(next_random(&w->random) % (uint64_t)tpcb_accounts) + 1;
+        c->tid = (long)(next_random(&w->random) % 10) + 1;
+        c->bid = 1;
+        c->delta = (long)(next_random(&w->random) % 10001) - 5000;
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Begin\",\"parameters\":{\"user\":\"%s\"}}", user);
+        break;
+    case 1:
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Execute\",\"parameters\":{\"user\":\"%s\",\"transaction\":\"%s\","
+                     "\"sql\":\"UPDATE accounts SET abalance = abalance + ? WHERE aid = ?\",\"parameters\":[%ld,%ld]}}", user, c->transaction, c->delta, c->aid);
+        break;
+    case 2:
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"%s\",\"transaction\":\"%s\","
+                     "\"sql\":\"SELECT abalance FROM accounts WHERE aid = ?\",\"parameters\":[%ld]}}", user, c->transaction, c->aid);
+        break;
+    case 3:
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Execute\",\"parameters\":{\"user\":\"%s\",\"transaction\":\"%s\","
+                     "\"sql\":\"UPDATE tellers SET tbalance = tbalance + ? WHERE tid = ?\",\"parameters\":[%ld,%ld]}}", user, c->transaction, c->delta, c->tid);
+        break;
+    case 4:
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Execute\",\"parameters\":{\"user\":\"%s\",\"transaction\":\"%s\","
+                     "\"sql\":\"UPDATE branches SET bbalance = bbalance + ? WHERE bid = ?\",\"parameters\":[%ld,%ld]}}", user, c->transaction, c->delta, c->bid);
+        break;
+    case 5:
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Execute\",\"parameters\":{\"user\":\"%s\",\"transaction\":\"%s\","
+                     "\"sql\":\"INSERT INTO history (tid, bid, aid, delta, mtime) VALUES (?, ?, ?, ?, CURRENT_TIMESTAMP)\","
+                     "\"parameters\":[%ld,%ld,%ld,%ld]}}", user, c->transaction, c->tid, c->bid, c->aid, c->delta);
+        break;
+    default:
+        n = snprintf(out, size, "{\"method\":\"io.userstore.Store.Commit\",\"parameters\":{\"transaction\":\"%s\"}}", c->transaction);
+    }
+    out[n] = 0;
+    return n + 1;
+}
+
 static int build_request(struct worker *w, struct connection *c, char *out, size_t size) {
+    if (tpcb_accounts > 0) return build_tpcb(w, c, out, size);
     char user[160];
     int u = pick_random_user ? (int)(next_random(&w->random) % (uint64_t)users) : c->index % users;
     snprintf(user, sizeof user, user_format, u);
@@ -146,8 +198,25 @@ static void *run_worker(void *arg) {
             size_t start = 0;
             for (size_t i = 0; i < c->in_used; i++) {
                 if (c->in[i] != 0) continue;
-                if (strncmp(c->in + start, "{\"parameters\"", 13) != 0) w->errors++;
-                record(w, t - c->sent_at[c->head]);
+                int ok = strncmp(c->in + start, "{\"parameters\"", 13) == 0;
+                if (tpcb_accounts > 0) {
+                    /* One transaction is one request: timed from Begin to Commit. */
+                    if (c->step == 0) {
+                        c->began = c->sent_at[c->head];
+                        char *id = ok ? strstr(c->in + start, "\"transaction\":\"") : NULL;
+                        char *end = id ? strchr(id + 15, '"') : NULL;
+                        if (!id || !end || end - id - 15 >= (long)sizeof c->transaction) { w->errors++; c->step = -1; }
+                        else { memcpy(c->transaction, id + 15, (size_t)(end - id - 15)); c->transaction[end - id - 15] = 0; }
+                    } else if (!ok) {
+                        w->errors++;
+                        c->step = c->step < 6 ? 5 : -1; /* a failed statement: still end the transaction */
+                    }
+                    if (c->step == 6) record(w, t - c->began);
+                    c->step = c->step >= 6 || c->step < 0 ? 0 : c->step + 1;
+                } else {
+                    if (!ok) w->errors++;
+                    record(w, t - c->sent_at[c->head]);
+                }
                 c->head = (c->head + 1) % pipeline_depth;
                 c->in_flight--;
                 start = i + 1;
@@ -202,6 +271,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(key, "--method")) method = value;
         else if (!strcmp(key, "--sql")) sql = value;
         else if (!strcmp(key, "--rows")) rows = atoi(value);
+        else if (!strcmp(key, "--tpcb")) { tpcb_accounts = atoi(value); pick_random_user = 0; }
         else { fprintf(stderr, "userstore-load: unknown option %s\n", key); return 2; }
     }
     if (!socket_path || connections < 1 || threads < 1 || pipeline_depth < 1 || users < 1) {

@@ -3,7 +3,7 @@
 # when everything is already there (no apt-get update then).
 set -euo pipefail
 
-packages=(libsqlite3-dev libsystemd-dev sqlite3 systemd systemd-container python3 python3-venv util-linux)
+packages=(libsqlite3-dev libsystemd-dev libedit-dev sqlite3 systemd systemd-container python3 python3-venv util-linux)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

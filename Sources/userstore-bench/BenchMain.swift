@@ -16,8 +16,8 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Where the JSON results go.")
     var json = "docs/bench/latest.json"
 
-    @Option(help: "Only these scenarios (1-5), comma-separated.")
-    var only: String = "1,2,3,4,5"
+    @Option(help: "Only these scenarios (1-6), comma-separated.")
+    var only: String = "1,2,3,4,5,6"
 
     @Option(help: "The repository (for config/migrations).")
     var repository = FileManager.default.currentDirectoryPath
@@ -36,6 +36,7 @@ struct BenchCommand: AsyncParsableCommand {
         if selected.contains("3") { try scenarios.coldOpen() }
         if selected.contains("4") { try await scenarios.fleetMigration() }
         if selected.contains("5") { try await scenarios.memory() }
+        if selected.contains("6") { try await scenarios.transactions() }
 
         let machine = machineInfo()
         var lines = ["| scenario | subject | result | p50 | p99 | note |", "|---|---|---|---|---|---|"]

@@ -33,10 +33,10 @@ struct LoadGenerator {
 
     /// Drives `socket` with `connections` connections from two threads, `pipeline` calls in
     /// flight on each, for `seconds`.
-    func run(socket: String, connections: Int, pipeline: Int = 1, seconds: Double, _ workload: Workload) -> Result {
+    func run(socket: String, connections: Int, pipeline: Int = 1, seconds: Double, extra: [String] = [], _ workload: Workload) -> Result {
         let arguments = [path, "--socket", socket, "--connections", "\(connections)", "--threads", "2", "--seconds", "\(seconds)",
                          "--pipeline", "\(pipeline)", "--users", "\(workload.users)", "--pick", workload.userPerConnection ? "connection" : "random",
-                         "--method", workload.method, "--sql", workload.sql, "--rows", "\(workload.rows)"]
+                         "--method", workload.method, "--sql", workload.sql, "--rows", "\(workload.rows)"] + extra
         let (status, output) = shell(arguments.map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " "))
         guard status == 0, let line = output.split(separator: "\n").last,
               let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else {

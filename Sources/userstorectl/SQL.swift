@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import UserStoreCtl
 import Varlink
 
@@ -6,12 +7,18 @@ extension UserStoreCtlCommand {
     struct SQL: ParsableCommand {
         static let configuration = CommandConfiguration(
             commandName: "sql",
-            abstract: "Run one SQL statement on a store and print the result as a table.",
+            abstract: "Run SQL on a store and print the results as tables.",
             discussion: """
-                Runs as an administrator: works on a store whose migration failed, so its data can be \
-                repaired before a retry (the daemon's bookkeeping stays protected). Each ARG binds a \
-                ? parameter: JSON scalars (42, 2.5, null, true, "quoted") keep their type; anything \
-                else is text.
+                With a statement: runs it as an administrator (works on a store whose migration \
+                failed, so its data can be repaired before a retry; the daemon's bookkeeping stays \
+                protected). Each ARG binds a ? parameter: JSON scalars (42, 2.5, null, true, \
+                "quoted") keep their type; anything else is text.
+
+                Without one: on a terminal, a prompt with line editing and history \
+                (~/.userstorectl_history); otherwise the statements of standard input, stopping at \
+                the first that fails. Statements end with ';'. BEGIN [DEFERRED], COMMIT (END) and \
+                ROLLBACK open and end an interactive transaction (io.userstore.Store.Begin/Commit/ \
+                Rollback); statements in it run in it, and the prompt shows '*'. \\q quits.
                 """)
 
         @OptionGroup var connection: ConnectionOptions
@@ -19,13 +26,18 @@ extension UserStoreCtlCommand {
         @Argument(help: "The user ID.")
         var user: String
 
-        @Argument(help: "One SQL statement.")
-        var sql: String
+        @Argument(help: "One SQL statement (none: a prompt, or the statements of standard input).")
+        var sql: String?
 
         @Argument(help: "Values for the statement's ? parameters.")
         var arguments: [String] = []
 
         func run() throws {
+            guard let sql else {
+                let shell = SQLShell(client: try connection.client(), user: user, output: connection.output, interactive: isatty(STDIN_FILENO) == 1)
+                if !shell.run() { throw ExitCode(CtlExitCode.someFailed.rawValue) }
+                return
+            }
             let parameters: [JSONValue] = arguments.map { argument in
                 if let value = try? JSONParser().parse(argument), value.arrayValue == nil, value.objectValue == nil { return value }
                 return .string(argument)

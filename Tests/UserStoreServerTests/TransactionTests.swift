@@ -213,3 +213,47 @@ import Varlink
         daemon.stop()
     }
 }
+
+/// `userstorectl sql USER` without a statement: a script on standard input, and a prompt on a
+/// terminal, with BEGIN/COMMIT/ROLLBACK mapped to the API.
+@Suite(.serialized) struct SQLShellTests {
+    @Test func scriptsAndThePromptRunTransactionsThroughTheAPI() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let environment = ["USERSTORE_SOCKET": daemon.socketPath, "HOME": daemon.directory.path]
+        let script = """
+            CREATE TABLE counter (n INTEGER NOT NULL);
+            INSERT INTO counter VALUES (0);
+            BEGIN;
+            UPDATE counter
+               SET n = 5;   -- a statement over two lines
+            SELECT n, 'a;b' AS text FROM counter;
+            COMMIT;
+            BEGIN DEFERRED;
+            UPDATE counter SET n = 6;
+            ROLLBACK;
+            SELECT n FROM counter;
+            """
+        let piped = try run([CtlTests.ctl, "sql", "shelly"], environment: environment, input: script)
+        #expect(piped.status == 0, "\(piped.stderr)")
+        #expect(piped.stdout.contains("BEGIN") && piped.stdout.contains("COMMIT") && piped.stdout.contains("ROLLBACK"))
+        #expect(piped.stdout.contains("a;b"))
+        let client = try daemon.connect()
+        #expect(try client.call("io.userstore.Store.Query", ["user": "shelly", "sql": "SELECT n FROM counter"])["rows"] == [[5]])
+
+        // A failing statement stops a script (exit 1); an open transaction at the end is rolled back.
+        let failing = try run([CtlTests.ctl, "sql", "shelly"], environment: environment,
+                              input: "BEGIN;\nUPDATE counter SET n = 9;\nSELECT * FROM nowhere;\nCOMMIT;\n")
+        #expect(failing.status == 1 && failing.stderr.contains("no such table"))
+        #expect(try client.call("io.userstore.Store.Query", ["user": "shelly", "sql": "SELECT n FROM counter"])["rows"] == [[5]])
+
+        // On a terminal: a prompt that shows the open transaction.
+        let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(CtlTests.ctl) sql shelly", "/dev/null"], environment: environment,
+                          input: "BEGIN;\nUPDATE counter SET n = 7;\nCOMMIT;\n\\q\n")
+        #expect(tty.status == 0, "\(tty.stdout)")
+        #expect(tty.stdout.contains("shelly=> ") && tty.stdout.contains("shelly*=> "))
+        #expect(try client.call("io.userstore.Store.Query", ["user": "shelly", "sql": "SELECT n FROM counter"])["rows"] == [[7]])
+        #expect(FileManager.default.fileExists(atPath: daemon.directory.path + "/.userstorectl_history"))
+        daemon.stop()
+    }
+}

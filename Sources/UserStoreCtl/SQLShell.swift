@@ -1,0 +1,152 @@
+import CEditLine
+import Foundation
+import GRDBSQLite
+import Varlink
+
+/// `userstorectl sql USER` without a statement: statements typed at a prompt (with line editing
+/// and history on a terminal) or read from standard input, as `psql` and `sqlite3` do.
+///
+/// A statement ends with `;` (SQLite's own `sqlite3_complete` decides, so a `;` inside a string
+/// or a trigger body does not end it). `BEGIN`, `COMMIT`/`END` and `ROLLBACK` open and end an
+/// interactive transaction through the API (`io.userstore.Store.Begin`, `Commit`, `Rollback`);
+/// in one, statements run in it (and the prompt says `*`). Outside one, a statement runs as an
+/// administrator (`io.userstore.Admin.Execute`), like `userstorectl sql USER "SQL"`.
+public final class SQLShell {
+    private let client: DaemonClient
+    private let user: String
+    private let output: Output
+    private let interactive: Bool
+    private var transaction: String?
+    private static var historyPath: String { (ProcessInfo.processInfo.environment["HOME"] ?? "/root") + "/.userstorectl_history" }
+
+    public init(client: DaemonClient, user: String, output: Output, interactive: Bool) {
+        self.client = client
+        self.user = user
+        self.output = output
+        self.interactive = interactive
+    }
+
+    /// Runs until end of input (or `\q`). Returns false when a statement failed (reading a
+    /// script, the first failure stops it).
+    public func run() -> Bool {
+        if interactive {
+            _ = read_history(Self.historyPath)
+            print("userstorectl sql: store '\(user)'. End statements with ';'. BEGIN/COMMIT/ROLLBACK for a transaction; \\q to quit.")
+        }
+        defer {
+            if interactive {
+                stifle_history(1000)
+                _ = write_history(Self.historyPath)
+            }
+        }
+        var pending = ""
+        var succeeded = true
+        while let line = readLine(continuation: !pending.isEmpty) {
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            if pending.isEmpty, trimmed == "\\q" || trimmed == ".quit" || trimmed == "exit" || trimmed == "quit" { break }
+            if pending.isEmpty, trimmed.isEmpty { continue }
+            pending += (pending.isEmpty ? "" : "\n") + line
+            guard sqlite3_complete(pending) != 0 else { continue }
+            if interactive { add_history(pending) }
+            let statement = pending
+            pending = ""
+            if !execute(statement) {
+                succeeded = false
+                if !interactive { break }
+            }
+        }
+        if !pending.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty {
+            Output.error("userstorectl: incomplete statement at the end of input (missing ';'): \(pending)")
+            succeeded = false
+        }
+        if let transaction {
+            Output.error("userstorectl: transaction \(transaction) was open at the end: rolled back")
+            _ = try? client.call("io.userstore.Store.Rollback", ["transaction": .string(transaction)])
+            succeeded = false
+        }
+        return succeeded
+    }
+
+    private func readLine(continuation: Bool) -> String? {
+        guard interactive else { return Swift.readLine(strippingNewline: true) }
+        let prompt = "\(user)\(transaction == nil ? "" : "*")\(continuation ? "-" : "=")> "
+        guard let line = readline(prompt) else {
+            print()
+            return nil
+        }
+        defer { free(line) }
+        return String(cString: line)
+    }
+
+    /// Runs one statement; false when it failed (the error is printed).
+    func execute(_ statement: String) -> Bool {
+        do {
+            switch Self.control(statement) {
+            case .begin(let mode)?:
+                guard transaction == nil else { throw CtlError(.someFailed, "a transaction is already open; COMMIT or ROLLBACK it first") }
+                transaction = try client.call("io.userstore.Store.Begin", ["user": .string(user), "mode": .string(mode)])["transaction"]?.stringValue
+                print("BEGIN")
+            case .end(let commit)?:
+                guard let open = transaction else { throw CtlError(.someFailed, "no transaction is open") }
+                transaction = nil
+                _ = try client.call(commit ? "io.userstore.Store.Commit" : "io.userstore.Store.Rollback", ["transaction": .string(open)])
+                print(commit ? "COMMIT" : "ROLLBACK")
+            case nil:
+                let result: [String: JSONValue]
+                if let transaction {
+                    let batch = try client.call("io.userstore.Store.Batch", ["user": .string(user), "transaction": .string(transaction),
+                                                                              "statements": [["sql": .string(statement)]]])
+                    result = batch["results"]?.arrayValue?.first?.objectValue ?? [:]
+                } else {
+                    result = try client.call("io.userstore.Admin.Execute", ["user": .string(user), "sql": .string(statement)])
+                }
+                show(result)
+            }
+            return true
+        } catch let error as CtlError {
+            Output.error(error.message)
+            if error.message.contains("TransactionExpired") || error.message.contains("NoSuchTransaction") { transaction = nil }
+            return false
+        } catch {
+            Output.error("\(error)")
+            return false
+        }
+    }
+
+    private func show(_ result: [String: JSONValue]) {
+        if output.json { return output.jsonLine(.object(result)) }
+        if let columns = result["columns"]?.arrayValue {
+            let rows = (result["rows"]?.arrayValue ?? []).map { row in (row.arrayValue ?? []).map { Output.cell($0) } }
+            output.table(columns.map { Output.cell($0) }, rows)
+            print("(\(rows.count) row\(rows.count == 1 ? "" : "s"))")
+        } else {
+            print("\(Output.cell(result["changes"])) row\(result["changes"] == 1 ? "" : "s") changed")
+        }
+    }
+
+    enum Control: Equatable {
+        case begin(mode: String)
+        case end(commit: Bool)
+    }
+
+    /// Whether `statement` is transaction control, which the API does instead of SQL.
+    /// `ROLLBACK TO` (a savepoint) is SQL and runs in the transaction.
+    static func control(_ statement: String) -> Control? {
+        let words = statement.uppercased().replacingOccurrences(of: ";", with: " ")
+            .split(whereSeparator: { $0.isWhitespace }).map(String.init)
+        guard let first = words.first else { return nil }
+        let rest = Array(words.dropFirst())
+        switch first {
+        case "BEGIN":
+            let mode = rest.first == "DEFERRED" ? "deferred" : "immediate"
+            let allowed: Set<String> = ["DEFERRED", "IMMEDIATE", "TRANSACTION"]
+            return rest.allSatisfy(allowed.contains) ? .begin(mode: mode) : nil
+        case "COMMIT", "END":
+            return rest.allSatisfy { $0 == "TRANSACTION" } ? .end(commit: true) : nil
+        case "ROLLBACK":
+            return rest.allSatisfy { $0 == "TRANSACTION" } ? .end(commit: false) : nil
+        default:
+            return nil
+        }
+    }
+}
