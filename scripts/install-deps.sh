@@ -20,12 +20,13 @@ if ! command -v swift >/dev/null 2>&1 && [ ! -x /opt/swift/usr/bin/swift ]; then
     exit 1
 fi
 
-# An independent varlink implementation (PyPI's "varlink") for the tests: it parses the
-# interface files and talks to the daemon without any of this project's code.
+# Independent implementations for the tests: PyPI's "varlink" parses the interface files and
+# talks to the daemon without any of this project's code;
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.build/testenv"
-if ! "$venv/bin/python3" -c "import varlink" 2>/dev/null; then
+# prometheus-client's parser reads the daemon's /metrics independently, too.
+if ! "$venv/bin/python3" -c "import varlink, prometheus_client" 2>/dev/null; then
     mkdir -p "$root/.build"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check varlink
+    "$venv/bin/pip" install -q --disable-pip-version-check varlink prometheus-client
 fi

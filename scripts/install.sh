@@ -82,6 +82,7 @@ production_config() {
     sed -e "s|^dataDirectory: .*|dataDirectory: /var/lib/userstore|" \
         -e "s|^socketPath: .*|socketPath: /run/userstore/userstore.sock|" \
         -e "s|^migrationsDirectory: .*|migrationsDirectory: $confdir/migrations|" \
+        -e "s|^  listen: \"unix:.*|  listen: \"unix:/run/userstore/metrics.sock\"|" \
         -e "s|^  clientGroups: \[\]|  clientGroups: [userstore-clients]|" \
         -e "s|^  adminGroups: \[\]|  adminGroups: [userstore-admins]|" \
         -e "s|^# userstored configuration — the development default.*|# userstored configuration (installed by make install).|" \

@@ -21,6 +21,7 @@ public enum ConfigurationLoader {
         "limits.maxRequestBytes", "limits.maxResponseBytes", "limits.statementTimeoutMilliseconds",
         "limits.maxBatchStatements", "limits.maxConnections", "limits.maxJSONDepth",
         "limits.transactionIdleMilliseconds", "limits.transactionMilliseconds",
+        "metrics.listen",
     ]
 
     /// The numbered migrations and the desired schema `configuration` names, loaded and checked.
@@ -85,7 +86,7 @@ public enum ConfigurationLoader {
     private static func flattenedKeys(_ mapping: [String: Any], prefix: String) -> [String] {
         mapping.sorted { $0.key < $1.key }.flatMap { key, value -> [String] in
             let full = prefix.isEmpty ? key : prefix + "." + key
-            if let nested = value as? [String: Any], ["migrations", "access", "limits"].contains(full) {
+            if let nested = value as? [String: Any], ["migrations", "access", "limits", "metrics", "replication", "cluster"].contains(full) {
                 return flattenedKeys(nested, prefix: full)
             }
             return [full]

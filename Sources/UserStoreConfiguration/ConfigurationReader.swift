@@ -61,6 +61,17 @@ extension ConfigurationLoader {
                 }
                 socketMode = parsed
             }
+            var metricsListen: MetricsAddress?
+            if var listen = try string("metrics.listen") {
+                // A Unix socket's path may be relative to this file's folder, like every path here.
+                if listen.hasPrefix("unix:"), !listen.dropFirst(5).hasPrefix("/"), listen.count > 5 {
+                    listen = "unix:" + URL(fileURLWithPath: file).deletingLastPathComponent().appendingPathComponent(String(listen.dropFirst(5))).standardizedFileURL.path
+                }
+                guard let address = MetricsAddress(listen) else {
+                    throw error("metrics.listen", "must be host:port (127.0.0.1:9464, [::1]:9464) or unix:/absolute/path (got \"\(listen)\")")
+                }
+                metricsListen = address
+            }
             let logTargetText = try string("logTarget") ?? "auto"
             guard let logTarget = DaemonConfiguration.LogTarget(rawValue: logTargetText) else {
                 throw error("logTarget", "must be auto, journal or stderr (got \"\(logTargetText)\")")
@@ -78,7 +89,7 @@ extension ConfigurationLoader {
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
                 fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 4,
-                sourcePath: file)
+                sourcePath: file, metricsListen: metricsListen)
         }
 
         func error(_ key: String, _ problem: String) -> ConfigurationError {

@@ -35,6 +35,8 @@ public struct DaemonConfiguration: Sendable {
     public var fleetParallelism: Int
     /// The file this was read from.
     public var sourcePath: String
+    /// Where Prometheus metrics are served (`metrics.listen`); nil: not served.
+    public var metricsListen: MetricsAddress? = nil
 
     /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
     /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.
@@ -70,4 +72,32 @@ public struct RequestLimits: Sendable, Equatable {
     public var transactionMilliseconds: Int = 30_000
 
     public init() {}
+}
+
+/// Where `GET /metrics` is served: `host:port` (TCP; `[::1]:9464` for IPv6) or
+/// `unix:/absolute/path` (a Unix socket, which needs no network in the hardened unit).
+public enum MetricsAddress: Sendable, Equatable, CustomStringConvertible {
+    case tcp(host: String, port: Int)
+    case unix(path: String)
+
+    public init?(_ text: String) {
+        if text.hasPrefix("unix:") {
+            let path = String(text.dropFirst(5))
+            guard path.hasPrefix("/") else { return nil }
+            self = .unix(path: path)
+            return
+        }
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port) else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        self = .tcp(host: host, port: port)
+    }
+
+    public var description: String {
+        switch self {
+        case .tcp(let host, let port): return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
+        case .unix(let path): return "unix:\(path)"
+        }
+    }
 }

@@ -20,7 +20,7 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
         version: "0.1.0",
         subcommands: [
             Status.self, List.self, Migrate.self, Plan.self, Verify.self, Rollback.self, Backup.self,
-            Backups.self, Restore.self, Export.self, Import.self, Delete.self,
+            Backups.self, Restore.self, Export.self, Import.self, Delete.self, Top.self,
             SQL.self, AcceptChecksums.self, Migrations.self,
         ])
 

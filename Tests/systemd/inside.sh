@@ -32,6 +32,15 @@ check "the socket keeps its group once the service runs (no recursive chown)" '[
 check "StatusText is set" 'wait_for "[ -n \"\$(show StatusText)\" ]"'
 echo "StatusText: $(show StatusText)"
 
+echo "== metrics on a Unix socket, inside the hardened unit"
+check "GET /metrics answers on /run/userstore/metrics.sock" \
+  'python3 -c "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(\"/run/userstore/metrics.sock\"); s.sendall(b\"GET /metrics HTTP/1.0\\r\\n\\r\\n\"); data=b\"\"
+while True:
+    chunk=s.recv(65536)
+    if not chunk: break
+    data+=chunk
+sys.exit(0 if b\"userstore_requests_total\" in data and data.startswith(b\"HTTP/1.0 200\") else 1)"'
+
 echo "== journal"
 journalctl --sync
 steps=$(journalctl -u userstored.service -o json MESSAGE_ID=f5758f67da3c4e729b85971efc913007 USERSTORE_USER=alice | python3 -c '

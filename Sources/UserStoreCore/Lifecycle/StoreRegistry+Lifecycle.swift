@@ -112,7 +112,7 @@ extension StoreRegistry {
         let report = try await withStoreClosed(user) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
-            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport) : nil
+            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.observer) : nil
             try files.publish(staged, as: user)
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
         }
@@ -146,7 +146,7 @@ extension StoreRegistry {
         let layout = configuration.layout
         let previous = try await withStoreClosed(user) { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore) : nil
+            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
             try files.publish(staged, as: user)
             return copy
         }
@@ -172,7 +172,7 @@ extension StoreRegistry {
 
     /// Copies a closed store (before it is replaced) into its backups folder. A file SQLite
     /// cannot read is copied byte for byte, so that even a damaged store is kept.
-    private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason) throws -> String {
+    private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason, observer: any StoreObserver) throws -> String {
         let path = layout.storePath(for: user)
         let keeper = BackupKeeper(layout: layout)
         var connection: OpaquePointer?
@@ -185,13 +185,16 @@ extension StoreRegistry {
                 version = sqlite3_column_int64(statement, 0)
             }
             sqlite3_finalize(statement)
-            return try keeper.take(connection, user: user, schemaVersion: version, reason: reason)
+            let copy = try keeper.take(connection, user: user, schemaVersion: version, reason: reason)
+            observer.record(.backupCreated(user: user, path: copy, schemaVersion: version, reason: reason))
+            return copy
         }
         let directory = layout.backupDirectory(for: user)
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let target = directory + "/" + BackupKeeper.fileName(user: user, schemaVersion: -1, reason: reason, at: Date())
         try FileManager.default.copyItem(atPath: path, toPath: target + BackupKeeper.partialSuffix)
         try DurableFile.publish(target + BackupKeeper.partialSuffix, as: target)
+        observer.record(.backupCreated(user: user, path: target, schemaVersion: -1, reason: reason))
         return target
     }
 

@@ -81,11 +81,14 @@ extension StoreRegistry {
     /// returns its path.
     public func backup(_ user: UserID, to path: String? = nil) async throws -> String {
         let keeper = BackupKeeper(layout: configuration.layout)
-        return try await withStore(user, access: .admin) { store in
+        let (copy, version) = try await withStore(user, access: .admin) { store in
             try await store.write { db in
-                try keeper.take(db, user: user, schemaVersion: try Bookkeeping.userVersion(db), reason: .manual, to: path)
+                let version = try Bookkeeping.userVersion(db)
+                return (try keeper.take(db, user: user, schemaVersion: version, reason: .manual, to: path), version)
             }
         }
+        observer.record(.backupCreated(user: user, path: copy, schemaVersion: version, reason: .manual))
+        return copy
     }
 
     /// Records the current files' checksums for `user`'s applied migrations (all, or only

@@ -136,6 +136,7 @@ public final class StoreRegistry: Sendable {
                 case .openFailed(let error): throw error
                 }
             case .evict(let store):
+                observer.record(.storeClosed(user: store.user, idle: false))
                 await close(store)
                 state.withLock { state in
                     state.holding -= 1
@@ -288,6 +289,7 @@ public final class StoreRegistry: Sendable {
         do {
             return .success(try await offThread {
                 let (store, created) = try opener.open(user, template: template, create: migrator != nil)
+                if !created { observer.record(.storeOpened(user: user)) }
                 guard let migrator else { return (store, .success(nil)) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
                 let copied = created ? template : nil
@@ -391,7 +393,10 @@ public final class StoreRegistry: Sendable {
             for user in expired.keys { state.entries[user] = nil }
             return expired.values.map { $0.store! }
         }
-        for store in idle { await close(store) }
+        for store in idle {
+            observer.record(.storeClosed(user: store.user, idle: true))
+            await close(store)
+        }
         if !idle.isEmpty {
             state.withLock { state in
                 state.holding -= idle.count

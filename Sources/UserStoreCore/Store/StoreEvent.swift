@@ -15,12 +15,16 @@ public enum StoreEvent: Sendable, Equatable {
     case migrationFailed(user: UserID, error: StoreError)
     /// The store was refused without being changed (too new, checksum changed, damaged, out of order).
     case storeRefused(user: UserID, error: StoreError)
-    /// A copy of the store was taken before migrating it.
-    case backupCreated(user: UserID, path: String, schemaVersion: Int64)
+    /// A copy of the store was taken (before migrating it, or for the reason given).
+    case backupCreated(user: UserID, path: String, schemaVersion: Int64, reason: BackupReason = .beforeMigration)
     /// A rollback step ran a Down section.
     case rollbackStep(user: UserID, version: Int64, migration: String, durationMicroseconds: Int64)
     /// An applied migration whose file is gone; reported, not fatal.
     case unknownAppliedMigration(user: UserID, version: Int64, name: String)
+    /// An existing store file was opened (metrics count opens; not journaled).
+    case storeOpened(user: UserID)
+    /// An open store was closed to make room or because it was idle (not journaled).
+    case storeClosed(user: UserID, idle: Bool)
     /// The store was deleted: `removedFiles` files, backups kept or not.
     case storeDeleted(user: UserID, removedFiles: Int, keptBackups: Bool)
     /// A SQLite file became the store, at `schemaVersion` (the next request migrates it).
@@ -33,9 +37,10 @@ public enum StoreEvent: Sendable, Equatable {
         switch self {
         case .storeCreated(let user, _, _), .migrationStarted(let user, _, _, _),
              .migrationStep(let user, _, _, _, _, _, _), .migrationFinished(let user, _, _, _, _),
-             .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _),
+             .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _, _),
              .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _),
-             .storeDeleted(let user, _, _), .storeImported(let user, _, _, _), .storeRestored(let user, _, _, _):
+             .storeDeleted(let user, _, _), .storeImported(let user, _, _, _), .storeRestored(let user, _, _, _),
+             .storeOpened(let user), .storeClosed(let user, _):
             return user
         }
     }

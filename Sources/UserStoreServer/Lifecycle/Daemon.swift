@@ -52,7 +52,9 @@ public enum Daemon {
         }
 
         let index = FleetIndex()
-        let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)])
+        // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
+        let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
+        let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
         do {
             for user in try registry.recoverInterruptedOperations() {
@@ -65,7 +67,7 @@ public enum Daemon {
             printError("userstored: \(error)")
             return .unavailable
         }
-        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger)
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger, metrics: metrics)
         let notifier = context.notifier
         index.startScan(registry: registry)
         if configuration.registryConfiguration.policy.newStoresFromTemplate {
@@ -98,8 +100,18 @@ public enum Daemon {
             return .unavailable
         }
 
+        var metricsServices: [ServiceGroupConfiguration.ServiceConfiguration] = []
+        if let address = configuration.metricsListen {
+            do {
+                metricsServices.append(.init(service: try await MetricsServer.bind(address, context: context, logger: logger)))
+            } catch {
+                logger.critical("cannot serve metrics on \(address): \(error)", metadata: ["event": "daemon-failed"])
+                printError("userstored: metrics.listen \(address): \(error)")
+                return .unavailable
+            }
+        }
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
-            services: [
+            services: metricsServices + [
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),
                 .init(service: StatusReporter(context: context, notifier: notifier)),
                 .init(service: IdleSweeper(registry: registry)),
@@ -155,7 +167,7 @@ extension DaemonContext {
 
     private static func restartOnlyChanges(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(String, Bool)] {
         [("appVersion", old.appVersion.text != new.appVersion.text), ("dataDirectory", old.dataDirectory != new.dataDirectory),
-         ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory), ("schemaFile", old.schemaFile != new.schemaFile),
+         ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory), ("schemaFile", old.schemaFile != new.schemaFile), ("metrics.listen", old.metricsListen != new.metricsListen),
          ("maxOpenStores", old.maxOpenStores != new.maxOpenStores), ("migrations", old.policy != new.policy)]
     }
 }

@@ -8,6 +8,8 @@ struct EventLogger: StoreObserver {
     let logger: Logger
 
     func record(_ event: StoreEvent) {
+        if case .storeOpened = event { return }
+        if case .storeClosed = event { return }
         var metadata: Logger.Metadata = ["user": .string(event.user.rawValue)]
         let level: Logger.Level
         let message: String
@@ -57,8 +59,9 @@ struct EventLogger: StoreObserver {
             (level, message) = (.error, error.description)
             metadata["event"] = "store-refused"
             metadata["reason"] = .string(Self.reason(error))
-        case .backupCreated(_, let path, let version):
-            (level, message) = (.info, "copy of the store taken before migrating")
+        case .backupCreated(_, let path, let version, let reason):
+            (level, message) = (.info, reason == .beforeMigration ? "copy of the store taken before migrating" : "copy of the store taken (\(reason.rawValue))")
+            metadata["reason"] = .string(reason.rawValue)
             metadata["event"] = "backup-created"
             metadata["path"] = .string(path)
             metadata["schema_version"] = "\(version)"
@@ -72,6 +75,8 @@ struct EventLogger: StoreObserver {
             (level, message) = (.warning, "migration \(version) (\(name)) is applied to the store but its file is gone")
             metadata["event"] = "unknown-migration"
             metadata["version"] = "\(version)"
+        case .storeOpened, .storeClosed:
+            return
         case .storeDeleted(_, let removed, let keptBackups):
             (level, message) = (.notice, "store deleted: \(removed) file\(removed == 1 ? "" : "s") removed\(keptBackups ? ", backups kept" : "")")
             metadata["event"] = "store-deleted"

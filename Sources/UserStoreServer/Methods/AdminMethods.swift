@@ -38,6 +38,7 @@ struct AdminMethods {
             let accepted = try await registry.acceptChecksums(user, versions: versions)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "accepted": .array(accepted.map { .integer($0) })]))
         case "Execute": try await send(execute(request, parameters))
+        case "Top": try await send(VarlinkReply.encode(try top(parameters)))
         default:
             guard try await LifecycleMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
         }
@@ -184,6 +185,21 @@ struct AdminMethods {
         var summary = progress.fields
         summary["failed"] = .array(progress.failed)
         try await send(VarlinkReply.encode(summary))
+    }
+
+    /// The busiest methods and users of the last seconds, with the daemon's gauges.
+    private func top(_ parameters: CallParameters) throws -> [String: JSONValue] {
+        guard let metrics = context.metrics else {
+            throw VarlinkError("io.userstore.Admin.MetricsDisabled", ["reason": "metrics are off: set metrics.listen in the configuration (Top reads the same measurements)"])
+        }
+        let limit = Int(max(0, min(try parameters.optionalInt("limit") ?? 10, 1000)))
+        var report = metrics.activity.report(seconds: Int(try parameters.optionalInt("seconds") ?? 5), limit: limit)
+        let statistics = registry.statistics
+        report["openStores"] = .integer(Int64(statistics.openStores))
+        report["connections"] = .integer(Int64(context.connections.count))
+        report["migrationsInFlight"] = .integer(Int64(statistics.preparing + context.counters.withLock { $0.fleetMigrationsInFlight }))
+        report["transactionsOpen"] = .integer(Int64(metrics.transactionsOpen.load(ordering: .relaxed)))
+        return report
     }
 
     private func execute(_ request: Request, _ parameters: CallParameters) async throws -> [UInt8] {

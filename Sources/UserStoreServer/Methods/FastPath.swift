@@ -40,6 +40,23 @@ struct FastPath {
               let user = Self.user(view, call, peer: peer),
               let store = context.registry.leaseIfReady(user) else { return .slow }
         let registry = context.registry
+        // Metrics, when served: the method's handles and the start, read once.
+        let handles = context.metrics.map { metrics -> DaemonMetrics.RequestHandles in
+            switch method {
+            case .open: return metrics.open
+            case .query: return metrics.query
+            case .execute: return metrics.execute
+            case .batch: return metrics.batch
+            }
+        }
+        let started = handles == nil ? 0 : StoreClock.now()
+        let mark = writer.bytes.count
+        defer {
+            if let handles, writer.bytes.count > mark {
+                handles.record(outcome: DaemonMetrics.outcome(of: writer.bytes[mark...]), nanoseconds: StoreClock.now() - started,
+                               user: user.rawValue, bytes: writer.bytes.count - mark)
+            }
+        }
         let runner = SQLRunner(store: store, limits: limits)
         switch method {
         case .open:
@@ -58,7 +75,7 @@ struct FastPath {
                 return .answered
             }
             let message = JSONMessage(copying: view)
-            enqueue(store, user: user, method: view.string(methodToken), reply: makeQueuedReply()) { db in
+            enqueue(store, user: user, method: view.string(methodToken), handles: handles, started: started, reply: makeQueuedReply()) { db in
                 var writer = JSONWriter(capacity: 256)
                 message.withView { view in
                     _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil, into: &writer)
@@ -83,7 +100,7 @@ struct FastPath {
                 return .answered
             }
             let message = JSONMessage(copying: view)
-            enqueue(store, user: user, method: view.string(methodToken), reply: makeQueuedReply()) { db in
+            enqueue(store, user: user, method: view.string(methodToken), handles: handles, started: started, reply: makeQueuedReply()) { db in
                 BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: transaction ? .transaction : .statements)
             }
             return .queued
@@ -93,13 +110,16 @@ struct FastPath {
     }
 
     /// Runs `work` on `store`'s queue; its reply goes to `reply`, and the lease ends.
-    private func enqueue(_ store: Store, user: UserID, method: String, reply: QueuedReply, _ work: @escaping @Sendable (Database) -> [UInt8]) {
+    private func enqueue(_ store: Store, user: UserID, method: String, handles: DaemonMetrics.RequestHandles?, started: UInt64,
+                         reply: QueuedReply, _ work: @escaping @Sendable (Database) -> [UInt8]) {
         let registry = context.registry, context = self.context
-        let started = ContinuousClock.now
+        let start = handles == nil ? StoreClock.now() : started
         store.enqueue(work) { bytes in
             registry.release(user)
             reply.complete(bytes)
-            context.logIfSlow(method: method, user: user.rawValue, elapsed: ContinuousClock.now - started)
+            let elapsed = StoreClock.now() - start
+            handles?.record(outcome: DaemonMetrics.outcome(of: bytes[...]), nanoseconds: elapsed, user: user.rawValue, bytes: bytes.count)
+            context.logIfSlow(method: method, user: user.rawValue, elapsed: .nanoseconds(Int64(elapsed)))
         }
     }
 

@@ -32,6 +32,8 @@ final class DaemonContext: Sendable {
     let notifier = SystemdNotifier()
     /// The open client connections.
     let connections = ConnectionTracker()
+    /// Metrics, when they are served (`metrics.listen`).
+    let metrics: DaemonMetrics?
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
 
@@ -68,7 +70,8 @@ final class DaemonContext: Sendable {
         var generation: Int
     }
 
-    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger) {
+    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger, metrics: DaemonMetrics? = nil) {
+        self.metrics = metrics
         self.configuration = configuration
         self.registry = registry
         self.index = index

@@ -15,12 +15,21 @@ struct RequestRouter {
         let discard: ReplySink = { _ in }
         let sink: ReplySink = call.oneway ? discard : send
         let started = ContinuousClock.now
+        var outcome: String?
+        defer {
+            let elapsed = ContinuousClock.now - started
+            context.metrics?.requestHandles(method: call.method).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
+                                                                        user: call.parameters["user"]?.stringValue)
+        }
         do {
             try await dispatch(request, peer: peer, send: sink)
         } catch let failure as ReplyFailed {
+            outcome = "disconnected"
             throw failure.underlying
         } catch {
-            try await sink(VarlinkReply.encode(Errors.from(error)))
+            let failure = Errors.from(error)
+            outcome = failure.name.split(separator: ".").last.map(String.init) ?? failure.name
+            try await sink(VarlinkReply.encode(failure))
         }
         context.logIfSlow(method: call.method, user: call.parameters["user"]?.stringValue ?? "", elapsed: ContinuousClock.now - started)
     }

@@ -78,6 +78,9 @@ extension Connection {
     /// Handles a transaction call (its reply takes its turn among the connection's replies).
     func handleTransaction(_ kind: TransactionCall, _ view: JSONView) {
         let reply = makeQueuedReply()
+        if let metrics = shared.context.metrics, let method = view.member("method", of: 0) {
+            reply.measure(metrics.requestHandles(method: view.string(method)))
+        }
         let call = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
         do throws(VarlinkError) {
             guard view.member("oneway", of: 0).flatMap(view.bool) != true else { throw .invalidParameter("oneway") }
@@ -158,6 +161,7 @@ extension Connection {
                     return
                 }
                 transaction.state = .open
+                shared.context.metrics?.transactionsOpen.add(1, ordering: .relaxed)
                 transaction.totalTimer = loop.schedule(after: UInt64(limits.transactionMilliseconds) * 1_000_000) { [self] in
                     expire(transaction, reason: "total")
                 }
@@ -246,6 +250,7 @@ extension Connection {
         let transaction = try namedTransaction(view, call)
         transaction.state = .ended(reason: commit ? "committed" : "rolled back")
         cancelTimers(transaction)
+        shared.context.metrics?.transactionEnded(commit ? "committed" : "rolled_back")
         let store = transaction.store!, registry = shared.context.registry, loop = self.loop
         store.endTransaction(transaction.key, commit: commit) { error in
             registry.release(transaction.user)
@@ -293,6 +298,7 @@ extension Connection {
     private func end(_ transaction: OpenTransaction, reason: String, rolledBack: Bool) {
         transaction.state = .ended(reason: reason)
         cancelTimers(transaction)
+        shared.context.metrics?.transactionEnded(rolledBack ? "aborted" : "expired")
         let registry = shared.context.registry
         let seconds = Double(StoreClock.now() - transaction.began) / 1e9
         shared.logger.warning("transaction \(transaction.id) expired (\(reason)): rolled back after \(String(format: "%.1f", seconds)) s", metadata: [
@@ -312,6 +318,7 @@ extension Connection {
         guard let transaction, transaction.state == .open, let store = transaction.store else { return }
         transaction.state = .ended(reason: "connection closed")
         cancelTimers(transaction)
+        shared.context.metrics?.transactionEnded("expired")
         let registry = shared.context.registry
         store.endTransaction(transaction.key, commit: false) { _ in registry.release(transaction.user) }
     }

@@ -1,5 +1,6 @@
 import CUnixSocket
 import Logging
+import Synchronization
 import UserStoreConfiguration
 import Varlink
 #if canImport(Glibc)
@@ -262,6 +263,7 @@ final class Connection: EventHandler, @unchecked Sendable {
         } catch {
             descriptors.forEach { close($0) }
             appendReply(VarlinkError.invalidRequest("\(error)"))
+            shared.context.metrics?.requestHandles(method: "").record(outcome: "InvalidRequest", nanoseconds: 0)
             return true
         }
         if let kind = tape.withView(bytes, { Self.transactionCall($0) }) {
@@ -315,6 +317,7 @@ final class Connection: EventHandler, @unchecked Sendable {
 
     /// A reply from a store's queue (on the loop's thread).
     func deliver(_ queued: QueuedReply, _ bytes: [UInt8]) {
+        queued.recordOutcome(bytes)
         guard !closed, let index = pending.firstIndex(where: { $0.queued === queued }) else { return }
         pending[index].bytes = bytes
         var ready = 0
@@ -499,9 +502,22 @@ final class Connection: EventHandler, @unchecked Sendable {
 /// and sent in its turn.
 final class QueuedReply: Sendable {
     private let connection: Connection
+    /// Metrics of the call, when it is measured here: its handles and its start.
+    private let measured = Mutex<(DaemonMetrics.RequestHandles, UInt64)?>(nil)
 
     init(connection: Connection) {
         self.connection = connection
+    }
+
+    /// Records the call in `handles` when its reply arrives.
+    func measure(_ handles: DaemonMetrics.RequestHandles) {
+        measured.withLock { $0 = (handles, StoreClock.now()) }
+    }
+
+    /// Records the call's outcome, if it is measured here.
+    func recordOutcome(_ bytes: [UInt8]) {
+        guard let (handles, started) = measured.withLock({ $0 }) else { return }
+        handles.record(outcome: DaemonMetrics.outcome(of: bytes[...]), nanoseconds: StoreClock.now() - started)
     }
 
     /// Hands over the reply (from any thread).

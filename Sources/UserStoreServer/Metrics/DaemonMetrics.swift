@@ -1,0 +1,279 @@
+import CoreMetrics
+import Metrics
+import Foundation
+import Prometheus
+import Synchronization
+import UserStoreCore
+
+/// The daemon's metrics: recorded through swift-metrics types (`Counter`, `Timer`, `Meter`,
+/// `FloatingPointCounter`), backed by swift-prometheus collectors registered with their help
+/// text, exported in the Prometheus text format by ``MetricsServer``. No label carries a user ID
+/// (cardinality); docs/metrics.md lists every metric.
+///
+/// The request path records through handles made once (``requestHandles(method:)``): a counter
+/// increment and a histogram observation per call, no lookup.
+final class DaemonMetrics: StoreObserver, Sendable {
+    let registry = PrometheusCollectorRegistry()
+    /// The last seconds, for `Top`.
+    let activity = Activity()
+
+    /// Upper bounds of the request duration histogram: 25 µs … 5 s.
+    static let requestBuckets: [Duration] = [.microseconds(25), .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500),
+                                             .milliseconds(1), .milliseconds(2.5), .milliseconds(5), .milliseconds(10), .milliseconds(25),
+                                             .milliseconds(100), .milliseconds(500), .seconds(1), .seconds(5)]
+    static let migrationBuckets: [Duration] = [.milliseconds(1), .milliseconds(5), .milliseconds(10), .milliseconds(50), .milliseconds(100),
+                                               .milliseconds(500), .seconds(1), .seconds(5), .seconds(30), .seconds(120)]
+
+    // MARK: Requests
+
+    /// The counter and timer of one method; `ok` is pre-made, error outcomes are made on first use.
+    final class RequestHandles: Sendable {
+        let method: String
+        let interface: String
+        let ok: CoreMetrics.Counter
+        let duration: CoreMetrics.Timer
+        private let errors = Mutex<[String: CoreMetrics.Counter]>([:])
+        private let registry: PrometheusCollectorRegistry
+        private let activity: Activity
+
+        init(method: String, registry: PrometheusCollectorRegistry, activity: Activity) {
+            self.method = method
+            self.registry = registry
+            self.activity = activity
+            interface = method.split(separator: ".").dropLast().joined(separator: ".")
+            ok = DaemonMetrics.counter(registry, "userstore_requests_total", [("interface", interface), ("method", method), ("outcome", "ok")])
+            duration = CoreMetrics.Timer(label: "userstore_request_duration_seconds", dimensions: [("method", method)],
+                                         handler: registry.makeDurationHistogram(descriptor: DaemonMetrics.descriptor("userstore_request_duration_seconds"),
+                                                                                 labels: [("method", method)], buckets: DaemonMetrics.requestBuckets))
+        }
+
+        /// Records one call for `user` that ended with `outcome` (nil: ok) after `nanoseconds`,
+        /// replying `bytes`.
+        func record(outcome: String?, nanoseconds: UInt64, user: String? = nil, bytes: Int = 0) {
+            duration.recordNanoseconds(Int64(nanoseconds))
+            activity.record(method: method, user: user, nanoseconds: nanoseconds, bytes: bytes)
+            guard let outcome else { return ok.increment() }
+            let counter = errors.withLock { errors in
+                if let counter = errors[outcome] { return counter }
+                let counter = DaemonMetrics.counter(registry, "userstore_requests_total", [("interface", interface), ("method", method), ("outcome", outcome)])
+                errors[outcome] = counter
+                return counter
+            }
+            counter.increment()
+        }
+    }
+
+    /// Methods a label may name; anything else is counted as `other`.
+    static let knownMethods: Set<String> = [
+        "io.userstore.Store.Open", "io.userstore.Store.Query", "io.userstore.Store.Execute", "io.userstore.Store.Batch",
+        "io.userstore.Store.Begin", "io.userstore.Store.Commit", "io.userstore.Store.Rollback",
+        "io.userstore.Admin.Status", "io.userstore.Admin.ListStores", "io.userstore.Admin.Migrate", "io.userstore.Admin.Plan",
+        "io.userstore.Admin.Verify", "io.userstore.Admin.Rollback", "io.userstore.Admin.Backup", "io.userstore.Admin.Reload",
+        "io.userstore.Admin.AcceptChecksums", "io.userstore.Admin.Execute", "io.userstore.Admin.DeleteStore",
+        "io.userstore.Admin.ExportStore", "io.userstore.Admin.ImportStore", "io.userstore.Admin.ListBackups",
+        "io.userstore.Admin.RestoreStore", "io.userstore.Admin.Top",
+        "org.varlink.service.GetInfo", "org.varlink.service.GetInterfaceDescription",
+    ]
+
+    private let handles = Mutex<[String: RequestHandles]>([:])
+
+    /// The handles of `method` (a full method name; unknown ones share `other`).
+    func requestHandles(method: String) -> RequestHandles {
+        let name = Self.knownMethods.contains(method) ? method : "other"
+        return handles.withLock { handles in
+            if let made = handles[name] { return made }
+            let made = RequestHandles(method: name, registry: registry, activity: activity)
+            handles[name] = made
+            return made
+        }
+    }
+
+    /// Pre-made handles of the fast path's methods.
+    let open: RequestHandles, query: RequestHandles, execute: RequestHandles, batch: RequestHandles
+
+    /// The outcome of an encoded reply: nil when it succeeded, else the error's short name.
+    static func outcome(of reply: ArraySlice<UInt8>) -> String? {
+        let prefix = Array("{\"error\":\"".utf8)
+        guard reply.count > prefix.count, reply.starts(with: prefix) else { return nil }
+        let start = reply.startIndex + prefix.count
+        guard let end = reply[start...].firstIndex(of: UInt8(ascii: "\"")) else { return "unknown" }
+        let name = reply[start..<end]
+        let short = name.lastIndex(of: UInt8(ascii: ".")).map { name[($0 + 1)...] } ?? name
+        return String(decoding: short, as: UTF8.self)
+    }
+
+    // MARK: Stores, migrations, backups, transactions
+
+    private let storeOpens: [String: CoreMetrics.Counter]
+    private let evictions: CoreMetrics.Counter
+    private let migrationsOK: CoreMetrics.Counter
+    private let migrationsFailed: CoreMetrics.Counter
+    private let migrationDuration: CoreMetrics.Timer
+    private let backups: CoreMetrics.Counter
+    private let backupBytes: CoreMetrics.Counter
+    private let transactions: [String: CoreMetrics.Counter]
+    let transactionsOpen = Atomic<Int>(0)
+
+    // Read when scraped.
+    private let gauges: [String: CoreMetrics.Meter]
+    private let cpuSeconds: CoreMetrics.FloatingPointCounter
+    private let cpuRecorded = Mutex<Double>(0)
+
+    /// The daemon's metrics, and swift-metrics' global factory pointed at the same registry (so
+    /// whatever else records through swift-metrics is exported too). Once per process.
+    static func bootstrap() -> DaemonMetrics {
+        let metrics = DaemonMetrics()
+        MetricsSystem.bootstrap(PrometheusMetricsFactory(registry: metrics.registry))
+        return metrics
+    }
+
+    private init() {
+        let registry = self.registry
+        func gauge(_ name: String, _ labels: [(String, String)] = []) -> CoreMetrics.Meter {
+            CoreMetrics.Meter(label: name, dimensions: labels, handler: registry.makeGauge(descriptor: Self.descriptor(name), labels: labels))
+        }
+        open = RequestHandles(method: "io.userstore.Store.Open", registry: registry, activity: activity)
+        query = RequestHandles(method: "io.userstore.Store.Query", registry: registry, activity: activity)
+        execute = RequestHandles(method: "io.userstore.Store.Execute", registry: registry, activity: activity)
+        batch = RequestHandles(method: "io.userstore.Store.Batch", registry: registry, activity: activity)
+        storeOpens = Dictionary(uniqueKeysWithValues: ["created", "reopened", "from_template", "restored"].map { kind in
+            (kind, Self.counter(registry, "userstore_store_opens_total", [("kind", kind)]))
+        })
+        evictions = Self.counter(registry, "userstore_store_evictions_total")
+        migrationsOK = Self.counter(registry, "userstore_migrations_total", [("outcome", "ok")])
+        migrationsFailed = Self.counter(registry, "userstore_migrations_total", [("outcome", "failed")])
+        migrationDuration = CoreMetrics.Timer(label: "userstore_migration_duration_seconds", dimensions: [],
+                                              handler: registry.makeDurationHistogram(descriptor: Self.descriptor("userstore_migration_duration_seconds"), buckets: Self.migrationBuckets))
+        backups = Self.counter(registry, "userstore_backups_total")
+        backupBytes = Self.counter(registry, "userstore_backup_bytes_total")
+        transactions = Dictionary(uniqueKeysWithValues: ["committed", "rolled_back", "expired", "aborted"].map { outcome in
+            (outcome, Self.counter(registry, "userstore_transactions_total", [("outcome", outcome)]))
+        })
+        var gauges: [String: CoreMetrics.Meter] = [
+            "connections": gauge("userstore_connections"),
+            "open": gauge("userstore_open_stores"),
+            "known": gauge("userstore_known_stores"),
+            "transactions": gauge("userstore_transactions_open"),
+            "rss": gauge("process_resident_memory_bytes"),
+            "fds": gauge("process_open_fds"),
+            "start": gauge("process_start_time_seconds"),
+        ]
+        for state in ["current", "pending", "failed", "too_new"] {
+            gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
+        }
+        for state in ["done", "failed", "total"] {
+            gauges["fleet." + state] = gauge("userstore_fleet_migration_stores", [("state", state)])
+        }
+        self.gauges = gauges
+        cpuSeconds = CoreMetrics.FloatingPointCounter(label: "process_cpu_seconds_total", dimensions: [],
+                                                      handler: registry.makeCounter(descriptor: Self.descriptor("process_cpu_seconds_total")))
+        gauges["start"]?.set(Date().timeIntervalSince1970)
+    }
+
+    /// Every metric's help text (one per name: the registry requires them identical across series).
+    static let help: [String: String] = [
+        "userstore_requests_total": "Calls answered, by interface, method and outcome (ok or the error's short name).",
+        "process_cpu_seconds_total": "Total user and system CPU time spent in seconds.",
+        "process_open_fds": "Number of open file descriptors.",
+        "process_resident_memory_bytes": "Resident memory size in bytes.",
+        "process_start_time_seconds": "Start time of the process since the Unix epoch, in seconds.",
+        "userstore_backup_bytes_total": "Bytes of the copies of stores taken.",
+        "userstore_backups_total": "Copies of stores taken (before migrations, manual, before restores and imports).",
+        "userstore_connections": "Open client connections.",
+        "userstore_fleet_migration_stores": "The fleet migration running now: stores done, failed, and in all (0 when none runs).",
+        "userstore_known_stores": "Stores in the data directory (the fleet index).",
+        "userstore_migration_duration_seconds": "Duration of a store's migration run (every step of it).",
+        "userstore_migrations_total": "Migration runs of a store, by outcome.",
+        "userstore_open_stores": "Store files open now (maxOpenStores bounds them).",
+        "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
+        "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores) or because they were idle.",
+        "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
+        "userstore_stores": "Stores by state (the fleet index): current, pending (behind the migrations), failed, too_new.",
+        "userstore_transactions_open": "Interactive transactions open now (each holds its user's store).",
+        "userstore_transactions_total": "Interactive transactions ended, by outcome: committed, rolled back by the client, expired (time-out or connection closed), aborted (by SQLite).",
+    ]
+
+    static func descriptor(_ name: String) -> MetricNameDescriptor {
+        MetricNameDescriptor(metricName: name, unitName: "", helpText: help[name]!)
+    }
+
+    static func counter(_ registry: PrometheusCollectorRegistry, _ name: String, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {
+        CoreMetrics.Counter(label: name, dimensions: labels, handler: registry.makeCounter(descriptor: descriptor(name), labels: labels))
+    }
+
+    func record(_ event: StoreEvent) {
+        switch event {
+        case .storeCreated(_, _, let templateVersion): storeOpens[templateVersion == nil ? "created" : "from_template"]?.increment()
+        case .storeOpened: storeOpens["reopened"]?.increment()
+        case .storeClosed: evictions.increment()
+        case .migrationFinished(_, _, _, _, let duration):
+            migrationsOK.increment()
+            migrationDuration.recordMicroseconds(duration)
+        case .migrationFailed: migrationsFailed.increment()
+        case .backupCreated(_, let path, _, _):
+            backups.increment()
+            backupBytes.increment(by: (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int64) ?? 0)
+        default: break
+        }
+    }
+
+    /// A transaction ended: `committed`, `rolled_back`, `expired` or `aborted`.
+    func transactionEnded(_ outcome: String) {
+        transactions[outcome]?.increment()
+        transactionsOpen.subtract(1, ordering: .relaxed)
+    }
+
+    /// The whole exposition, with the gauges read now.
+    func scrape(context: DaemonContext) -> [UInt8] {
+        let latest = context.registry.migrations.latestVersion
+        let counts = context.index.counts(latest: latest)
+        gauges["connections"]?.set(context.connections.count)
+        gauges["open"]?.set(context.registry.statistics.openStores)
+        gauges["known"]?.set(counts.values.reduce(0, +))
+        gauges["stores.current"]?.set(counts[.current] ?? 0)
+        gauges["stores.pending"]?.set(counts[.pending] ?? 0)
+        gauges["stores.failed"]?.set(counts[.failed] ?? 0)
+        gauges["stores.too_new"]?.set(counts[.tooNew] ?? 0)
+        gauges["transactions"]?.set(transactionsOpen.load(ordering: .relaxed))
+        let fleet = context.counters.withLock { $0.fleet }
+        gauges["fleet.done"]?.set(fleet?.done ?? 0)
+        gauges["fleet.failed"]?.set(fleet?.failures ?? 0)
+        gauges["fleet.total"]?.set(fleet?.total ?? 0)
+        let process = ProcessStatistics.read()
+        gauges["rss"]?.set(process.residentBytes)
+        gauges["fds"]?.set(process.openFiles)
+        cpuRecorded.withLock { recorded in
+            if process.cpuSeconds > recorded {
+                cpuSeconds.increment(by: process.cpuSeconds - recorded)
+                recorded = process.cpuSeconds
+            }
+        }
+        return registry.emitToBuffer()
+    }
+}
+
+/// This process's memory, descriptors and CPU time, from /proc.
+enum ProcessStatistics {
+    struct Reading {
+        var residentBytes = 0
+        var openFiles = 0
+        var cpuSeconds = 0.0
+    }
+
+    static func read() -> Reading {
+        var reading = Reading()
+        if let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+           let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
+           let kib = Int(line.split(separator: " ").dropFirst().first ?? "") {
+            reading.residentBytes = kib * 1024
+        }
+        reading.openFiles = max(0, ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd"))?.count ?? 1) - 1)
+        if let stat = try? String(contentsOfFile: "/proc/self/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") {
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            if fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) {
+                reading.cpuSeconds = (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+            }
+        }
+        return reading
+    }
+}
