@@ -12,7 +12,7 @@ struct BenchEnvironment {
 
     /// A started userstored on `data` with `migrations`; returns its process and socket.
     func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: Bool = true,
-                     template: Bool = false) throws -> (Process, String) {
+                     template: Bool = false, metrics: Bool = false) throws -> (Process, String) {
         let directory = root + "/" + name
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let socket = directory + "/userstore.sock"
@@ -28,6 +28,7 @@ struct BenchEnvironment {
             migrations:
               backupBeforeMigrating: \(backups)
               newStoresFromTemplate: \(template)
+            \(metrics ? "metrics:\n  listen: unix:\(directory)/metrics.sock" : "")
             """.write(toFile: config, atomically: true, encoding: .utf8)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binaries + "/userstored")

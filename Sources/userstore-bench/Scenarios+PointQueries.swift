@@ -15,6 +15,40 @@ extension Scenarios {
         for userCount in quick ? [100] : [100, 1000] {
             try await pointQueries(users: userCount, postgres: postgres)
         }
+        try metricsCost()
+    }
+
+    /// Every store open and every page in its cache (one full scan each), as pgbench's table
+    /// sits in shared buffers; then a short run.
+    func warm(socket: String, users: [String], load: LoadGenerator, workload: LoadGenerator.Workload) {
+        let client = SocketClient(path: socket)
+        for user in users {
+            _ = client.roundTrip(Array("{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"\(user)\",\"sql\":\"SELECT sum(length(value)) FROM kv\"}}".utf8) + [0])
+        }
+        _ = load.run(socket: socket, connections: 8, seconds: min(seconds, 2), workload)
+    }
+
+    /// The cost of metrics: 8-client point queries on 100 users with metrics off and on,
+    /// alternating (off, on, off, on) on the same files.
+    private mutating func metricsCost() throws {
+        guard let load else { return }
+        log("1. point query: metrics off and on")
+        let data = env.root + "/point100-data", migrations = env.root + "/point100-migrations"
+        let workload = LoadGenerator.Workload(users: 100)
+        var rates: [Bool: [Double]] = [false: [], true: []]
+        for metrics in [false, true, false, true] {
+            let (daemon, socket) = try env.startDaemon(name: "metrics-\(metrics)", data: data, migrations: migrations, metrics: metrics)
+            warm(socket: socket, users: users(100), load: load, workload: workload)
+            rates[metrics]!.append(load.run(socket: socket, connections: 8, seconds: seconds, workload).throughput)
+            env.stop(daemon)
+        }
+        let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
+        let cost = 100 * (off - on) / max(off, 1)
+        measurements.append(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics off (mean of 2)", value: off, unit: "req/s",
+                                        note: rates[false]!.map { format($0) }.joined(separator: ", ")))
+        measurements.append(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics on (mean of 2)", value: on, unit: "req/s",
+                                        note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; cost %.1f%%", cost)))
+        targets.append(TargetCheck(target: "metrics cost ≤ 3% of point-query throughput", measured: String(format: "%.1f%%", cost), met: cost <= 3))
     }
 
     private mutating func pointQueries(users userCount: Int, postgres: Postgres?) async throws {
@@ -27,13 +61,7 @@ extension Scenarios {
             measurements.append(Measurement(scenario: scenario, subject: "userstored", value: 0, unit: "req/s", note: "userstore-load not built"))
             return
         }
-        // Steady state, as pgbench's table sits in shared buffers: every store open and every page
-        // in its cache (one full scan each), then a short run.
-        let warm = SocketClient(path: socket)
-        for user in fleet.users {
-            _ = warm.roundTrip(Array("{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"\(user)\",\"sql\":\"SELECT sum(length(value)) FROM kv\"}}".utf8) + [0])
-        }
-        _ = load.run(socket: socket, connections: 8, seconds: min(seconds, 2), workload)
+        warm(socket: socket, users: fleet.users, load: load, workload: workload)
         var postgresAt8: Double?
         for clients in [1, 8, 64] {
             let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
