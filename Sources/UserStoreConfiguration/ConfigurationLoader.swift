@@ -21,6 +21,7 @@ public enum ConfigurationLoader {
         "limits.maxRequestBytes", "limits.maxResponseBytes", "limits.statementTimeoutMilliseconds",
         "limits.maxBatchStatements", "limits.maxConnections", "limits.maxJSONDepth",
         "limits.transactionIdleMilliseconds", "limits.transactionMilliseconds",
+        "limits.requestReadSeconds", "limits.idleConnectionSeconds", "limits.maxConnectionsPerUser",
         "metrics.listen",
     ]
 

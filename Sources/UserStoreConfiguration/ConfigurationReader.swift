@@ -53,6 +53,9 @@ extension ConfigurationLoader {
             limits.maxJSONDepth = try int("limits.maxJSONDepth", minimum: 8, maximum: 1000) ?? limits.maxJSONDepth
             limits.transactionIdleMilliseconds = try int("limits.transactionIdleMilliseconds", minimum: 1) ?? limits.transactionIdleMilliseconds
             limits.transactionMilliseconds = try int("limits.transactionMilliseconds", minimum: 1) ?? limits.transactionMilliseconds
+            limits.requestReadSeconds = try int("limits.requestReadSeconds", minimum: 1) ?? limits.requestReadSeconds
+            limits.idleConnectionSeconds = try int("limits.idleConnectionSeconds", minimum: 1) ?? limits.idleConnectionSeconds
+            limits.maxConnectionsPerUser = try int("limits.maxConnectionsPerUser", minimum: 1) ?? limits.maxConnectionsPerUser
 
             var socketMode: UInt32 = 0o660
             if let mode = try string("socketMode") {

@@ -70,6 +70,13 @@ public struct RequestLimits: Sendable, Equatable {
     public var transactionIdleMilliseconds: Int = 5_000
     /// An interactive transaction open this long is rolled back (`limits.transactionMilliseconds`).
     public var transactionMilliseconds: Int = 30_000
+    /// A connection that sent part of a message and nothing more for this long is closed
+    /// (`limits.requestReadSeconds`).
+    public var requestReadSeconds: Int = 30
+    /// A connection with nothing to do for this long is closed (`limits.idleConnectionSeconds`).
+    public var idleConnectionSeconds: Int = 3_600
+    /// Most concurrent connections of one Unix user (`limits.maxConnectionsPerUser`).
+    public var maxConnectionsPerUser: Int = 512
 
     public init() {}
 }

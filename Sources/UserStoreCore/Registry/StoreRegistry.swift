@@ -89,7 +89,8 @@ public final class StoreRegistry: Sendable {
     public func leaseIfReady(_ user: UserID) -> Store? {
         state.withLock { state in
             guard let index = state.entries.index(forKey: user),
-                  case .ready(let generation) = state.entries.values[index].phase, generation == state.generation else { return nil }
+                  case .ready(let generation) = state.entries.values[index].phase, generation == state.generation,
+                  state.entries.values[index].store?.damaged == nil else { return nil }
             state.tick += 1
             state.entries.values[index].lease(tick: state.tick)
             return state.entries.values[index].store
@@ -167,6 +168,16 @@ public final class StoreRegistry: Sendable {
                 entry.lease(tick: state.tick)
                 state.entries[user] = entry
                 return .use(entry.store!, nil)
+            case .ready(let generation) where generation == state.generation && entry.store?.damaged != nil && mode == .migrate:
+                // Found damaged while serving: refused to clients from now on, left as it is.
+                let failure = StoreError.storeDamaged(user: user, message: entry.store!.damaged!)
+                entry.phase = .failed(failure, generation)
+                state.entries[user] = entry
+                observer.record(.storeRefused(user: user, error: failure))
+                guard access == .admin else { return .fail(failure) }
+                entry.lease(tick: state.tick)
+                state.entries[user] = entry
+                return .use(entry.store!, failure)
             case .ready(let generation) where generation == state.generation:
                 entry.lease(tick: state.tick)
                 state.entries[user] = entry

@@ -37,6 +37,17 @@ public final class Store: Sendable {
     /// Held by whoever uses the connection: submitted work, or ``runIfIdle(_:)``.
     private let connectionLock = Mutex<Void>(())
     private let schedule = Mutex(Schedule())
+    /// Why the store was found damaged while serving (SQLite reported corruption); the
+    /// registry refuses it to clients from then on.
+    private let damage = Mutex<String?>(nil)
+
+    /// Records that SQLite found the file damaged: no more client work is served from it.
+    public func markDamaged(_ message: String) {
+        damage.withLock { if $0 == nil { $0 = message } }
+    }
+
+    /// Why the store is damaged, if it was found so.
+    public var damaged: String? { damage.withLock { $0 } }
 
     /// Work waiting for the connection, in arrival order, and the transaction holding it.
     private struct Schedule {

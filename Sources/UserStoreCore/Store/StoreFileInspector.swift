@@ -26,3 +26,60 @@ public enum StoreFileInspector {
         return header[header.startIndex + 60..<header.startIndex + 64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
     }
 }
+
+extension StoreFileInspector {
+    /// Why the file at `path` (and its WAL) cannot be a sound store, read from the headers
+    /// before SQLite opens it; nil when nothing is visibly wrong. Opening a damaged file could
+    /// change it (SQLite checkpoints and deletes a WAL it ignores), and the daemon never changes
+    /// a damaged store on its own.
+    ///
+    /// Checks: the 100-byte header (magic, page size), a file shorter than the header's page
+    /// count says (truncated), and a WAL whose 32-byte header is not a WAL header (magic,
+    /// format, page size, checksum). Damage inside a page is found when SQLite reads it.
+    public static func damage(of path: String) -> String? {
+        guard let file = FileHandle(forReadingAtPath: path) else { return nil }
+        defer { try? file.close() }
+        let size = (try? file.seekToEnd()) ?? 0
+        guard size > 0 else { return nil } // created, nothing written yet
+        try? file.seek(toOffset: 0)
+        guard let header = try? file.read(upToCount: 100), header.count == 100 else { return "truncated: \(size) bytes, shorter than the 100-byte header" }
+        let bytes = [UInt8](header)
+        guard bytes.starts(with: Array("SQLite format 3\u{0}".utf8)) else { return "not a SQLite database (no SQLite header)" }
+        func be32(_ offset: Int) -> UInt32 { bytes[offset..<offset + 4].reduce(0) { $0 << 8 | UInt32($1) } }
+        let rawPageSize = Int(bytes[16]) << 8 | Int(bytes[17])
+        let pageSize = rawPageSize == 1 ? 65_536 : rawPageSize
+        guard pageSize >= 512, pageSize <= 65_536, pageSize & (pageSize - 1) == 0 else { return "the header's page size \(rawPageSize) is not valid" }
+        // The in-header size counts only when the change counter matches "version-valid-for".
+        if be32(24) == be32(92), be32(28) > 0 {
+            let expected = UInt64(be32(28)) * UInt64(pageSize)
+            if size < expected { return "truncated: \(size) bytes, the header says \(be32(28)) pages of \(pageSize) bytes" }
+        }
+        return walDamage(path + "-wal", pageSize: pageSize)
+    }
+
+    /// Why a non-empty WAL is not one (see ``damage(of:)``).
+    static func walDamage(_ path: String, pageSize: Int) -> String? {
+        guard let file = FileHandle(forReadingAtPath: path) else { return nil }
+        defer { try? file.close() }
+        guard let data = try? file.read(upToCount: 32), !data.isEmpty else { return nil }
+        let bytes = [UInt8](data)
+        guard bytes.count == 32 else { return "the WAL is shorter than its 32-byte header" }
+        func be32(_ offset: Int) -> UInt32 { bytes[offset..<offset + 4].reduce(0) { $0 << 8 | UInt32($1) } }
+        let magic = be32(0)
+        guard magic == 0x377F_0682 || magic == 0x377F_0683 else { return "the WAL is not a WAL (bad magic number)" }
+        guard be32(4) == 3_007_000 else { return "the WAL's format version \(be32(4)) is unknown" }
+        guard Int(be32(8)) == pageSize || (pageSize == 65_536 && be32(8) == 1) else { return "the WAL's page size \(be32(8)) differs from the database's \(pageSize)" }
+        // SQLite's checksum over the first 24 bytes, in the byte order the magic number says.
+        let bigEndian = magic & 1 == 1
+        var s0: UInt32 = 0, s1: UInt32 = 0
+        for offset in stride(from: 0, to: 24, by: 8) {
+            func word(_ at: Int) -> UInt32 {
+                bigEndian ? be32(at) : bytes[at..<at + 4].reversed().reduce(0) { $0 << 8 | UInt32($1) }
+            }
+            s0 = s0 &+ word(offset) &+ s1
+            s1 = s1 &+ word(offset + 4) &+ s0
+        }
+        guard s0 == be32(24), s1 == be32(28) else { return "the WAL's header checksum does not match (garbage over the WAL)" }
+        return nil
+    }
+}

@@ -16,6 +16,9 @@ struct StoreOpener: Sendable {
         let path = layout.storePath(for: user)
         let created = !FileManager.default.fileExists(atPath: path)
         if created && !create { throw StoreError.noSuchStore(user: user) }
+        if !created, let damage = StoreFileInspector.damage(of: path) {
+            throw StoreError.storeDamaged(user: user, message: damage)
+        }
         if created {
             do {
                 try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true)

@@ -20,6 +20,14 @@ public enum Daemon {
     /// on stderr (and logged).
     public static func run(configurationPath: String, logTarget: DaemonConfiguration.LogTarget?) async -> ExitCode {
         let sqliteSettings = SQLiteProcessSettings.apply() // before anything opens a database
+        // One descriptor per connection and two per open store: use the whole hard limit (systemd
+        // sets a soft limit of 1,024 for compatibility with select()).
+        var files = rlimit()
+        let resource = __rlimit_resource_t(RLIMIT_NOFILE.rawValue)
+        if getrlimit(resource, &files) == 0, files.rlim_cur < files.rlim_max {
+            files.rlim_cur = files.rlim_max
+            _ = setrlimit(resource, &files)
+        }
         let configuration: DaemonConfiguration
         do {
             configuration = try await ConfigurationLoader.load(path: configurationPath)

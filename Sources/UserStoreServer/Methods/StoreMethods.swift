@@ -93,7 +93,9 @@ struct BatchRunner {
         } catch let error as VarlinkError {
             return VarlinkReply.encode(error)
         } catch let error as DatabaseError {
-            return VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)"))
+            if error.resultCode == .SQLITE_CORRUPT || error.resultCode == .SQLITE_NOTADB { runner.store.markDamaged(error.message ?? "corrupt") }
+            return VarlinkReply.encode(Errors.sqlite(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)",
+                                                     user: runner.store.user.rawValue))
         } catch {
             return VarlinkReply.encode(Errors.from(error))
         }

@@ -25,6 +25,20 @@ enum Errors {
 
     static let shuttingDown = VarlinkError("io.userstore.Store.ShuttingDown")
 
+    /// The error for SQLite's `code` (an extended result code) on `user`'s store: the disk
+    /// (full, I/O error) is `StorageFailure`, a damaged file `StoreDamaged`, anything else the
+    /// statement's own `SQLError`.
+    static func sqlite(code: Int32, message: String, user: String, index: Int? = nil) -> VarlinkError {
+        switch code & 0xFF {
+        case 13, 10, 14: // SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN
+            return VarlinkError("io.userstore.Store.StorageFailure", ["user": .string(user), "message": .string(message), "sqliteCode": .integer(Int64(code))])
+        case 11, 26: // SQLITE_CORRUPT, SQLITE_NOTADB
+            return VarlinkError("io.userstore.Store.StoreDamaged", ["user": .string(user), "message": .string(message)])
+        default:
+            return sqlError(code: code, message: message, index: index)
+        }
+    }
+
     /// The transaction is not an open transaction of this connection.
     static func noSuchTransaction(_ transaction: String) -> VarlinkError {
         VarlinkError("io.userstore.Store.NoSuchTransaction", ["transaction": .string(transaction)])

@@ -201,7 +201,12 @@ struct SQLRunner {
         if code & 0xFF == SQLITE_AUTH, let refusal = guardian.refusal {
             return Errors.permissionDenied(refusal, statement: true)
         }
-        return Errors.sqlError(code: sqlite3_extended_errcode(connection), message: String(cString: sqlite3_errmsg(connection)), index: index)
+        let extended = sqlite3_extended_errcode(connection), message = String(cString: sqlite3_errmsg(connection))
+        if code & 0xFF == SQLITE_CORRUPT || code & 0xFF == SQLITE_NOTADB {
+            // Damaged: the store is refused from now on (nothing more is written to it).
+            store.markDamaged(message)
+        }
+        return Errors.sqlite(code: extended, message: message, user: store.user.rawValue, index: index)
     }
 }
 

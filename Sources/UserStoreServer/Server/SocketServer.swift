@@ -46,7 +46,10 @@ final class SocketServer: Service {
         let acceptors = loops.map { Acceptor(listener: listener, loop: $0, shared: shared) }
         for (loop, acceptor) in zip(loops, acceptors) {
             loop.start()
-            loop.execute { acceptor.start() }
+            loop.execute {
+                acceptor.start()
+                sweep(loop)
+            }
         }
         return SocketServer(listener: listener, loops: loops, acceptors: acceptors, context: context, onReady: onReady, onStopping: onStopping)
     }
@@ -86,6 +89,14 @@ final class SocketServer: Service {
         await context.connections.quiesce()
         for loop in loops { loop.stopAndWait() }
     }
+}
+
+/// Every second, asks each connection of `loop` whether it stalled (``Connection/sweep(now:)``):
+/// one pass over the loop's connections instead of a timer per connection per request.
+private func sweep(_ loop: EventLoop) {
+    let now = StoreClock.now()
+    loop.forEachHandler { handler in (handler as? Connection)?.sweep(now: now) }
+    loop.schedule(after: 1_000_000_000) { sweep(loop) }
 }
 
 enum System {

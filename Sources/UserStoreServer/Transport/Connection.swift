@@ -90,6 +90,10 @@ final class Connection: EventHandler, @unchecked Sendable {
     private(set) var closed = false
     /// This connection's interactive transaction (see Connection+Transactions.swift).
     var transaction: OpenTransaction?
+    /// When a byte last arrived (for `limits.idleConnectionSeconds`).
+    private var lastActivity = StoreClock.now()
+    /// Since when the input holds part of a message (for `limits.requestReadSeconds`).
+    private var partialSince: UInt64?
 
     private init(descriptor: Int32, loop: EventLoop, shared: Shared, peer: PeerIdentity, settings: RuntimeSettings) {
         self.descriptor = descriptor
@@ -112,7 +116,8 @@ final class Connection: EventHandler, @unchecked Sendable {
         let groups = PeerCredentials.groups(of: uid, primary: gid)
         let peer = PeerIdentity(uid: uid, gid: gid, pid: pid, grant: settings.access.grant(uid: uid, gid: gid, groups: groups))
         let connection = Connection(descriptor: descriptor, loop: loop, shared: shared, peer: peer, settings: settings)
-        switch shared.context.connections.admit(connection, maximum: settings.limits.maxConnections) {
+        let admission = shared.context.connections.admit(connection, maximum: settings.limits.maxConnections, perUser: settings.limits.maxConnectionsPerUser)
+        switch admission {
         case .admitted:
             do {
                 connection.interest = EPOLLIN.rawValue
@@ -121,9 +126,11 @@ final class Connection: EventHandler, @unchecked Sendable {
                 shared.context.connections.remove(connection)
                 close(descriptor)
             }
-        case .full:
+        case .full, .userFull:
             // Told why, then closed; a best-effort write to a socket nobody reads yet.
-            let reply = VarlinkReply.encode(Errors.limitExceeded("connections", maximum: settings.limits.maxConnections))
+            let error = Errors.limitExceeded(admission == .full ? "connections" : "connectionsPerUser",
+                                             maximum: admission == .full ? settings.limits.maxConnections : settings.limits.maxConnectionsPerUser)
+            let reply = VarlinkReply.encode(error)
             _ = reply.withUnsafeBytes { send(descriptor, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             close(descriptor)
         case .stopping:
@@ -172,8 +179,11 @@ final class Connection: EventHandler, @unchecked Sendable {
                 return
             }
             inputEnd += received
+            lastActivity = StoreClock.now()
             for index in 0..<Int(count) { passed.append((inputOrigin + inputEnd - 1, descriptors[index])) }
             processInput()
+            // Part of a message waits for the rest: its time is counted from now on.
+            if inputEnd > inputStart { partialSince = partialSince ?? lastActivity } else { partialSince = nil }
             if received < room { return } // the socket is likely drained
         }
     }
@@ -362,6 +372,25 @@ final class Connection: EventHandler, @unchecked Sendable {
                     sendWaiters.append(continuation)
                 }
             }
+        }
+    }
+
+    /// Closes a connection that stalled: part of a message and nothing more for
+    /// `limits.requestReadSeconds` (told `LimitExceeded`, limit `requestSeconds`), or nothing at
+    /// all for `limits.idleConnectionSeconds`. Called by its loop's periodic sweep.
+    func sweep(now: UInt64) {
+        guard !closed else { return }
+        if let since = partialSince, now - since > UInt64(limits.requestReadSeconds) * 1_000_000_000 {
+            inputStart = inputEnd
+            partialSince = nil
+            stopping = true
+            appendReply(Errors.limitExceeded("requestSeconds", maximum: limits.requestReadSeconds))
+            resume()
+            return
+        }
+        let idle = pending.isEmpty && !taskRunning && !holdsTransaction && inputEnd == inputStart
+        if idle, now - lastActivity > UInt64(limits.idleConnectionSeconds) * 1_000_000_000 {
+            closeNow()
         }
     }
 

@@ -127,6 +127,11 @@ final class EventLoop: @unchecked Sendable {
         timers.removeAll { $0.id == timer }
     }
 
+    /// Runs `body` with every handler registered (on the loop's thread).
+    func forEachHandler(_ body: (any EventHandler) -> Void) {
+        for handler in handlers.values { body(handler) }
+    }
+
     // MARK: The loop
 
     private func run() {
