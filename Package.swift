@@ -133,3 +133,15 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// Fuzzers (scripts/fuzz.sh builds them in .build-fuzz with -sanitize=fuzzer): only with
+// USERSTORE_FUZZ=1, so that a normal build never needs libFuzzer. Their bodies live in the
+// modules (VarlinkFuzzing, CoreFuzzing, ServerFuzzing), and the tests replay Fuzz/corpus.
+if Context.environment["USERSTORE_FUZZ"] == "1" {
+    package.targets.append(.target(name: "CFuzzer", path: "Fuzz/CFuzzer"))
+    for (name, module) in [("json", "Varlink"), ("framing", "Varlink"), ("call", "UserStoreServer"),
+                           ("migration", "UserStoreCore"), ("sql", "UserStoreCore")] {
+        package.targets.append(.executableTarget(name: "fuzz-\(name)", dependencies: [.target(name: module), "CFuzzer"], path: "Fuzz/fuzz-\(name)",
+                                                 swiftSettings: [.unsafeFlags(["-parse-as-library"])]))
+    }
+}

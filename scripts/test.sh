@@ -1,9 +1,12 @@
 #!/bin/bash
 # Runs every test (unit and integration, against real files, sockets, processes and systemd
-# components). Installs what it needs first. Usage: bash scripts/test.sh [swift test arguments]
+# components) and short fuzz runs. Installs what it needs first. Usage: bash scripts/test.sh [swift test arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
 bash scripts/install-deps.sh
 swift build --build-tests
 swift test "$@"
+# Short libFuzzer runs of the parsers (~30 s each, in their own build directory), unless a
+# subset of tests was asked for.
+if (($# == 0)); then bash scripts/fuzz.sh; fi

@@ -59,8 +59,8 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// Received bytes not handled yet: `input[inputStart..<inputEnd]`.
     private var input: [UInt8] = []
     private var inputStart = 0, inputEnd = 0
-    /// Bytes of the input already searched for a NUL (a long message arrives in many reads).
-    private var scanned = 0
+    /// Cuts messages from the input (and remembers how far it searched).
+    private var framer: MessageFramer
     /// Stream offset of `input[0]`, to place passed descriptors.
     private var inputOrigin = 0
     /// Descriptors received, each with the stream offset of the last byte of the read it came
@@ -102,6 +102,7 @@ final class Connection: EventHandler, @unchecked Sendable {
         self.peer = peer
         self.limits = settings.limits
         self.tape = JSONTape(maxDepth: settings.limits.maxJSONDepth)
+        self.framer = MessageFramer(maxMessageBytes: settings.limits.maxRequestBytes)
     }
 
     /// Serves a connection just accepted on `loop` (on its thread): reads the peer's
@@ -222,19 +223,16 @@ final class Connection: EventHandler, @unchecked Sendable {
         // At shutdown, a connection whose transaction holds a store goes on: its calls may still
         // commit it (the others are refused).
         while !taskRunning, !stopping || holdsTransaction, pending.count < Self.maxPendingReplies, isWritable {
-            let start = inputStart + scanned
-            let available = inputEnd - start
-            let nul: Int? = available <= 0 ? nil : input.withUnsafeBytes { buffer in
-                memchr(buffer.baseAddress! + start, 0, available).map { buffer.baseAddress!.distance(to: UnsafeRawPointer($0)) }
+            let next = input.withUnsafeBytes { buffer in
+                framer.next(in: UnsafeRawBufferPointer(rebasing: buffer[inputStart..<inputEnd]))
             }
-            guard let end = nul else {
-                scanned = inputEnd - inputStart
-                if scanned > limits.maxRequestBytes { tooLarge() }
-                return
+            let length: Int
+            switch next {
+            case .needMore: return
+            case .tooLarge: tooLarge(); return
+            case .message(let found): length = found
             }
-            scanned = 0
-            let length = end - inputStart
-            if length > limits.maxRequestBytes { tooLarge(); return }
+            let end = inputStart + length
             let descriptors = takeDescriptors(upTo: inputOrigin + end)
             let handled = input.withUnsafeBufferPointer { buffer in
                 handle(UnsafeBufferPointer(rebasing: buffer[inputStart..<end]), descriptors: descriptors)
@@ -242,6 +240,7 @@ final class Connection: EventHandler, @unchecked Sendable {
             guard handled else {
                 // Waits for the replies before it: handled again later, with its descriptors.
                 passed.insert(contentsOf: descriptors.map { (inputOrigin + end, $0) }, at: 0)
+                framer.reset()
                 return
             }
             inputStart = end + 1
@@ -260,7 +259,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// A message over the limit: answered with `LimitExceeded`, then the connection closes.
     private func tooLarge() {
         inputStart = inputEnd
-        scanned = 0
+        framer.reset()
         stopping = true
         appendReply(Errors.limitExceeded("requestBytes", maximum: limits.maxRequestBytes))
     }
@@ -382,6 +381,7 @@ final class Connection: EventHandler, @unchecked Sendable {
         guard !closed else { return }
         if let since = partialSince, now - since > UInt64(limits.requestReadSeconds) * 1_000_000_000 {
             inputStart = inputEnd
+            framer.reset()
             partialSince = nil
             stopping = true
             appendReply(Errors.limitExceeded("requestSeconds", maximum: limits.requestReadSeconds))

@@ -1,0 +1,1 @@
+// Declarations only (fuzzer.h); libFuzzer provides the code.

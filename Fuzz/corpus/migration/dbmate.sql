@@ -1,0 +1,4 @@
+-- migrate:up
+CREATE TABLE d (x);
+-- migrate:down
+DROP TABLE d;

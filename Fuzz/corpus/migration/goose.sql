@@ -1,0 +1,4 @@
+-- +goose Up
+CREATE TABLE g (x);
+-- +goose Down
+DROP TABLE g;

@@ -1,0 +1,4 @@
+BEGIN;
+CREATE TABLE t2 (x);
+PRAGMA foreign_keys = OFF;
+COMMIT;

@@ -1,0 +1,1 @@
+CREATE TABLE "odd ""name"" " ([a b] INTEGER PRIMARY KEY, `c` TEXT DEFAULT 'it''s', d BLOB DEFAULT x'00ff') WITHOUT ROWID;

@@ -1,0 +1,1 @@
+/* comment */ CREATE INDEX i ON t (a DESC, b COLLATE NOCASE) WHERE a > 1.5e3; -- trailing

@@ -1,0 +1,53 @@
+import Foundation
+import Testing
+@testable import UserStoreCore
+@testable import UserStoreServer
+@testable import Varlink
+
+/// Replays every file of the fuzzers' seed corpora (`Fuzz/corpus/<target>/`) through the very
+/// functions the libFuzzer targets call, so that a seed that once found a bug stays a regression
+/// test in every `swift test`, without libFuzzer. A broken invariant traps, failing the run.
+@Suite struct FuzzCorpusTests {
+    static let corpus = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("Fuzz/corpus")
+
+    /// The function the libFuzzer target of that name calls.
+    static func body(of target: String) -> ((UnsafeBufferPointer<UInt8>) -> Void)? {
+        switch target {
+        case "json": return VarlinkFuzzing.json
+        case "framing": return VarlinkFuzzing.framing
+        case "call": return ServerFuzzing.call
+        case "migration": return CoreFuzzing.migrationFile
+        case "sql": return CoreFuzzing.sql
+        default: return nil
+        }
+    }
+
+    @Test(arguments: ["json", "framing", "call", "migration", "sql"])
+    func seedCorpusReplays(target: String) throws {
+        let directory = Self.corpus.appendingPathComponent(target)
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted()
+        // Every target has seeds; an empty directory would make this test vacuous.
+        #expect(files.count >= 5, "Fuzz/corpus/\(target) has \(files.count) seeds")
+        let body = try #require(Self.body(of: target))
+        for file in files {
+            let bytes = try [UInt8](Data(contentsOf: directory.appendingPathComponent(file)))
+            bytes.withUnsafeBufferPointer { body($0) }
+        }
+    }
+
+    /// The framer the framing target checks: a message over its limit is refused, messages
+    /// within it are cut at their NUL.
+    @Test func framerCutsMessagesAndRefusesLongOnes() {
+        var framer = MessageFramer(maxMessageBytes: 4)
+        let long: [UInt8] = Array("abcdefgh".utf8) + [0]
+        let result = long.withUnsafeBytes { framer.next(in: $0) }
+        guard case .tooLarge = result else { Issue.record("expected tooLarge, got \(result)"); return }
+        var framer2 = MessageFramer(maxMessageBytes: 64)
+        let two: [UInt8] = Array("ab".utf8) + [0] + Array("c".utf8) + [0]
+        let first = two.withUnsafeBytes { framer2.next(in: $0) }
+        guard case .message(let length) = first else { Issue.record("expected a message, got \(first)"); return }
+        #expect(length == 2)
+    }
+}
