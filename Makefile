@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench clean
+.PHONY: deps build release test run install uninstall bench soak fuzz clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -34,6 +34,14 @@ uninstall:
 ## Benchmarks against PostgreSQL, in-process SQLite and a sqlite3 loop (release build; not part of test).
 bench:
 	bash scripts/bench.sh
+
+## 10 minutes of mixed load at half of capacity: RSS, fds and p99 over time (not part of test).
+soak:
+	bash scripts/soak.sh
+
+## The parsers' fuzzers for an hour each (make test runs them for 30 s).
+fuzz:
+	bash scripts/fuzz.sh --seconds 3600
 
 clean:
 	rm -rf .build .run

@@ -13,6 +13,8 @@
  *          [--pipeline 1] [--users 1000] [--user-format u%05d] [--pick random|connection]
  *          [--method io.userstore.Store.Query] [--sql "SELECT value FROM kv WHERE id = ?"]
  *          [--rows 10000]  (a random id in 1..rows is the one parameter; 0: no parameter)
+ *          [--rate R]  (at most R calls per second in all, paced evenly; 0 = as fast as replies
+ *                       come. Latency is timed from each call's actual send. Implies --pipeline 1)
  *          [--tpcb ACCOUNTS]  (instead: pgbench's TPC-B-like transaction on each connection's own
  *                              user, one call at a time: Begin, UPDATE accounts, SELECT, UPDATE
  *                              tellers, UPDATE branches, INSERT history, Commit; a request is a
@@ -40,6 +42,7 @@ static const char *method = "io.userstore.Store.Query";
 static const char *sql = "SELECT value FROM kv WHERE id = ?";
 static int pick_random_user = 1;
 static int tpcb_accounts = 0;
+static double rate = 0;
 
 static uint64_t now_ns(void) {
     struct timespec t;
@@ -79,6 +82,10 @@ struct worker {
     size_t samples_used, samples_capacity;
     uint64_t errors;
     uint64_t random;
+    /* --rate: the earliest time of the next call, the gap between calls, connections waiting. */
+    uint64_t next_slot, interval;
+    struct connection **waiting;
+    int waiting_head, waiting_count;
 };
 
 static pthread_barrier_t start_barrier;
@@ -170,6 +177,40 @@ static int top_up(struct worker *w, struct connection *c) {
     return 1;
 }
 
+/* Sends the connection's next call now, or (--rate) when its slot comes. False when the socket failed. */
+static int send_or_wait(struct worker *w, struct connection *c, uint64_t t) {
+    if (w->interval == 0) return top_up(w, c);
+    if (w->waiting_count > 0 || t < w->next_slot) {
+        w->waiting[(w->waiting_head + w->waiting_count++) % w->count] = c;
+        return 1;
+    }
+    if (w->next_slot + 50000000ull < t) w->next_slot = t; /* fell behind: no catch-up burst */
+    w->next_slot += w->interval;
+    return top_up(w, c);
+}
+
+/* --rate: sends the waiting connections whose slots have come. */
+static void send_due(struct worker *w, int *live) {
+    uint64_t t = now_ns();
+    while (w->waiting_count > 0 && t >= w->next_slot) {
+        struct connection *c = w->waiting[w->waiting_head];
+        w->waiting_head = (w->waiting_head + 1) % w->count;
+        w->waiting_count--;
+        if (w->next_slot + 50000000ull < t) w->next_slot = t;
+        w->next_slot += w->interval;
+        if (!c->dead && !top_up(w, c)) { c->dead = 1; w->errors++; (*live)--; }
+    }
+}
+
+/* epoll_wait's timeout: until the next slot when connections wait for one. */
+static int wait_ms(struct worker *w) {
+    if (w->waiting_count == 0) return 100;
+    uint64_t t = now_ns();
+    if (t >= w->next_slot) return 0;
+    uint64_t ms = (w->next_slot - t + 999999) / 1000000;
+    return ms > 100 ? 100 : (int)ms;
+}
+
 static void *run_worker(void *arg) {
     struct worker *w = arg;
     int epoll = epoll_create1(0);
@@ -180,14 +221,16 @@ static void *run_worker(void *arg) {
     }
     pthread_barrier_wait(&start_barrier);
     int live = w->count;
+    w->next_slot = now_ns();
     for (int i = 0; i < w->count; i++)
-        if (!top_up(w, &w->conns[i])) { w->conns[i].dead = 1; w->errors++; live--; }
+        if (!send_or_wait(w, &w->conns[i], now_ns())) { w->conns[i].dead = 1; w->errors++; live--; }
     struct epoll_event events[64];
     while (live > 0) {
-        int ready = epoll_wait(epoll, events, 64, 100);
+        int ready = epoll_wait(epoll, events, 64, wait_ms(w));
         uint64_t t = now_ns();
         if (t >= deadline) break;
         if (ready < 0) { if (errno == EINTR) continue; break; }
+        if (w->interval) send_due(w, &live);
         for (int e = 0; e < ready; e++) {
             struct connection *c = events[e].data.ptr;
             if (c->dead) continue;
@@ -228,7 +271,8 @@ static void *run_worker(void *arg) {
                 fprintf(stderr, "userstore-load: a reply larger than %zu bytes\n", sizeof c->in);
                 exit(2);
             }
-            if (t < deadline && !top_up(w, c)) { c->dead = 1; w->errors++; live--; }
+            /* Refill the pipeline (with --rate, depth 1: wait for the next slot). */
+            if (t < deadline && !(c->in_flight == 0 ? send_or_wait(w, c, t) : top_up(w, c))) { c->dead = 1; w->errors++; live--; }
         }
     }
     close(epoll);
@@ -271,6 +315,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(key, "--method")) method = value;
         else if (!strcmp(key, "--sql")) sql = value;
         else if (!strcmp(key, "--rows")) rows = atoi(value);
+        else if (!strcmp(key, "--rate")) rate = atof(value);
         else if (!strcmp(key, "--tpcb")) { tpcb_accounts = atoi(value); pick_random_user = 0; }
         else { fprintf(stderr, "userstore-load: unknown option %s\n", key); return 2; }
     }
@@ -279,6 +324,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (threads > connections) threads = connections;
+    if (rate > 0) pipeline_depth = 1;
     struct worker *workers = calloc((size_t)threads, sizeof *workers);
     for (int t = 0; t < threads; t++) {
         struct worker *w = &workers[t];
@@ -286,6 +332,8 @@ int main(int argc, char **argv) {
         w->random = 7919ull * (uint64_t)(t + 1);
         for (int c = t; c < connections; c += threads) w->count++;
         w->conns = calloc((size_t)w->count, sizeof *w->conns);
+        w->waiting = calloc((size_t)w->count, sizeof *w->waiting);
+        w->interval = rate > 0 ? (uint64_t)(1e9 * threads / rate) : 0;
         int slot = 0;
         for (int c = t; c < connections; c += threads, slot++) {
             w->conns[slot].fd = connect_socket();

@@ -177,6 +177,33 @@ import Varlink
         daemon.stop()
     }
 
+    /// A call from the transaction's own connection for its user that does not name the
+    /// transaction is refused at once: it would otherwise wait for a transaction only this
+    /// connection can end, until the idle time-out (found by the live fuzz). The transaction is
+    /// untouched, and calls for other users go on.
+    @Test(.timeLimit(.minutes(1)))
+    func aCallThatWouldWaitForItsOwnConnectionsTransactionIsRefused() throws {
+        let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 60000\n")
+        try daemon.start()
+        let client = try daemon.connect()
+        try setUp(client, user: "self")
+        let transaction = try begin(client, user: "self")
+        _ = try client.call("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 5", "transaction": .string(transaction)])
+        for (method, parameters) in [("io.userstore.Store.Query", ["user": "self", "sql": "SELECT 1"] as [String: JSONValue]),
+                                     ("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 6"]),
+                                     ("io.userstore.Store.Batch", ["user": "self", "statements": [["sql": "SELECT 1"]]]),
+                                     ("io.userstore.Admin.Backup", ["user": "self"])] {
+            let refused = error { _ = try client.call(method, parameters) }
+            #expect(refused?.name == "io.userstore.Store.TransactionInProgress", "\(method): \(String(describing: refused))")
+            #expect(refused?.parameters["transaction"]?.stringValue == transaction)
+        }
+        _ = try client.call("io.userstore.Store.Query", ["user": "someone-else", "sql": "SELECT 1"])
+        #expect(try counter(client, user: "self", transaction: transaction) == 5)
+        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+        #expect(try counter(client, user: "self") == 5)
+        daemon.stop()
+    }
+
     @Test func sigkillKeepsWhatWasCommittedAndNothingElse() throws {
         let daemon = try DaemonHarness()
         try daemon.start()

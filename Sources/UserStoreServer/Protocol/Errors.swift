@@ -44,6 +44,12 @@ enum Errors {
         VarlinkError("io.userstore.Store.NoSuchTransaction", ["transaction": .string(transaction)])
     }
 
+    /// A call for the user whose store this connection's own open transaction holds, without
+    /// naming the transaction: it would wait for a transaction only this connection can end.
+    static func transactionInProgress(user: String, transaction: String) -> VarlinkError {
+        VarlinkError("io.userstore.Store.TransactionInProgress", ["user": .string(user), "transaction": .string(transaction)])
+    }
+
     /// The transaction was rolled back without the client asking: `idle`, `total`, or why.
     static func transactionExpired(_ transaction: String, reason: String) -> VarlinkError {
         VarlinkError("io.userstore.Store.TransactionExpired", ["transaction": .string(transaction), "reason": .string(reason)])

@@ -75,6 +75,23 @@ extension Connection {
         return nil
     }
 
+    /// The error for a call that would wait for this connection's own transaction: it names
+    /// (or, with per-Unix-user stores, implies) the user whose store the transaction holds
+    /// without naming the transaction. Without this check it would sit behind the transaction
+    /// until the idle time-out rolled it back (found by the live fuzz).
+    func waitsForOwnTransaction(_ view: JSONView) -> VarlinkError? {
+        guard let transaction, transaction.isLive, view.kind(0) == .object,
+              let call = view.member("parameters", of: 0), view.kind(call) == .object else { return nil }
+        let user: String?
+        if let token = view.member("user", of: call), view.kind(token) == .string {
+            user = view.string(token)
+        } else {
+            user = peer.grant.onlyStore
+        }
+        guard user == transaction.user.rawValue else { return nil }
+        return Errors.transactionInProgress(user: transaction.user.rawValue, transaction: transaction.id)
+    }
+
     /// Handles a transaction call (its reply takes its turn among the connection's replies).
     func handleTransaction(_ kind: TransactionCall, _ view: JSONView) {
         let reply = makeQueuedReply()

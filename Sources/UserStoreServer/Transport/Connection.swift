@@ -285,6 +285,11 @@ final class Connection: EventHandler, @unchecked Sendable {
             appendReply(Errors.shuttingDown)
             return true
         }
+        if transaction != nil, let error = tape.withView(bytes, { waitsForOwnTransaction($0) }) {
+            descriptors.forEach { close($0) }
+            appendReply(error)
+            return true
+        }
         let outcome: FastPath.Outcome
         if !descriptors.isEmpty {
             outcome = .slow // only task calls take descriptors
