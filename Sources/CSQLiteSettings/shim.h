@@ -1,6 +1,7 @@
 #ifndef USERSTORE_SQLITE_SETTINGS_H
 #define USERSTORE_SQLITE_SETTINGS_H
 
+#include <malloc.h>
 #include <sqlite3.h>
 
 /// sqlite3_config(SQLITE_CONFIG_PAGECACHE, NULL, 0, 0): page caches start empty instead of with
@@ -8,6 +9,11 @@
 /// variadic, which Swift cannot call. Only works before SQLite initialises (else SQLITE_MISUSE).
 static inline int userstore_page_cache_without_bulk_allocation(void) {
     return sqlite3_config(SQLITE_CONFIG_PAGECACHE, (void *)0, 0, 0);
+}
+
+/// mallopt(M_ARENA_MAX, count): glibc's malloc.h is not part of Swift's Glibc module.
+static inline int userstore_limit_malloc_arenas(int count) {
+    return mallopt(M_ARENA_MAX, count);
 }
 
 #endif

@@ -88,6 +88,29 @@ import Testing
         #expect(openStoreFiles(under: directory.path) == 0)
     }
 
+    /// A fleet migration opens stores nobody uses; they go first when room is needed, so the
+    /// stores clients use stay open.
+    @Test func aFleetMigrationDoesNotPushStoresInUseOutOfTheLRU() async throws {
+        let directory = try TemporaryDirectory()
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), maxOpenStores: 3)
+        for index in 0..<4 { _ = try await harness.registry.info(user("cold\(index)")) }
+        _ = await harness.registry.closeIdleStores(now: .now + .seconds(3600))
+        for index in 0..<2 { _ = try await harness.registry.info(user("hot\(index)")) }
+        for index in 0..<4 {
+            let outcome = await harness.registry.fleetMigrate(user("cold\(index)"), dryRun: false)
+            #expect(outcome.state == .current)
+        }
+        let closedHot = harness.recorder.count { event in
+            if case .storeClosed(let closed, _) = event { closed.rawValue.hasPrefix("hot") } else { false }
+        }
+        let closedCold = harness.recorder.count { event in
+            if case .storeClosed(let closed, _) = event { closed.rawValue.hasPrefix("cold") } else { false }
+        }
+        #expect(closedHot == 0, "a store in use was closed to make room for the fleet migration")
+        #expect(closedCold >= 4 + 3, "the fleet's stores made room for each other")
+        #expect(harness.registry.statistics.openStores <= 3)
+    }
+
     @Test func idleStoresAreClosedAndReopenTransparently() async throws {
         let directory = try TemporaryDirectory()
         let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), idleTimeout: .seconds(60))

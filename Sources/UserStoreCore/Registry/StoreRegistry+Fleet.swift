@@ -28,10 +28,28 @@ extension StoreRegistry {
                 let current = plan.steps.isEmpty && !plan.isNewStore && !plan.reconcile
                 return FleetOutcome(user: user, state: current ? .current : .planned, fromVersion: plan.fromVersion, toVersion: plan.toVersion)
             }
+            let wasOpen = isOpen(user)
             let report = try await migrate(user)
+            if !wasOpen { makeLeastRecentlyUsed(user) }
             return FleetOutcome(user: user, state: report.migrated ? .migrated : .current, fromVersion: report.fromVersion, toVersion: report.toVersion)
         } catch {
             return FleetOutcome(user: user, state: .failed, error: Self.storeError(error, user: user))
+        }
+    }
+
+    /// Whether `user`'s store is open (or being opened) now.
+    func isOpen(_ user: UserID) -> Bool {
+        state.withLock { $0.entries[user] != nil }
+    }
+
+    /// Puts `user`'s store first in line for closing, unless a request holds it. A fleet
+    /// migration opens thousands of stores nobody is using: without this each would push a
+    /// store clients use out of the LRU, and under load their requests would pay a reopen
+    /// (the soak saw read p99 go from 1 to 20 ms during a fleet run).
+    func makeLeastRecentlyUsed(_ user: UserID) {
+        state.withLock { state in
+            guard let index = state.entries.index(forKey: user), state.entries.values[index].leases == 0 else { return }
+            state.entries.values[index].tick = 0
         }
     }
 

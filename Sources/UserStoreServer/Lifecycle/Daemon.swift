@@ -20,6 +20,7 @@ public enum Daemon {
     /// on stderr (and logged).
     public static func run(configurationPath: String, logTarget: DaemonConfiguration.LogTarget?) async -> ExitCode {
         let sqliteSettings = SQLiteProcessSettings.apply() // before anything opens a database
+        MallocSettings.limitArenas(cores: ProcessInfo.processInfo.activeProcessorCount)
         // One descriptor per connection and two per open store: use the whole hard limit (systemd
         // sets a soft limit of 1,024 for compatibility with select()).
         var files = rlimit()
