@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench soak fuzz clean
+.PHONY: deps build release test run install uninstall bench soak fuzz asan tsan clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -42,6 +42,13 @@ soak:
 ## The parsers' fuzzers for an hour each (make test runs them for 30 s).
 fuzz:
 	bash scripts/fuzz.sh --seconds 3600
+
+## The whole suite under AddressSanitizer / ThreadSanitizer (own build directories).
+asan:
+	bash scripts/sanitize.sh address
+
+tsan:
+	bash scripts/sanitize.sh thread
 
 clean:
 	rm -rf .build .run
