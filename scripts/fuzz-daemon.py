@@ -87,7 +87,10 @@ def main():
     with open(config, "w") as f:
         f.write(f'appVersion: "2.0.0"\ndataDirectory: {directory}/data\nsocketPath: {sock_path}\n'
                 f"migrationsDirectory: {os.path.abspath(args.migrations)}\nlogTarget: stderr\nlimits:\n  maxRequestBytes: 1048576\n")
-    daemon = subprocess.Popen([os.path.abspath(args.daemon), "--config", config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The daemon's stderr is kept (a crash's backtrace lands there) and shown if it died.
+    daemon_log = open(os.path.join(directory, "daemon.log"), "wb")
+    daemon = subprocess.Popen([os.path.abspath(args.daemon), "--config", config], stdout=subprocess.DEVNULL, stderr=daemon_log,
+                              env=dict(os.environ, SWIFT_BACKTRACE="enable=yes,interactive=no"))
     for _ in range(3000):
         if os.path.exists(sock_path):
             break
@@ -126,10 +129,17 @@ def main():
         s = socket.socket(socket.AF_UNIX)
         s.connect(sock_path)
         while time.monotonic() < deadline:
-            s.sendall(b'{"method":"io.userstore.Store.Query","parameters":{"user":"bystander","sql":"SELECT 1"}}\0')
-            data = b""
-            while not data.endswith(b"\0"):
-                data += s.recv(65536)
+            try:
+                s.sendall(b'{"method":"io.userstore.Store.Query","parameters":{"user":"bystander","sql":"SELECT 1"}}\0')
+                data = b""
+                while not data.endswith(b"\0"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        raise ConnectionError("closed")
+                    data += chunk
+            except OSError:
+                bystander_failures[0] += 1  # the daemon hung up on a well-behaved client (or died)
+                return
             bystander_calls[0] += 1
             if not data.startswith(b'{"parameters"'):
                 bystander_failures[0] += 1
@@ -170,7 +180,12 @@ def main():
         print(f"live fuzz: {sent.value} hostile messages on {args.connections} connections for {args.seconds} s (seed {args.seed}); "
               f"alive: {alive}; RSS {baseline} -> peak {peak} KiB; bystander {bystander_calls[0]} calls, {bystander_failures[0]} failed; "
               f"a well-formed call then answered in {answer_ms and round(answer_ms, 1)} ms; clean stop: {exit_status == 0}")
-    shutil.rmtree(directory, ignore_errors=True)
+    if ok:
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        print(f"kept {directory}; the daemon's stderr ends:", file=sys.stderr)
+        with open(os.path.join(directory, "daemon.log"), "rb") as f:
+            sys.stderr.write(f.read()[-6000:].decode(errors="replace"))
     return 0 if ok else 1
 
 

@@ -158,7 +158,9 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// Reads what the socket has (a few reads at most) and handles the complete calls.
     private func readAvailable() {
         for _ in 0..<16 {
-            guard !shouldPauseReading, !inputClosed else { return }
+            // Closed by what the last turn handled: its descriptor is gone (and its number may
+            // already belong to another connection), so never read it again.
+            guard !closed, !shouldPauseReading, !inputClosed else { return }
             makeRoomForInput()
             let room = input.count - inputEnd
             var descriptors = [Int32](repeating: -1, count: Self.maxPassedDescriptors)
@@ -222,7 +224,10 @@ final class Connection: EventHandler, @unchecked Sendable {
         defer { processing = false }
         // At shutdown, a connection whose transaction holds a store goes on: its calls may still
         // commit it (the others are refused).
-        while !taskRunning, !stopping || holdsTransaction, pending.count < Self.maxPendingReplies, isWritable {
+        // `closed` is checked on every turn: a write failing inside the loop (the flush below, or
+        // a reply the handler sent) closes the connection and empties `input` under our feet
+        // (the live fuzz found it: a client that pipelines and hangs up crashed the daemon).
+        while !closed, !taskRunning, !stopping || holdsTransaction, pending.count < Self.maxPendingReplies, isWritable {
             let next = input.withUnsafeBytes { buffer in
                 framer.next(in: UnsafeRawBufferPointer(rebasing: buffer[inputStart..<inputEnd]))
             }
@@ -523,8 +528,11 @@ final class Connection: EventHandler, @unchecked Sendable {
         passed.removeAll()
         pending.removeAll()
         input = []
+        inputStart = 0
+        inputEnd = 0
         out.bytes.removeAll()
         unsent = []
+        unsentStart = 0
         let waiters = sendWaiters
         sendWaiters.removeAll()
         for waiter in waiters { waiter.resume(throwing: TransportError.closed) }
