@@ -32,7 +32,7 @@ extension ConfigurationLoader {
             case "serve-previous": policy.servePreviousVersionOnFailure = true
             case let other: throw error("migrations.onFailure", "must be refuse or serve-previous (got \"\(other)\")")
             }
-            policy.backupBeforeMigrating = try bool("migrations.backupBeforeMigrating") ?? true
+            policy.backupBeforeMigrating = try backupMode("migrations.backupBeforeMigrating") ?? .auto
             policy.backupRetentionSeconds = try int("migrations.backupRetentionSeconds", minimum: 0) ?? 86_400
             policy.allowDestructiveSchemaChanges = try bool("migrations.allowDestructiveSchemaChanges") ?? false
             policy.newStoresFromTemplate = try bool("migrations.newStoresFromTemplate") ?? false
@@ -115,6 +115,21 @@ extension ConfigurationLoader {
 
         func bool(_ key: String) throws(ConfigurationError) -> Bool? {
             try optional(key, expected: "true or false") { try reader.requiredBool(forKey: ConfigKey(key)) }
+        }
+
+        /// `auto`, `true` (always) or `false` (never); YAML's booleans and the words both work.
+        func backupMode(_ key: String) throws(ConfigurationError) -> MigrationPolicy.BackupMode? {
+            if let flag = try? reader.requiredBool(forKey: ConfigKey(key)) { return flag ? .always : .never }
+            guard let text = try? reader.requiredString(forKey: ConfigKey(key)) else {
+                guard present.contains(key) else { return nil }
+                throw error(key, "must be auto, true or false")
+            }
+            switch text.lowercased() {
+            case "auto": return .auto
+            case "true": return .always
+            case "false": return .never
+            default: throw error(key, "must be auto, true or false (got \"\(text)\")")
+            }
         }
 
         func int(_ key: String, minimum: Int, maximum: Int = Int.max) throws(ConfigurationError) -> Int? {

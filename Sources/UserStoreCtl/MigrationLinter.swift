@@ -64,6 +64,11 @@ public struct MigrationLinter {
                                             message: "'\(Self.summary(statement))' is ignored: every migration runs in one transaction with foreign keys handled by userstored"))
             }
             if !allowDestructive { findings += destructive(migration) }
+            if let loss = migration.dataLossReason {
+                let why = loss.hasPrefix(migration.fileName + ": ") ? String(loss.dropFirst(migration.fileName.count + 2)) : loss
+                findings.append(LintFinding(severity: .note, file: migration.fileName,
+                                            message: "with backupBeforeMigrating: auto, stores are copied before this migration: \(why)"))
+            }
         }
         findings += compile(unique)
         return findings

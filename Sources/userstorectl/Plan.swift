@@ -25,12 +25,17 @@ extension UserStoreCtlCommand {
                 print("")
                 let skipped = step["skipped"] == true ? " (SQL skipped by app-version gating; recorded as applied)" : ""
                 print("-- \(Output.cell(step["migration"])) (version \(Output.cell(step["version"])))\(skipped)")
+                if let loss = step["dataLoss"]?.stringValue { print("-- can lose data: \(loss)") }
                 for sql in step["sql"]?.arrayValue ?? [] { print(sql.stringValue ?? "") }
             }
             if let schemaFile {
                 print("")
                 print(reconcile.isEmpty ? "-- \(schemaFile): the store already matches (its hash is recorded)" : "-- reconcile with \(schemaFile)")
                 for sql in reconcile { print(sql.stringValue ?? "") }
+            }
+            if let copy = plan["backup"]?.boolValue {
+                print("")
+                print("-- backup: \(copy ? "the store is copied first" : "no copy"): \(plan["backupReason"]?.stringValue ?? "")")
             }
         }
     }

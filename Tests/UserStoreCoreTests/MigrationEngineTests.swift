@@ -48,7 +48,9 @@ import Testing
         let harness = try Harness(directory: directory, migrations: try folder.load(), appVersion: "1.5")
         let report = try await harness.registry.migrate(user("bob"))
         #expect(report.fromVersion == 1 && report.toVersion == 5 && report.applied == [2, 3, 4, 5])
-        #expect(report.backupPath != nil)
+        // Plain INSERTs into a store without triggers only add: backupBeforeMigrating's
+        // default (auto) takes no copy (BackupPolicyTests covers the rule).
+        #expect(report.backupPath == nil)
         // The run commits without fsync until its last step; the connection is back to FULL.
         #expect(try await harness.registry.withStore(user("bob")) { store in
             try await store.queue.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") }
@@ -60,7 +62,7 @@ import Testing
             #expect(snapshot.userVersion == 5 && snapshot.schemaVersion == 5 && snapshot.appVersion == "1.5" && snapshot.createdBy == "1.0")
         }
         let started = harness.recorder.events.compactMap { event -> (Int64, Int64, Int)? in
-            if case .migrationStarted(_, let from, let to, let steps) = event { return (from, to, steps) } else { return nil }
+            if case .migrationStarted(_, let from, let to, let steps, _) = event { return (from, to, steps) } else { return nil }
         }
         #expect(started.count == 1 && started[0] == (1, 5, 4))
     }

@@ -66,8 +66,8 @@ import Testing
         #expect(created >= before)
 
         #expect(templated.recorder.events.contains(.storeCreated(user: user("ann"), path: templated.layout.storePath(for: user("ann")), templateVersion: 3)))
-        #expect(templated.recorder.count { if case .migrationStarted(let who, _, _, _) = $0 { who == user("ann") } else { false } } == 0)
-        #expect(stepwise.recorder.count { if case .migrationStarted(let who, _, _, _) = $0 { who == user("ann") } else { false } } == 1)
+        #expect(templated.recorder.count { if case .migrationStarted(let who, _, _, _, _) = $0 { who == user("ann") } else { false } } == 0)
+        #expect(stepwise.recorder.count { if case .migrationStarted(let who, _, _, _, _) = $0 { who == user("ann") } else { false } } == 1)
         // The scratch file the template was built in is gone; no half-written copy is left.
         #expect(try FileManager.default.contentsOfDirectory(atPath: templated.layout.templatesDirectory).isEmpty)
         #expect(!FileManager.default.fileExists(atPath: templated.layout.storePath(for: user("ann")) + ".new"))

@@ -159,6 +159,7 @@ import Varlink
         ("idleTimeoutSeconds: -5", "idleTimeoutSeconds"),
         ("socketMode: \"0666\"", "socketMode"),
         ("migrations:\n  onFailure: ignore", "migrations.onFailure"),
+        ("migrations:\n  backupBeforeMigrating: sometimes", "migrations.backupBeforeMigrating"),
         ("access:\n  adminGroups: [no-such-group-here]", "access.adminGroups"),
     ])
     func aBadConfigurationRefusesToStartNamingTheKey(_ line: String, _ key: String) throws {
@@ -166,6 +167,24 @@ import Varlink
         try daemon.start(waitForReady: false)
         #expect(daemon.waitForExit() == 78)
         #expect(daemon.stderr.contains("key '\(key)'"), "\(daemon.stderr)")
+    }
+
+    @Test func planSaysWhetherAStoreIsCopiedFirstAndWhy() throws {
+        let daemon = try DaemonHarness(extraConfig: "migrations:\n  backupBeforeMigrating: auto")
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": "INSERT INTO notes (title) VALUES ('x')"])
+        try daemon.addMigration("0007_color.sql", "ALTER TABLE notes ADD COLUMN color TEXT;")
+        _ = try client.call("io.userstore.Admin.Reload")
+        let additive = try client.call("io.userstore.Admin.Plan", ["user": "ann"])
+        #expect(additive["backup"] == false && additive["backupReason"]?.stringValue?.contains("only adds") == true, "\(additive)")
+        #expect(additive["steps"]?.arrayValue?.first?["dataLoss"]?.stringValue == nil)
+        try daemon.addMigration("0008_paint.sql", "UPDATE notes SET color = 'red';")
+        _ = try client.call("io.userstore.Admin.Reload")
+        let rewriting = try client.call("io.userstore.Admin.Plan", ["user": "ann"])
+        #expect(rewriting["backup"] == true && rewriting["backupReason"]?.stringValue?.hasPrefix("0008_paint.sql") == true, "\(rewriting)")
+        #expect(rewriting["steps"]?.arrayValue?.last?["dataLoss"]?.stringValue?.contains("updates existing rows") == true)
+        daemon.stop()
     }
 
     @Test func environmentVariablesOverrideTheFile() throws {

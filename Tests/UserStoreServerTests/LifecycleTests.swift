@@ -28,8 +28,8 @@ import Varlink
         _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title) VALUES ('private')"])
         _ = try client.call("io.userstore.Admin.Backup", ["user": "alice"])
         _ = try client.call("io.userstore.Store.Execute", ["user": "alicia", "sql": "INSERT INTO notes (title) VALUES ('neighbour')"])
-        // A new migration: the next request copies alice's store before migrating it.
-        try daemon.addMigration("0007_x.sql", "ALTER TABLE notes ADD COLUMN x INTEGER;")
+        // A new migration that rewrites rows: the next request copies alice's store before migrating it.
+        try daemon.addMigration("0007_x.sql", "ALTER TABLE notes ADD COLUMN x INTEGER;\nUPDATE notes SET x = 0;")
         _ = try client.call("io.userstore.Admin.Reload")
         _ = try client.call("io.userstore.Store.Open", ["user": "alice"])
         let before = files(of: "alice", in: daemon).filter { !$0.contains("alicia") }

@@ -17,6 +17,12 @@ public struct Migration: Sendable, Equatable, Identifiable {
     /// Statements found in the file and deliberately not run (transaction control and
     /// `PRAGMA foreign_keys`: the engine owns both), for linters to mention.
     public let ignoredStatements: [String]
+    /// Why running the Up section can lose or change data the store holds (its first such
+    /// statement, see ``DataLossClassifier``); nil when every statement only adds.
+    public let dataLossReason: String?
+    /// The Up section has a plain INSERT: it only adds unless the store has a trigger or an
+    /// `ON CONFLICT REPLACE` clause (checked on the store when deciding on a copy).
+    public let insertsRows: Bool
 
     public var id: Int64 { version }
 
@@ -31,5 +37,6 @@ public struct Migration: Sendable, Equatable, Identifiable {
         self.checksum = checksum
         self.appVersionBelow = appVersionBelow
         self.ignoredStatements = ignoredStatements
+        (dataLossReason, insertsRows) = DataLossClassifier.risk(of: up, fileName: fileName)
     }
 }

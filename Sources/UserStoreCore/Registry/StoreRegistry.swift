@@ -358,7 +358,7 @@ public final class StoreRegistry: Sendable {
     /// and reports no events.
     func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false) -> Migrator {
         var policy = configuration.policy
-        if simulating { policy.backupBeforeMigrating = false }
+        if simulating { policy.backupBeforeMigrating = .never }
         return Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
                         observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
     }

@@ -19,6 +19,8 @@ public struct MigrationPlan: Sendable, Equatable {
     /// The reconcile's SQL; filled in by ``StoreRegistry/plan(_:)`` only (it simulates the
     /// steps on a copy to know it), since migrating plans the reconcile under the write lock.
     public var reconcileStatements: [String] = []
+    /// Whether the store is copied before the steps run, and why; nil when nothing runs.
+    public var backup: BackupDecision?
 
     /// Nothing to write at all.
     public var isEmpty: Bool { steps.isEmpty && !appVersionChanged && !isNewStore && !reconcile }
@@ -44,4 +46,18 @@ public struct MigrationReport: Sendable, Equatable {
 
     /// Whether any migration (or a reconcile that changed something) ran.
     public var migrated: Bool { !applied.isEmpty || !reconciled.isEmpty }
+}
+
+/// Whether a store is copied before it is migrated (``MigrationPolicy/backupBeforeMigrating``),
+/// and why: shown by `Plan` and in the journal's `migration-started` entry.
+public struct BackupDecision: Sendable, Equatable {
+    /// A copy is taken first.
+    public var copy: Bool
+    /// Why (or why not), e.g. `"0006_title_limit.sql: 'DROP TABLE notes' drops (or rebuilds) a table"`.
+    public var reason: String
+
+    public init(copy: Bool, reason: String) {
+        self.copy = copy
+        self.reason = reason
+    }
 }

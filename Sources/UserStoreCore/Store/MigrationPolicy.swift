@@ -8,6 +8,17 @@ public struct MigrationPolicy: Sendable, Equatable {
         case warn
     }
 
+    /// When a store that holds data is copied before it is migrated (`backupBeforeMigrating`).
+    public enum BackupMode: String, Sendable, Equatable, CaseIterable {
+        /// Only when a pending migration can lose data (``Migration/dataLossReason``), or a
+        /// desired-schema reconcile may drop something: additive migrations run without a copy.
+        case auto
+        /// Always (`true`).
+        case always
+        /// Never (`false`).
+        case never
+    }
+
     /// Apply never-applied migrations numbered below the store's latest applied one
     /// (otherwise they are an ``StoreError/outOfOrderMigration(user:version:migration:latestApplied:)``).
     public var allowOutOfOrder: Bool
@@ -16,8 +27,8 @@ public struct MigrationPolicy: Sendable, Equatable {
     /// Keep serving a store at its last good version after one of its migrations failed
     /// (otherwise client requests get ``StoreError/migrationFailed(user:version:migration:message:sqliteCode:schemaVersion:)``).
     public var servePreviousVersionOnFailure: Bool
-    /// Take a consistent copy of a store that holds data before migrating it.
-    public var backupBeforeMigrating: Bool
+    /// When to take a consistent copy of a store that holds data before migrating it.
+    public var backupBeforeMigrating: BackupMode
     /// How long such copies are kept after the migration committed (0: deleted at once).
     public var backupRetentionSeconds: Int
     /// Let a desired-schema reconcile drop tables, and columns that hold data.
@@ -28,7 +39,7 @@ public struct MigrationPolicy: Sendable, Equatable {
     public var newStoresFromTemplate: Bool
 
     public init(allowOutOfOrder: Bool = false, checksumMismatch: ChecksumMismatch = .refuse,
-                servePreviousVersionOnFailure: Bool = false, backupBeforeMigrating: Bool = true,
+                servePreviousVersionOnFailure: Bool = false, backupBeforeMigrating: BackupMode = .auto,
                 backupRetentionSeconds: Int = 86_400, allowDestructiveSchemaChanges: Bool = false,
                 newStoresFromTemplate: Bool = false) {
         self.allowOutOfOrder = allowOutOfOrder

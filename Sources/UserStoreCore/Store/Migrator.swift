@@ -43,17 +43,50 @@ struct Migrator: Sendable {
         let appVersionChanged = info.appVersion != appVersion.text
         let schemaChanged = info.schemaHash != migrations.schema?.hash
         if userVersion == migrations.latestVersion, info.migrationsFingerprint == migrations.fingerprint {
-            return MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
-                                 skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
-                                 reconcile: schemaChanged && migrations.schema != nil)
+            var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [],
+                                     skippedVersions: [], appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
+                                     reconcile: schemaChanged && migrations.schema != nil)
+            if plan.reconcile { plan.backup = try backupDecision(db, plan) }
+            return plan
         }
         let pending = try pendingMigrations(db, latestApplied: userVersion)
-        return MigrationPlan(isNewStore: false, fromVersion: userVersion,
-                             toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
-                             skippedVersions: skipped(pending, recorded: info.appVersion),
-                             appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
-                             reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
+        var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion,
+                                 toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
+                                 skippedVersions: skipped(pending, recorded: info.appVersion),
+                                 appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
+                                 reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
+        plan.backup = try backupDecision(db, plan)
+        return plan
     }
+
+    /// Whether migrating an existing store per `plan` copies it first, and why (the rule of
+    /// ``MigrationPolicy/BackupMode``; docs/migrations.md). Nil when nothing runs.
+    private func backupDecision(_ db: Database, _ plan: MigrationPlan) throws -> BackupDecision? {
+        guard !plan.steps.isEmpty || plan.reconcile else { return nil }
+        guard plan.fromVersion > 0 else { return BackupDecision(copy: false, reason: "the store holds no migrated data yet") }
+        switch policy.backupBeforeMigrating {
+        case .never: return BackupDecision(copy: false, reason: "backupBeforeMigrating is false")
+        case .always: return BackupDecision(copy: true, reason: "backupBeforeMigrating is true")
+        case .auto: break
+        }
+        let running = plan.steps.filter { !plan.skippedVersions.contains($0.version) }
+        if let lossy = running.first(where: { $0.dataLossReason != nil }), let reason = lossy.dataLossReason {
+            return BackupDecision(copy: true, reason: reason)
+        }
+        if plan.reconcile, policy.allowDestructiveSchemaChanges {
+            return BackupDecision(copy: true, reason: "the desired-schema reconcile may drop tables or columns (allowDestructiveSchemaChanges)")
+        }
+        if let inserting = running.first(where: \.insertsRows), try Bool.fetchOne(db, sql: Self.rewritingSchemaQuery) == true {
+            return BackupDecision(copy: true, reason: "\(inserting.fileName): an INSERT may fire a trigger or an ON CONFLICT REPLACE clause of this store")
+        }
+        return BackupDecision(copy: false, reason: "every pending migration only adds (backupBeforeMigrating: auto)")
+    }
+
+    /// Whether the store has something that turns an INSERT into a delete or an update.
+    private static let rewritingSchemaQuery = """
+        SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger'
+                       OR (type = 'table' AND upper(sql) LIKE '%REPLACE%'))
+        """
 
     /// Known migrations not applied to this store, after checking the applied ones.
     private func pendingMigrations(_ db: Database, latestApplied: Int64) throws -> [Migration] {
@@ -126,7 +159,7 @@ struct Migrator: Sendable {
             }
         } else if !plan.steps.isEmpty || plan.reconcile {
             try ensureWAL(db)
-            if policy.backupBeforeMigrating, plan.fromVersion > 0 {
+            if plan.backup?.copy == true {
                 let path = try backups.take(db, user: user, schemaVersion: plan.fromVersion, reason: .beforeMigration)
                 report.backupPath = path
                 observer.record(.backupCreated(user: user, path: path, schemaVersion: plan.fromVersion))
@@ -135,7 +168,7 @@ struct Migrator: Sendable {
 
         let totalSteps = plan.steps.count + (plan.reconcile ? 1 : 0)
         if totalSteps > 0 {
-            observer.record(.migrationStarted(user: user, from: plan.fromVersion, to: plan.toVersion, steps: totalSteps))
+            observer.record(.migrationStarted(user: user, from: plan.fromVersion, to: plan.toVersion, steps: totalSteps, backup: plan.backup))
         }
         for (index, migration) in plan.steps.enumerated() {
             let isLast = index == plan.steps.count - 1

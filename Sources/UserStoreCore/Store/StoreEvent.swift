@@ -5,8 +5,9 @@ public enum StoreEvent: Sendable, Equatable {
     /// A new store file was created; `templateVersion` is the schema version of the template it
     /// was copied from, nil when it starts empty and is migrated step by step.
     case storeCreated(user: UserID, path: String, templateVersion: Int64? = nil)
-    /// A migration run starts: `steps` migrations take the store from `from` to `to`.
-    case migrationStarted(user: UserID, from: Int64, to: Int64, steps: Int)
+    /// A migration run starts: `steps` migrations take the store from `from` to `to`; `backup`
+    /// says whether the store was copied first and why (nil for a new store).
+    case migrationStarted(user: UserID, from: Int64, to: Int64, steps: Int, backup: BackupDecision? = nil)
     /// Step `step` of `steps` finished. `skipped` when app-version gating skipped its SQL.
     case migrationStep(user: UserID, version: Int64, migration: String, step: Int, steps: Int, durationMicroseconds: Int64, skipped: Bool)
     /// Every step of the run committed.
@@ -35,7 +36,7 @@ public enum StoreEvent: Sendable, Equatable {
     /// The user the event is about.
     public var user: UserID {
         switch self {
-        case .storeCreated(let user, _, _), .migrationStarted(let user, _, _, _),
+        case .storeCreated(let user, _, _), .migrationStarted(let user, _, _, _, _),
              .migrationStep(let user, _, _, _, _, _, _), .migrationFinished(let user, _, _, _, _),
              .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _, _),
              .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _),

@@ -23,9 +23,14 @@ struct EventLogger: StoreObserver {
             } else {
                 (level, message) = (.info, "store created")
             }
-        case .migrationStarted(_, let from, let to, let steps):
-            (level, message) = (.info, "migrating store from version \(from) to \(to) (\(steps) step\(steps == 1 ? "" : "s"))")
+        case .migrationStarted(_, let from, let to, let steps, let backup):
+            (level, message) = (.info, "migrating store from version \(from) to \(to) (\(steps) step\(steps == 1 ? "" : "s"))"
+                + (backup.map { $0.copy ? ", copied first: \($0.reason)" : ", no copy: \($0.reason)" } ?? ""))
             metadata["event"] = "migration-started"
+            if let backup {
+                metadata["backup"] = backup.copy ? "copy" : "none"
+                metadata["backup_reason"] = .string(backup.reason)
+            }
             metadata["from_version"] = "\(from)"
             metadata["to_version"] = "\(to)"
             metadata["steps"] = "\(steps)"

@@ -157,10 +157,13 @@ struct AdminMethods {
             "fromVersion": .integer(plan.fromVersion), "toVersion": .integer(plan.toVersion),
             "steps": .array(plan.steps.map { step in
                 .object(["version": .integer(step.version), "migration": .string(step.fileName),
-                         "sql": .array(step.up.map { .string($0) }), "skipped": .bool(plan.skippedVersions.contains(step.version))])
+                         "sql": .array(step.up.map { .string($0) }), "skipped": .bool(plan.skippedVersions.contains(step.version)),
+                         "dataLoss": step.dataLossReason.map { .string($0) } ?? .null])
             }),
             "reconcile": .array(plan.reconcileStatements.map { .string($0) }),
             "schemaFile": plan.reconcile ? .string(registry.migrations.schema?.fileName ?? "") : .null,
+            "backup": plan.backup.map { .bool($0.copy) } ?? .null,
+            "backupReason": plan.backup.map { .string($0.reason) } ?? .null,
         ]
     }
 
