@@ -110,3 +110,30 @@ import Testing
         }
     }
 }
+
+/// Backups go into one folder level (`backups/ab/`); copies earlier versions kept in
+/// `backups/ab/cd/` are still found, pruned and deleted.
+@Suite struct BackupLayoutTests {
+    @Test func newCopiesUseOneLevelAndOldOnesAreStillFound() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_notes.sql", "CREATE TABLE notes (id INTEGER PRIMARY KEY);")
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        let bob = user("bob")
+        _ = try await harness.registry.migrate(bob)
+        let fresh = try await harness.registry.backup(bob)
+        let prefix = StoreLayout.hashPrefix(of: bob)
+        #expect(fresh.hasPrefix(harness.layout.backupsDirectory + "/" + prefix.prefix(2) + "/bob.v1."), "\(fresh)")
+
+        let legacyFolder = harness.layout.backupsDirectory + "/" + prefix
+        try FileManager.default.createDirectory(atPath: legacyFolder, withIntermediateDirectories: true)
+        let legacy = legacyFolder + "/" + BackupKeeper.fileName(user: bob, schemaVersion: 1, reason: .beforeMigration, at: Date(timeIntervalSince1970: 1_700_000_000))
+        try FileManager.default.copyItem(atPath: fresh, toPath: legacy)
+        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSince1970: 1_700_000_000)], ofItemAtPath: legacy)
+        let keeper = BackupKeeper(layout: harness.layout)
+        #expect(keeper.list(user: bob) == [legacy, fresh])
+        #expect(StoreFiles(layout: harness.layout).files(of: bob, keepBackups: false).contains(legacy))
+        keeper.prune(user: bob, olderThanSeconds: 3600) // the 2023 before-migration copy is old; the manual one stays
+        #expect(keeper.list(user: bob) == [fresh])
+        await harness.registry.shutdown()
+    }
+}

@@ -6,12 +6,15 @@ import Foundation
 /// ```
 /// <dataDirectory>/userstore.lock                      cross-process lock (DataDirectoryLock)
 /// <dataDirectory>/stores/ab/cd/<userID>.sqlite        one store per user
-/// <dataDirectory>/backups/ab/cd/<userID>.v3.<time>.<reason>.sqlite   copies of the store
+/// <dataDirectory>/backups/ab/<userID>.v3.<time>.<reason>.sqlite      copies of the store
 /// <dataDirectory>/staging/                            imports and restores being prepared
 /// <dataDirectory>/deleting/<userID>                   deletions under way
 /// ```
 /// `ab/cd` are the first two bytes of SHA-256(userID) in hex: 65,536 folders, so a million users
 /// put about fifteen files in each, and `find -name '<userID>.sqlite'` still finds a store.
+/// Backups use one level (`ab`, 256 folders): a fleet migration that copies every store then
+/// creates 256 folders instead of one per store. Copies kept in `backups/ab/cd/` by earlier
+/// versions are still listed, restored, pruned and deleted.
 public struct StoreLayout: Sendable, Equatable {
     /// The absolute data directory.
     public let dataDirectory: String
@@ -57,9 +60,15 @@ public struct StoreLayout: Sendable, Equatable {
         storeDirectory(for: user) + "/" + user.rawValue + Self.storeSuffix
     }
 
-    /// The folder that holds `user`'s backups.
+    /// The folder that new backups of `user` go to.
     public func backupDirectory(for user: UserID) -> String {
-        backupsDirectory + "/" + Self.hashPrefix(of: user)
+        backupsDirectory + "/" + Self.hashPrefix(of: user).prefix(2)
+    }
+
+    /// Every folder that may hold backups of `user`: ``backupDirectory(for:)``, then the
+    /// two-level folder earlier versions wrote to.
+    public func backupDirectories(for user: UserID) -> [String] {
+        [backupDirectory(for: user), backupsDirectory + "/" + Self.hashPrefix(of: user)]
     }
 
     /// Every user that has a store, in no particular order. Skips files that are not stores

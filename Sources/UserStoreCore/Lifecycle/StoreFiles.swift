@@ -34,11 +34,12 @@ struct StoreFiles: Sendable {
     func files(of user: UserID, keepBackups: Bool) -> [String] {
         var files = storeFiles(user).filter { FileManager.default.fileExists(atPath: $0) }
         if !keepBackups {
-            let directory = layout.backupDirectory(for: user)
-            let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-            for name in names.sorted() {
-                let base = name.hasSuffix(BackupKeeper.partialSuffix) ? String(name.dropLast(BackupKeeper.partialSuffix.count)) : name
-                if BackupKeeper.isBackup(base, of: user) { files.append(directory + "/" + name) }
+            for directory in layout.backupDirectories(for: user) {
+                let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+                for name in names.sorted() {
+                    let base = name.hasSuffix(BackupKeeper.partialSuffix) ? String(name.dropLast(BackupKeeper.partialSuffix.count)) : name
+                    if BackupKeeper.isBackup(base, of: user) { files.append(directory + "/" + name) }
+                }
             }
         }
         return files

@@ -53,7 +53,14 @@ public struct MigrationSet: Sendable, Equatable {
     /// A short stable hash of a list of versions (order-insensitive).
     public static func versionsFingerprint(_ versions: [Int64]) -> String {
         let text = versions.sorted().map(String.init).joined(separator: ",")
-        return SHA256.hash(data: Array(text.utf8)).prefix(8).map { String(format: "%02x", $0) }.joined()
+        let hex = Array("0123456789abcdef".utf8)
+        var digits: [UInt8] = []
+        digits.reserveCapacity(16)
+        for byte in SHA256.hash(data: Array(text.utf8)).prefix(8) {
+            digits.append(hex[Int(byte >> 4)])
+            digits.append(hex[Int(byte & 0x0F)])
+        }
+        return String(decoding: digits, as: UTF8.self)
     }
 
     /// Loads every `*.sql` file of `directory`. Other files (README, editor backups) are ignored.

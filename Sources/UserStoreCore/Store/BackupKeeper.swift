@@ -29,7 +29,8 @@ public struct BackupInfo: Sendable, Equatable {
 
 /// Takes consistent copies of stores (SQLite's online backup API), lists and prunes them.
 ///
-/// Copies live in `<data>/backups/ab/cd/<user>.v<schemaVersion>.<UTC time>.<reason>.sqlite`
+/// Copies live in `<data>/backups/ab/<user>.v<schemaVersion>.<UTC time>.<reason>.sqlite`
+/// (earlier versions wrote to `backups/ab/cd/`; those are still found)
 /// (copies named before reasons were recorded, without `.<reason>`, read as before-migration).
 struct BackupKeeper: Sendable {
     let layout: StoreLayout
@@ -89,7 +90,10 @@ struct BackupKeeper: Sendable {
     /// Deletes `user`'s before-migration copies older than `seconds`, and any copy a crash left
     /// half-written. Copies an operator asked for (manual, before a restore or an import) stay.
     func prune(user: UserID, olderThanSeconds seconds: Int) {
-        let directory = layout.backupDirectory(for: user)
+        for directory in layout.backupDirectories(for: user) { prune(user: user, in: directory, olderThanSeconds: seconds) }
+    }
+
+    private func prune(user: UserID, in directory: String, olderThanSeconds seconds: Int) {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
         let cutoff = Date().addingTimeInterval(-Double(seconds))
         for name in names {
@@ -112,13 +116,14 @@ struct BackupKeeper: Sendable {
 
     /// Every backup of `user` with what its name and size say, oldest first.
     func backups(of user: UserID) -> [BackupInfo] {
-        let directory = layout.backupDirectory(for: user)
-        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-        return names.compactMap { name -> BackupInfo? in
-            guard let parsed = Self.parse(name, of: user) else { return nil }
-            let path = directory + "/" + name
-            let bytes = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int64) ?? 0
-            return BackupInfo(path: path, fileName: name, takenAt: parsed.takenAt, schemaVersion: parsed.schemaVersion, reason: parsed.reason, bytes: bytes)
+        layout.backupDirectories(for: user).flatMap { directory -> [BackupInfo] in
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+            return names.compactMap { name -> BackupInfo? in
+                guard let parsed = Self.parse(name, of: user) else { return nil }
+                let path = directory + "/" + name
+                let bytes = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int64) ?? 0
+                return BackupInfo(path: path, fileName: name, takenAt: parsed.takenAt, schemaVersion: parsed.schemaVersion, reason: parsed.reason, bytes: bytes)
+            }
         }.sorted { ($0.takenAt, $0.fileName) < ($1.takenAt, $1.fileName) }
     }
 
