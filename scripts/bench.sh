@@ -9,6 +9,9 @@ bash scripts/install-deps.sh
 if ! dpkg-query -W -f='${Status}' postgresql-15 2>/dev/null | grep -q "install ok installed"; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null
 fi
+# The fleet scenario also runs on a journaled ext4 and an XFS made in loop images (mkfs.ext4
+# comes with e2fsprogs; mkfs.xfs with xfsprogs).
+command -v mkfs.xfs >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs >/dev/null || true
 # The packaged cluster is not needed: the benchmark starts its own on a private socket.
 pg_ctlcluster 15 main stop 2>/dev/null || true
 swift build -c release --static-swift-stdlib --product userstored

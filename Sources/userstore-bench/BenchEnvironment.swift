@@ -10,8 +10,9 @@ struct BenchEnvironment {
 
     var exampleMigrations: String { repository + "/config/migrations" }
 
-    /// A started userstored on `data` with `migrations`; returns its process and socket.
-    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: Bool = true,
+    /// A started userstored on `data` with `migrations` (`backups`: backupBeforeMigrating's
+    /// value; fleetParallelism is left at its default, the core count); returns its process and socket.
+    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: String = "true",
                      template: Bool = false, metrics: Bool = false) throws -> (Process, String) {
         let directory = root + "/" + name
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -24,7 +25,6 @@ struct BenchEnvironment {
             migrationsDirectory: \(migrations)
             maxOpenStores: \(maxOpenStores)
             logTarget: stderr
-            fleetParallelism: 8
             migrations:
               backupBeforeMigrating: \(backups)
               newStoresFromTemplate: \(template)

@@ -143,10 +143,12 @@ enum Bookkeeping {
                              appVersion.text, skipped, migration.down?.joined(separator: "\n")])
     }
 
-    /// Sets `user_version`, the row's schema version and fingerprint from `schema_migrations`,
-    /// and (when given) the app version that last touched the store.
-    static func syncVersion(_ db: Database, appVersion: AppVersion?) throws -> Int64 {
-        let versions = try Int64.fetchAll(db.cachedStatement(sql: "SELECT version FROM schema_migrations"))
+    /// Sets `user_version`, the row's schema version and fingerprint from `schema_migrations`
+    /// (or from `versions`, the rows it holds now, when the caller knows them: a migration
+    /// that changed the schema makes SQLite prepare the query again), and (when given) the app
+    /// version that last touched the store.
+    static func syncVersion(_ db: Database, appVersion: AppVersion?, versions known: [Int64]? = nil) throws -> Int64 {
+        let versions = try known ?? Int64.fetchAll(db.cachedStatement(sql: "SELECT version FROM schema_migrations"))
         let schemaVersion = versions.max() ?? 0
         try db.execute(sql: "PRAGMA user_version = \(schemaVersion)")
         try db.cachedStatement(sql: """

@@ -19,6 +19,9 @@ public struct MigrationPlan: Sendable, Equatable {
     /// The reconcile's SQL; filled in by ``StoreRegistry/plan(_:)`` only (it simulates the
     /// steps on a copy to know it), since migrating plans the reconcile under the write lock.
     public var reconcileStatements: [String] = []
+    /// The versions applied before the run, when the plan read them (the migrator then keeps
+    /// the bookkeeping's fingerprint without reading them back after each step).
+    public var appliedVersions: [Int64]?
     /// Whether the store is copied before the steps run, and why; nil when nothing runs.
     public var backup: BackupDecision?
 

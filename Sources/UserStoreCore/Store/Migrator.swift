@@ -33,9 +33,11 @@ struct Migrator: Sendable {
             guard userVersion == 0 else {
                 throw StoreError.storeDamaged(user: user, message: "user_version is \(userVersion) but the app_version table is missing")
             }
-            return MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion,
-                                 steps: migrations.migrations, skippedVersions: skipped(migrations.migrations, recorded: appVersion.text),
-                                 appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil)
+            var plan = MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion,
+                                     steps: migrations.migrations, skippedVersions: skipped(migrations.migrations, recorded: appVersion.text),
+                                     appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil)
+            plan.appliedVersions = []
+            return plan
         }
         guard info.schemaVersion == userVersion else {
             throw StoreError.storeDamaged(user: user, message: "app_version says schema version \(info.schemaVersion) but user_version is \(userVersion)")
@@ -49,12 +51,13 @@ struct Migrator: Sendable {
             if plan.reconcile { plan.backup = try backupDecision(db, plan) }
             return plan
         }
-        let pending = try pendingMigrations(db, latestApplied: userVersion)
+        let (pending, applied) = try pendingMigrations(db, latestApplied: userVersion)
         var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion,
                                  toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
                                  skippedVersions: skipped(pending, recorded: info.appVersion),
                                  appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
                                  reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
+        plan.appliedVersions = applied
         plan.backup = try backupDecision(db, plan)
         return plan
     }
@@ -89,7 +92,7 @@ struct Migrator: Sendable {
         """
 
     /// Known migrations not applied to this store, after checking the applied ones.
-    private func pendingMigrations(_ db: Database, latestApplied: Int64) throws -> [Migration] {
+    private func pendingMigrations(_ db: Database, latestApplied: Int64) throws -> (pending: [Migration], applied: [Int64]) {
         let applied = try Bookkeeping.applied(db)
         var appliedVersions = Set<Int64>()
         for row in applied {
@@ -109,7 +112,7 @@ struct Migrator: Sendable {
         if !policy.allowOutOfOrder, let early = pending.first(where: { $0.version < latestApplied }) {
             throw StoreError.outOfOrderMigration(user: user, version: early.version, migration: early.fileName, latestApplied: latestApplied)
         }
-        return pending
+        return (pending, applied.map(\.version))
     }
 
     /// Versions whose app-version gate excludes a store last opened by `recorded`.
@@ -144,9 +147,13 @@ struct Migrator: Sendable {
         let recordsAppVersionOnly = plan.steps.isEmpty && plan.appVersionChanged
         let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0) + (recordsAppVersionOnly ? 1 : 0)
         var committed = 0
+        var normal = false // the connection's setting is FULL (StoreOpener)
         func beforeCommit() throws {
             committed += 1
-            if commits > 1 { try db.execute(sql: committed < commits ? "PRAGMA synchronous = NORMAL" : "PRAGMA synchronous = FULL") }
+            // Set only when it changes: each PRAGMA is parsed anew.
+            guard commits > 1, normal != (committed < commits) else { return }
+            normal.toggle()
+            try db.execute(sql: normal ? "PRAGMA synchronous = NORMAL" : "PRAGMA synchronous = FULL")
         }
         defer { if commits > 1, committed < commits { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
 
@@ -170,24 +177,32 @@ struct Migrator: Sendable {
         if totalSteps > 0 {
             observer.record(.migrationStarted(user: user, from: plan.fromVersion, to: plan.toVersion, steps: totalSteps, backup: plan.backup))
         }
-        for (index, migration) in plan.steps.enumerated() {
-            let isLast = index == plan.steps.count - 1
-            let skip = plan.skippedVersions.contains(migration.version)
-            try beforeCommit()
-            let duration = try apply(db, migration, skip: skip, isLast: isLast, schemaVersion: report.toVersion)
-            if let duration {
-                report.applied.append(migration.version)
-                report.toVersion = max(report.toVersion, migration.version)
-                observer.record(.migrationStep(user: user, version: migration.version, migration: migration.fileName,
-                                               step: index + 1, steps: totalSteps, durationMicroseconds: duration, skipped: skip))
+        // Foreign keys off once for all the run's transactions (each still checks them before
+        // it commits): the PRAGMA is a no-op inside a transaction, and parsed anew each time.
+        var appliedVersions = plan.appliedVersions
+        try withForeignKeysOff(db) {
+            for (index, migration) in plan.steps.enumerated() {
+                let isLast = index == plan.steps.count - 1
+                let skip = plan.skippedVersions.contains(migration.version)
+                try beforeCommit()
+                let duration = try apply(db, migration, skip: skip, isLast: isLast, schemaVersion: report.toVersion, applied: appliedVersions)
+                if let duration {
+                    appliedVersions?.append(migration.version)
+                    report.applied.append(migration.version)
+                    report.toVersion = max(report.toVersion, migration.version)
+                    observer.record(.migrationStep(user: user, version: migration.version, migration: migration.fileName,
+                                                   step: index + 1, steps: totalSteps, durationMicroseconds: duration, skipped: skip))
+                } else {
+                    appliedVersions = nil // another run applied it: read the versions from the store from now on
+                }
             }
-        }
-        if reconciles, let schema = migrations.schema {
-            try beforeCommit()
-            let started = DispatchTime.now()
-            report.reconciled = try reconcile(db, schema: schema, schemaVersion: report.toVersion)
-            observer.record(.migrationStep(user: user, version: report.toVersion, migration: schema.fileName, step: totalSteps, steps: totalSteps,
-                                           durationMicroseconds: Self.microseconds(since: started), skipped: false))
+            if reconciles, let schema = migrations.schema {
+                try beforeCommit()
+                let started = DispatchTime.now()
+                report.reconciled = try reconcile(db, schema: schema, schemaVersion: report.toVersion)
+                observer.record(.migrationStep(user: user, version: report.toVersion, migration: schema.fileName, step: totalSteps, steps: totalSteps,
+                                               durationMicroseconds: Self.microseconds(since: started), skipped: false))
+            }
         }
         if recordsAppVersionOnly {
             try beforeCommit()
@@ -206,32 +221,31 @@ struct Migrator: Sendable {
         return report
     }
 
-    /// Runs one migration in its own transaction. Returns its duration, or nil when another
-    /// run had already applied it.
-    private func apply(_ db: Database, _ migration: Migration, skip: Bool, isLast: Bool, schemaVersion: Int64) throws -> Int64? {
+    /// Runs one migration in its own transaction, foreign keys already off. Returns its
+    /// duration, or nil when another run had already applied it. `applied`: the versions
+    /// applied before it, when known (saves reading them back).
+    private func apply(_ db: Database, _ migration: Migration, skip: Bool, isLast: Bool, schemaVersion: Int64, applied: [Int64]?) throws -> Int64? {
         let started = DispatchTime.now()
         var duration: Int64?
-        try withForeignKeysOff(db) {
-            do {
-                try db.inTransaction(.immediate) {
-                    if try Bookkeeping.isApplied(db, version: migration.version) { return .rollback }
-                    if !skip {
-                        for statement in migration.up { try db.execute(sql: statement) }
-                    }
-                    try checkForeignKeys(db)
-                    let elapsed = Self.microseconds(since: started)
-                    try Bookkeeping.recordApplied(db, migration, durationMicroseconds: elapsed, appVersion: appVersion, skipped: skip)
-                    // The recorded app version moves only with the last step: if the run stops
-                    // half-way, gating on the next run still sees the old version.
-                    _ = try Bookkeeping.syncVersion(db, appVersion: isLast ? appVersion : nil)
-                    duration = elapsed
-                    return .commit
+        do {
+            try db.inTransaction(.immediate) {
+                if try Bookkeeping.isApplied(db, version: migration.version) { return .rollback }
+                if !skip {
+                    for statement in migration.up { try db.execute(sql: statement) }
                 }
-            } catch {
-                let failure = Self.failure(error, user: user, migration: migration, schemaVersion: (try? Bookkeeping.userVersion(db)) ?? schemaVersion)
-                observer.record(.migrationFailed(user: user, error: failure))
-                throw failure
+                try checkForeignKeys(db)
+                let elapsed = Self.microseconds(since: started)
+                try Bookkeeping.recordApplied(db, migration, durationMicroseconds: elapsed, appVersion: appVersion, skipped: skip)
+                // The recorded app version moves only with the last step: if the run stops
+                // half-way, gating on the next run still sees the old version.
+                _ = try Bookkeeping.syncVersion(db, appVersion: isLast ? appVersion : nil, versions: applied.map { $0 + [migration.version] })
+                duration = elapsed
+                return .commit
             }
+        } catch {
+            let failure = Self.failure(error, user: user, migration: migration, schemaVersion: (try? Bookkeeping.userVersion(db)) ?? schemaVersion)
+            observer.record(.migrationFailed(user: user, error: failure))
+            throw failure
         }
         return duration
     }
@@ -243,27 +257,25 @@ struct Migrator: Sendable {
     private func reconcile(_ db: Database, schema: DesiredSchema, schemaVersion: Int64) throws -> [String] {
         var applied: [String] = []
         let pseudo = Migration(version: schemaVersion, name: schema.fileName, fileName: schema.fileName, up: [], down: nil, checksum: schema.hash)
-        try withForeignKeysOff(db) {
-            do {
-                try db.inTransaction(.immediate) {
-                    let plan = try schema.plan(db)
-                    if !plan.destructive.isEmpty, !policy.allowDestructiveSchemaChanges {
-                        throw StoreError.migrationFailed(
-                            user: user, version: schemaVersion, migration: schema.fileName,
-                            message: "refused destructive change (set allowDestructiveSchemaChanges to allow it): " + plan.destructive.joined(separator: "; "),
-                            sqliteCode: nil, schemaVersion: schemaVersion)
-                    }
-                    for statement in plan.statements { try db.execute(sql: statement) }
-                    try checkForeignKeys(db)
-                    try Bookkeeping.recordSchemaHash(db, schema.hash)
-                    applied = plan.statements
-                    return .commit
+        do {
+            try db.inTransaction(.immediate) {
+                let plan = try schema.plan(db)
+                if !plan.destructive.isEmpty, !policy.allowDestructiveSchemaChanges {
+                    throw StoreError.migrationFailed(
+                        user: user, version: schemaVersion, migration: schema.fileName,
+                        message: "refused destructive change (set allowDestructiveSchemaChanges to allow it): " + plan.destructive.joined(separator: "; "),
+                        sqliteCode: nil, schemaVersion: schemaVersion)
                 }
-            } catch {
-                let failure = Self.failure(error, user: user, migration: pseudo, schemaVersion: schemaVersion)
-                observer.record(.migrationFailed(user: user, error: failure))
-                throw failure
+                for statement in plan.statements { try db.execute(sql: statement) }
+                try checkForeignKeys(db)
+                try Bookkeeping.recordSchemaHash(db, schema.hash)
+                applied = plan.statements
+                return .commit
             }
+        } catch {
+            let failure = Self.failure(error, user: user, migration: pseudo, schemaVersion: schemaVersion)
+            observer.record(.migrationFailed(user: user, error: failure))
+            throw failure
         }
         return applied
     }
@@ -344,7 +356,10 @@ struct Migrator: Sendable {
     }
 
     private func checkForeignKeys(_ db: Database) throws {
-        let violations = try Row.fetchAll(db, sql: "SELECT \"table\", rowid, parent FROM pragma_foreign_key_check LIMIT 6")
+        // The PRAGMA, not the pragma_foreign_key_check table: a SELECT over it costs a query plan.
+        var violations: [Row] = []
+        let cursor = try Row.fetchCursor(db, sql: "PRAGMA foreign_key_check")
+        while violations.count < 6, let row = try cursor.next() { violations.append(row.copy()) }
         guard let first = violations.first else { return }
         let table: String = first[0], parent: String = first[2]
         let rowid: Int64? = first[1]
