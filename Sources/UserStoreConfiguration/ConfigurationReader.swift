@@ -91,7 +91,7 @@ extension ConfigurationLoader {
                 idleTimeoutSeconds: try int("idleTimeoutSeconds", minimum: 1) ?? 300,
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
-                fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? ProcessInfo.processInfo.activeProcessorCount,
+                fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 2 * ProcessInfo.processInfo.activeProcessorCount,
                 sourcePath: file, metricsListen: metricsListen)
         }
 

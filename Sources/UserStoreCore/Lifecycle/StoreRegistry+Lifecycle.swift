@@ -71,7 +71,7 @@ extension StoreRegistry {
 
     static func offThreadResult<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async -> Result<T, any Error> {
         await withCheckedContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(returning: Result { try work() }) }
+            BlockingPool.shared.submit { continuation.resume(returning: Result { try work() }) }
         }
     }
 

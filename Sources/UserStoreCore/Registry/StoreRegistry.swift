@@ -442,21 +442,22 @@ public final class StoreRegistry: Sendable {
 
     // MARK: Helpers
 
-    /// Closing checkpoints the WAL (disk I/O), so it runs on a dispatch thread, not the
+    /// Closing checkpoints the WAL (disk I/O), so it runs on the blocking pool, not the
     /// cooperative pool. GRDB's close waits for work already queued on the store.
     func close(_ store: Store) async {
         await Self.offThread { store.close() }
     }
 
+    /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.
     static func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
+            BlockingPool.shared.submit { continuation.resume(with: Result { try work() }) }
         }
     }
 
     static func offThread(_ work: @escaping @Sendable () -> Void) async {
         await withCheckedContinuation { continuation in
-            DispatchQueue.global().async { work(); continuation.resume() }
+            BlockingPool.shared.submit { work(); continuation.resume() }
         }
     }
 
