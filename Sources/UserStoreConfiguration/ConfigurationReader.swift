@@ -124,12 +124,10 @@ extension ConfigurationLoader {
                 guard present.contains(key) else { return nil }
                 throw error(key, "must be auto, true or false")
             }
-            switch text.lowercased() {
-            case "auto": return .auto
-            case "true": return .always
-            case "false": return .never
-            default: throw error(key, "must be auto, true or false (got \"\(text)\")")
+            guard let mode = MigrationPolicy.BackupMode(rawValue: text.lowercased()) else {
+                throw error(key, "must be auto, true or false (got \"\(text)\")")
             }
+            return mode
         }
 
         func int(_ key: String, minimum: Int, maximum: Int = Int.max) throws(ConfigurationError) -> Int? {

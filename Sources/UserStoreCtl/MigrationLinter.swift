@@ -61,7 +61,7 @@ public struct MigrationLinter {
         for migration in unique {
             for statement in migration.ignoredStatements {
                 findings.append(LintFinding(severity: .note, file: migration.fileName,
-                                            message: "'\(Self.summary(statement))' is ignored: every migration runs in one transaction with foreign keys handled by userstored"))
+                                            message: "'\(SQLScript.excerpt(of: statement))' is ignored: every migration runs in one transaction with foreign keys handled by userstored"))
             }
             if !allowDestructive { findings += destructive(migration) }
             if let loss = migration.dataLossReason {
@@ -87,10 +87,10 @@ public struct MigrationLinter {
             if words.starts(with: ["DROP", "TABLE"]) {
                 let table = words.count > 4 && words[2] == "IF" ? words[4] : (words.count > 2 ? words[2] : "?")
                 if renamedTo.contains(table) { continue } // SQLite's table rebuild: the data moved to the new table
-                findings.append(LintFinding(severity: .warning, file: migration.fileName, message: "destructive: '\(Self.summary(statement))' drops table \(table.lowercased()) and its data"))
+                findings.append(LintFinding(severity: .warning, file: migration.fileName, message: "destructive: '\(SQLScript.excerpt(of: statement))' drops table \(table.lowercased()) and its data"))
             } else if words.count >= 5, words[0] == "ALTER", words[1] == "TABLE", words[3] == "DROP" {
                 let column = words[4] == "COLUMN" && words.count > 5 ? words[5] : words[4]
-                findings.append(LintFinding(severity: .warning, file: migration.fileName, message: "destructive: '\(Self.summary(statement))' drops column \(column.lowercased()) and its data"))
+                findings.append(LintFinding(severity: .warning, file: migration.fileName, message: "destructive: '\(SQLScript.excerpt(of: statement))' drops column \(column.lowercased()) and its data"))
             }
         }
         return findings
@@ -109,7 +109,7 @@ public struct MigrationLinter {
                         try db.execute(sql: statement)
                     } catch let error as DatabaseError {
                         findings.append(LintFinding(severity: .error, file: migration.fileName,
-                                                    message: "Up statement \(index + 1) ('\(Self.summary(statement))'): \(error.message ?? "\(error.resultCode)")"))
+                                                    message: "Up statement \(index + 1) ('\(SQLScript.excerpt(of: statement))'): \(error.message ?? "\(error.resultCode)")"))
                         failed = true
                         break
                     }
@@ -122,7 +122,7 @@ public struct MigrationLinter {
                         try db.execute(sql: statement)
                     } catch let error as DatabaseError {
                         findings.append(LintFinding(severity: .error, file: migration.fileName,
-                                                    message: "Down statement \(index + 1) ('\(Self.summary(statement))'): \(error.message ?? "\(error.resultCode)")"))
+                                                    message: "Down statement \(index + 1) ('\(SQLScript.excerpt(of: statement))'): \(error.message ?? "\(error.resultCode)")"))
                         break
                     }
                 }
@@ -131,12 +131,6 @@ public struct MigrationLinter {
             }
         }
         return findings
-    }
-
-    static func summary(_ statement: String) -> String {
-        let flat = statement.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
-            .filter { !$0.hasPrefix("--") }.joined(separator: " ")
-        return flat.count > 60 ? String(flat.prefix(57)) + "..." : flat
     }
 
     private static func strip(_ text: String, file: String) -> String {

@@ -23,7 +23,7 @@ public enum DataLossClassifier {
         let words = SQLScript.keywords(of: statement, count: 6)
         guard let first = words.first else { return .additive }
         func word(_ index: Int) -> String { index < words.count ? words[index] : "" }
-        let summary = excerpt(of: statement)
+        let summary = SQLScript.excerpt(of: statement)
         switch first {
         case "CREATE":
             // CREATE [TEMP|TEMPORARY] [UNIQUE] TABLE|INDEX|VIEW|TRIGGER|VIRTUAL TABLE
@@ -58,14 +58,6 @@ public enum DataLossClassifier {
         case "ROLLBACK": return .additive // ROLLBACK TO a savepoint (a bare ROLLBACK is refused at load)
         default: return .canLoseData("'\(summary)' is not a statement known to only add")
         }
-    }
-
-    /// `statement` on one line without its comments, cut to 60 characters, for reasons.
-    static func excerpt(of statement: String) -> String {
-        let flat = statement.split(whereSeparator: \.isNewline).map { $0.trimmingWhitespace() }
-            .filter { !$0.isEmpty && !$0.hasPrefix("--") }.joined(separator: " ")
-        let trimmed = flat.hasSuffix(";") ? String(flat.dropLast()) : flat
-        return trimmed.count > 60 ? String(trimmed.prefix(57)) + "..." : trimmed
     }
 
     /// The first statement of a migration's Up section that can lose data, with why

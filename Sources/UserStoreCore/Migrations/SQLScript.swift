@@ -30,6 +30,15 @@ public struct SQLScript: Sendable, Equatable {
         self.incompleteTail = SQLScript.firstKeyword(of: tail) == nil ? nil : tail
     }
 
+    /// `statement` on one line, without its comment lines and final `;`, cut to 60 characters:
+    /// how messages quote a statement.
+    public static func excerpt(of statement: String) -> String {
+        let flat = statement.split(whereSeparator: \.isNewline).map { $0.trimmingWhitespace() }
+            .filter { !$0.isEmpty && !$0.hasPrefix("--") }.joined(separator: " ")
+        let trimmed = flat.hasSuffix(";") ? String(flat.dropLast()) : flat
+        return trimmed.count > 60 ? String(trimmed.prefix(57)) + "..." : trimmed
+    }
+
     /// The first keyword of `statement`, upper-cased, skipping whitespace and comments;
     /// nil when the text holds nothing but whitespace, comments and `;`.
     public static func firstKeyword(of statement: String) -> String? {

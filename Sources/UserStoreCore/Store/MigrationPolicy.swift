@@ -8,15 +8,16 @@ public struct MigrationPolicy: Sendable, Equatable {
         case warn
     }
 
-    /// When a store that holds data is copied before it is migrated (`backupBeforeMigrating`).
+    /// When a store that holds data is copied before it is migrated (`backupBeforeMigrating`;
+    /// the raw values are the configuration's words).
     public enum BackupMode: String, Sendable, Equatable, CaseIterable {
         /// Only when a pending migration can lose data (``Migration/dataLossReason``), or a
         /// desired-schema reconcile may drop something: additive migrations run without a copy.
         case auto
-        /// Always (`true`).
-        case always
-        /// Never (`false`).
-        case never
+        /// Always.
+        case always = "true"
+        /// Never.
+        case never = "false"
     }
 
     /// Apply never-applied migrations numbered below the store's latest applied one

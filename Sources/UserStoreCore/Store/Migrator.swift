@@ -186,14 +186,12 @@ struct Migrator: Sendable {
                 let skip = plan.skippedVersions.contains(migration.version)
                 try beforeCommit()
                 let duration = try apply(db, migration, skip: skip, isLast: isLast, schemaVersion: report.toVersion, applied: appliedVersions)
+                appliedVersions?.append(migration.version) // by this run or, when nil came back, an earlier one
                 if let duration {
-                    appliedVersions?.append(migration.version)
                     report.applied.append(migration.version)
                     report.toVersion = max(report.toVersion, migration.version)
                     observer.record(.migrationStep(user: user, version: migration.version, migration: migration.fileName,
                                                    step: index + 1, steps: totalSteps, durationMicroseconds: duration, skipped: skip))
-                } else {
-                    appliedVersions = nil // another run applied it: read the versions from the store from now on
                 }
             }
             if reconciles, let schema = migrations.schema {
