@@ -33,15 +33,7 @@ struct StoreFiles: Sendable {
     /// Every file of `user` that a deletion removes.
     func files(of user: UserID, keepBackups: Bool) -> [String] {
         var files = storeFiles(user).filter { FileManager.default.fileExists(atPath: $0) }
-        if !keepBackups {
-            for directory in layout.backupDirectories(for: user) {
-                let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-                for name in names.sorted() {
-                    let base = name.hasSuffix(BackupKeeper.partialSuffix) ? String(name.dropLast(BackupKeeper.partialSuffix.count)) : name
-                    if BackupKeeper.isBackup(base, of: user) { files.append(directory + "/" + name) }
-                }
-            }
-        }
+        if !keepBackups { files += BackupKeeper(layout: layout).files(of: user).map(\.path) }
         return files
     }
 

@@ -29,9 +29,9 @@ public struct BackupInfo: Sendable, Equatable {
 
 /// Takes consistent copies of stores (SQLite's online backup API), lists and prunes them.
 ///
-/// Copies live in `<data>/backups/ab/<user>.v<schemaVersion>.<UTC time>.<reason>.sqlite`
-/// (earlier versions wrote to `backups/ab/cd/`; those are still found)
-/// (copies named before reasons were recorded, without `.<reason>`, read as before-migration).
+/// Copies live in `<data>/backups/ab/<user>.v<schemaVersion>.<UTC time>.<reason>.sqlite`;
+/// those earlier versions kept in `backups/ab/cd/`, and names without `.<reason>` (read as
+/// before-migration), are still found.
 struct BackupKeeper: Sendable {
     let layout: StoreLayout
 
@@ -87,25 +87,32 @@ struct BackupKeeper: Sendable {
         guard sqlite3_backup_finish(backup) == SQLITE_OK, stepped == SQLITE_DONE else { throw failure() }
     }
 
+    /// Every file of `user` in its backup folders (``StoreLayout/backupDirectories(for:)``):
+    /// the copies, and any `.partial` a crash left half-written (`name` without that suffix).
+    /// The one listing behind pruning, listing and deleting a store.
+    func files(of user: UserID) -> [(path: String, name: String, partial: Bool)] {
+        layout.backupDirectories(for: user).flatMap { directory in
+            ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted().compactMap { entry in
+                let partial = entry.hasSuffix(Self.partialSuffix)
+                let name = partial ? String(entry.dropLast(Self.partialSuffix.count)) : entry
+                return Self.isBackup(name, of: user) ? (directory + "/" + entry, name, partial) : nil
+            }
+        }
+    }
+
     /// Deletes `user`'s before-migration copies older than `seconds`, and any copy a crash left
     /// half-written. Copies an operator asked for (manual, before a restore or an import) stay.
     func prune(user: UserID, olderThanSeconds seconds: Int) {
-        for directory in layout.backupDirectories(for: user) { prune(user: user, in: directory, olderThanSeconds: seconds) }
-    }
-
-    private func prune(user: UserID, in directory: String, olderThanSeconds seconds: Int) {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: directory) else { return }
         let cutoff = Date().addingTimeInterval(-Double(seconds))
-        for name in names {
-            let path = directory + "/" + name
-            if name.hasSuffix(Self.partialSuffix), Self.isBackup(String(name.dropLast(Self.partialSuffix.count)), of: user) {
+        for file in files(of: user) {
+            if file.partial {
                 // Only this store's queue writes its copies, and it is here: this one is left over.
-                unlink(path)
+                unlink(file.path)
                 continue
             }
-            guard Self.parse(name, of: user)?.reason == .beforeMigration else { continue }
-            let modified = (try? FileManager.default.attributesOfItem(atPath: path)[.modificationDate] as? Date) ?? Date()
-            if seconds <= 0 || modified < cutoff { try? FileManager.default.removeItem(atPath: path) }
+            guard Self.parse(file.name, of: user)?.reason == .beforeMigration else { continue }
+            let modified = (try? FileManager.default.attributesOfItem(atPath: file.path)[.modificationDate] as? Date) ?? Date()
+            if seconds <= 0 || modified < cutoff { try? FileManager.default.removeItem(atPath: file.path) }
         }
     }
 
@@ -116,14 +123,10 @@ struct BackupKeeper: Sendable {
 
     /// Every backup of `user` with what its name and size say, oldest first.
     func backups(of user: UserID) -> [BackupInfo] {
-        layout.backupDirectories(for: user).flatMap { directory -> [BackupInfo] in
-            let names = (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-            return names.compactMap { name -> BackupInfo? in
-                guard let parsed = Self.parse(name, of: user) else { return nil }
-                let path = directory + "/" + name
-                let bytes = (try? FileManager.default.attributesOfItem(atPath: path)[.size] as? Int64) ?? 0
-                return BackupInfo(path: path, fileName: name, takenAt: parsed.takenAt, schemaVersion: parsed.schemaVersion, reason: parsed.reason, bytes: bytes)
-            }
+        files(of: user).compactMap { file -> BackupInfo? in
+            guard !file.partial, let parsed = Self.parse(file.name, of: user) else { return nil }
+            let bytes = (try? FileManager.default.attributesOfItem(atPath: file.path)[.size] as? Int64) ?? 0
+            return BackupInfo(path: file.path, fileName: file.name, takenAt: parsed.takenAt, schemaVersion: parsed.schemaVersion, reason: parsed.reason, bytes: bytes)
         }.sorted { ($0.takenAt, $0.fileName) < ($1.takenAt, $1.fileName) }
     }
 
