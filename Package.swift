@@ -134,14 +134,12 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-// Fuzzers (scripts/fuzz.sh builds them in .build-fuzz with -sanitize=fuzzer): only with
-// USERSTORE_FUZZ=1, so that a normal build never needs libFuzzer. Their bodies live in the
-// modules (VarlinkFuzzing, CoreFuzzing, ServerFuzzing), and the tests replay Fuzz/corpus.
+// The fuzzer (scripts/fuzz.sh builds it in .build-fuzz with -sanitize=fuzzer): only with
+// USERSTORE_FUZZ=1, so that a normal build never needs libFuzzer. One executable for every
+// target (USERSTORE_FUZZ_TARGET picks one); their bodies live in the modules (VarlinkFuzzing,
+// CoreFuzzing, ServerFuzzing.targets), and the tests replay Fuzz/corpus through the same map.
 if Context.environment["USERSTORE_FUZZ"] == "1" {
     package.targets.append(.target(name: "CFuzzer", path: "Fuzz/CFuzzer"))
-    for (name, module) in [("json", "Varlink"), ("framing", "Varlink"), ("call", "UserStoreServer"),
-                           ("migration", "UserStoreCore"), ("sql", "UserStoreCore")] {
-        package.targets.append(.executableTarget(name: "fuzz-\(name)", dependencies: [.target(name: module), "CFuzzer"], path: "Fuzz/fuzz-\(name)",
-                                                 swiftSettings: [.unsafeFlags(["-parse-as-library"])]))
-    }
+    package.targets.append(.executableTarget(name: "fuzz", dependencies: ["UserStoreServer", "CFuzzer"], path: "Fuzz/fuzz",
+                                             swiftSettings: [.unsafeFlags(["-parse-as-library"])]))
 }

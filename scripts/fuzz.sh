@@ -1,7 +1,8 @@
 #!/bin/bash
 # Fuzzes the parsers with libFuzzer (and AddressSanitizer): the JSON scanner, the NUL framing,
 # call decoding, migration files and SQL text. Builds in .build-fuzz (USERSTORE_FUZZ=1 adds the
-# fuzz-* targets to Package.swift), starts from the seed corpora in Fuzz/corpus, and keeps what
+# fuzz executable to Package.swift; USERSTORE_FUZZ_TARGET picks the target), starts from the
+# seed corpora in Fuzz/corpus (and, for migration files, config/migrations), and keeps what
 # each run finds in .build-fuzz/corpus. A crash leaves its input in .build-fuzz/crashes and the
 # script fails naming it.
 #
@@ -24,13 +25,11 @@ bash scripts/install-deps.sh
 export USERSTORE_FUZZ=1
 flags=(--scratch-path .build-fuzz -Xswiftc -sanitize=fuzzer,address -Xswiftc -use-ld=lld)
 mkdir -p .build-fuzz
-for target in "${targets[@]}"; do
-    if ! swift build "${flags[@]}" --product "fuzz-$target" >.build-fuzz/build.log 2>&1; then
-        grep -E "error" .build-fuzz/build.log >&2 || tail -20 .build-fuzz/build.log >&2
-        echo "fuzz: building fuzz-$target failed (.build-fuzz/build.log)" >&2
-        exit 1
-    fi
-done
+if ! swift build "${flags[@]}" --product fuzz >.build-fuzz/build.log 2>&1; then
+    grep -E "error" .build-fuzz/build.log >&2 || tail -20 .build-fuzz/build.log >&2
+    echo "fuzz: building the fuzzer failed (.build-fuzz/build.log)" >&2
+    exit 1
+fi
 bin="$(swift build "${flags[@]}" --show-bin-path)"
 mkdir -p .build-fuzz/crashes
 status=0
@@ -38,8 +37,10 @@ for target in "${targets[@]}"; do
     work=".build-fuzz/corpus/$target"
     mkdir -p "$work"
     log=".build-fuzz/fuzz-$target.log"
-    if "$bin/fuzz-$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix=".build-fuzz/crashes/$target-" "$work" "Fuzz/corpus/$target" >"$log" 2>&1; then
+    seeds=("Fuzz/corpus/$target")
+    [[ $target == migration ]] && seeds+=(config/migrations) # the example's files are seeds too
+    if USERSTORE_FUZZ_TARGET="$target" "$bin/fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix=".build-fuzz/crashes/$target-" "$work" "${seeds[@]}" >"$log" 2>&1; then
         runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
         echo "fuzz $target: $runs inputs in ${seconds}s, no crash (corpus $(ls "$work" | wc -l) files)"
     else

@@ -12,27 +12,19 @@ import Testing
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fuzz/corpus")
 
-    /// The function the libFuzzer target of that name calls.
-    static func body(of target: String) -> ((UnsafeBufferPointer<UInt8>) -> Void)? {
-        switch target {
-        case "json": return VarlinkFuzzing.json
-        case "framing": return VarlinkFuzzing.framing
-        case "call": return ServerFuzzing.call
-        case "migration": return CoreFuzzing.migrationFile
-        case "sql": return CoreFuzzing.sql
-        default: return nil
-        }
-    }
-
     @Test(arguments: ["json", "framing", "call", "migration", "sql"])
     func seedCorpusReplays(target: String) throws {
-        let directory = Self.corpus.appendingPathComponent(target)
-        let files = try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted()
+        // The example's migrations are seeds of the migration target too (scripts/fuzz.sh passes them).
+        var directories = [Self.corpus.appendingPathComponent(target)]
+        if target == "migration" { directories.append(Self.corpus.deletingLastPathComponent().deletingLastPathComponent().appendingPathComponent("config/migrations")) }
+        let files = try directories.flatMap { directory in
+            try FileManager.default.contentsOfDirectory(atPath: directory.path).sorted().map { directory.appendingPathComponent($0) }
+        }
         // Every target has seeds; an empty directory would make this test vacuous.
         #expect(files.count >= 5, "Fuzz/corpus/\(target) has \(files.count) seeds")
-        let body = try #require(Self.body(of: target))
+        let body = try #require(ServerFuzzing.targets[target])
         for file in files {
-            let bytes = try [UInt8](Data(contentsOf: directory.appendingPathComponent(file)))
+            let bytes = try [UInt8](Data(contentsOf: file))
             bytes.withUnsafeBufferPointer { body($0) }
         }
     }

@@ -7,6 +7,13 @@ import Varlink
 /// transaction check, the call, user, statements and a Batch's statements — with its parameters
 /// bound to a statement of as many placeholders. Hostile input gets errors, never a crash.
 package enum ServerFuzzing {
+    /// Every fuzz target by name: what the fuzzer executable feeds (`USERSTORE_FUZZ_TARGET`) and
+    /// what `FuzzCorpusTests` replays `Fuzz/corpus/<name>/` through.
+    package static let targets: [String: @Sendable (UnsafeBufferPointer<UInt8>) -> Void] = [
+        "json": VarlinkFuzzing.json, "framing": VarlinkFuzzing.framing, "call": call,
+        "migration": CoreFuzzing.migrationFile, "sql": CoreFuzzing.sql,
+    ]
+
     /// A scratch in-memory database for binding (fuzzing is single-threaded).
     nonisolated(unsafe) private static var database: OpaquePointer? = {
         var connection: OpaquePointer?
