@@ -11,34 +11,11 @@ every migration up to it applied exactly once).
 Prints a summary (and with --json one JSON object) and exits 1 if anything is wrong. Run by the
 test suite with --kills 10; the full run's figures are in docs/reliability.md.
 """
-import argparse, json, os, random, shutil, signal, socket, sqlite3, subprocess, sys, tempfile, threading, time
+import argparse, json, os, random, shutil, signal, sqlite3, subprocess, sys, tempfile, threading, time
+
+from varlink_client import call, connect
 
 USERS = [f"crash{n}" for n in range(8)]
-
-
-def call(sock, method, **parameters):
-    sock.sendall(json.dumps({"method": method, "parameters": parameters}).encode() + b"\0")
-    data = b""
-    while not data.endswith(b"\0"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return json.loads(data[:-1])
-
-
-def connect(path, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            sock = socket.socket(socket.AF_UNIX)
-            sock.settimeout(10)
-            sock.connect(path)
-            return sock
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
 
 
 class Daemon:

@@ -11,6 +11,8 @@ answers within 100 ms.
 """
 import argparse, json, multiprocessing, os, random, shutil, signal, socket, subprocess, sys, tempfile, threading, time
 
+from varlink_client import receive
+
 VALID = [
     {"method": "io.userstore.Store.Open", "parameters": {"user": "fuzz"}},
     {"method": "io.userstore.Store.Query", "parameters": {"user": "fuzz", "sql": "SELECT ?, ?", "parameters": [1, "x"]}},
@@ -131,12 +133,7 @@ def main():
         while time.monotonic() < deadline:
             try:
                 s.sendall(b'{"method":"io.userstore.Store.Query","parameters":{"user":"bystander","sql":"SELECT 1"}}\0')
-                data = b""
-                while not data.endswith(b"\0"):
-                    chunk = s.recv(65536)
-                    if not chunk:
-                        raise ConnectionError("closed")
-                    data += chunk
+                data = receive(s)
             except OSError:
                 bystander_failures[0] += 1  # the daemon hung up on a well-behaved client (or died)
                 return
@@ -160,9 +157,7 @@ def main():
         s.connect(sock_path)
         started = time.monotonic()
         s.sendall(b'{"method":"io.userstore.Store.Query","parameters":{"user":"after","sql":"SELECT 42"}}\0')
-        data = b""
-        while not data.endswith(b"\0"):
-            data += s.recv(65536)
+        data = receive(s)
         answer_ms = (time.monotonic() - started) * 1000
         ok_after = b"[[42]]" in data
         s.close()

@@ -21,25 +21,12 @@ squares slope over the minutes after the first (which fills caches and the LRU).
 per minute and a summary; exits 1 on a failed call, a daemon that died or did not stop cleanly,
 or a store failing integrity_check. Not part of make test (make soak).
 """
-import argparse, json, os, shutil, signal, socket, sqlite3, subprocess, sys, tempfile, threading, time
+import argparse, json, os, shutil, signal, sqlite3, subprocess, sys, tempfile, threading, time
+
+from varlink_client import call_once
 
 USERS = 1000
 ROWS = 1000
-
-
-def call(path, method, **parameters):
-    sock = socket.socket(socket.AF_UNIX)
-    sock.settimeout(600)
-    sock.connect(path)
-    sock.sendall(json.dumps({"method": method, "parameters": parameters}).encode() + b"\0")
-    data = b""
-    while not data.endswith(b"\0"):
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    sock.close()
-    return json.loads(data[:-1])
 
 
 def slope(points):
@@ -82,7 +69,7 @@ class Soak:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                call(self.socket, "io.userstore.Admin.Status")
+                call_once(self.socket, "io.userstore.Admin.Status")
                 return
             except OSError:
                 time.sleep(0.05)
@@ -120,8 +107,8 @@ class Soak:
         """A new migration for every store, then the whole fleet forced to it."""
         self.write_migration(version, f"ALTER TABLE kv ADD COLUMN c{version} INTEGER NOT NULL DEFAULT {version};\n")
         began = time.monotonic()
-        call(self.socket, "io.userstore.Admin.Reload")
-        reply = call(self.socket, "io.userstore.Admin.Migrate", all=True, parallel=2)
+        call_once(self.socket, "io.userstore.Admin.Reload")
+        reply = call_once(self.socket, "io.userstore.Admin.Migrate", all=True, parallel=2)
         if "error" in reply:
             self.failures.append(f"Migrate to {version}: {reply}")
             return
@@ -174,7 +161,7 @@ class Soak:
         sampler.join()
         if migrator:
             migrator.join()
-        status = call(self.socket, "io.userstore.Admin.Status").get("parameters", {})
+        status = call_once(self.socket, "io.userstore.Admin.Status").get("parameters", {})
         self.process.send_signal(signal.SIGTERM)
         try:
             code = self.process.wait(120)
