@@ -12,7 +12,7 @@ struct BenchEnvironment {
 
     /// A started userstored on `data` with `migrations` (`backups`: backupBeforeMigrating's
     /// value; fleetParallelism is left at its default, the core count); returns its process and socket.
-    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: String = "true",
+    func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: MigrationPolicy.BackupMode = .always,
                      template: Bool = false, metrics: Bool = false) throws -> (Process, String) {
         let directory = root + "/" + name
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
@@ -26,7 +26,7 @@ struct BenchEnvironment {
             maxOpenStores: \(maxOpenStores)
             logTarget: stderr
             migrations:
-              backupBeforeMigrating: \(backups)
+              backupBeforeMigrating: \(backups.rawValue)
               newStoresFromTemplate: \(template)
             \(metrics ? "metrics:\n  listen: unix:\(directory)/metrics.sock" : "")
             """.write(toFile: config, atomically: true, encoding: .utf8)

@@ -15,7 +15,7 @@ extension Scenarios {
         /// The pending migrations as sqlite3 shell input, one transaction each.
         let loopScript: String
         /// `migrations.backupBeforeMigrating` for the daemon.
-        let backups: String
+        let backups: MigrationPolicy.BackupMode
         /// fsyncs per store: the last commit's WAL sync, the checkpoint's WAL and database
         /// syncs when the store closes, and a copy's file and folder syncs.
         let fsyncsPerStore: Double
@@ -39,10 +39,10 @@ extension Scenarios {
         let releases = [
             FleetRelease(name: "additive", subject: "3 add-column migrations, backupBeforeMigrating auto (no copy)",
                          migrations: try migrationFolder("fleet-additive", examples.prefix(3).map { ($0, try exampleText($0)) } + additive),
-                         loopScript: try loopScript(additive), backups: "auto", fsyncsPerStore: 3),
+                         loopScript: try loopScript(additive), backups: .auto, fsyncsPerStore: 3),
             FleetRelease(name: "rebuild", subject: "index + data fix + table rebuild (0004-0006), backups forced on",
                          migrations: try migrationFolder("fleet-rebuild", examples.map { ($0, try exampleText($0)) }),
-                         loopScript: try loopScript(rebuild), backups: "true", fsyncsPerStore: 5),
+                         loopScript: try loopScript(rebuild), backups: .always, fsyncsPerStore: 5),
         ]
 
         let seedBytes = (try? FileManager.default.attributesOfItem(atPath: seed)[.size] as? Int) ?? 65_536

@@ -69,10 +69,9 @@ extension StoreRegistry {
         }
     }
 
+    /// ``offThread(_:)`` with its outcome as a value.
     static func offThreadResult<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async -> Result<T, any Error> {
-        await withCheckedContinuation { continuation in
-            BlockingPool.shared.submit { continuation.resume(returning: Result { try work() }) }
-        }
+        do { return .success(try await offThread(work)) } catch { return .failure(error) }
     }
 
     // MARK: Delete
