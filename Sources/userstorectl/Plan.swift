@@ -4,7 +4,7 @@ import Varlink
 
 extension UserStoreCtlCommand {
     struct Plan: ParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Print the SQL that migrating a store would run; nothing is executed.")
+        static let configuration = CommandConfiguration(abstract: "Print the SQL that migrating a store would run and whether the store is copied first; nothing is executed.")
 
         @OptionGroup var connection: ConnectionOptions
 
