@@ -9,6 +9,7 @@ let package = Package(
         .executable(name: "userstorectl", targets: ["userstorectl"]),
         .library(name: "UserStoreCore", targets: ["UserStoreCore"]),
         .library(name: "Varlink", targets: ["Varlink"]),
+        .library(name: "UserStoreClient", targets: ["UserStoreClient"]),
     ],
     dependencies: [
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
@@ -37,6 +38,18 @@ let package = Package(
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // The varlink protocol: exact JSON, framing, messages, a blocking client.
         .target(name: "Varlink", dependencies: ["CUnixSocket"]),
+        // The Swift client applications import: a pipelining connection pool over swift-nio
+        // (it depends on neither GRDB nor the daemon).
+        .target(
+            name: "UserStoreClient",
+            dependencies: [
+                "Varlink",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
         // recvmsg/sendmsg with SCM_RIGHTS, SO_PEERCRED and epoll (C macros and packed structs Swift cannot use).
         .target(name: "CUnixSocket"),
         // libsystemd: sd_notify, sd_listen_fds, sd_journal_sendv.
@@ -128,7 +141,7 @@ let package = Package(
         .testTarget(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
-                           "userstored", "userstorectl", "userstore-journal-probe"]
+                           "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -36,6 +36,7 @@ struct FastPath {
               let method = Self.method(view, methodToken),
               let call = view.member("parameters", of: 0), view.kind(call) == .object,
               view.member("oneway", of: 0).flatMap(view.bool) != true,
+              view.member("more", of: 0).flatMap(view.bool) != true, // streamed: StoreMethods
               peer.grant.store, !context.isShuttingDown,
               let user = Self.user(view, call, peer: peer),
               let store = context.registry.leaseIfReady(user) else { return .slow }

@@ -11,6 +11,7 @@ struct StoreMethods {
         let parameters = CallParameters(call)
         switch call.member {
         case "Open": try await send(open(try user(parameters, peer: peer)))
+        case "Query" where call.more: try await streamedQuery(request, parameters, peer: peer, send: send)
         case "Query": try await send(statement(request, parameters, peer: peer, output: .rows))
         case "Execute": try await send(statement(request, parameters, peer: peer, output: .changes))
         case "Batch": try await send(batch(request, parameters, peer: peer))
@@ -54,6 +55,16 @@ struct StoreMethods {
         let user = try user(parameters, peer: peer)
         return try await SQLRunner.reply(context.registry, user: user, access: .client, message: request.message,
                                          statement: try request.statement(), output: output, limits: context.limits)
+    }
+
+    /// A Query with `more`: its rows in several replies, stepped as the client reads them.
+    private func streamedQuery(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, send: ReplySink) async throws {
+        let user = try user(parameters, peer: peer)
+        let statement = try request.statement()
+        let limits = context.limits
+        try await context.registry.withStore(user) { store in
+            try await StreamedQuery(store: store, limits: limits).run(request.message, statement, send: send)
+        }
     }
 
     private func batch(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity) async throws -> [UInt8] {

@@ -154,13 +154,8 @@ struct SQLRunner {
         let writesRows = output == .rows || (output == .both && columnCount > 0)
         writer.raw(byte: UInt8(ascii: "{"))
         if writesRows {
-            writer.raw("\"columns\":[")
-            for column in 0..<columnCount {
-                if column > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-                let name = sqlite3_column_name(statement, column)!
-                name.withMemoryRebound(to: UInt8.self, capacity: 1) { writer.writeString(utf8: UnsafeBufferPointer(start: $0, count: strlen(name))) }
-            }
-            writer.raw("],\"rows\":[")
+            Self.writeColumns(of: statement, into: &writer)
+            writer.raw(",\"rows\":[")
         }
         var firstRow = true
         while true {
@@ -170,12 +165,7 @@ struct SQLRunner {
             guard writesRows else { continue }
             if !firstRow { writer.raw(byte: UInt8(ascii: ",")) }
             firstRow = false
-            writer.raw(byte: UInt8(ascii: "["))
-            for column in 0..<columnCount {
-                if column > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-                ValueWriter.write(column: column, of: statement, into: &writer)
-            }
-            writer.raw(byte: UInt8(ascii: "]"))
+            ValueWriter.writeRow(of: statement, columns: columnCount, into: &writer)
             if writer.bytes.count - start > limits.maxResponseBytes {
                 throw Errors.limitExceeded("responseBytes", maximum: limits.maxResponseBytes)
             }
@@ -192,8 +182,19 @@ struct SQLRunner {
         writer.raw(byte: UInt8(ascii: "}"))
     }
 
+    /// `"columns":[…]`: the result's column names.
+    static func writeColumns(of statement: OpaquePointer, into writer: inout JSONWriter) {
+        writer.raw("\"columns\":[")
+        for column in 0..<sqlite3_column_count(statement) {
+            if column > 0 { writer.raw(byte: UInt8(ascii: ",")) }
+            let name = sqlite3_column_name(statement, column)!
+            name.withMemoryRebound(to: UInt8.self, capacity: 1) { writer.writeString(utf8: UnsafeBufferPointer(start: $0, count: strlen(name))) }
+        }
+        writer.raw(byte: UInt8(ascii: "]"))
+    }
+
     /// The varlink error for a failed prepare or step.
-    private func failure(_ code: Int32, connection: OpaquePointer, index: Int?) -> VarlinkError {
+    func failure(_ code: Int32, connection: OpaquePointer, index: Int?) -> VarlinkError {
         let guardian = store.guardian
         if code & 0xFF == SQLITE_INTERRUPT, guardian.timedOut {
             return Errors.limitExceeded("statementMilliseconds", maximum: limits.statementTimeoutMilliseconds)
@@ -212,6 +213,16 @@ struct SQLRunner {
 
 /// Writes result cells as JSON (see the value table in io.userstore.Store).
 enum ValueWriter {
+    /// The current row of `statement` as a JSON array.
+    static func writeRow(of statement: OpaquePointer, columns: Int32, into writer: inout JSONWriter) {
+        writer.raw(byte: UInt8(ascii: "["))
+        for column in 0..<columns {
+            if column > 0 { writer.raw(byte: UInt8(ascii: ",")) }
+            write(column: column, of: statement, into: &writer)
+        }
+        writer.raw(byte: UInt8(ascii: "]"))
+    }
+
     static func write(column: Int32, of statement: OpaquePointer, into writer: inout JSONWriter) {
         switch sqlite3_column_type(statement, column) {
         case SQLITE_INTEGER:

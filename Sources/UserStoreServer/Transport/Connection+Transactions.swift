@@ -30,7 +30,8 @@ final class OpenTransaction: @unchecked Sendable {
     var totalTimer: Int?
     let began = StoreClock.now()
 
-    private static let nextKey = Atomic<UInt64>(1)
+    /// Keys of the store holds (transactions and streamed queries), unique in the process.
+    static let nextKey = Atomic<UInt64>(1)
 
     init(user: UserID, immediate: Bool) {
         var random = SystemRandomNumberGenerator()

@@ -80,6 +80,8 @@ final class Connection: EventHandler, @unchecked Sendable {
     }
     /// Task replies waiting for the client to read (backpressure on a streamed reply).
     private var sendWaiters: [CheckedContinuation<Void, any Error>] = []
+    /// Since when a task's reply has waited for the client to read (nil: it is not waiting).
+    private var sendBlockedSince: UInt64?
     /// A call runs in a task; nothing else starts until it ends.
     private var taskRunning = false
     /// Handle no more input (shutdown, an oversized message): close once started calls replied.
@@ -373,11 +375,15 @@ final class Connection: EventHandler, @unchecked Sendable {
                 guard !closed else { continuation.resume(throwing: TransportError.closed); return }
                 out.bytes.append(contentsOf: bytes)
                 flushOut()
+                // What the socket did not take waits for EPOLLOUT, which must be asked for here:
+                // nothing else runs resume() while the task does (reading is paused).
+                if !closed { updateInterest() }
                 if closed {
                     continuation.resume(throwing: TransportError.closed)
                 } else if isWritable {
                     continuation.resume()
                 } else {
+                    if sendWaiters.isEmpty { sendBlockedSince = StoreClock.now() }
                     sendWaiters.append(continuation)
                 }
             }
@@ -389,6 +395,12 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// all for `limits.idleConnectionSeconds`. Called by its loop's periodic sweep.
     func sweep(now: UInt64) {
         guard !closed else { return }
+        // A streamed reply (a streamed Query holds its user's store) whose client stopped
+        // reading for limits.transactionMilliseconds: closing ends the call and frees the store.
+        if let since = sendBlockedSince, now - since > UInt64(limits.transactionMilliseconds) * 1_000_000 {
+            closeNow()
+            return
+        }
         if let since = partialSince, now - since > UInt64(limits.requestReadSeconds) * 1_000_000_000 {
             inputStart = inputEnd
             framer.reset()
@@ -482,6 +494,7 @@ final class Connection: EventHandler, @unchecked Sendable {
         if isWritable, !sendWaiters.isEmpty {
             let waiters = sendWaiters
             sendWaiters.removeAll()
+            sendBlockedSince = nil
             for waiter in waiters { waiter.resume() }
         }
     }

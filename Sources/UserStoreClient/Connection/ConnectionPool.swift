@@ -1,0 +1,253 @@
+import Logging
+import NIOCore
+import NIOPosix
+import Synchronization
+
+/// Up to `size` connections to the daemon, opened as load needs them.
+///
+/// Ordinary calls share connections and pipeline on them: a call goes to the live connection
+/// with the fewest calls in flight, and a new connection is opened while every live one is busy
+/// and a slot is free. A transaction or a streamed query takes a connection for itself
+/// (exclusive): a varlink transaction belongs to its connection, and a stream's replies would
+/// hold up every call behind it. When every connection is exclusive, calls wait their turn.
+///
+/// A connection that breaks is dropped, and the next call opens another. A failed connect puts
+/// the whole pool in back-off (doubling from `reconnectDelay.min` to `.max`); in back-off a call
+/// with no live connection fails at once with ``UserStoreError/Kind/connectionFailed``: the pool
+/// never hides an error by waiting.
+final class ConnectionPool: Sendable {
+    struct Configuration: Sendable {
+        var socketPath: String
+        var size: Int
+        var minimumReconnectDelay: TimeAmount
+        var maximumReconnectDelay: TimeAmount
+        var maxMessageBytes: Int
+    }
+
+    /// A connection held by a caller until ``ConnectionPool/release(_:)``.
+    struct Lease: Sendable {
+        let slot: Int
+        let generation: UInt64
+        let channel: any Channel
+        let exclusive: Bool
+    }
+
+    private struct Slot {
+        var channel: (any Channel)?
+        var connecting: EventLoopFuture<any Channel>?
+        var inFlight = 0
+        var exclusive = false
+        /// Counts the slot's connections, so a lease of a closed one changes nothing when released.
+        var generation: UInt64 = 0
+    }
+
+    private struct State {
+        var slots: [Slot]
+        var waiters: [UInt64: CheckedContinuation<Void, any Error>] = [:]
+        var nextWaiter: UInt64 = 0
+        var failures = 0
+        var retryAt = NIODeadline.uptimeNanoseconds(0)
+        var lastFailure = ""
+        var shutDown = false
+    }
+
+    /// What ``acquire(exclusive:)`` should do next, decided under the lock.
+    private enum Step {
+        case leased(Lease)
+        case connect(slot: Int, EventLoopFuture<any Channel>)
+        case await(EventLoopFuture<any Channel>)
+        case wait
+        case fail(UserStoreError)
+    }
+
+    let configuration: Configuration
+    private let group: any EventLoopGroup
+    private let logger: Logger
+    private let state: Mutex<State>
+
+    init(configuration: Configuration, group: any EventLoopGroup, logger: Logger) {
+        self.configuration = configuration
+        self.group = group
+        self.logger = logger
+        state = Mutex(State(slots: Array(repeating: Slot(), count: max(1, configuration.size))))
+    }
+
+    /// A connection for one call (shared) or for a transaction or stream (`exclusive`).
+    func acquire(exclusive: Bool) async throws -> Lease {
+        while true {
+            try Task.checkCancellation()
+            switch state.withLock({ next(&$0, exclusive: exclusive) }) {
+            case .leased(let lease):
+                return lease
+            case .fail(let error):
+                throw error
+            case .await(let connecting):
+                _ = try? await connecting.get()
+            case .connect(let slot, let connecting):
+                do {
+                    let channel = try await connecting.get()
+                    connected(channel, slot: slot)
+                } catch {
+                    connectFailed(slot: slot, error)
+                    throw UserStoreError.connectFailed("cannot connect to \(configuration.socketPath): \(Self.describe(error))")
+                }
+            case .wait:
+                try await waitForRelease()
+            }
+        }
+    }
+
+    private func next(_ state: inout State, exclusive: Bool) -> Step {
+        guard !state.shutDown else { return .fail(.shutDown()) }
+        var best: Int?
+        for index in state.slots.indices {
+            let slot = state.slots[index]
+            guard slot.channel != nil, !slot.exclusive else { continue }
+            if best == nil || slot.inFlight < state.slots[best!].inFlight { best = index }
+        }
+        let free = state.slots.firstIndex { $0.channel == nil && $0.connecting == nil }
+        let mayConnect = free != nil && NIODeadline.now() >= state.retryAt
+        if let best, state.slots[best].inFlight == 0 || !mayConnect {
+            state.slots[best].inFlight += 1
+            if exclusive { state.slots[best].exclusive = true }
+            let slot = state.slots[best]
+            return .leased(Lease(slot: best, generation: slot.generation, channel: slot.channel!, exclusive: exclusive))
+        }
+        if mayConnect, let free {
+            let connecting = connect()
+            state.slots[free].connecting = connecting
+            return .connect(slot: free, connecting)
+        }
+        if let connecting = state.slots.lazy.compactMap(\.connecting).first { return .await(connecting) }
+        if state.slots.contains(where: { $0.channel != nil }) { return .wait }
+        let wait = max(0, (state.retryAt - .now()).nanoseconds / 1_000_000)
+        return .fail(.connectFailed("cannot connect to \(configuration.socketPath): \(state.lastFailure) (next attempt in \(wait) ms)"))
+    }
+
+    private func connect() -> EventLoopFuture<any Channel> {
+        let maxMessageBytes = configuration.maxMessageBytes
+        return ClientBootstrap(group: group)
+            .channelInitializer { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandlers(
+                        ByteToMessageHandler(VarlinkFrameDecoder(maxMessageBytes: maxMessageBytes)), VarlinkClientHandler())
+                }
+            }
+            .connect(unixDomainSocketPath: configuration.socketPath)
+    }
+
+    private func connected(_ channel: any Channel, slot index: Int) {
+        let generation = state.withLock { state -> UInt64? in
+            state.slots[index].connecting = nil
+            state.failures = 0
+            guard !state.shutDown else { return nil }
+            state.slots[index].channel = channel
+            state.slots[index].generation += 1
+            state.slots[index].inFlight = 0
+            state.slots[index].exclusive = false
+            return state.slots[index].generation
+        }
+        guard let generation else { return channel.close(promise: nil) }
+        channel.closeFuture.whenComplete { [self] _ in dropped(slot: index, generation: generation) }
+        wakeWaiters()
+    }
+
+    private func connectFailed(slot index: Int, _ error: any Error) {
+        let delay = state.withLock { state -> TimeAmount in
+            state.slots[index].connecting = nil
+            state.failures += 1
+            let doubled = configuration.minimumReconnectDelay.nanoseconds << min(state.failures - 1, 20)
+            let delay = TimeAmount.nanoseconds(min(doubled, configuration.maximumReconnectDelay.nanoseconds))
+            state.retryAt = .now() + delay
+            state.lastFailure = Self.describe(error)
+            return delay
+        }
+        logger.warning("cannot connect to the daemon", metadata: ["socket": "\(configuration.socketPath)", "error": "\(Self.describe(error))",
+                                                                  "retryInMilliseconds": "\(delay.nanoseconds / 1_000_000)"])
+        wakeWaiters()
+    }
+
+    /// A connection closed: its slot is free for a new one.
+    private func dropped(slot index: Int, generation: UInt64) {
+        let wasLive = state.withLock { state -> Bool in
+            guard state.slots[index].generation == generation, state.slots[index].channel != nil else { return false }
+            state.slots[index].channel = nil
+            state.slots[index].inFlight = 0
+            state.slots[index].exclusive = false
+            return true
+        }
+        if wasLive {
+            logger.debug("connection to the daemon closed", metadata: ["slot": "\(index)"])
+            wakeWaiters()
+        }
+    }
+
+    /// Gives a connection back; with `discard`, its holder is closing it (a stream stopped
+    /// half-way, a transaction in an unknown state): no other call may use it from now on.
+    func release(_ lease: Lease, discard: Bool = false) {
+        let exclusiveEnded = state.withLock { state -> Bool in
+            guard state.slots[lease.slot].generation == lease.generation, state.slots[lease.slot].channel != nil else { return false }
+            if discard {
+                state.slots[lease.slot].channel = nil
+                state.slots[lease.slot].generation += 1
+                state.slots[lease.slot].inFlight = 0
+                state.slots[lease.slot].exclusive = false
+                return true
+            }
+            state.slots[lease.slot].inFlight -= 1
+            if lease.exclusive { state.slots[lease.slot].exclusive = false }
+            return lease.exclusive
+        }
+        if discard { lease.channel.close(promise: nil) }
+        if exclusiveEnded { wakeWaiters() }
+    }
+
+    /// Waits until a connection is released, opened or dropped (then the caller looks again).
+    private func waitForRelease() async throws {
+        let id = state.withLock { state -> UInt64 in
+            state.nextWaiter += 1
+            return state.nextWaiter
+        }
+        try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let resumeNow: (any Error)?? = state.withLock { state in
+                    if state.shutDown { return .some(UserStoreError.shutDown()) }
+                    if Task.isCancelled { return .some(CancellationError()) }
+                    state.waiters[id] = continuation
+                    return .none
+                }
+                if let error = resumeNow { continuation.resume(throwing: error!) }
+            }
+        } onCancel: {
+            state.withLock { $0.waiters.removeValue(forKey: id) }?.resume(throwing: CancellationError())
+        }
+    }
+
+    private func wakeWaiters() {
+        let waiters = state.withLock { state in
+            defer { state.waiters.removeAll() }
+            return Array(state.waiters.values)
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    /// Closes every connection; calls in flight fail with ``UserStoreError/Kind/connectionClosed``
+    /// and later ones with ``UserStoreError/Kind/clientShutDown``.
+    func shutdown() async {
+        let (channels, waiters) = state.withLock { state in
+            state.shutDown = true
+            defer { state.waiters.removeAll() }
+            return (state.slots.compactMap(\.channel), Array(state.waiters.values))
+        }
+        for waiter in waiters { waiter.resume(throwing: UserStoreError.shutDown()) }
+        for channel in channels { try? await channel.close() }
+    }
+
+    /// How many connections are open now (for tests and status).
+    var openConnections: Int { state.withLock { $0.slots.filter { $0.channel != nil }.count } }
+
+    static func describe(_ error: any Error) -> String {
+        if let error = error as? IOError { return error.description }
+        return "\(error)"
+    }
+}

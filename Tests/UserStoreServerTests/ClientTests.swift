@@ -1,0 +1,317 @@
+import Foundation
+import Synchronization
+import Testing
+import UserStoreClient
+
+/// UserStoreClient against a live daemon: the calls applications make, exact values, pooling
+/// and pipelining, transactions (commit, rollback, cancellation), streamed queries, and a
+/// daemon killed and restarted under load.
+@Suite(.serialized) struct ClientTests {
+    static let migrations = ["0001_notes.sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL, n INTEGER);\n"]
+
+    struct Note: Decodable, Equatable {
+        let id: Int64
+        let body: String
+        let n: Int64?
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func theDocumentedCallsWorkAsWritten() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        let (inserted, total, notes) = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            let alice = client.store(for: "alice")
+            let result = try await alice.execute("INSERT INTO notes(body, n) VALUES (?, ?)", "hello", 42)
+            #expect(result.changes == 1)
+            #expect(result.lastInsertRowID == 1)
+            let rows = try await alice.query("SELECT id, body FROM notes WHERE id > ?", 0)
+            #expect(try rows[0].decode(String.self, column: "body") == "hello")
+            #expect(try rows[0].decode(Int64.self, column: 0) == 1)
+            let notes = try await alice.query(Note.self, "SELECT * FROM notes")
+            let total = try await alice.transaction { tx in
+                try await tx.execute("INSERT INTO notes(body, n) VALUES (?, ?)", "second", nil)
+                let n = try await tx.query("SELECT count(*) AS n FROM notes")
+                return try n[0].decode(Int64.self, column: "n")
+            }
+            return (result, total, notes)
+        }
+        #expect(inserted.changes == 1)
+        #expect(total == 2)
+        #expect(notes == [Note(id: 1, body: "hello", n: 42)])
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func errorsAreNamedAndCarryTheDaemonsParameters() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            let bob = client.store(for: "bob")
+            try await bob.execute("INSERT INTO notes(id, body) VALUES (1, 'a')")
+            let unique = await #expect(throws: UserStoreError.self) { try await bob.execute("INSERT INTO notes(id, body) VALUES (1, 'b')") }
+            #expect(unique?.name == "SQLError")
+            #expect(unique?.kind == .daemon)
+            #expect(unique?.code == 1555) // SQLITE_CONSTRAINT_PRIMARYKEY
+            #expect(unique?.qualifiedName == "io.userstore.Store.SQLError")
+            let invalid = await #expect(throws: UserStoreError.self) { try await client.store(for: "../etc").open() }
+            #expect(invalid?.name == "InvalidUser")
+            let batch = await #expect(throws: UserStoreError.self) {
+                try await bob.batch(Statement("INSERT INTO notes(body) VALUES (?)", "fine"), Statement("INSERT INTO nope VALUES (1)"))
+            }
+            #expect(batch?.statementIndex == 1)
+            // The batch ran in one transaction: its first statement left nothing.
+            #expect(try await bob.query("SELECT count(*) FROM notes")[0].decode(Int64.self, column: 0) == 1)
+        }
+        let missing = await #expect(throws: UserStoreError.self) {
+            try await UserStoreClient.withClient(socketPath: daemon.directory.path + "/no-such.sock") { try await $0.store(for: "x").open() }
+        }
+        #expect(missing?.kind == .connectionFailed)
+        #expect(missing?.name == "ConnectionFailed")
+    }
+
+    struct Everything: Decodable, Equatable {
+        let id: Int64
+        let smallest: Int64
+        let largest: Int64
+        let real: Double
+        let tiny: Double
+        let huge: Double
+        let negative: Double
+        let text: String
+        let blob: Data
+        let bytes: [UInt8]
+        let empty: Data
+        let missing: String?
+        let flag: Bool
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func aDecodableStructRoundTripsEverySQLiteTypeExactly() async throws {
+        let daemon = try DaemonHarness(migrations: [
+            "0001_everything.sql": """
+                CREATE TABLE everything (id INTEGER PRIMARY KEY, smallest INTEGER, largest INTEGER, real REAL, tiny REAL,
+                    huge REAL, negative REAL, text TEXT, blob BLOB, bytes BLOB, empty BLOB, missing TEXT, flag INTEGER);
+
+                """,
+        ])
+        try daemon.start()
+        let expected = Everything(id: 7, smallest: .min, largest: .max, real: 2.0, tiny: 5e-324, huge: 1.7976931348623157e308,
+                                  negative: -0.1, text: "nul \u{0} emoji 👩‍👩‍👧 and \"quotes\"\n", blob: Data([0, 1, 2, 0, 255]),
+                                  bytes: [0xde, 0xad, 0, 0xef], empty: Data(), missing: nil, flag: true)
+        let (decoded, types) = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            let carol = client.store(for: "carol")
+            try await carol.execute("INSERT INTO everything VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", expected.id, expected.smallest,
+                                    expected.largest, expected.real, expected.tiny, expected.huge, expected.negative, expected.text,
+                                    expected.blob, expected.bytes, expected.empty, expected.missing, expected.flag)
+            let decoded = try await carol.query(Everything.self, "SELECT * FROM everything")
+            let types = try await carol.query("SELECT typeof(largest), typeof(real), typeof(blob), typeof(empty), typeof(missing) FROM everything")
+            return (decoded, types[0].values)
+        }
+        #expect(decoded == [expected])
+        #expect(types == [.text("integer"), .text("real"), .text("blob"), .text("blob"), .text("null")])
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func decodingRefusesWhatWouldLoseInformation() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        let row = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            try await client.store(for: "dave").query("SELECT 2.5 AS real, 'x' AS text, NULL AS empty, 3000000000 AS big")[0]
+        }
+        #expect(throws: DecodingError.self) { try row.decode(Int64.self, column: "real") }
+        #expect(throws: DecodingError.self) { try row.decode(Int64.self, column: "text") }
+        #expect(throws: DecodingError.self) { try row.decode(String.self, column: "empty") }
+        #expect(throws: DecodingError.self) { try row.decode(Int32.self, column: "big") }
+        #expect(throws: DecodingError.self) { try row.decode(Int64.self, column: "absent") }
+        #expect(try row.decode(String?.self, column: "empty") == nil)
+        #expect(try row.decode(Double.self, column: "big") == 3_000_000_000)
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func aThousandConcurrentTasksOverAPoolOfEightAllGetTheirOwnResults() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        let users = 40, tasks = 1000
+        let (results, connections) = try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 8 }) { client in
+            let results = try await withThrowingTaskGroup(of: (Int, Int64, String).self) { group in
+                for task in 0..<tasks {
+                    group.addTask {
+                        let store = client.store(for: "user\(task % users)")
+                        let id = try await store.execute("INSERT INTO notes(body, n) VALUES (?, ?)", "task \(task)", task).lastInsertRowID
+                        let rows = try await store.query("SELECT body FROM notes WHERE id = ?", id)
+                        return (task, id, try rows[0].decode(String.self, column: "body"))
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            return (results, client.openConnections)
+        }
+        #expect(results.count == tasks)
+        for (task, _, body) in results { #expect(body == "task \(task)") }
+        #expect(connections <= 8 && connections >= 1)
+        // Every insert is in its user's store, once.
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            for user in 0..<users {
+                let ns = try await client.store(for: "user\(user)").query("SELECT n FROM notes ORDER BY n").map { try $0.decode(Int.self, column: 0) }
+                #expect(ns == Array(stride(from: user, to: tasks, by: users)))
+            }
+        }
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func aTransactionCommitsOnReturnAndRollsBackOnThrow() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        struct Refused: Error {}
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            let erin = client.store(for: "erin")
+            await #expect(throws: Refused.self) {
+                try await erin.transaction { tx in
+                    try await tx.execute("INSERT INTO notes(body) VALUES ('rolled back')")
+                    throw Refused()
+                }
+            }
+            try await erin.transaction(mode: .deferred) { tx in
+                try await tx.execute("INSERT INTO notes(body) VALUES ('kept')")
+                // A failing batch inside leaves the transaction as it was, and open.
+                await #expect(throws: UserStoreError.self) {
+                    try await tx.batch([Statement("INSERT INTO notes(body) VALUES ('half')"), Statement("INSERT INTO nope VALUES (1)")])
+                }
+            }
+            let bodies = try await erin.query("SELECT body FROM notes").map { try $0.decode(String.self, column: 0) }
+            #expect(bodies == ["kept"])
+        }
+    }
+
+    @Test(.timeLimit(.minutes(2)))
+    func aCancelledTaskInsideATransactionLeavesNothingBehind() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
+            let frank = client.store(for: "frank")
+            let (wrote, signal) = AsyncStream.makeStream(of: Void.self)
+            let task = Task {
+                try await frank.transaction { tx in
+                    try await tx.execute("INSERT INTO notes(body) VALUES ('never committed')")
+                    signal.yield()
+                    // Keep calling until cancelled: the cancellation lands during one of these calls
+                    // or between them.
+                    while true { try await tx.execute("INSERT INTO notes(body) VALUES ('more')") }
+                }
+            }
+            for await _ in wrote { break }
+            task.cancel()
+            let outcome = await task.result
+            #expect(throws: CancellationError.self) { try outcome.get() }
+            // The one connection is free again and the store has nothing of the transaction.
+            let left = try await frank.query("SELECT count(*) FROM notes")[0].decode(Int64.self, column: 0)
+            #expect(left == 0)
+            let again: Int64 = try await frank.transaction { tx in try await tx.query("SELECT 1")[0].decode(Int64.self, column: 0) }
+            #expect(again == 1)
+        }
+    }
+
+    @Test(.timeLimit(.minutes(1)))
+    func aStreamedQueryDeliversEveryRowInOrderAndCanStopEarly() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        let count = 20_000
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.streamBufferRows = 64; $0.connections = 2 }) { client in
+            let gina = client.store(for: "gina")
+            try await gina.execute("""
+                INSERT INTO notes(id, body, n) SELECT value, 'row ' || value, value * value
+                FROM (WITH RECURSIVE c(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM c WHERE value < \(count)) SELECT value FROM c)
+                """)
+            var seen = 0
+            for try await row in try await gina.stream("SELECT id, body, n FROM notes WHERE id > ? ORDER BY id", 0) {
+                seen += 1
+                #expect(try row.decode(Int64.self, column: "id") == Int64(seen))
+                #expect(try row.decode(Int64.self, column: "n") == Int64(seen * seen))
+            }
+            #expect(seen == count)
+            // Stopping after a few rows ends the stream: the store is free for the next call.
+            var few = 0
+            for try await _ in try await gina.stream("SELECT id FROM notes") {
+                few += 1
+                if few == 10 { break }
+            }
+            #expect(few == 10)
+            #expect(try await gina.query("SELECT count(*) FROM notes")[0].decode(Int.self, column: 0) == count)
+            // Only reads stream; the error arrives as the sequence's.
+            let writing = await #expect(throws: UserStoreError.self) {
+                for try await _ in try await gina.stream("DELETE FROM notes RETURNING id") {}
+            }
+            #expect(writing?.name == "SQLError")
+            #expect(writing?.code == 8)
+            #expect(try await gina.query("SELECT count(*) FROM notes")[0].decode(Int.self, column: 0) == count)
+        }
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func killingAndRestartingTheDaemonGivesCleanErrorsThenRecoveryWithNoAcknowledgedWriteLost() async throws {
+        let daemon = try DaemonHarness(migrations: Self.migrations)
+        try daemon.start()
+        final class Log: Sendable {
+            let acknowledged = Mutex<[String: [Int64]]>([:])
+            let failures = Mutex<[UserStoreError]>([])
+            let foreign = Mutex<[String]>([])
+            let stop = Atomic<Bool>(false)
+        }
+        let log = Log()
+        let client = UserStoreClient(configuration: {
+            var configuration = UserStoreClient.Configuration(socketPath: daemon.socketPath)
+            configuration.minimumReconnectDelay = .milliseconds(10)
+            configuration.maximumReconnectDelay = .milliseconds(100)
+            return configuration
+        }())
+        let writers = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for writer in 0..<8 {
+                    group.addTask {
+                        let user = "writer\(writer % 4)"
+                        var next: Int64 = Int64(writer) << 32
+                        while !log.stop.load(ordering: .relaxed) {
+                            next += 1
+                            do {
+                                try await client.store(for: user).execute("INSERT INTO notes(body, n) VALUES ('w', ?)", next)
+                                log.acknowledged.withLock { $0[user, default: []].append(next) }
+                            } catch let error as UserStoreError {
+                                log.failures.withLock { $0.append(error) }
+                                await Task.yield()
+                            } catch {
+                                log.foreign.withLock { $0.append("\(error)") }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        func total() -> Int { log.acknowledged.withLock { $0.values.reduce(0) { $0 + $1.count } } }
+        func waitUntil(_ condition: () -> Bool) async throws {
+            let deadline = ContinuousClock.now + .seconds(60)
+            while !condition() {
+                guard ContinuousClock.now < deadline else { throw CancellationError() }
+                try await Task.sleep(for: .milliseconds(2))
+            }
+        }
+        try await waitUntil { total() >= 300 }
+        daemon.stop(signal: SIGKILL)
+        try await waitUntil { log.failures.withLock { $0.count } >= 8 }
+        let beforeRestart = total()
+        try daemon.start()
+        try await waitUntil { total() >= beforeRestart + 300 }
+        log.stop.store(true, ordering: .relaxed)
+        await writers.value
+        // Every error was a named transport error (the daemon vanished), never anything else.
+        #expect(log.foreign.withLock { $0 }.isEmpty)
+        for error in log.failures.withLock({ $0 }) {
+            #expect(error.kind == .connectionClosed || error.kind == .connectionFailed, "\(error)")
+        }
+        // Every write the client was told succeeded is in the store.
+        for (user, values) in log.acknowledged.withLock({ $0 }) {
+            let stored = Set(try await client.store(for: user).query("SELECT n FROM notes").map { try $0.decode(Int64.self, column: 0) })
+            let lost = values.filter { !stored.contains($0) }
+            #expect(lost.isEmpty, "\(user) lost \(lost.count) acknowledged writes")
+        }
+        await client.shutdown()
+    }
+}
