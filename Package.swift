@@ -116,7 +116,7 @@ let package = Package(
         .executableTarget(
             name: "userstore-bench",
             dependencies: [
-                "UserStoreCore", "Varlink",
+                "UserStoreCore", "Varlink", "UserStoreClient",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]

@@ -3,7 +3,8 @@
 # when everything is already there (no apt-get update then).
 set -euo pipefail
 
-packages=(libsqlite3-dev libsystemd-dev libedit-dev sqlite3 systemd systemd-container python3 python3-venv util-linux)
+# libcurl4: FoundationNetworking (the example app test speaks HTTP with URLSession).
+packages=(libsqlite3-dev libsystemd-dev libedit-dev sqlite3 systemd systemd-container python3 python3-venv util-linux libcurl4)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -61,7 +61,9 @@ public struct StatementResult: Sendable {
     public let rows: [Row]
     /// The column names (empty for a statement that returns no rows).
     public let columns: [String]
+    /// Rows the statement changed (0 for a read).
     public let changes: Int64
+    /// The store's last inserted rowid after the statement.
     public let lastInsertRowID: Int64
 }
 

@@ -6,10 +6,15 @@ import Varlink
 /// Integers stay 64-bit integers and reals stay doubles on the wire (the daemon's JSON keeps
 /// the difference: `2` is an integer, `2.0` a real), so nothing goes through a double by accident.
 public enum SQLValue: Sendable, Hashable {
+    /// SQL NULL.
     case null
+    /// A 64-bit integer.
     case integer(Int64)
+    /// A double (SQLite's REAL).
     case real(Double)
+    /// UTF-8 text (any Unicode scalar, NUL included).
     case text(String)
+    /// Bytes.
     case blob(Data)
 
     /// The value as io.userstore.Store's JSON (see its value table).
@@ -44,6 +49,7 @@ public enum SQLValue: Sendable, Hashable {
 }
 
 extension SQLValue: CustomStringConvertible {
+    /// The value as SQL would show it (`NULL`, `42`, `2.5`, `"text"`, `blob(3 bytes)`).
     public var description: String {
         switch self {
         case .null: return "NULL"

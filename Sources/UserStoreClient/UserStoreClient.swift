@@ -42,11 +42,13 @@ public final class UserStoreClient: Service, Sendable {
         /// stepping the statement); reading resumes below a quarter of it.
         public var streamBufferRows: Int = 4096
 
+        /// The defaults, for the daemon at `socketPath`.
         public init(socketPath: String) {
             self.socketPath = socketPath
         }
     }
 
+    /// How this client connects.
     public let configuration: Configuration
     let pool: ConnectionPool
     let logger: Logger

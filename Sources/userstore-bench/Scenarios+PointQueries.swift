@@ -70,6 +70,18 @@ extension Scenarios {
             measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
                                             value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
                                             note: "daemon CPU \(format(daemonCPU)) µs/request, client CPU \(format(ours.clientCPU)) µs/request" + errors(ours.errors)))
+            if clients <= 8 {
+                // UserStoreClient on the same load, right after the C client, in the same run.
+                let library = await clientLibraryRun(connections: clients, seconds: seconds, socket: socket, users: fleet.users)
+                let ratio = library.throughput / max(ours.throughput, 1)
+                measurements.append(Measurement(scenario: scenario, subject: "userstored, UserStoreClient (Swift library), \(clients) connection\(clients == 1 ? "" : "s")",
+                                                value: library.throughput, unit: "req/s", p50: library.latencies.percentile(0.5), p99: library.latencies.percentile(0.99),
+                                                note: String(format: "%.2f× the C client", ratio) + errors(library.errors)))
+                if clients == 8 {
+                    targets.append(TargetCheck(target: "UserStoreClient ≥ 0.8× the C client at 8 connections (\(userCount) users)",
+                                               measured: String(format: "%.2f×", ratio), met: ratio >= 0.8))
+                }
+            }
             if clients == 8 {
                 targets.append(TargetCheck(target: "p99 < 500 µs at 8 clients (\(userCount) users)", measured: "\(format(ours.p99)) µs", met: ours.p99 < 500))
                 targets.append(TargetCheck(target: "daemon CPU ≤ 20 µs per point query at 8 clients (\(userCount) users)", measured: "\(format(daemonCPU)) µs", met: daemonCPU <= 20))

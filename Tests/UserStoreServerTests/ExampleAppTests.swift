@@ -1,0 +1,110 @@
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Testing
+
+/// Examples/NotesServer, the Hummingbird app on UserStoreClient: built from its own package,
+/// started against a live daemon with the repository's migrations, and driven over real HTTP.
+@Suite(.serialized) struct ExampleAppTests {
+    /// Builds the example (its own package, depending on this one by path) and returns its binary.
+    static func buildExample() throws -> String {
+        let package = repositoryRoot + "/Examples/NotesServer"
+        let swift = ProcessInfo.processInfo.environment["SWIFT_EXEC_PATH"] ?? "/opt/swift/usr/bin/swift"
+        let build = try run([swift, "build", "--package-path", package])
+        guard build.status == 0 else {
+            Issue.record("the example did not build:\n\(build.stdout.suffix(4000))\n\(build.stderr.suffix(4000))")
+            throw CocoaError(.executableLoad)
+        }
+        let path = try run([swift, "build", "--package-path", package, "--show-bin-path"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        return path + "/NotesServer"
+    }
+
+    struct Note: Codable, Equatable {
+        let id: Int64
+        let title: String
+        let body: String
+        let pinned: Bool
+    }
+
+    /// One HTTP request; returns the status and body.
+    func request(_ method: String, _ url: URL, user: String?, json: String? = nil) async throws -> (Int, Data) {
+        var request = URLRequest(url: url)
+        request.httpMethod = method
+        if let user { request.setValue(user, forHTTPHeaderField: "X-User") }
+        if let json {
+            request.httpBody = Data(json.utf8)
+            request.setValue("application/json", forHTTPHeaderField: "Content-Type")
+        }
+        let (data, response) = try await URLSession.shared.data(for: request)
+        return ((response as! HTTPURLResponse).statusCode, data)
+    }
+
+    @Test(.timeLimit(.minutes(10)))
+    func theNotesAppServesEachUserTheirOwnNotesOverHTTP() async throws {
+        let binary = try Self.buildExample()
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let app = Process()
+        app.executableURL = URL(fileURLWithPath: binary)
+        app.environment = ["USERSTORE_SOCKET": daemon.socketPath, "NOTES_PORT": "0", "PATH": "/usr/bin:/bin"]
+        let output = Pipe()
+        app.standardOutput = output
+        app.standardError = FileHandle.nullDevice
+        try app.run()
+        defer { app.terminate(); app.waitUntilExit() }
+        // The app prints the address it bound once it serves.
+        var printed = ""
+        while !printed.contains("\n") {
+            let chunk = output.fileHandleForReading.availableData
+            guard !chunk.isEmpty else { break }
+            printed += String(decoding: chunk, as: UTF8.self)
+        }
+        let port = try #require(printed.split(separator: ":").last.flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) },
+                                "the app printed no address: \(printed)")
+        let base = URL(string: "http://127.0.0.1:\(port)/notes")!
+        let decoder = JSONDecoder()
+
+        let (created, createdBody) = try await request("POST", base, user: "alice", json: #"{"title": "first", "body": "hello"}"#)
+        #expect(created == 201)
+        let first = try decoder.decode(Note.self, from: createdBody)
+        #expect(first.title == "first" && first.body == "hello" && !first.pinned)
+        _ = try await request("POST", base, user: "alice", json: #"{"title": "second", "pinned": true}"#)
+        _ = try await request("POST", base, user: "bob", json: #"{"title": "bob's"}"#)
+
+        let (listed, listBody) = try await request("GET", base, user: "alice")
+        #expect(listed == 200)
+        #expect(try decoder.decode([Note].self, from: listBody).map(\.title) == ["second", "first"])
+        let (_, bobBody) = try await request("GET", base, user: "bob")
+        #expect(try decoder.decode([Note].self, from: bobBody).map(\.title) == ["bob's"])
+
+        let (counted, countBody) = try await request("GET", base.appendingPathComponent("count"), user: "alice")
+        #expect(counted == 200)
+        #expect(try decoder.decode([String: Int64].self, from: countBody) == ["notes": 2, "pinned": 1])
+
+        let one = base.appendingPathComponent(String(first.id))
+        let (patched, patchedBody) = try await request("PATCH", one, user: "alice", json: #"{"title": "renamed"}"#)
+        #expect(patched == 200)
+        #expect(try decoder.decode(Note.self, from: patchedBody).title == "renamed")
+        // The 2.0 migration's CHECK: a title over 200 characters is a conflict, not a crash.
+        let (tooLong, _) = try await request("PATCH", one, user: "alice", json: "{\"title\": \"\(String(repeating: "x", count: 201))\"}")
+        #expect(tooLong == 409)
+        #expect(try await request("DELETE", one, user: "alice").0 == 204)
+        #expect(try await request("GET", one, user: "alice").0 == 404)
+        #expect(try await request("DELETE", one, user: "alice").0 == 404)
+        // Who the caller is matters: no header, or a user ID the daemon refuses, is a 400.
+        #expect(try await request("GET", base, user: nil).0 == 400)
+        #expect(try await request("GET", base, user: "../etc").0 == 400)
+
+        // The daemon going away is a 503 for the app's callers; back, the app serves again.
+        daemon.stop()
+        #expect(try await request("GET", base, user: "alice").0 == 503)
+        try daemon.start()
+        var recovered = 0
+        for _ in 0..<200 where recovered != 200 {
+            recovered = try await request("GET", base, user: "alice").0
+            if recovered != 200 { try await Task.sleep(for: .milliseconds(50)) } // the client's reconnect back-off
+        }
+        #expect(recovered == 200)
+    }
+}
