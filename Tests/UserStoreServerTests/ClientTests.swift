@@ -9,6 +9,13 @@ import UserStoreClient
 @Suite(.serialized) struct ClientTests {
     static let migrations = ["0001_notes.sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL, n INTEGER);\n"]
 
+    /// A daemon with these migrations. Its transaction idle limit is a minute: the other suites
+    /// run in parallel and can starve the cooperative pool (2 threads here) for seconds, which
+    /// must not expire a transaction between two of its calls.
+    static func daemon(_ migrations: [String: String]) throws -> DaemonHarness {
+        try DaemonHarness(migrations: migrations, extraConfig: "limits:\n  transactionIdleMilliseconds: 60000\n")
+    }
+
     struct Note: Decodable, Equatable {
         let id: Int64
         let body: String
@@ -17,7 +24,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(2)))
     func theDocumentedCallsWorkAsWritten() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         let (inserted, total, notes) = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             let alice = client.store(for: "alice")
@@ -42,7 +49,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(2)))
     func errorsAreNamedAndCarryTheDaemonsParameters() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             let bob = client.store(for: "bob")
@@ -86,7 +93,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(2)))
     func aDecodableStructRoundTripsEverySQLiteTypeExactly() async throws {
-        let daemon = try DaemonHarness(migrations: [
+        let daemon = try Self.daemon([
             "0001_everything.sql": """
                 CREATE TABLE everything (id INTEGER PRIMARY KEY, smallest INTEGER, largest INTEGER, real REAL, tiny REAL,
                     huge REAL, negative REAL, text TEXT, blob BLOB, bytes BLOB, empty BLOB, missing TEXT, flag INTEGER);
@@ -112,7 +119,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(2)))
     func decodingRefusesWhatWouldLoseInformation() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         let row = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             try await client.store(for: "dave").query("SELECT 2.5 AS real, 'x' AS text, NULL AS empty, 3000000000 AS big")[0]
@@ -128,7 +135,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(5)))
     func aThousandConcurrentTasksOverAPoolOfEightAllGetTheirOwnResults() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         let users = 40, tasks = 1000
         let (results, connections) = try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 8 }) { client in
@@ -159,7 +166,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(2)))
     func aTransactionCommitsOnReturnAndRollsBackOnThrow() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         struct Refused: Error {}
         try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
@@ -184,7 +191,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(2)))
     func aCancelledTaskInsideATransactionLeavesNothingBehind() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
             let frank = client.store(for: "frank")
@@ -212,7 +219,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(1)))
     func aStreamedQueryDeliversEveryRowInOrderAndCanStopEarly() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         let count = 20_000
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.streamBufferRows = 64; $0.connections = 2 }) { client in
@@ -248,7 +255,7 @@ import UserStoreClient
 
     @Test(.timeLimit(.minutes(5)))
     func killingAndRestartingTheDaemonGivesCleanErrorsThenRecoveryWithNoAcknowledgedWriteLost() async throws {
-        let daemon = try DaemonHarness(migrations: Self.migrations)
+        let daemon = try Self.daemon(Self.migrations)
         try daemon.start()
         final class Log: Sendable {
             let acknowledged = Mutex<[String: [Int64]]>([:])

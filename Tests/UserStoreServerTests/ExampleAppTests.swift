@@ -40,9 +40,17 @@ import Testing
         return ((response as! HTTPURLResponse).statusCode, data)
     }
 
+    /// Runs blocking `body` on a thread of its own, not on the cooperative pool (two threads
+    /// here), which a minute-long build would take from every other suite running in parallel.
+    static func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread { continuation.resume(with: Result { try body() }) }.start()
+        }
+    }
+
     @Test(.timeLimit(.minutes(10)))
     func theNotesAppServesEachUserTheirOwnNotesOverHTTP() async throws {
-        let binary = try Self.buildExample()
+        let binary = try await Self.offPool { try Self.buildExample() }
         let daemon = try DaemonHarness()
         try daemon.start()
         let app = Process()
@@ -54,11 +62,15 @@ import Testing
         try app.run()
         defer { app.terminate(); app.waitUntilExit() }
         // The app prints the address it bound once it serves.
-        var printed = ""
-        while !printed.contains("\n") {
-            let chunk = output.fileHandleForReading.availableData
-            guard !chunk.isEmpty else { break }
-            printed += String(decoding: chunk, as: UTF8.self)
+        let reader = output.fileHandleForReading
+        let printed = try await Self.offPool {
+            var printed = ""
+            while !printed.contains("\n") {
+                let chunk = reader.availableData
+                guard !chunk.isEmpty else { break }
+                printed += String(decoding: chunk, as: UTF8.self)
+            }
+            return printed
         }
         let port = try #require(printed.split(separator: ":").last.flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) },
                                 "the app printed no address: \(printed)")
