@@ -24,17 +24,21 @@ public struct Statement: Sendable {
 
     /// `sql` with positional parameters (bound to `?`, `?1`, ...).
     public init(_ sql: String, _ parameters: (any SQLValueConvertible)?...) {
-        self.sql = sql
-        self.parameters = .positional(parameters.map { $0?.sqlValue ?? .null })
+        self.init(sql, .positional(parameters))
     }
 
     /// `sql` with named parameters: `"name"` binds `:name`, `@name` and `$name`.
     public init(_ sql: String, named parameters: [String: (any SQLValueConvertible)?]) {
-        self.sql = sql
-        self.parameters = .named(parameters.mapValues { $0?.sqlValue ?? .null })
+        self.init(sql, .named(parameters))
     }
 
-    var json: [String: JSONValue] {
+    init(_ sql: String, _ parameters: Parameters) {
+        self.sql = sql
+        self.parameters = parameters
+    }
+
+    /// `sql` and `parameters`, as a Query, Execute or Batch statement carries them.
+    var fields: [String: JSONValue] {
         var fields: [String: JSONValue] = ["sql": .string(sql)]
         if let parameters = parameters.json { fields["parameters"] = parameters }
         return fields
@@ -45,6 +49,16 @@ public struct Statement: Sendable {
 enum Parameters: Sendable {
     case positional([SQLValue])
     case named([String: SQLValue])
+
+    /// The values of a variadic parameter list (nil binds NULL).
+    static func positional(_ values: [(any SQLValueConvertible)?]) -> Parameters {
+        .positional(values.map { $0?.sqlValue ?? .null })
+    }
+
+    /// Named values (nil binds NULL).
+    static func named(_ values: [String: (any SQLValueConvertible)?]) -> Parameters {
+        .named(values.mapValues { $0?.sqlValue ?? .null })
+    }
 
     var json: JSONValue? {
         switch self {
@@ -87,35 +101,44 @@ public struct StoreInfo: Sendable, Equatable {
 
 /// The decoding of replies into rows.
 enum Replies {
-    static func rows(_ reply: [String: JSONValue]) throws -> (columns: [String], rows: [Row]) {
-        let names = reply["columns"]?.arrayValue?.compactMap(\.stringValue) ?? []
-        let columns = Columns(names)
+    /// A reply's `columns` (empty when it has none).
+    static func columns(_ reply: [String: JSONValue]) -> Columns {
+        Columns(reply["columns"]?.arrayValue?.compactMap(\.stringValue) ?? [])
+    }
+
+    /// A reply's `rows` (each an array of values, one per column of `columns`).
+    static func rows(_ reply: [String: JSONValue], columns: Columns) throws -> [Row] {
+        guard let list = reply["rows"]?.arrayValue else { return [] }
         var rows: [Row] = []
-        if let list = reply["rows"]?.arrayValue {
-            rows.reserveCapacity(list.count)
-            for element in list {
-                guard let cells = element.arrayValue, cells.count == names.count else {
-                    throw UserStoreError.protocolViolation("a row that does not match its \(names.count) columns")
-                }
-                var values: [SQLValue] = []
-                values.reserveCapacity(cells.count)
-                for cell in cells {
-                    guard let value = SQLValue(json: cell) else { throw UserStoreError.protocolViolation("a cell that is no SQLite value: \(cell.serialized)") }
-                    values.append(value)
-                }
-                rows.append(Row(columns: columns, values: values))
+        rows.reserveCapacity(list.count)
+        for element in list {
+            guard let cells = element.arrayValue, cells.count == columns.names.count else {
+                throw UserStoreError.protocolViolation("a row that does not match its \(columns.names.count) columns")
             }
+            var values: [SQLValue] = []
+            values.reserveCapacity(cells.count)
+            for cell in cells {
+                guard let value = SQLValue(json: cell) else { throw UserStoreError.protocolViolation("a cell that is no SQLite value: \(cell.serialized)") }
+                values.append(value)
+            }
+            rows.append(Row(columns: columns, values: values))
         }
-        return (names, rows)
+        return rows
+    }
+
+    /// A Query reply's rows.
+    static func rows(_ reply: [String: JSONValue]) throws -> [Row] {
+        try rows(reply, columns: columns(reply))
     }
 
     static func batch(_ reply: [String: JSONValue]) throws -> [StatementResult] {
         guard let results = reply["results"]?.arrayValue else { throw UserStoreError.protocolViolation("a Batch reply without results") }
         return try results.map { result in
             guard let fields = result.objectValue else { throw UserStoreError.protocolViolation("a Batch result that is not an object") }
-            let (columns, rows) = try rows(fields)
+            let columns = columns(fields)
             let counts = try ExecuteResult(fields)
-            return StatementResult(rows: rows, columns: columns, changes: counts.changes, lastInsertRowID: counts.lastInsertRowID)
+            return StatementResult(rows: try rows(fields, columns: columns), columns: columns.names, changes: counts.changes,
+                                   lastInsertRowID: counts.lastInsertRowID)
         }
     }
 

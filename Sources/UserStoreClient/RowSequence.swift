@@ -64,30 +64,18 @@ final class RowStreamSink: NIOAsyncSequenceProducerDelegate, Sendable {
     /// Takes one reply's rows; false when the consumer has enough buffered for now (stop reading).
     func receive(_ parameters: [String: JSONValue], last: Bool) -> Bool {
         let (source, columns): (RowSequence.Producer.Source?, Columns?) = state.withLock { state in
-            if state.columns == nil, let names = parameters["columns"]?.arrayValue {
-                state.columns = Columns(names.compactMap(\.stringValue))
-            }
-            if last { state.completed = true }
+            // Every reply names the columns; the first one's serve for all.
+            if state.columns == nil { state.columns = Replies.columns(parameters) }
             return (state.source, state.columns)
         }
-        guard let source else { return true }
-        var rows: [Row] = []
-        if let list = parameters["rows"]?.arrayValue {
-            guard let columns else { return fail(UserStoreError.protocolViolation("streamed rows without columns")) }
-            rows.reserveCapacity(list.count)
-            for element in list {
-                guard let cells = element.arrayValue, cells.count == columns.names.count else {
-                    return fail(UserStoreError.protocolViolation("a streamed row that does not match its columns"))
-                }
-                var values: [SQLValue] = []
-                values.reserveCapacity(cells.count)
-                for cell in cells {
-                    guard let value = SQLValue(json: cell) else { return fail(UserStoreError.protocolViolation("a cell that is no SQLite value")) }
-                    values.append(value)
-                }
-                rows.append(Row(columns: columns, values: values))
-            }
+        guard let source, let columns else { return true }
+        let rows: [Row]
+        do {
+            rows = try Replies.rows(parameters, columns: columns)
+        } catch {
+            return fail(error) // not completed: the connection is closed
         }
+        if last { state.withLock { $0.completed = true } }
         let result = source.yield(contentsOf: rows)
         if last { source.finish() }
         return result == .produceMore || last

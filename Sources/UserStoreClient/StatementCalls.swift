@@ -22,18 +22,12 @@ struct StatementCalls: Sendable {
         return try await client.call("io.userstore.Store." + member, fields, readOnly: readOnly)
     }
 
-    func statementFields(_ sql: String, _ parameters: Parameters) -> [String: JSONValue] {
-        var fields: [String: JSONValue] = ["sql": .string(sql)]
-        if let json = parameters.json { fields["parameters"] = json }
-        return fields
-    }
-
     func execute(_ sql: String, _ parameters: Parameters) async throws -> ExecuteResult {
-        try ExecuteResult(try await run("Execute", statementFields(sql, parameters)))
+        try ExecuteResult(try await run("Execute", Statement(sql, parameters).fields))
     }
 
     func query(_ sql: String, _ parameters: Parameters) async throws -> [Row] {
-        try Replies.rows(try await run("Query", statementFields(sql, parameters))).rows
+        try Replies.rows(try await run("Query", Statement(sql, parameters).fields))
     }
 
     func query<T: Decodable>(_ type: T.Type, _ sql: String, _ parameters: Parameters) async throws -> [T] {
@@ -41,13 +35,9 @@ struct StatementCalls: Sendable {
     }
 
     func batch(_ statements: [Statement], transaction mode: Bool) async throws -> [StatementResult] {
-        var fields: [String: JSONValue] = ["statements": .array(statements.map { .object($0.json) })]
+        var fields: [String: JSONValue] = ["statements": .array(statements.map { .object($0.fields) })]
         // Inside an interactive transaction the daemon takes the id from `transaction` itself.
         if transaction == nil { fields["transaction"] = .bool(mode) }
         return try Replies.batch(try await run("Batch", fields))
     }
-}
-
-extension Array where Element == (any SQLValueConvertible)? {
-    var positional: Parameters { .positional(map { $0?.sqlValue ?? .null }) }
 }

@@ -29,28 +29,28 @@ public struct UserStore: Sendable {
     /// Runs one statement and returns how many rows it changed and the last inserted rowid.
     @discardableResult
     public func execute(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> ExecuteResult {
-        try await calls.execute(sql, parameters.positional)
+        try await calls.execute(sql, Parameters.positional(parameters))
     }
 
     /// Runs one statement with named parameters (`"name"` binds `:name`, `@name`, `$name`).
     @discardableResult
     public func execute(_ sql: String, named parameters: [String: (any SQLValueConvertible)?]) async throws -> ExecuteResult {
-        try await calls.execute(sql, .named(parameters.mapValues { $0?.sqlValue ?? .null }))
+        try await calls.execute(sql, Parameters.named(parameters))
     }
 
     /// Runs one statement and returns its rows.
     public func query(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> [Row] {
-        try await calls.query(sql, parameters.positional)
+        try await calls.query(sql, Parameters.positional(parameters))
     }
 
     /// Runs one statement with named parameters and returns its rows.
     public func query(_ sql: String, named parameters: [String: (any SQLValueConvertible)?]) async throws -> [Row] {
-        try await calls.query(sql, .named(parameters.mapValues { $0?.sqlValue ?? .null }))
+        try await calls.query(sql, Parameters.named(parameters))
     }
 
     /// Runs one statement and decodes each row as `T`, by column name (see ``Row/decode(_:)``).
     public func query<T: Decodable>(_ type: T.Type, _ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> [T] {
-        try await calls.query(type, sql, parameters.positional)
+        try await calls.query(type, sql, Parameters.positional(parameters))
     }
 
     /// Runs `statements` in order. `transaction` true (the default): in one transaction, and if
@@ -74,7 +74,7 @@ public struct UserStore: Sendable {
     /// for try await row in try await alice.stream("SELECT id, body FROM notes") { … }
     /// ```
     public func stream(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> RowSequence {
-        var fields = calls.statementFields(sql, parameters.positional)
+        var fields = Statement(sql, Parameters.positional(parameters)).fields
         fields["user"] = .string(user)
         let pool = client.pool
         let lease = try await pool.acquire(exclusive: true)
@@ -179,17 +179,17 @@ public struct Transaction: Sendable {
     /// ``UserStore/execute(_:_:)`` inside the transaction.
     @discardableResult
     public func execute(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> ExecuteResult {
-        try await calls.execute(sql, parameters.positional)
+        try await calls.execute(sql, Parameters.positional(parameters))
     }
 
     /// ``UserStore/query(_:_:)`` inside the transaction.
     public func query(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> [Row] {
-        try await calls.query(sql, parameters.positional)
+        try await calls.query(sql, Parameters.positional(parameters))
     }
 
     /// ``UserStore/query(_:_:_:)`` inside the transaction.
     public func query<T: Decodable>(_ type: T.Type, _ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> [T] {
-        try await calls.query(type, sql, parameters.positional)
+        try await calls.query(type, sql, Parameters.positional(parameters))
     }
 
     /// Runs `statements` as one savepoint of the transaction: if one fails, the transaction is as

@@ -156,15 +156,10 @@ public final class UserStoreClient: Service, Sendable {
         return cancellable ? try await Self.cancellableGet(promise.futureResult) : try await promise.futureResult.get()
     }
 
-    /// `{"method": …, "parameters": …, "more": true?}` and its NUL.
+    /// The call's message (``VarlinkCall/message``) and its NUL.
     static func encode(_ method: String, _ parameters: [String: JSONValue], more: Bool, allocator: ByteBufferAllocator) -> ByteBuffer {
         var writer = JSONWriter(capacity: 256)
-        writer.raw("{\"method\":")
-        writer.write(method)
-        writer.raw(",\"parameters\":")
-        writer.write(.object(parameters))
-        if more { writer.raw(",\"more\":true") }
-        writer.raw("}")
+        writer.write(VarlinkCall(method: method, parameters: parameters, more: more).message)
         writer.raw(byte: 0)
         var buffer = allocator.buffer(capacity: writer.bytes.count)
         buffer.writeBytes(writer.bytes)
@@ -173,20 +168,22 @@ public final class UserStoreClient: Service, Sendable {
 
     /// `future`'s value, or `CancellationError` as soon as the task is cancelled.
     static func cancellableGet<T: Sendable>(_ future: EventLoopFuture<T>) async throws -> T {
-        let waiter = Mutex<CheckedContinuation<T, any Error>?>(nil)
-        let cancelled = Mutex(false)
+        // Whoever comes first — the result or the cancellation — takes the continuation.
+        let state = Mutex<(continuation: CheckedContinuation<T, any Error>?, cancelled: Bool)>((nil, false))
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-                let already = cancelled.withLock { cancelled in
-                    if !cancelled { waiter.withLock { $0 = continuation } }
-                    return cancelled
+                let cancelled = state.withLock { state -> Bool in
+                    if !state.cancelled { state.continuation = continuation }
+                    return state.cancelled
                 }
-                if already { return continuation.resume(throwing: CancellationError()) }
-                future.whenComplete { result in waiter.withLock { $0.take() }?.resume(with: result) }
+                if cancelled { return continuation.resume(throwing: CancellationError()) }
+                future.whenComplete { result in state.withLock { $0.continuation.take() }?.resume(with: result) }
             }
         } onCancel: {
-            cancelled.withLock { $0 = true }
-            waiter.withLock { $0.take() }?.resume(throwing: CancellationError())
+            state.withLock { state in
+                state.cancelled = true
+                return state.continuation.take()
+            }?.resume(throwing: CancellationError())
         }
     }
 

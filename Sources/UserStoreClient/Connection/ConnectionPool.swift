@@ -39,6 +39,14 @@ final class ConnectionPool: Sendable {
         var exclusive = false
         /// Counts the slot's connections, so a lease of a closed one changes nothing when released.
         var generation: UInt64 = 0
+
+        /// Puts `channel` (a new connection, or none) in the slot, with no calls and no holder.
+        mutating func replace(with channel: (any Channel)?) {
+            self.channel = channel
+            generation += 1
+            inFlight = 0
+            exclusive = false
+        }
     }
 
     private struct State {
@@ -141,10 +149,7 @@ final class ConnectionPool: Sendable {
             state.slots[index].connecting = nil
             state.failures = 0
             guard !state.shutDown else { return nil }
-            state.slots[index].channel = channel
-            state.slots[index].generation += 1
-            state.slots[index].inFlight = 0
-            state.slots[index].exclusive = false
+            state.slots[index].replace(with: channel)
             return state.slots[index].generation
         }
         guard let generation else { return channel.close(promise: nil) }
@@ -171,9 +176,7 @@ final class ConnectionPool: Sendable {
     private func dropped(slot index: Int, generation: UInt64) {
         let wasLive = state.withLock { state -> Bool in
             guard state.slots[index].generation == generation, state.slots[index].channel != nil else { return false }
-            state.slots[index].channel = nil
-            state.slots[index].inFlight = 0
-            state.slots[index].exclusive = false
+            state.slots[index].replace(with: nil)
             return true
         }
         if wasLive {
@@ -188,10 +191,7 @@ final class ConnectionPool: Sendable {
         let exclusiveEnded = state.withLock { state -> Bool in
             guard state.slots[lease.slot].generation == lease.generation, state.slots[lease.slot].channel != nil else { return false }
             if discard {
-                state.slots[lease.slot].channel = nil
-                state.slots[lease.slot].generation += 1
-                state.slots[lease.slot].inFlight = 0
-                state.slots[lease.slot].exclusive = false
+                state.slots[lease.slot].replace(with: nil)
                 return true
             }
             state.slots[lease.slot].inFlight -= 1

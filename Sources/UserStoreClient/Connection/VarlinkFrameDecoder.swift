@@ -1,33 +1,35 @@
 import NIOCore
+import Varlink
 
-/// Splits the byte stream into varlink messages: each ends with a NUL byte.
+/// Splits the byte stream into varlink messages (each ends with a NUL byte) with the protocol's
+/// own ``MessageFramer``, which the daemon uses too.
 struct VarlinkFrameDecoder: ByteToMessageDecoder {
     typealias InboundOut = ByteBuffer
 
-    /// The largest reply accepted; a longer one is a protocol violation (the daemon's own
-    /// `limits.maxResponseBytes` is far below it).
-    let maxMessageBytes: Int
-    /// How far the current partial message was already searched for its NUL.
-    private var scanned = 0
+    /// Finds each message's NUL, searching a long message's bytes once however many reads it takes.
+    private var framer: MessageFramer
 
+    /// `maxMessageBytes`: the longest reply accepted; a longer one is a protocol violation (the
+    /// daemon's own `limits.maxResponseBytes` is far below it).
     init(maxMessageBytes: Int) {
-        self.maxMessageBytes = maxMessageBytes
+        framer = MessageFramer(maxMessageBytes: maxMessageBytes)
     }
 
     mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
-        let view = buffer.readableBytesView
-        guard let end = view.dropFirst(scanned).firstIndex(of: 0) else {
-            scanned = view.count
-            if scanned > maxMessageBytes {
-                throw UserStoreError.protocolViolation("a reply longer than \(maxMessageBytes) bytes")
-            }
+        var framer = self.framer
+        let next = buffer.withUnsafeReadableBytes { framer.next(in: $0) }
+        self.framer = framer
+        switch next {
+        case .needMore:
             return .needMoreData
+        case .tooLarge:
+            throw UserStoreError.protocolViolation("a reply longer than \(framer.maxMessageBytes) bytes")
+        case .message(let length):
+            let message = buffer.readSlice(length: length)!
+            buffer.moveReaderIndex(forwardBy: 1)
+            context.fireChannelRead(wrapInboundOut(message))
+            return .continue
         }
-        let message = buffer.readSlice(length: end - view.startIndex)!
-        buffer.moveReaderIndex(forwardBy: 1)
-        scanned = 0
-        context.fireChannelRead(wrapInboundOut(message))
-        return .continue
     }
 
     mutating func decodeLast(context: ChannelHandlerContext, buffer: inout ByteBuffer, seenEOF: Bool) throws -> DecodingState {

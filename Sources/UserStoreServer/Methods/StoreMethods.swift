@@ -105,8 +105,7 @@ struct BatchRunner {
             return VarlinkReply.encode(error)
         } catch let error as DatabaseError {
             if error.resultCode == .SQLITE_CORRUPT || error.resultCode == .SQLITE_NOTADB { runner.store.markDamaged(error.message ?? "corrupt") }
-            return VarlinkReply.encode(Errors.sqlite(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)",
-                                                     user: runner.store.user.rawValue))
+            return VarlinkReply.encode(Errors.sqlite(error, user: runner.store.user.rawValue))
         } catch {
             return VarlinkReply.encode(Errors.from(error))
         }

@@ -1,3 +1,4 @@
+import GRDB
 import UserStoreConfiguration
 import UserStoreCore
 import UserStoreProtocol
@@ -28,6 +29,11 @@ enum Errors {
     /// The error for SQLite's `code` (an extended result code) on `user`'s store: the disk
     /// (full, I/O error) is `StorageFailure`, a damaged file `StoreDamaged`, anything else the
     /// statement's own `SQLError`.
+    /// ``sqlite(code:message:user:index:)`` for an error GRDB reported.
+    static func sqlite(_ error: DatabaseError, user: String) -> VarlinkError {
+        sqlite(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)", user: user)
+    }
+
     static func sqlite(code: Int32, message: String, user: String, index: Int? = nil) -> VarlinkError {
         switch code & 0xFF {
         case 13, 10, 14: // SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN

@@ -121,9 +121,10 @@ struct SQLRunner {
         try result.get()
     }
 
-    /// The statement for `sql`: cached, or prepared (and cached) now.
-    private func prepare(_ sql: UnsafeBufferPointer<UInt8>, on connection: OpaquePointer, index: Int?) throws(VarlinkError) -> OpaquePointer {
-        if let cached = store.statements.take(sql) { return cached }
+    /// The statement for `sql`: cached, or prepared (and cached) now. Not `cached`: prepared
+    /// for the caller alone, who finalizes it (a streamed query's, which lives across calls).
+    func prepare(_ sql: UnsafeBufferPointer<UInt8>, on connection: OpaquePointer, index: Int?, cached: Bool = true) throws(VarlinkError) -> OpaquePointer {
+        if cached, let statement = store.statements.take(sql) { return statement }
         let text = String(decoding: sql, as: UTF8.self)
         if SQLScript.firstKeyword(of: text) == "VACUUM" {
             throw Errors.permissionDenied("VACUUM is run by the daemon, not by requests", statement: true)
@@ -132,7 +133,7 @@ struct SQLRunner {
         var extra: String?
         let code = text.withCString { start -> Int32 in
             var tail: UnsafePointer<CChar>?
-            let code = sqlite3_prepare_v3(connection, start, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, &tail)
+            let code = sqlite3_prepare_v3(connection, start, -1, cached ? UInt32(SQLITE_PREPARE_PERSISTENT) : 0, &statement, &tail)
             if code == SQLITE_OK, let tail, tail.pointee != 0 { extra = String(cString: tail) }
             return code
         }
@@ -144,7 +145,7 @@ struct SQLRunner {
             sqlite3_finalize(statement)
             throw Errors.sqlError(code: SQLITE_MISUSE, message: "one statement per call; send several with Batch", index: index)
         }
-        store.statements.keep(statement, for: sql)
+        if cached { store.statements.keep(statement, for: sql) }
         return statement
     }
 

@@ -54,8 +54,7 @@ struct StreamedQuery {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             store.beginTransaction(key, immediate: false) { error in
                 if let error {
-                    continuation.resume(throwing: Errors.sqlite(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error)",
-                                                                user: store.user.rawValue, index: nil))
+                    continuation.resume(throwing: Errors.sqlite(error, user: store.user.rawValue))
                 } else {
                     continuation.resume()
                 }
@@ -117,23 +116,10 @@ struct StreamedQuery {
 
         /// Prepares the call's statement (not from the store's cache: it lives across calls).
         private func prepare(_ connection: OpaquePointer, _ view: JSONView, _ call: SQLRunner.Statement) throws(VarlinkError) -> OpaquePointer {
-            var prepared: OpaquePointer?
-            var trailing = false
-            let code = view.withStringBytes(call.sql) { sql -> Int32 in
-                sql.withMemoryRebound(to: CChar.self) { text in
-                    var tail: UnsafePointer<CChar>?
-                    let code = sqlite3_prepare_v3(connection, text.baseAddress, Int32(text.count), 0, &prepared, &tail)
-                    if code == SQLITE_OK, let tail, let base = text.baseAddress {
-                        let rest = String(decoding: UnsafeRawBufferPointer(start: tail, count: text.count - (tail - base)), as: UTF8.self)
-                        trailing = SQLScript.firstKeyword(of: rest) != nil
-                    }
-                    return code
-                }
+            let prepared = try view.withStringBytes(call.sql) { sql throws(VarlinkError) in
+                try runner.prepare(sql, on: connection, index: nil, cached: false)
             }
-            guard code == SQLITE_OK else { throw runner.failure(code, connection: connection, index: nil) }
-            guard let prepared else { throw Errors.sqlError(code: SQLITE_MISUSE, message: "no SQL statement given") }
             statement = prepared
-            guard !trailing else { throw Errors.sqlError(code: SQLITE_MISUSE, message: "one statement per call; send several with Batch") }
             guard sqlite3_stmt_readonly(prepared) != 0 else {
                 throw Errors.sqlError(code: SQLITE_READONLY, message: "a streamed Query (more) runs read-only statements only; use Execute or Batch to write")
             }
