@@ -7,8 +7,10 @@ public struct ExecuteResult: Sendable, Equatable {
     /// The rowid of the connection's last successful INSERT (`sqlite3_last_insert_rowid`).
     public let lastInsertRowID: Int64
 
-    init(_ reply: [String: JSONValue]) throws {
-        guard let changes = reply["changes"]?.integerValue, let rowID = reply["lastInsertRowId"]?.integerValue else {
+    /// From the `changes` and `lastInsertRowId` of the object at `object`.
+    init(_ view: JSONView, _ object: Int?) throws {
+        guard let object, let changes = view.member("changes", of: object).flatMap(view.integer),
+              let rowID = view.member("lastInsertRowId", of: object).flatMap(view.integer) else {
             throw UserStoreError.protocolViolation("an Execute reply without changes and lastInsertRowId")
         }
         self.changes = changes
@@ -36,13 +38,6 @@ public struct Statement: Sendable {
         self.sql = sql
         self.parameters = parameters
     }
-
-    /// `sql` and `parameters`, as a Query, Execute or Batch statement carries them.
-    var fields: [String: JSONValue] {
-        var fields: [String: JSONValue] = ["sql": .string(sql)]
-        if let parameters = parameters.json { fields["parameters"] = parameters }
-        return fields
-    }
 }
 
 /// A statement's parameters as they go on the wire.
@@ -58,13 +53,6 @@ enum Parameters: Sendable {
     /// Named values (nil binds NULL).
     static func named(_ values: [String: (any SQLValueConvertible)?]) -> Parameters {
         .named(values.mapValues { $0?.sqlValue ?? .null })
-    }
-
-    var json: JSONValue? {
-        switch self {
-        case .positional(let values): return values.isEmpty ? nil : .array(values.map(\.json))
-        case .named(let values): return .object(values.mapValues(\.json))
-        }
     }
 }
 
@@ -99,26 +87,66 @@ public struct StoreInfo: Sendable, Equatable {
     public let appliedVersions: [Int64]
 }
 
-/// The decoding of replies into rows.
+/// The decoding of replies, read in place from their bytes (``JSONView``) on the caller's thread.
 enum Replies {
-    /// A reply's `columns` (empty when it has none).
-    static func columns(_ reply: [String: JSONValue]) -> Columns {
-        Columns(reply["columns"]?.arrayValue?.compactMap(\.stringValue) ?? [])
+    /// Parses a reply and calls `body` with its view and the index of its `parameters` object
+    /// (nil when it has none).
+    ///
+    /// - Throws: the daemon's error as a ``UserStoreError``; a reply that is not valid varlink,
+    ///   or that says more follow (`continues`), as ``UserStoreError/Kind/protocolViolation``.
+    static func read<T>(_ bytes: [UInt8], _ body: (JSONView, Int?) throws -> T) throws -> T {
+        var tape = JSONTape(maxDepth: 512, reservingTokens: 64)
+        return try bytes.withUnsafeBufferPointer { buffer in
+            do {
+                try tape.parse(buffer)
+            } catch {
+                throw UserStoreError.protocolViolation("an unreadable reply: \(error)")
+            }
+            return try tape.withView(buffer) { view in
+                guard view.kind(0) == .object else { throw UserStoreError.protocolViolation("a reply that is not a JSON object") }
+                let parameters = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
+                if let error = view.member("error", of: 0), view.kind(error) == .string {
+                    throw UserStoreError(daemonError: view.string(error), parameters: parameters.map { view.value($0).objectValue ?? [:] } ?? [:])
+                }
+                if let continues = view.member("continues", of: 0), view.bool(continues) == true {
+                    throw UserStoreError.protocolViolation("a reply with continues to a call without more")
+                }
+                return try body(view, parameters)
+            }
+        }
     }
 
-    /// A reply's `rows` (each an array of values, one per column of `columns`).
-    static func rows(_ reply: [String: JSONValue], columns: Columns) throws -> [Row] {
-        guard let list = reply["rows"]?.arrayValue else { return [] }
+    /// A reply's parameters as values (for the replies read rarely: Open, Begin).
+    static func parameters(_ bytes: [UInt8]) throws -> [String: JSONValue] {
+        try read(bytes) { view, parameters in parameters.map { view.value($0).objectValue ?? [:] } ?? [:] }
+    }
+
+    /// The `columns` of the object at `object` (empty when it has none).
+    static func columns(_ view: JSONView, _ object: Int?) -> Columns {
+        guard let object, let list = view.member("columns", of: object), view.kind(list) == .array else { return Columns([]) }
+        var names: [String] = []
+        names.reserveCapacity(view.count(list))
+        view.forEachElement(of: list) { _, element in
+            if view.kind(element) == .string { names.append(view.string(element)) }
+        }
+        return Columns(names)
+    }
+
+    /// The `rows` of the object at `object` (each an array of values, one per column of `columns`).
+    static func rows(_ view: JSONView, _ object: Int?, columns: Columns) throws -> [Row] {
+        guard let object, let list = view.member("rows", of: object), view.kind(list) == .array else { return [] }
         var rows: [Row] = []
-        rows.reserveCapacity(list.count)
-        for element in list {
-            guard let cells = element.arrayValue, cells.count == columns.names.count else {
+        rows.reserveCapacity(view.count(list))
+        try view.forEachElement(of: list) { _, element in
+            guard view.kind(element) == .array, view.count(element) == columns.names.count else {
                 throw UserStoreError.protocolViolation("a row that does not match its \(columns.names.count) columns")
             }
             var values: [SQLValue] = []
-            values.reserveCapacity(cells.count)
-            for cell in cells {
-                guard let value = SQLValue(json: cell) else { throw UserStoreError.protocolViolation("a cell that is no SQLite value: \(cell.serialized)") }
+            values.reserveCapacity(columns.names.count)
+            try view.forEachElement(of: element) { _, cell in
+                guard let value = SQLValue(view, cell) else {
+                    throw UserStoreError.protocolViolation("a cell that is no SQLite value: \(view.value(cell).serialized)")
+                }
                 values.append(value)
             }
             rows.append(Row(columns: columns, values: values))
@@ -127,22 +155,34 @@ enum Replies {
     }
 
     /// A Query reply's rows.
-    static func rows(_ reply: [String: JSONValue]) throws -> [Row] {
-        try rows(reply, columns: columns(reply))
+    static func rows(_ bytes: [UInt8]) throws -> [Row] {
+        try read(bytes) { view, parameters in try rows(view, parameters, columns: columns(view, parameters)) }
     }
 
-    static func batch(_ reply: [String: JSONValue]) throws -> [StatementResult] {
-        guard let results = reply["results"]?.arrayValue else { throw UserStoreError.protocolViolation("a Batch reply without results") }
-        return try results.map { result in
-            guard let fields = result.objectValue else { throw UserStoreError.protocolViolation("a Batch result that is not an object") }
-            let columns = columns(fields)
-            let counts = try ExecuteResult(fields)
-            return StatementResult(rows: try rows(fields, columns: columns), columns: columns.names, changes: counts.changes,
-                                   lastInsertRowID: counts.lastInsertRowID)
+    static func execute(_ bytes: [UInt8]) throws -> ExecuteResult {
+        try read(bytes) { view, parameters in try ExecuteResult(view, parameters) }
+    }
+
+    static func batch(_ bytes: [UInt8]) throws -> [StatementResult] {
+        try read(bytes) { view, parameters in
+            guard let parameters, let results = view.member("results", of: parameters), view.kind(results) == .array else {
+                throw UserStoreError.protocolViolation("a Batch reply without results")
+            }
+            var list: [StatementResult] = []
+            list.reserveCapacity(view.count(results))
+            try view.forEachElement(of: results) { _, result in
+                guard view.kind(result) == .object else { throw UserStoreError.protocolViolation("a Batch result that is not an object") }
+                let columns = columns(view, result)
+                let counts = try ExecuteResult(view, result)
+                list.append(StatementResult(rows: try rows(view, result, columns: columns), columns: columns.names,
+                                            changes: counts.changes, lastInsertRowID: counts.lastInsertRowID))
+            }
+            return list
         }
     }
 
-    static func info(_ reply: [String: JSONValue]) throws -> StoreInfo {
+    static func info(_ bytes: [UInt8]) throws -> StoreInfo {
+        let reply = try parameters(bytes)
         guard let user = reply["user"]?.stringValue, let version = reply["schemaVersion"]?.integerValue else {
             throw UserStoreError.protocolViolation("an Open reply without user and schemaVersion")
         }

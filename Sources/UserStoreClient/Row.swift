@@ -3,17 +3,25 @@ import Foundation
 /// The column names of a result, shared by its rows.
 final class Columns: Sendable {
     let names: [String]
-    private let index: [String: Int]
+    /// Offsets by name, for results wide enough that a search would cost more than hashing.
+    private let index: [String: Int]?
 
     init(_ names: [String]) {
         self.names = names
+        guard names.count > 16 else {
+            index = nil
+            return
+        }
         // The first column of a name wins, as in SQLite's own lookups.
         var index: [String: Int] = [:]
         for (offset, name) in names.enumerated() where index[name] == nil { index[name] = offset }
         self.index = index
     }
 
-    func offset(of name: String) -> Int? { index[name] }
+    func offset(of name: String) -> Int? {
+        if let index { return index[name] }
+        return names.firstIndex(of: name)
+    }
 }
 
 /// One result row: its values, by column name or position.

@@ -32,7 +32,7 @@ public struct RowSequence: AsyncSequence, Sendable {
     }
 }
 
-/// Feeds a stream's replies into its ``RowSequence`` on the channel's event loop, and turns the
+/// Feeds a stream's replies into its ``RowSequence`` on the client's loop, and turns the
 /// consumer's demand into reading the socket or not.
 final class RowStreamSink: NIOAsyncSequenceProducerDelegate, Sendable {
     private struct State {
@@ -43,12 +43,12 @@ final class RowStreamSink: NIOAsyncSequenceProducerDelegate, Sendable {
     }
 
     private let state = Mutex(State())
-    private let channel: any Channel
+    private let connection: ClientConnection
     /// Runs once when the stream is over, however it ended (gives the connection back).
     private let onEnd: @Sendable (_ completed: Bool) -> Void
 
-    init(channel: any Channel, onEnd: @escaping @Sendable (_ completed: Bool) -> Void) {
-        self.channel = channel
+    init(connection: ClientConnection, onEnd: @escaping @Sendable (_ completed: Bool) -> Void) {
+        self.connection = connection
         self.onEnd = onEnd
     }
 
@@ -61,17 +61,18 @@ final class RowStreamSink: NIOAsyncSequenceProducerDelegate, Sendable {
         return RowSequence(producer: made.sequence)
     }
 
-    /// Takes one reply's rows; false when the consumer has enough buffered for now (stop reading).
-    func receive(_ parameters: [String: JSONValue], last: Bool) -> Bool {
+    /// Takes one reply's rows (its `parameters` object in `view`); false when the consumer has
+    /// enough buffered for now (stop reading).
+    func receive(_ view: JSONView, _ parameters: Int?, last: Bool) -> Bool {
         let (source, columns): (RowSequence.Producer.Source?, Columns?) = state.withLock { state in
             // Every reply names the columns; the first one's serve for all.
-            if state.columns == nil { state.columns = Replies.columns(parameters) }
+            if state.columns == nil { state.columns = Replies.columns(view, parameters) }
             return (state.source, state.columns)
         }
         guard let source, let columns else { return true }
         let rows: [Row]
         do {
-            rows = try Replies.rows(parameters, columns: columns)
+            rows = try Replies.rows(view, parameters, columns: columns)
         } catch {
             return fail(error) // not completed: the connection is closed
         }
@@ -95,8 +96,7 @@ final class RowStreamSink: NIOAsyncSequenceProducerDelegate, Sendable {
     }
 
     func produceMore() {
-        let channel = self.channel
-        channel.eventLoop.execute { channel.setOption(ChannelOptions.autoRead, value: true).whenFailure { _ in } }
+        connection.resumeReading()
     }
 
     func didTerminate() {

@@ -18,16 +18,6 @@ public enum SQLValue: Sendable, Hashable {
     case blob(Data)
 
     /// The value as io.userstore.Store's JSON (see its value table).
-    var json: JSONValue {
-        switch self {
-        case .null: return .null
-        case .integer(let value): return .integer(value)
-        case .real(let value): return .real(value)
-        case .text(let value): return .string(value)
-        case .blob(let data): return ["blob": .string(data.base64EncodedString())]
-        }
-    }
-
     /// A result cell as the daemon writes it; nil for JSON that is no SQLite value.
     init?(json: JSONValue) {
         switch json {
@@ -41,6 +31,30 @@ public enum SQLValue: Sendable, Hashable {
                   let data = Data(base64Encoded: encoded) else { return nil }
             self = .blob(data)
         case .array: return nil
+        }
+    }
+
+    /// The cell at `index` of a reply, read in place; nil for JSON that is no SQLite value.
+    init?(_ view: JSONView, _ index: Int) {
+        switch view.kind(index) {
+        case .null: self = .null
+        case .true: self = .integer(1)
+        case .false: self = .integer(0)
+        case .string: self = .text(view.string(index))
+        case .number:
+            if let integer = view.integer(index) {
+                self = .integer(integer)
+            } else if let real = view.double(index) {
+                self = .real(real)
+            } else {
+                return nil
+            }
+        case .object:
+            guard view.count(index) == 1, let encoded = view.member("blob", of: index), view.kind(encoded) == .string,
+                  let data = Data(base64Encoded: view.string(encoded)) else { return nil }
+            self = .blob(data)
+        case .array:
+            return nil
         }
     }
 

@@ -8,26 +8,30 @@ struct StatementCalls: Sendable {
     /// The interactive transaction and the connection it belongs to.
     let transaction: (id: String, lease: ConnectionPool.Lease)?
 
-    func run(_ member: String, _ fields: [String: JSONValue], readOnly: Bool = false) async throws -> [String: JSONValue] {
-        var fields = fields
-        fields["user"] = .string(user)
+    /// Calls `method` for this user (and transaction) with the fields
+    /// `write` adds; returns the reply's bytes.
+    func run(_ method: String, readOnly: Bool = false, _ write: (inout CallMessage) -> Void) async throws -> [UInt8] {
+        var message = CallMessage(method: method)
+        message.field("user", user)
+        if let transaction { message.field("transaction", transaction.id) }
+        write(&message)
+        let bytes = message.finish()
         if let transaction {
-            fields["transaction"] = .string(transaction.id)
             do {
-                return try await client.send("io.userstore.Store." + member, fields, on: transaction.lease, cancellable: true)
+                return try await client.send(bytes, on: transaction.lease, cancellable: true)
             } catch {
                 throw UserStoreClient.public(error)
             }
         }
-        return try await client.call("io.userstore.Store." + member, fields, readOnly: readOnly)
+        return try await client.call(bytes, readOnly: readOnly)
     }
 
     func execute(_ sql: String, _ parameters: Parameters) async throws -> ExecuteResult {
-        try ExecuteResult(try await run("Execute", Statement(sql, parameters).fields))
+        try Replies.execute(try await run(Method.execute) { $0.statement(Statement(sql, parameters)) })
     }
 
     func query(_ sql: String, _ parameters: Parameters) async throws -> [Row] {
-        try Replies.rows(try await run("Query", Statement(sql, parameters).fields))
+        try Replies.rows(try await run(Method.query) { $0.statement(Statement(sql, parameters)) })
     }
 
     func query<T: Decodable>(_ type: T.Type, _ sql: String, _ parameters: Parameters) async throws -> [T] {
@@ -35,9 +39,21 @@ struct StatementCalls: Sendable {
     }
 
     func batch(_ statements: [Statement], transaction mode: Bool) async throws -> [StatementResult] {
-        var fields: [String: JSONValue] = ["statements": .array(statements.map { .object($0.fields) })]
-        // Inside an interactive transaction the daemon takes the id from `transaction` itself.
-        if transaction == nil { fields["transaction"] = .bool(mode) }
-        return try Replies.batch(try await run("Batch", fields))
+        try Replies.batch(try await run(Method.batch) { message in
+            message.statements(statements)
+            // Inside an interactive transaction the daemon takes the id from `transaction` itself.
+            if transaction == nil { message.field("transaction", mode) }
+        })
     }
+}
+
+/// The daemon's method names (made once: a call's name is written on every call).
+enum Method {
+    static let open = "io.userstore.Store.Open"
+    static let query = "io.userstore.Store.Query"
+    static let execute = "io.userstore.Store.Execute"
+    static let batch = "io.userstore.Store.Batch"
+    static let begin = "io.userstore.Store.Begin"
+    static let commit = "io.userstore.Store.Commit"
+    static let rollback = "io.userstore.Store.Rollback"
 }

@@ -1,4 +1,3 @@
-import NIOCore
 import Varlink
 
 /// One user's store on the daemon: its own SQLite file, behind its own serial queue. Calls for
@@ -23,7 +22,9 @@ public struct UserStore: Sendable {
     /// Opens the store (creating it and applying pending migrations if needed) and reports its
     /// versions. Any other call does the same implicitly.
     public func open() async throws -> StoreInfo {
-        try Replies.info(try await client.call("io.userstore.Store.Open", ["user": .string(user)], readOnly: true))
+        var message = CallMessage(method: Method.open)
+        message.field("user", user)
+        return try Replies.info(try await client.call(message.finish(), readOnly: true))
     }
 
     /// Runs one statement and returns how many rows it changed and the last inserted rowid.
@@ -74,18 +75,19 @@ public struct UserStore: Sendable {
     /// for try await row in try await alice.stream("SELECT id, body FROM notes") { … }
     /// ```
     public func stream(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> RowSequence {
-        var fields = Statement(sql, Parameters.positional(parameters)).fields
-        fields["user"] = .string(user)
+        var message = CallMessage(method: Method.query)
+        message.field("user", user)
+        message.statement(Statement(sql, Parameters.positional(parameters)))
         let pool = client.pool
         let lease = try await pool.acquire(exclusive: true)
-        let channel = lease.channel
-        let sink = RowStreamSink(channel: channel) { completed in pool.release(lease, discard: !completed) }
+        let sink = RowStreamSink(connection: lease.connection) { completed in pool.release(lease, discard: !completed) }
         let bufferRows = max(4, client.configuration.streamBufferRows)
         let sequence = sink.makeSequence(lowWatermark: bufferRows / 4, highWatermark: bufferRows)
-        let message = UserStoreClient.encode("io.userstore.Store.Query", fields, more: true, allocator: channel.allocator)
-        let written = channel.eventLoop.makePromise(of: Void.self)
-        written.futureResult.whenFailure { _ in sink.fail(UserStoreClient.public(NotSent())) }
-        channel.writeAndFlush(OutgoingCall(message: message, responder: .stream(sink)), promise: written)
+        do {
+            try lease.connection.send(message.finish(more: true), to: .stream(sink))
+        } catch {
+            sink.fail(UserStoreClient.public(error))
+        }
         return sequence
     }
 
@@ -115,7 +117,7 @@ public struct UserStore: Sendable {
         defer { pool.release(lease, discard: discard) }
         let id: String
         do {
-            let reply = try await client.send("io.userstore.Store.Begin", ["user": .string(user), "mode": .string(mode.rawValue)],
+            let reply = try await client.send(Method.begin, ["user": user, "mode": mode.rawValue],
                                               on: lease, cancellable: true)
             guard let transaction = reply["transaction"]?.stringValue else {
                 throw UserStoreError.protocolViolation("a Begin reply without transaction")
@@ -137,7 +139,7 @@ public struct UserStore: Sendable {
             throw error
         }
         do {
-            _ = try await client.send("io.userstore.Store.Commit", ["transaction": .string(id)], on: lease, cancellable: false)
+            _ = try await client.send(Method.commit, ["transaction": id], on: lease, cancellable: false)
         } catch {
             throw UserStoreClient.public(error)
         }
@@ -148,7 +150,7 @@ public struct UserStore: Sendable {
     /// even that failed: then the connection must be closed, which makes the daemon roll back.
     private func rollBack(_ id: String, lease: ConnectionPool.Lease) async -> Bool {
         do {
-            _ = try await client.send("io.userstore.Store.Rollback", ["transaction": .string(id)], on: lease, cancellable: false)
+            _ = try await client.send(Method.rollback, ["transaction": id], on: lease, cancellable: false)
             return true
         } catch let error as UserStoreError where error.kind == .daemon {
             return true // NoSuchTransaction / TransactionExpired: the daemon ended it already.

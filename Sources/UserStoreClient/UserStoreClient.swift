@@ -1,8 +1,6 @@
 import Logging
 import NIOCore
-import NIOPosix
 import ServiceLifecycle
-import Synchronization
 import Varlink
 
 /// A client of `userstored`: a pool of connections to its Unix socket, shared by every task
@@ -57,7 +55,10 @@ public final class UserStoreClient: Service, Sendable {
     ///
     /// - Parameter logger: where the pool logs connects, failed connects (warning) and dropped
     ///   connections (debug); by default nowhere, as a library should.
-    public init(configuration: Configuration, eventLoopGroup: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton,
+    ///
+    /// Replies are read by one thread the process's clients share (`userstore-client`); calls
+    /// are written by the calling task itself, so a call costs no thread hand-off on its way out.
+    public init(configuration: Configuration,
                 logger: Logger = Logger(label: "io.userstore.client", factory: { _ in SwiftLogNoOpLogHandler() })) {
         self.configuration = configuration
         self.logger = logger
@@ -66,7 +67,7 @@ public final class UserStoreClient: Service, Sendable {
                                  minimumReconnectDelay: .init(configuration.minimumReconnectDelay),
                                  maximumReconnectDelay: .init(configuration.maximumReconnectDelay),
                                  maxMessageBytes: configuration.maxMessageBytes),
-            group: eventLoopGroup, logger: logger)
+            logger: logger)
     }
 
     /// A client of the daemon at `socketPath` with the default configuration.
@@ -117,15 +118,15 @@ public final class UserStoreClient: Service, Sendable {
 
     // MARK: Calls
 
-    /// Calls `method` with `parameters` on a shared connection and returns the reply's parameters.
+    /// Sends `message` on a shared connection and returns the reply's bytes.
     /// `readOnly`: the call cannot write, so it is sent again (once) if its connection broke.
-    func call(_ method: String, _ parameters: [String: JSONValue], readOnly: Bool = false) async throws -> [String: JSONValue] {
+    func call(_ message: [UInt8], readOnly: Bool = false) async throws -> [UInt8] {
         var attempt = 0
         while true {
             attempt += 1
             let lease = try await pool.acquire(exclusive: false)
             do {
-                let reply = try await send(method, parameters, on: lease, cancellable: true)
+                let reply = try await send(message, on: lease, cancellable: true)
                 pool.release(lease)
                 return reply
             } catch {
@@ -139,52 +140,23 @@ public final class UserStoreClient: Service, Sendable {
         }
     }
 
-    /// Sends one call on `lease`'s connection and waits for its reply. `cancellable`: a
+    /// Sends `message` on `lease`'s connection and waits for the reply's bytes. `cancellable`: a
     /// cancelled task stops waiting (the call may still run); otherwise the reply is awaited
     /// whatever happens (Commit and Rollback must learn their outcome).
-    func send(_ method: String, _ parameters: [String: JSONValue], on lease: ConnectionPool.Lease,
-              cancellable: Bool) async throws -> [String: JSONValue] {
+    func send(_ message: [UInt8], on lease: ConnectionPool.Lease, cancellable: Bool) async throws -> [UInt8] {
         if cancellable { try Task.checkCancellation() }
-        let channel = lease.channel
-        let promise = channel.eventLoop.makePromise(of: [String: JSONValue].self)
-        let written = channel.eventLoop.makePromise(of: Void.self)
-        // A write that fails never reached the handler, or the handler failed the call already
-        // (the first outcome wins): either way the call was not sent whole, so it did not run.
-        written.futureResult.whenFailure { _ in promise.fail(NotSent()) }
-        channel.writeAndFlush(OutgoingCall(message: Self.encode(method, parameters, more: false, allocator: channel.allocator),
-                                           responder: .single(promise)), promise: written)
-        return cancellable ? try await Self.cancellableGet(promise.futureResult) : try await promise.futureResult.get()
+        let reply = PendingReply()
+        try lease.connection.send(message, to: .single(reply))
+        return try await reply.value(cancellable: cancellable)
     }
 
-    /// The call's message (``VarlinkCall/message``) and its NUL.
-    static func encode(_ method: String, _ parameters: [String: JSONValue], more: Bool, allocator: ByteBufferAllocator) -> ByteBuffer {
-        var writer = JSONWriter(capacity: 256)
-        writer.write(VarlinkCall(method: method, parameters: parameters, more: more).message)
-        writer.raw(byte: 0)
-        var buffer = allocator.buffer(capacity: writer.bytes.count)
-        buffer.writeBytes(writer.bytes)
-        return buffer
-    }
-
-    /// `future`'s value, or `CancellationError` as soon as the task is cancelled.
-    static func cancellableGet<T: Sendable>(_ future: EventLoopFuture<T>) async throws -> T {
-        // Whoever comes first — the result or the cancellation — takes the continuation.
-        let state = Mutex<(continuation: CheckedContinuation<T, any Error>?, cancelled: Bool)>((nil, false))
-        return try await withTaskCancellationHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-                let cancelled = state.withLock { state -> Bool in
-                    if !state.cancelled { state.continuation = continuation }
-                    return state.cancelled
-                }
-                if cancelled { return continuation.resume(throwing: CancellationError()) }
-                future.whenComplete { result in state.withLock { $0.continuation.take() }?.resume(with: result) }
-            }
-        } onCancel: {
-            state.withLock { state in
-                state.cancelled = true
-                return state.continuation.take()
-            }?.resume(throwing: CancellationError())
-        }
+    /// Sends a call of `method` with string `fields` on `lease` and returns its parameters (for
+    /// the calls outside the statement path: Open, Begin, Commit, Rollback).
+    func send(_ method: String, _ fields: KeyValuePairs<StaticString, String>, on lease: ConnectionPool.Lease,
+              cancellable: Bool) async throws -> [String: JSONValue] {
+        var message = CallMessage(method: method)
+        for (name, value) in fields { message.field(name, value) }
+        return try Replies.parameters(try await send(message.finish(), on: lease, cancellable: cancellable))
     }
 
     /// The error a caller sees (``NotSent`` is internal).
@@ -192,4 +164,55 @@ public final class UserStoreClient: Service, Sendable {
         if error is NotSent { return UserStoreError.closed("the connection closed before the call was sent") }
         return error
     }
+}
+
+/// The loop that reads every client's replies in this process, started on first use.
+enum ClientLoop {
+    private static let loop = Result<Varlink.EventLoop, any Error> {
+        let loop = try Varlink.EventLoop(name: "userstore-client")
+        loop.start()
+        return loop
+    }
+
+    static func shared() throws -> Varlink.EventLoop {
+        do {
+            return try loop.get()
+        } catch {
+            throw UserStoreError.connectFailed("cannot start the client's event loop: \(error)")
+        }
+    }
+}
+
+/// Runs tasks on the client's loop, the thread that reads the daemon's replies: a call made
+/// there is written and its reply handed back without waking any other thread.
+final class ClientLoopExecutor: TaskExecutor {
+    /// Nil when the loop could not start (then jobs run on the global executor, and calls fail
+    /// with the reason when they connect).
+    let loop: Varlink.EventLoop?
+
+    init() {
+        loop = try? ClientLoop.shared()
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        guard let loop else { return globalConcurrentExecutor.enqueue(job) }
+        let job = UnownedJob(job)
+        loop.executeSoon { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+}
+
+extension UserStoreClient {
+    /// The executor of the one thread that reads the daemon's replies for every client in this
+    /// process.
+    ///
+    /// By default the reply to a call wakes the waiting task on Swift's global executor, which
+    /// is another thread. Tasks that make many small calls can run on this executor instead,
+    /// with `withTaskExecutorPreference(client.executor) { … }` or
+    /// `group.addTask(executorPreference: client.executor)`. Then writing a call and getting its
+    /// reply wake no other thread: on 2 cores this halved the client's CPU per call (see
+    /// docs/performance.md).
+    ///
+    /// Keep heavy computation off it. Everything on it shares one thread with the reading of
+    /// every reply.
+    public var executor: any TaskExecutor { ClientLoopExecutor() }
 }

@@ -33,8 +33,11 @@ public struct JSONTape: Sendable {
     /// The tokens of the last document parsed, in document order; the first is the root.
     public private(set) var tokens: [JSONToken] = []
 
-    public init(maxDepth: Int = 64) {
+    /// - Parameter reservingTokens: room for this many tokens before the first parse grows it
+    ///   (a tape parsing one small document spares itself the doubling from empty).
+    public init(maxDepth: Int = 64, reservingTokens: Int = 0) {
         self.maxDepth = maxDepth
+        tokens.reserveCapacity(reservingTokens)
     }
 
     /// A tape holding `tokens` (copied from another tape's view).

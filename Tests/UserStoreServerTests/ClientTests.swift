@@ -141,7 +141,8 @@ import UserStoreClient
         let (results, connections) = try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 8 }) { client in
             let results = try await withThrowingTaskGroup(of: (Int, Int64, String).self) { group in
                 for task in 0..<tasks {
-                    group.addTask {
+                    // Half of them on the client's own executor (the thread that reads replies).
+                    group.addTask(executorPreference: task % 2 == 0 ? client.executor : nil) {
                         let store = client.store(for: "user\(task % users)")
                         let id = try await store.execute("INSERT INTO notes(body, n) VALUES (?, ?)", "task \(task)", task).lastInsertRowID
                         let rows = try await store.query("SELECT body FROM notes WHERE id = ?", id)
@@ -161,6 +162,35 @@ import UserStoreClient
                 let ns = try await client.store(for: "user\(user)").query("SELECT n FROM notes ORDER BY n").map { try $0.decode(Int.self, column: 0) }
                 #expect(ns == Array(stride(from: user, to: tasks, by: users)))
             }
+        }
+    }
+
+    /// Calls and replies far larger than a socket buffer (the call is written in parts as the
+    /// daemon reads, the reply read into a grown buffer) arrive whole, in order, and the small
+    /// calls pipelined behind them on the same connection get their own replies.
+    @Test(.timeLimit(.minutes(2)))
+    func callsAndRepliesLargerThanTheSocketBuffersArriveWhole() async throws {
+        let daemon = try Self.daemon(Self.migrations)
+        try daemon.start()
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
+            let carol = client.store(for: "carol")
+            let bodies = (0..<4).map { index in String(repeating: "\(index)abcdefghijklmnopqrstuvwxyz", count: 150_000 + index) }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (index, body) in bodies.enumerated() {
+                    group.addTask { try await carol.execute("INSERT INTO notes(id, body) VALUES (?, ?)", index + 1, body) }
+                    group.addTask {
+                        let rows = try await carol.query("SELECT ? AS echo", "small \(index)")
+                        #expect(try rows[0].decode(String.self, column: "echo") == "small \(index)")
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let rows = try await carol.query("SELECT id, body FROM notes ORDER BY id")
+            #expect(rows.count == 4)
+            for (index, row) in rows.enumerated() {
+                #expect(try row.decode(String.self, column: "body") == bodies[index])
+            }
+            #expect(client.openConnections == 1)
         }
     }
 

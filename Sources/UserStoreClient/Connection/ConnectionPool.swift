@@ -1,7 +1,7 @@
 import Logging
 import NIOCore
-import NIOPosix
 import Synchronization
+import Varlink
 
 /// Up to `size` connections to the daemon, opened as load needs them.
 ///
@@ -28,21 +28,21 @@ final class ConnectionPool: Sendable {
     struct Lease: Sendable {
         let slot: Int
         let generation: UInt64
-        let channel: any Channel
+        let connection: ClientConnection
         let exclusive: Bool
     }
 
     private struct Slot {
-        var channel: (any Channel)?
-        var connecting: EventLoopFuture<any Channel>?
+        var connection: ClientConnection?
+        var connecting = false
         var inFlight = 0
         var exclusive = false
         /// Counts the slot's connections, so a lease of a closed one changes nothing when released.
         var generation: UInt64 = 0
 
-        /// Puts `channel` (a new connection, or none) in the slot, with no calls and no holder.
-        mutating func replace(with channel: (any Channel)?) {
-            self.channel = channel
+        /// Puts `connection` (a new one, or none) in the slot, with no calls and no holder.
+        mutating func replace(with connection: ClientConnection?) {
+            self.connection = connection
             generation += 1
             inFlight = 0
             exclusive = false
@@ -62,20 +62,17 @@ final class ConnectionPool: Sendable {
     /// What ``acquire(exclusive:)`` should do next, decided under the lock.
     private enum Step {
         case leased(Lease)
-        case connect(slot: Int, EventLoopFuture<any Channel>)
-        case await(EventLoopFuture<any Channel>)
+        case connect(slot: Int)
         case wait
         case fail(UserStoreError)
     }
 
     let configuration: Configuration
-    private let group: any EventLoopGroup
     private let logger: Logger
     private let state: Mutex<State>
 
-    init(configuration: Configuration, group: any EventLoopGroup, logger: Logger) {
+    init(configuration: Configuration, logger: Logger) {
         self.configuration = configuration
-        self.group = group
         self.logger = logger
         state = Mutex(State(slots: Array(repeating: Slot(), count: max(1, configuration.size))))
     }
@@ -89,12 +86,12 @@ final class ConnectionPool: Sendable {
                 return lease
             case .fail(let error):
                 throw error
-            case .await(let connecting):
-                _ = try? await connecting.get()
-            case .connect(let slot, let connecting):
+            case .connect(let slot):
                 do {
-                    let channel = try await connecting.get()
-                    connected(channel, slot: slot)
+                    let connection = try await ClientConnection.connect(
+                        to: configuration.socketPath, loop: try ClientLoop.shared(), maxMessageBytes: configuration.maxMessageBytes
+                    ) { [weak self] connection in self?.dropped(slot: slot, connection: connection) }
+                    connected(connection, slot: slot)
                 } catch {
                     connectFailed(slot: slot, error)
                     throw UserStoreError.connectFailed("cannot connect to \(configuration.socketPath): \(Self.describe(error))")
@@ -110,56 +107,43 @@ final class ConnectionPool: Sendable {
         var best: Int?
         for index in state.slots.indices {
             let slot = state.slots[index]
-            guard slot.channel != nil, !slot.exclusive else { continue }
+            guard slot.connection != nil, !slot.exclusive else { continue }
             if best == nil || slot.inFlight < state.slots[best!].inFlight { best = index }
         }
-        let free = state.slots.firstIndex { $0.channel == nil && $0.connecting == nil }
+        let free = state.slots.firstIndex { $0.connection == nil && !$0.connecting }
         let mayConnect = free != nil && NIODeadline.now() >= state.retryAt
         if let best, state.slots[best].inFlight == 0 || !mayConnect {
             state.slots[best].inFlight += 1
             if exclusive { state.slots[best].exclusive = true }
             let slot = state.slots[best]
-            return .leased(Lease(slot: best, generation: slot.generation, channel: slot.channel!, exclusive: exclusive))
+            return .leased(Lease(slot: best, generation: slot.generation, connection: slot.connection!, exclusive: exclusive))
         }
         if mayConnect, let free {
-            let connecting = connect()
-            state.slots[free].connecting = connecting
-            return .connect(slot: free, connecting)
+            state.slots[free].connecting = true
+            return .connect(slot: free)
         }
-        if let connecting = state.slots.lazy.compactMap(\.connecting).first { return .await(connecting) }
-        if state.slots.contains(where: { $0.channel != nil }) { return .wait }
+        if state.slots.contains(where: { $0.connection != nil || $0.connecting }) { return .wait }
         let wait = max(0, (state.retryAt - .now()).nanoseconds / 1_000_000)
         return .fail(.connectFailed("cannot connect to \(configuration.socketPath): \(state.lastFailure) (next attempt in \(wait) ms)"))
     }
 
-    private func connect() -> EventLoopFuture<any Channel> {
-        let maxMessageBytes = configuration.maxMessageBytes
-        return ClientBootstrap(group: group)
-            .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandlers(
-                        ByteToMessageHandler(VarlinkFrameDecoder(maxMessageBytes: maxMessageBytes)), VarlinkClientHandler())
-                }
-            }
-            .connect(unixDomainSocketPath: configuration.socketPath)
-    }
-
-    private func connected(_ channel: any Channel, slot index: Int) {
-        let generation = state.withLock { state -> UInt64? in
-            state.slots[index].connecting = nil
+    private func connected(_ connection: ClientConnection, slot index: Int) {
+        let kept = state.withLock { state -> Bool in
+            state.slots[index].connecting = false
             state.failures = 0
-            guard !state.shutDown else { return nil }
-            state.slots[index].replace(with: channel)
-            return state.slots[index].generation
+            // Closed already (shut down meanwhile, or the daemon hung up at once): its
+            // `dropped` came before it was in the slot, so it must not go in.
+            guard !state.shutDown, !connection.isClosed else { return false }
+            state.slots[index].replace(with: connection)
+            return true
         }
-        guard let generation else { return channel.close(promise: nil) }
-        channel.closeFuture.whenComplete { [self] _ in dropped(slot: index, generation: generation) }
+        if !kept { connection.close(.shutDown()) }
         wakeWaiters()
     }
 
     private func connectFailed(slot index: Int, _ error: any Error) {
         let delay = state.withLock { state -> TimeAmount in
-            state.slots[index].connecting = nil
+            state.slots[index].connecting = false
             state.failures += 1
             let doubled = configuration.minimumReconnectDelay.nanoseconds << min(state.failures - 1, 20)
             let delay = TimeAmount.nanoseconds(min(doubled, configuration.maximumReconnectDelay.nanoseconds))
@@ -173,9 +157,9 @@ final class ConnectionPool: Sendable {
     }
 
     /// A connection closed: its slot is free for a new one.
-    private func dropped(slot index: Int, generation: UInt64) {
+    private func dropped(slot index: Int, connection: ClientConnection) {
         let wasLive = state.withLock { state -> Bool in
-            guard state.slots[index].generation == generation, state.slots[index].channel != nil else { return false }
+            guard state.slots[index].connection === connection else { return false }
             state.slots[index].replace(with: nil)
             return true
         }
@@ -189,7 +173,7 @@ final class ConnectionPool: Sendable {
     /// half-way, a transaction in an unknown state): no other call may use it from now on.
     func release(_ lease: Lease, discard: Bool = false) {
         let exclusiveEnded = state.withLock { state -> Bool in
-            guard state.slots[lease.slot].generation == lease.generation, state.slots[lease.slot].channel != nil else { return false }
+            guard state.slots[lease.slot].generation == lease.generation, state.slots[lease.slot].connection != nil else { return false }
             if discard {
                 state.slots[lease.slot].replace(with: nil)
                 return true
@@ -198,7 +182,7 @@ final class ConnectionPool: Sendable {
             if lease.exclusive { state.slots[lease.slot].exclusive = false }
             return lease.exclusive
         }
-        if discard { lease.channel.close(promise: nil) }
+        if discard { lease.connection.close() }
         if exclusiveEnded { wakeWaiters() }
     }
 
@@ -234,20 +218,20 @@ final class ConnectionPool: Sendable {
     /// Closes every connection; calls in flight fail with ``UserStoreError/Kind/connectionClosed``
     /// and later ones with ``UserStoreError/Kind/clientShutDown``.
     func shutdown() async {
-        let (channels, waiters) = state.withLock { state in
+        let (connections, waiters) = state.withLock { state in
             state.shutDown = true
             defer { state.waiters.removeAll() }
-            return (state.slots.compactMap(\.channel), Array(state.waiters.values))
+            return (state.slots.compactMap(\.connection), Array(state.waiters.values))
         }
         for waiter in waiters { waiter.resume(throwing: UserStoreError.shutDown()) }
-        for channel in channels { try? await channel.close() }
+        for connection in connections { connection.close(.closed("the client shut down before the reply came; the call may or may not have run")) }
     }
 
     /// How many connections are open now (for tests and status).
-    var openConnections: Int { state.withLock { $0.slots.filter { $0.channel != nil }.count } }
+    var openConnections: Int { state.withLock { $0.slots.filter { $0.connection != nil }.count } }
 
     static func describe(_ error: any Error) -> String {
-        if let error = error as? IOError { return error.description }
+        if let error = error as? TransportError { return error.description }
         return "\(error)"
     }
 }

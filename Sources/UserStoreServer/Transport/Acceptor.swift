@@ -1,4 +1,5 @@
 import CUnixSocket
+import Varlink
 import Logging
 #if canImport(Glibc)
 import Glibc

@@ -7,7 +7,7 @@ import Glibc
 
 /// Something registered with an ``EventLoop``: told, on the loop's thread, which epoll events
 /// fired for its descriptor.
-protocol EventHandler: AnyObject {
+package protocol EventHandler: AnyObject {
     func ready(_ events: UInt32)
 }
 
@@ -20,8 +20,8 @@ protocol EventHandler: AnyObject {
 ///
 /// Thread-safety: ``execute(_:)`` and ``inEventLoop`` from anywhere; everything else only on
 /// the loop's thread (its state is confined there, hence `@unchecked Sendable`).
-final class EventLoop: @unchecked Sendable {
-    let name: String
+package final class EventLoop: @unchecked Sendable {
+    package let name: String
     private let epoll: Int32
     private let wakeDescriptor: Int32
     private struct Inbox {
@@ -38,6 +38,7 @@ final class EventLoop: @unchecked Sendable {
     private var timers: [Timer] = []
     private var nextTimer = 0
     private var stopping = false
+    private var soon: [@Sendable () -> Void] = []
 
     private struct Timer {
         var deadline: UInt64
@@ -45,7 +46,7 @@ final class EventLoop: @unchecked Sendable {
         var task: () -> Void
     }
 
-    init(name: String) throws {
+    package init(name: String) throws {
         self.name = name
         epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
         wakeDescriptor = eventfd(0, Int32(EFD_NONBLOCK | EFD_CLOEXEC))
@@ -61,7 +62,7 @@ final class EventLoop: @unchecked Sendable {
     }
 
     /// Starts the loop's thread.
-    func start() {
+    package func start() {
         let thread = Thread { [self] in
             self.thread.store(UInt(pthread_self()), ordering: .releasing)
             run()
@@ -72,10 +73,10 @@ final class EventLoop: @unchecked Sendable {
     }
 
     /// Whether the caller runs on this loop's thread.
-    var inEventLoop: Bool { thread.load(ordering: .acquiring) == UInt(pthread_self()) }
+    package var inEventLoop: Bool { thread.load(ordering: .acquiring) == UInt(pthread_self()) }
 
     /// Runs `task` on the loop's thread, after what is already queued (from any thread).
-    func execute(_ task: @escaping @Sendable () -> Void) {
+    package func execute(_ task: @escaping @Sendable () -> Void) {
         let wake = inbox.withLock { inbox in
             inbox.tasks.append(task)
             defer { inbox.woken = true }
@@ -87,8 +88,17 @@ final class EventLoop: @unchecked Sendable {
         }
     }
 
+    /// Runs `task` on the loop's thread: called there, after the handlers of this turn (no
+    /// eventfd write, no extra `epoll_wait`), so it may overtake tasks other threads queued
+    /// meanwhile; called elsewhere, as ``execute(_:)``. For work whose order against other
+    /// threads' tasks does not matter (the jobs of a `TaskExecutor`).
+    package func executeSoon(_ task: @escaping @Sendable () -> Void) {
+        guard inEventLoop else { return execute(task) }
+        soon.append(task)
+    }
+
     /// Asks the loop to end once the handlers registered have gone, and waits for it.
-    func stopAndWait() {
+    package func stopAndWait() {
         execute { [self] in stopping = true }
         finished.wait()
     }
@@ -96,7 +106,7 @@ final class EventLoop: @unchecked Sendable {
     // MARK: Registration (on the loop's thread)
 
     /// Registers `handler` for `events` on `descriptor`; returns the token to change or remove it.
-    func register(_ descriptor: Int32, events: UInt32, _ handler: any EventHandler) throws -> UInt64 {
+    package func register(_ descriptor: Int32, events: UInt32, _ handler: any EventHandler) throws -> UInt64 {
         let token = nextToken
         nextToken += 1
         guard us_epoll_ctl(epoll, EPOLL_CTL_ADD, descriptor, events, token) == 0 else { throw TransportError.system("epoll_ctl", errno) }
@@ -104,31 +114,32 @@ final class EventLoop: @unchecked Sendable {
         return token
     }
 
-    /// Changes the events `descriptor` (registered as `token`) waits for.
-    func modify(_ descriptor: Int32, token: UInt64, events: UInt32) {
+    /// Changes the events `descriptor` (registered as `token`) waits for. Safe from any thread
+    /// (it is one `epoll_ctl`), as long as the descriptor stays registered meanwhile.
+    package func modify(_ descriptor: Int32, token: UInt64, events: UInt32) {
         _ = us_epoll_ctl(epoll, EPOLL_CTL_MOD, descriptor, events, token)
     }
 
     /// Removes `descriptor` (registered as `token`); call before closing it.
-    func unregister(_ descriptor: Int32, token: UInt64) {
+    package func unregister(_ descriptor: Int32, token: UInt64) {
         _ = us_epoll_ctl(epoll, EPOLL_CTL_DEL, descriptor, 0, 0)
         handlers[token] = nil
     }
 
     /// Runs `task` on the loop after `nanoseconds`; returns an id for ``cancel(_:)``.
     @discardableResult
-    func schedule(after nanoseconds: UInt64, _ task: @escaping () -> Void) -> Int {
+    package func schedule(after nanoseconds: UInt64, _ task: @escaping () -> Void) -> Int {
         nextTimer += 1
         timers.append(Timer(deadline: StoreClock.now() + nanoseconds, id: nextTimer, task: task))
         return nextTimer
     }
 
-    func cancel(_ timer: Int) {
+    package func cancel(_ timer: Int) {
         timers.removeAll { $0.id == timer }
     }
 
     /// Runs `body` with every handler registered (on the loop's thread).
-    func forEachHandler(_ body: (any EventHandler) -> Void) {
+    package func forEachHandler(_ body: (any EventHandler) -> Void) {
         for handler in handlers.values { body(handler) }
     }
 
@@ -155,6 +166,11 @@ final class EventLoop: @unchecked Sendable {
                 }
             }
             runTimers()
+            while !soon.isEmpty {
+                let tasks = soon
+                soon.removeAll(keepingCapacity: true)
+                for task in tasks { task() }
+            }
         }
         // Timers (the periodic sweep reschedules itself) capture the loop: drop them so the
         // loop can be freed (AddressSanitizer's leak check found the cycle).
@@ -190,8 +206,8 @@ final class EventLoop: @unchecked Sendable {
 }
 
 /// Monotonic nanoseconds (a vDSO call).
-enum StoreClock {
-    static func now() -> UInt64 {
+package enum StoreClock {
+    package static func now() -> UInt64 {
         var spec = timespec()
         clock_gettime(CLOCK_MONOTONIC, &spec)
         return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
@@ -199,11 +215,11 @@ enum StoreClock {
 }
 
 /// A system call of the transport failed.
-enum TransportError: Error, CustomStringConvertible {
+package enum TransportError: Error, CustomStringConvertible {
     case system(String, Int32)
     case closed
 
-    var description: String {
+    package var description: String {
         switch self {
         case .system(let call, let code): return "\(call): \(String(cString: strerror(code)))"
         case .closed: return "the connection is closed"

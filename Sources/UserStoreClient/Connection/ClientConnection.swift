@@ -1,0 +1,368 @@
+import CUnixSocket
+import NIOCore
+import Synchronization
+import Varlink
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Who takes a call's replies.
+enum Responder: Sendable {
+    /// One reply, handed over as its bytes (the caller parses it, on its own thread).
+    case single(PendingReply)
+    /// Replies until one comes without `continues` (a call with `more`).
+    case stream(RowStreamSink)
+
+    func fail(_ error: any Error) {
+        switch self {
+        case .single(let reply): reply.complete(.failure(error))
+        case .stream(let sink): sink.fail(error)
+        }
+    }
+}
+
+/// One connection to the daemon's socket: varlink's client side, over the event loop the
+/// daemon's own connections use (``EventLoop``).
+///
+/// Calls are written by the calling thread itself, straight to the socket (no hand-off to the
+/// loop), and queued for their replies in the same critical section: since the daemon answers a
+/// connection's calls in the order they came, each reply belongs to the oldest call still
+/// waiting, and any number may be in flight (pipelining). The loop's thread reads the replies,
+/// splits them at their NULs and hands each to its caller. Only what the socket would not take
+/// at once waits for the loop (`EPOLLOUT`).
+///
+/// Thread-safety: ``send(_:descriptors:to:)``, ``close(_:)``, ``resumeReading()`` and
+/// ``isClosed`` from anywhere (the shared state is under `shared`); the reading side only on
+/// the loop's thread, hence `@unchecked Sendable`.
+final class ClientConnection: EventHandler, @unchecked Sendable {
+    private struct Shared {
+        var waiting = CircularBuffer<Responder>(initialCapacity: 16)
+        /// Bytes the socket did not take yet.
+        var output: [UInt8] = []
+        /// Why the connection closed; set once, never cleared.
+        var closed: UserStoreError?
+        /// The descriptor was closed (by the loop): nothing may touch it any more.
+        var released = false
+        /// A stream's consumer has enough buffered: the loop stops reading.
+        var paused = false
+        /// The descriptor's registration with the loop (0: not registered).
+        var token: UInt64 = 0
+    }
+
+    let descriptor: Int32
+    private let loop: Varlink.EventLoop
+    private let shared = Mutex(Shared())
+    /// Told once, on the loop's thread, when the connection is gone.
+    private let onClose: @Sendable (ClientConnection) -> Void
+
+    // Loop-confined.
+    /// Bytes read and not yet delivered: `input[inputStart..<inputEnd]`.
+    private var input = UnsafeMutableRawBufferPointer.allocate(byteCount: ClientConnection.inputSize, alignment: 1)
+    private var inputStart = 0
+    private var inputEnd = 0
+    private static let inputSize = 65_536
+    private var framer: MessageFramer
+    private var finished = false
+    /// The daemon hung up while reading was paused: the rest is read when it resumes.
+    private var hungUp = false
+    /// The loop's own copy of `Shared.paused` (only the loop changes it), read without the lock.
+    private var isPaused = false
+
+    private init(descriptor: Int32, loop: Varlink.EventLoop, maxMessageBytes: Int, onClose: @escaping @Sendable (ClientConnection) -> Void) {
+        self.descriptor = descriptor
+        self.loop = loop
+        framer = MessageFramer(maxMessageBytes: maxMessageBytes)
+        self.onClose = onClose
+    }
+
+    deinit {
+        input.deallocate()
+    }
+
+    /// Connects to `path` and registers the connection with `loop`.
+    ///
+    /// The connect does not wait: a daemon whose listen backlog is full refuses it (`EAGAIN`),
+    /// which the pool treats as any failed connect (back-off), rather than blocking the caller's thread.
+    static func connect(to path: String, loop: Varlink.EventLoop, maxMessageBytes: Int,
+                        onClose: @escaping @Sendable (ClientConnection) -> Void) async throws -> ClientConnection {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { throw TransportError.system("socket", errno) }
+        let result = UnixSocketAddress.with(path: path) { address, length in Glibc.connect(descriptor, address, length) }
+        guard let result else {
+            Glibc.close(descriptor)
+            throw UserStoreError.connectFailed("the socket path is longer than 107 bytes: \(path)")
+        }
+        if result != 0 {
+            let code = errno
+            Glibc.close(descriptor)
+            throw TransportError.system("connect", code)
+        }
+        let connection = ClientConnection(descriptor: descriptor, loop: loop, maxMessageBytes: maxMessageBytes, onClose: onClose)
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+            loop.execute {
+                do {
+                    let token = try loop.register(descriptor, events: EPOLLIN.rawValue, connection)
+                    connection.shared.withLock { $0.token = token }
+                    continuation.resume()
+                } catch {
+                    Glibc.close(descriptor)
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
+        return connection
+    }
+
+    /// Whether the connection has closed (or is closing).
+    var isClosed: Bool { shared.withLock { $0.closed != nil } }
+
+    /// Sends `message` (a whole varlink message, NUL included), with `descriptors` passed along
+    /// (`SCM_RIGHTS`), and queues `responder` for its replies.
+    ///
+    /// - Throws: ``NotSent`` when nothing of the message went out (the connection had closed):
+    ///   the call did not run, and may be sent elsewhere.
+    func send(_ message: [UInt8], descriptors: [Int32] = [], to responder: Responder) throws(NotSent) {
+        try shared.withLock { (shared: inout Shared) throws(NotSent) in
+            guard shared.closed == nil else { throw NotSent() }
+            shared.waiting.append(responder)
+            guard shared.output.isEmpty else {
+                // Descriptors go with a message's first byte; this one must wait its turn.
+                guard descriptors.isEmpty else {
+                    shared.waiting.removeLast()
+                    throw NotSent()
+                }
+                shared.output.append(contentsOf: message)
+                return
+            }
+            let written = message.withUnsafeBytes { bytes in
+                descriptors.withUnsafeBufferPointer { fds in
+                    us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, fds.baseAddress, Int32(fds.count))
+                }
+            }
+            if written == message.count { return }
+            if written < 0 {
+                let code = errno
+                guard code == EAGAIN || code == EWOULDBLOCK || code == EINTR else {
+                    shared.waiting.removeLast()
+                    closeLocked(&shared, .closed("cannot write to the daemon: \(String(cString: strerror(code)))"))
+                    throw NotSent()
+                }
+                guard descriptors.isEmpty else {
+                    // Not one byte went, so the descriptors did not either: let the caller retry.
+                    shared.waiting.removeLast()
+                    throw NotSent()
+                }
+            }
+            shared.output.append(contentsOf: message[max(0, written)...])
+            updateInterest(shared)
+        }
+    }
+
+    /// Closes the connection from any thread: calls waiting for replies fail with `error`; the
+    /// loop releases the descriptor.
+    func close(_ error: UserStoreError = .closed("the client closed the connection")) {
+        let waiting = shared.withLock { shared -> CircularBuffer<Responder> in
+            guard shared.closed == nil else { return [] }
+            closeLocked(&shared, error)
+            defer { shared.waiting.removeAll() }
+            return shared.waiting
+        }
+        for responder in waiting { responder.fail(error) }
+    }
+
+    /// Marks the connection closed and shuts the socket down, which wakes the loop (`EPOLLHUP`)
+    /// to release it. Under the lock, so the descriptor is still ours.
+    private func closeLocked(_ shared: inout Shared, _ error: UserStoreError) {
+        shared.closed = error
+        shared.output = []
+        if !shared.released { Glibc.shutdown(descriptor, Int32(SHUT_RDWR)) }
+    }
+
+    /// A stream's consumer wants more: read again (on the loop).
+    func resumeReading() {
+        loop.execute { [self] in
+            guard isPaused else { return }
+            isPaused = false
+            shared.withLock { shared in
+                shared.paused = false
+                updateInterest(shared)
+            }
+            guard !finished else { return }
+            deliver()
+            if hungUp, !isPaused { readAvailable() }
+        }
+    }
+
+    private func updateInterest(_ shared: Shared) {
+        guard !shared.released, shared.token != 0 else { return }
+        var events: UInt32 = shared.paused ? 0 : EPOLLIN.rawValue
+        if !shared.output.isEmpty { events |= EPOLLOUT.rawValue }
+        loop.modify(descriptor, token: shared.token, events: events)
+    }
+
+    // MARK: On the loop's thread
+
+    func ready(_ events: UInt32) {
+        if events & EPOLLOUT.rawValue != 0 { flush() }
+        guard !finished else { return }
+        if events & (EPOLLHUP.rawValue | EPOLLERR.rawValue) != 0, isPaused {
+            // Level-triggered, a hang-up would fire on every wait: stop watching, read the rest
+            // when the consumer catches up (or release it now if we are the ones closing).
+            hungUp = true
+            let closedByUs = shared.withLock { shared -> Bool in
+                guard shared.closed == nil else { return true }
+                loop.unregister(descriptor, token: shared.token)
+                shared.token = 0
+                return false
+            }
+            if closedByUs { finish(nil) }
+            return
+        }
+        if events & (EPOLLIN.rawValue | EPOLLHUP.rawValue | EPOLLERR.rawValue) != 0 { readAvailable() }
+    }
+
+    private func flush() {
+        shared.withLock { shared in
+            guard !shared.output.isEmpty, shared.closed == nil else { return }
+            let written = shared.output.withUnsafeBytes { bytes in
+                us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, nil, 0)
+            }
+            if written > 0 { shared.output.removeFirst(written) }
+            if written < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR { return } // the read side sees the end
+            if shared.output.isEmpty { updateInterest(shared) }
+        }
+    }
+
+    /// Reads what the socket holds and delivers every whole reply, until it would block, the
+    /// daemon closes, or a stream's consumer has enough.
+    private func readAvailable() {
+        while !finished, !isPaused {
+            makeRoom()
+            let free = input.count - inputEnd
+            let received = read(descriptor, input.baseAddress! + inputEnd, free)
+            if received == 0 { return finish(.closed("the daemon closed the connection before replying; the call may or may not have run")) }
+            if received < 0 {
+                let code = errno
+                if code == EAGAIN || code == EWOULDBLOCK { return }
+                if code == EINTR { continue }
+                return finish(.closed("cannot read from the daemon: \(String(cString: strerror(code))); the call may or may not have run"))
+            }
+            inputEnd += received
+            deliver()
+            if received < free { return }
+        }
+    }
+
+    /// Moves the unread bytes to the front of `input` and grows it (or gives back what a long
+    /// reply made it grow to), so that at least 16 KiB are free behind them.
+    private func makeRoom() {
+        if inputStart == inputEnd {
+            inputStart = 0
+            inputEnd = 0
+            if input.count > Self.inputSize { replaceInput(capacity: Self.inputSize) }
+        }
+        guard input.count - inputEnd < 16_384 else { return }
+        if inputStart > 0 {
+            let pending = inputEnd - inputStart
+            input.baseAddress!.copyMemory(from: input.baseAddress! + inputStart, byteCount: pending)
+            inputStart = 0
+            inputEnd = pending
+        }
+        if input.count - inputEnd < 16_384 { replaceInput(capacity: input.count * 2) }
+    }
+
+    private func replaceInput(capacity: Int) {
+        let larger = UnsafeMutableRawBufferPointer.allocate(byteCount: capacity, alignment: 1)
+        larger.baseAddress!.copyMemory(from: input.baseAddress! + inputStart, byteCount: inputEnd - inputStart)
+        input.deallocate()
+        input = larger
+        inputEnd -= inputStart
+        inputStart = 0
+    }
+
+    /// Hands each whole reply in `input` to its caller, while reading is not paused.
+    private func deliver() {
+        while !finished, !isPaused {
+            switch framer.next(in: UnsafeRawBufferPointer(rebasing: input[inputStart..<inputEnd])) {
+            case .needMore:
+                return
+            case .tooLarge:
+                return finish(.protocolViolation("a reply longer than \(framer.maxMessageBytes) bytes"))
+            case .message(let length):
+                let message = [UInt8](UnsafeRawBufferPointer(rebasing: input[inputStart..<(inputStart + length)]))
+                inputStart += length + 1
+                if let violation = dispatch(message) { return finish(.protocolViolation(violation)) }
+            }
+        }
+    }
+
+    /// Gives `message` to the oldest waiting call; returns what is wrong when it cannot be.
+    private func dispatch(_ message: [UInt8]) -> String? {
+        let next = shared.withLock { shared -> Responder? in
+            guard let first = shared.waiting.first else { return nil }
+            if case .single = first { shared.waiting.removeFirst() }
+            return first
+        }
+        guard let next else { return "a reply to no call" }
+        switch next {
+        case .single(let reply):
+            reply.complete(.success(message))
+        case .stream(let sink):
+            // A stream's reply is read here: whether more follow decides who gets the next one.
+            var tape = JSONTape(maxDepth: 512, reservingTokens: 64)
+            do {
+                try message.withUnsafeBufferPointer { try tape.parse($0) }
+            } catch {
+                return "an unreadable reply: \(error)"
+            }
+            let (last, more) = message.withUnsafeBufferPointer { bytes in
+                tape.withView(bytes) { view -> (Bool, Bool) in
+                    let parameters = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
+                    let continues = view.member("continues", of: 0).flatMap(view.bool) ?? false
+                    if let error = view.member("error", of: 0), view.kind(error) == .string {
+                        shared.withLock { _ = $0.waiting.removeFirst() }
+                        let parameterValues = parameters.map { view.value($0).objectValue ?? [:] } ?? [:]
+                        sink.fail(UserStoreError(daemonError: view.string(error), parameters: parameterValues))
+                        return (true, true)
+                    }
+                    if !continues { shared.withLock { _ = $0.waiting.removeFirst() } }
+                    return (!continues, sink.receive(view, parameters, last: !continues))
+                }
+            }
+            if !last, !more {
+                isPaused = true
+                shared.withLock { shared in
+                    shared.paused = true
+                    updateInterest(shared)
+                }
+            }
+        }
+        return nil
+    }
+
+    /// Releases the descriptor; calls still waiting fail with `error` (nil: closed by us, they
+    /// failed already).
+    private func finish(_ error: UserStoreError?) {
+        guard !finished else { return }
+        finished = true
+        let waiting = shared.withLock { shared -> CircularBuffer<Responder> in
+            if shared.closed == nil { shared.closed = error ?? .closed("the connection closed") }
+            shared.output = []
+            shared.released = true
+            defer { shared.waiting.removeAll() }
+            return shared.waiting
+        }
+        let token = shared.withLock { shared in
+            defer { shared.token = 0 }
+            return shared.token
+        }
+        if token != 0 { loop.unregister(descriptor, token: token) }
+        Glibc.close(descriptor)
+        let failure = shared.withLock { $0.closed! }
+        for responder in waiting { responder.fail(failure) }
+        onClose(self)
+    }
+}
+
+/// The call never left: the connection had closed already. Safe to send again elsewhere.
+struct NotSent: Error {}
