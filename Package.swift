@@ -38,14 +38,14 @@ let package = Package(
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // The varlink protocol: exact JSON, framing, messages, a blocking client.
         .target(name: "Varlink", dependencies: ["CUnixSocket"]),
-        // The Swift client applications import: a pipelining connection pool over swift-nio
-        // (it depends on neither GRDB nor the daemon).
+        // The Swift client applications import: a pipelining connection pool on the daemon's own
+        // epoll loop (Varlink's EventLoop) and NIOCore's data structures (it depends on neither
+        // GRDB nor the daemon).
         .target(
             name: "UserStoreClient",
             dependencies: [
                 "Varlink",
                 .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
