@@ -166,7 +166,10 @@ package final class EventLoop: @unchecked Sendable {
                 }
             }
             runTimers()
-            while !soon.isEmpty {
+            // One batch per turn: tasks that queue more (a task that yields, two that resume
+            // each other) must not keep the loop from its descriptors; the next wait then
+            // does not block.
+            if !soon.isEmpty {
                 let tasks = soon
                 soon.removeAll(keepingCapacity: true)
                 for task in tasks { task() }
@@ -190,6 +193,7 @@ package final class EventLoop: @unchecked Sendable {
     }
 
     private func timeoutMilliseconds() -> Int32 {
+        if !soon.isEmpty { return 0 }
         guard let next = timers.min(by: { $0.deadline < $1.deadline })?.deadline else { return -1 }
         let now = StoreClock.now()
         return next <= now ? 0 : Int32(min((next - now + 999_999) / 1_000_000, 60_000))

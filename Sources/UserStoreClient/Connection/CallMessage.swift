@@ -58,8 +58,10 @@ struct CallMessage {
     }
 
     private mutating func writeParameters(_ parameters: Parameters) {
+        if case .positional(let values) = parameters, values.isEmpty { return }
         if !firstField { writer.raw(byte: UInt8(ascii: ",")) }
-        if !writeParameterList(parameters) { writer.bytes.removeLast() }
+        firstField = false
+        _ = writeParameterList(parameters)
     }
 
     /// Writes `"parameters":…`; false (and nothing written) when there are none to write.

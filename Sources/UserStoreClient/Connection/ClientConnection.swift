@@ -113,8 +113,10 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         return connection
     }
 
-    /// Whether the connection has closed (or is closing).
-    var isClosed: Bool { shared.withLock { $0.closed != nil } }
+    /// Whether the connection has closed (or is closing): one atomic load, for the pool's
+    /// every look at its slots.
+    var isClosed: Bool { closedFlag.load(ordering: .relaxed) }
+    private let closedFlag = Atomic<Bool>(false)
 
     /// Sends `message` (a whole varlink message, NUL included), with `descriptors` passed along
     /// (`SCM_RIGHTS`), and queues `responder` for its replies.
@@ -174,8 +176,13 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     /// to release it. Under the lock, so the descriptor is still ours.
     private func closeLocked(_ shared: inout Shared, _ error: UserStoreError) {
         shared.closed = error
+        closedFlag.store(true, ordering: .relaxed)
         shared.output = []
-        if !shared.released { Glibc.shutdown(descriptor, Int32(SHUT_RDWR)) }
+        guard !shared.released else { return }
+        Glibc.shutdown(descriptor, Int32(SHUT_RDWR))
+        // Off epoll (the daemon hung up while a stream was paused), no event will come to
+        // release the descriptor: the loop does it now.
+        if shared.token == 0 { loop.execute { [self] in finish(nil) } }
     }
 
     /// A stream's consumer wants more: read again (on the loop).
@@ -249,7 +256,9 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
             }
             inputEnd += received
             deliver()
-            if received < free { return }
+            // A short read means the socket is drained, unless the daemon hung up: then the
+            // descriptor is off epoll and only reading on to the end finds the EOF.
+            if received < free, !hungUp { return }
         }
     }
 
@@ -320,12 +329,12 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
                     let parameters = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
                     let continues = view.member("continues", of: 0).flatMap(view.bool) ?? false
                     if let error = view.member("error", of: 0), view.kind(error) == .string {
-                        shared.withLock { _ = $0.waiting.removeFirst() }
+                        removeHead(sink)
                         let parameterValues = parameters.map { view.value($0).objectValue ?? [:] } ?? [:]
                         sink.fail(UserStoreError(daemonError: view.string(error), parameters: parameterValues))
                         return (true, true)
                     }
-                    if !continues { shared.withLock { _ = $0.waiting.removeFirst() } }
+                    if !continues { removeHead(sink) }
                     return (!continues, sink.receive(view, parameters, last: !continues))
                 }
             }
@@ -340,6 +349,14 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         return nil
     }
 
+    /// Takes the stream `sink` off the head of the queue, if it is still there: a `close` from
+    /// another thread may have emptied the queue while its reply was being read.
+    private func removeHead(_ sink: RowStreamSink) {
+        shared.withLock { shared in
+            if case .stream(let head)? = shared.waiting.first, head === sink { shared.waiting.removeFirst() }
+        }
+    }
+
     /// Releases the descriptor; calls still waiting fail with `error` (nil: closed by us, they
     /// failed already).
     private func finish(_ error: UserStoreError?) {
@@ -347,6 +364,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         finished = true
         let waiting = shared.withLock { shared -> CircularBuffer<Responder> in
             if shared.closed == nil { shared.closed = error ?? .closed("the connection closed") }
+            closedFlag.store(true, ordering: .relaxed)
             shared.output = []
             shared.released = true
             defer { shared.waiting.removeAll() }

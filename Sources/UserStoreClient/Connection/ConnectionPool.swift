@@ -53,6 +53,9 @@ final class ConnectionPool: Sendable {
         var slots: [Slot]
         var waiters: [UInt64: CheckedContinuation<Void, any Error>] = [:]
         var nextWaiter: UInt64 = 0
+        /// Counts wake-ups, so a caller that decided to wait sees one that came before it
+        /// registered (and looks again instead of sleeping through it).
+        var wakeups: UInt64 = 0
         var failures = 0
         var retryAt = NIODeadline.uptimeNanoseconds(0)
         var lastFailure = ""
@@ -63,7 +66,8 @@ final class ConnectionPool: Sendable {
     private enum Step {
         case leased(Lease)
         case connect(slot: Int)
-        case wait
+        /// Wait for a wake-up after the `seen`th; `retryAt`: connecting is allowed again then.
+        case wait(seen: UInt64, retryAt: NIODeadline?)
         case fail(UserStoreError)
     }
 
@@ -96,14 +100,20 @@ final class ConnectionPool: Sendable {
                     connectFailed(slot: slot, error)
                     throw UserStoreError.connectFailed("cannot connect to \(configuration.socketPath): \(Self.describe(error))")
                 }
-            case .wait:
-                try await waitForRelease()
+            case .wait(let seen, let retryAt):
+                if let retryAt { wakeWaiters(at: retryAt) }
+                try await waitForRelease(seen: seen)
             }
         }
     }
 
     private func next(_ state: inout State, exclusive: Bool) -> Step {
         guard !state.shutDown else { return .fail(.shutDown()) }
+        // A connection closed by its holder or a failed write is useless at once, before the
+        // loop has released it (its `dropped` then changes nothing).
+        for index in state.slots.indices where state.slots[index].connection?.isClosed == true {
+            state.slots[index].replace(with: nil)
+        }
         var best: Int?
         for index in state.slots.indices {
             let slot = state.slots[index]
@@ -122,7 +132,9 @@ final class ConnectionPool: Sendable {
             state.slots[free].connecting = true
             return .connect(slot: free)
         }
-        if state.slots.contains(where: { $0.connection != nil || $0.connecting }) { return .wait }
+        if state.slots.contains(where: { $0.connection != nil || $0.connecting }) {
+            return .wait(seen: state.wakeups, retryAt: free != nil ? state.retryAt : nil)
+        }
         let wait = max(0, (state.retryAt - .now()).nanoseconds / 1_000_000)
         return .fail(.connectFailed("cannot connect to \(configuration.socketPath): \(state.lastFailure) (next attempt in \(wait) ms)"))
     }
@@ -186,8 +198,9 @@ final class ConnectionPool: Sendable {
         if exclusiveEnded { wakeWaiters() }
     }
 
-    /// Waits until a connection is released, opened or dropped (then the caller looks again).
-    private func waitForRelease() async throws {
+    /// Waits until a connection is released, opened or dropped after the `seen`th wake-up
+    /// (then the caller looks again).
+    private func waitForRelease(seen: UInt64) async throws {
         let id = state.withLock { state -> UInt64 in
             state.nextWaiter += 1
             return state.nextWaiter
@@ -197,18 +210,33 @@ final class ConnectionPool: Sendable {
                 let resumeNow: (any Error)?? = state.withLock { state in
                     if state.shutDown { return .some(UserStoreError.shutDown()) }
                     if Task.isCancelled { return .some(CancellationError()) }
+                    if state.wakeups != seen { return .some(nil) }
                     state.waiters[id] = continuation
                     return .none
                 }
-                if let error = resumeNow { continuation.resume(throwing: error!) }
+                switch resumeNow {
+                case .some(.some(let error)): continuation.resume(throwing: error)
+                case .some(.none): continuation.resume()
+                case .none: break
+                }
             }
         } onCancel: {
             state.withLock { $0.waiters.removeValue(forKey: id) }?.resume(throwing: CancellationError())
         }
     }
 
+    /// Wakes the waiters at `deadline` (when a back-off ends, so they may connect).
+    private func wakeWaiters(at deadline: NIODeadline) {
+        let delay = max(0, (deadline - .now()).nanoseconds)
+        Task { [weak self] in
+            try? await Task.sleep(nanoseconds: UInt64(delay))
+            self?.wakeWaiters()
+        }
+    }
+
     private func wakeWaiters() {
         let waiters = state.withLock { state in
+            state.wakeups &+= 1
             defer { state.waiters.removeAll() }
             return Array(state.waiters.values)
         }
