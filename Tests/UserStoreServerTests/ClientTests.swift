@@ -9,11 +9,13 @@ import UserStoreClient
 @Suite(.serialized) struct ClientTests {
     static let migrations = ["0001_notes.sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL, n INTEGER);\n"]
 
-    /// A daemon with these migrations. Its transaction idle limit is a minute: the other suites
-    /// run in parallel and can starve the cooperative pool (2 threads here) for seconds, which
-    /// must not expire a transaction between two of its calls.
+    /// A daemon with these migrations. Its transaction limits (idle, and total) are five and ten
+    /// minutes: the other suites run in parallel and can starve the cooperative pool (2 threads
+    /// here) for tens of seconds on a loaded machine, which must not expire a transaction
+    /// between two of its calls. No test here relies on those limits.
     static func daemon(_ migrations: [String: String]) throws -> DaemonHarness {
-        try DaemonHarness(migrations: migrations, extraConfig: "limits:\n  transactionIdleMilliseconds: 60000\n")
+        try DaemonHarness(migrations: migrations,
+                          extraConfig: "limits:\n  transactionIdleMilliseconds: 300000\n  transactionMilliseconds: 600000\n")
     }
 
     struct Note: Decodable, Equatable {
