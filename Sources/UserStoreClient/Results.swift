@@ -95,6 +95,14 @@ enum Replies {
     /// - Throws: the daemon's error as a ``UserStoreError``; a reply that is not valid varlink,
     ///   or that says more follow (`continues`), as ``UserStoreError/Kind/protocolViolation``.
     static func read<T>(_ bytes: [UInt8], _ body: (JSONView, Int?) throws -> T) throws -> T {
+        try readStreamed(bytes) { view, parameters, continues in
+            if continues { throw UserStoreError.protocolViolation("a reply with continues to a call without more") }
+            return try body(view, parameters)
+        }
+    }
+
+    /// ``read(_:_:)`` for a reply to a call with `more`: `body` also learns whether more follow.
+    static func readStreamed<T>(_ bytes: [UInt8], _ body: (JSONView, Int?, _ continues: Bool) throws -> T) throws -> T {
         var tape = JSONTape(maxDepth: 512, reservingTokens: 64)
         return try bytes.withUnsafeBufferPointer { buffer in
             do {
@@ -108,10 +116,8 @@ enum Replies {
                 if let error = view.member("error", of: 0), view.kind(error) == .string {
                     throw UserStoreError(daemonError: view.string(error), parameters: parameters.map { view.value($0).objectValue ?? [:] } ?? [:])
                 }
-                if let continues = view.member("continues", of: 0), view.bool(continues) == true {
-                    throw UserStoreError.protocolViolation("a reply with continues to a call without more")
-                }
-                return try body(view, parameters)
+                let continues = view.member("continues", of: 0).flatMap(view.bool) ?? false
+                return try body(view, parameters, continues)
             }
         }
     }

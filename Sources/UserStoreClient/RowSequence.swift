@@ -107,10 +107,10 @@ final class RowStreamSink: NIOAsyncSequenceProducerDelegate, Sendable {
             return state.completed
         }
         guard let completed else { return }
-        // Stopped early, the connection is closed (by the pool, which discards it): that ends the
-        // stream on the daemon's side too (it rolls back the read and frees the store) without
-        // reading the rest.
-        if completed { produceMore() }
+        // Completed, the connection reads on (the last reply and an error reply never pause it)
+        // and goes back to the pool. Stopped early, the pool closes it: that ends the stream on
+        // the daemon's side too (it rolls back the read and frees the store) without reading
+        // the rest.
         onEnd(completed)
     }
 }

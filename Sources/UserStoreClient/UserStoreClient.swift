@@ -186,11 +186,15 @@ enum ClientLoop {
 /// Runs tasks on the client's loop, the thread that reads the daemon's replies: a call made
 /// there is written and its reply handed back without waking any other thread.
 final class ClientLoopExecutor: TaskExecutor {
+    /// The one instance: a task executor is compared by identity, so every
+    /// `client.executor` must be the same object.
+    static let shared = ClientLoopExecutor()
+
     /// Nil when the loop could not start (then jobs run on the global executor, and calls fail
     /// with the reason when they connect).
     let loop: Varlink.EventLoop?
 
-    init() {
+    private init() {
         loop = try? ClientLoop.shared()
     }
 
@@ -214,5 +218,5 @@ extension UserStoreClient {
     ///
     /// Keep heavy computation off it. Everything on it shares one thread with the reading of
     /// every reply.
-    public var executor: any TaskExecutor { ClientLoopExecutor() }
+    public var executor: any TaskExecutor { ClientLoopExecutor.shared }
 }

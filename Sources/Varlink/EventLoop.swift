@@ -17,9 +17,11 @@ package protocol EventHandler: AnyObject {
 /// The daemon's own, rather than SwiftNIO's, because a varlink peer may pass file descriptors
 /// with a call (`SCM_RIGHTS`, as systemd's varlink services do) and NIO reads stream sockets
 /// with `read(2)`, which makes the kernel drop them; this loop's connections use `recvmsg(2)`.
+/// UserStoreClient reads its replies on one too (docs/design.md says why).
 ///
-/// Thread-safety: ``execute(_:)`` and ``inEventLoop`` from anywhere; everything else only on
-/// the loop's thread (its state is confined there, hence `@unchecked Sendable`).
+/// Thread-safety: ``execute(_:)``, ``executeSoon(_:)``, ``modify(_:token:events:)`` and
+/// ``inEventLoop`` from anywhere; everything else only on the loop's thread (its state is
+/// confined there, hence `@unchecked Sendable`).
 package final class EventLoop: @unchecked Sendable {
     package let name: String
     private let epoll: Int32

@@ -33,8 +33,8 @@ struct CallMessage {
 
     /// `sql` and, when there are any, `parameters`.
     mutating func statement(_ statement: Statement) {
-        field("sql", statement.sql)
-        writeParameters(statement.parameters)
+        name("sql")
+        writeStatement(statement)
     }
 
     /// `statements`: a Batch's list.
@@ -43,40 +43,27 @@ struct CallMessage {
         writer.raw(byte: UInt8(ascii: "["))
         for (offset, statement) in statements.enumerated() {
             if offset > 0 { writer.raw(byte: UInt8(ascii: ",")) }
-            writer.raw(byte: UInt8(ascii: "{"))
-            writer.raw("\"sql\":")
-            writer.write(statement.sql)
-            writer.raw(byte: UInt8(ascii: ","))
-            if writeParameterList(statement.parameters) {
-                writer.raw(byte: UInt8(ascii: "}"))
-            } else {
-                writer.bytes.removeLast() // the comma: no parameters
-                writer.raw(byte: UInt8(ascii: "}"))
-            }
+            writer.raw("{\"sql\":")
+            writeStatement(statement)
+            writer.raw(byte: UInt8(ascii: "}"))
         }
         writer.raw(byte: UInt8(ascii: "]"))
     }
 
-    private mutating func writeParameters(_ parameters: Parameters) {
-        if case .positional(let values) = parameters, values.isEmpty { return }
-        if !firstField { writer.raw(byte: UInt8(ascii: ",")) }
-        firstField = false
-        _ = writeParameterList(parameters)
-    }
-
-    /// Writes `"parameters":…`; false (and nothing written) when there are none to write.
-    private mutating func writeParameterList(_ parameters: Parameters) -> Bool {
-        switch parameters {
+    /// The value of `sql`, then `,"parameters":…` when there are any.
+    private mutating func writeStatement(_ statement: Statement) {
+        writer.write(statement.sql)
+        switch statement.parameters {
         case .positional(let values):
-            guard !values.isEmpty else { return false }
-            writer.raw("\"parameters\":[")
+            guard !values.isEmpty else { return }
+            writer.raw(",\"parameters\":[")
             for (offset, value) in values.enumerated() {
                 if offset > 0 { writer.raw(byte: UInt8(ascii: ",")) }
                 write(value)
             }
             writer.raw(byte: UInt8(ascii: "]"))
         case .named(let values):
-            writer.raw("\"parameters\":{")
+            writer.raw(",\"parameters\":{")
             // Sorted, so one call always makes the same bytes (the daemon caches statements by them).
             for (offset, key) in values.keys.sorted().enumerated() {
                 if offset > 0 { writer.raw(byte: UInt8(ascii: ",")) }
@@ -86,7 +73,6 @@ struct CallMessage {
             }
             writer.raw(byte: UInt8(ascii: "}"))
         }
-        return true
     }
 
     /// A value as the daemon binds it exactly: integers as integer literals, reals always with a

@@ -31,7 +31,7 @@ enum Responder: Sendable {
 /// splits them at their NULs and hands each to its caller. Only what the socket would not take
 /// at once waits for the loop (`EPOLLOUT`).
 ///
-/// Thread-safety: ``send(_:descriptors:to:)``, ``close(_:)``, ``resumeReading()`` and
+/// Thread-safety: ``send(_:to:)``, ``close(_:)``, ``resumeReading()`` and
 /// ``isClosed`` from anywhere (the shared state is under `shared`); the reading side only on
 /// the loop's thread, hence `@unchecked Sendable`.
 final class ClientConnection: EventHandler, @unchecked Sendable {
@@ -88,12 +88,8 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { throw TransportError.system("socket", errno) }
         let result = UnixSocketAddress.with(path: path) { address, length in Glibc.connect(descriptor, address, length) }
-        guard let result else {
-            Glibc.close(descriptor)
-            throw UserStoreError.connectFailed("the socket path is longer than 107 bytes: \(path)")
-        }
         if result != 0 {
-            let code = errno
+            let code = result == nil ? ENAMETOOLONG : errno // a path longer than sun_path's 107 bytes
             Glibc.close(descriptor)
             throw TransportError.system("connect", code)
         }
@@ -118,40 +114,26 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     var isClosed: Bool { closedFlag.load(ordering: .relaxed) }
     private let closedFlag = Atomic<Bool>(false)
 
-    /// Sends `message` (a whole varlink message, NUL included), with `descriptors` passed along
-    /// (`SCM_RIGHTS`), and queues `responder` for its replies.
+    /// Sends `message` (a whole varlink message, NUL included) and queues `responder` for its
+    /// replies.
     ///
     /// - Throws: ``NotSent`` when nothing of the message went out (the connection had closed):
     ///   the call did not run, and may be sent elsewhere.
-    func send(_ message: [UInt8], descriptors: [Int32] = [], to responder: Responder) throws(NotSent) {
+    func send(_ message: [UInt8], to responder: Responder) throws(NotSent) {
         try shared.withLock { (shared: inout Shared) throws(NotSent) in
             guard shared.closed == nil else { throw NotSent() }
             shared.waiting.append(responder)
             guard shared.output.isEmpty else {
-                // Descriptors go with a message's first byte; this one must wait its turn.
-                guard descriptors.isEmpty else {
-                    shared.waiting.removeLast()
-                    throw NotSent()
-                }
                 shared.output.append(contentsOf: message)
                 return
             }
-            let written = message.withUnsafeBytes { bytes in
-                descriptors.withUnsafeBufferPointer { fds in
-                    us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, fds.baseAddress, Int32(fds.count))
-                }
-            }
+            let written = message.withUnsafeBytes { bytes in us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, nil, 0) }
             if written == message.count { return }
             if written < 0 {
                 let code = errno
                 guard code == EAGAIN || code == EWOULDBLOCK || code == EINTR else {
                     shared.waiting.removeLast()
                     closeLocked(&shared, .closed("cannot write to the daemon: \(String(cString: strerror(code)))"))
-                    throw NotSent()
-                }
-                guard descriptors.isEmpty else {
-                    // Not one byte went, so the descriptors did not either: let the caller retry.
-                    shared.waiting.removeLast()
                     throw NotSent()
                 }
             }
@@ -300,50 +282,41 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
             case .message(let length):
                 let message = [UInt8](UnsafeRawBufferPointer(rebasing: input[inputStart..<(inputStart + length)]))
                 inputStart += length + 1
-                if let violation = dispatch(message) { return finish(.protocolViolation(violation)) }
+                if let violation = dispatch(message) { return finish(violation) }
             }
         }
     }
 
     /// Gives `message` to the oldest waiting call; returns what is wrong when it cannot be.
-    private func dispatch(_ message: [UInt8]) -> String? {
+    private func dispatch(_ message: [UInt8]) -> UserStoreError? {
         let next = shared.withLock { shared -> Responder? in
             guard let first = shared.waiting.first else { return nil }
             if case .single = first { shared.waiting.removeFirst() }
             return first
         }
-        guard let next else { return "a reply to no call" }
+        guard let next else { return .protocolViolation("a reply to no call") }
         switch next {
         case .single(let reply):
             reply.complete(.success(message))
         case .stream(let sink):
             // A stream's reply is read here: whether more follow decides who gets the next one.
-            var tape = JSONTape(maxDepth: 512, reservingTokens: 64)
             do {
-                try message.withUnsafeBufferPointer { try tape.parse($0) }
-            } catch {
-                return "an unreadable reply: \(error)"
-            }
-            let (last, more) = message.withUnsafeBufferPointer { bytes in
-                tape.withView(bytes) { view -> (Bool, Bool) in
-                    let parameters = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
-                    let continues = view.member("continues", of: 0).flatMap(view.bool) ?? false
-                    if let error = view.member("error", of: 0), view.kind(error) == .string {
-                        removeHead(sink)
-                        let parameterValues = parameters.map { view.value($0).objectValue ?? [:] } ?? [:]
-                        sink.fail(UserStoreError(daemonError: view.string(error), parameters: parameterValues))
-                        return (true, true)
-                    }
+                let wantsMore = try Replies.readStreamed(message) { view, parameters, continues in
                     if !continues { removeHead(sink) }
-                    return (!continues, sink.receive(view, parameters, last: !continues))
+                    return sink.receive(view, parameters, last: !continues) || !continues
                 }
-            }
-            if !last, !more {
-                isPaused = true
-                shared.withLock { shared in
-                    shared.paused = true
-                    updateInterest(shared)
+                if !wantsMore {
+                    isPaused = true
+                    shared.withLock { shared in
+                        shared.paused = true
+                        updateInterest(shared)
+                    }
                 }
+            } catch let error as UserStoreError where error.kind == .daemon {
+                removeHead(sink) // the daemon's error ends the stream
+                sink.fail(error)
+            } catch {
+                return error as? UserStoreError ?? .protocolViolation("\(error)")
             }
         }
         return nil
@@ -362,21 +335,19 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private func finish(_ error: UserStoreError?) {
         guard !finished else { return }
         finished = true
-        let waiting = shared.withLock { shared -> CircularBuffer<Responder> in
+        let (waiting, token, failure) = shared.withLock { shared in
             if shared.closed == nil { shared.closed = error ?? .closed("the connection closed") }
             closedFlag.store(true, ordering: .relaxed)
             shared.output = []
             shared.released = true
-            defer { shared.waiting.removeAll() }
-            return shared.waiting
-        }
-        let token = shared.withLock { shared in
-            defer { shared.token = 0 }
-            return shared.token
+            defer {
+                shared.waiting.removeAll()
+                shared.token = 0
+            }
+            return (shared.waiting, shared.token, shared.closed!)
         }
         if token != 0 { loop.unregister(descriptor, token: token) }
         Glibc.close(descriptor)
-        let failure = shared.withLock { $0.closed! }
         for responder in waiting { responder.fail(failure) }
         onClose(self)
     }

@@ -109,13 +109,11 @@ final class ConnectionPool: Sendable {
 
     private func next(_ state: inout State, exclusive: Bool) -> Step {
         guard !state.shutDown else { return .fail(.shutDown()) }
-        // A connection closed by its holder or a failed write is useless at once, before the
-        // loop has released it (its `dropped` then changes nothing).
-        for index in state.slots.indices where state.slots[index].connection?.isClosed == true {
-            state.slots[index].replace(with: nil)
-        }
         var best: Int?
         for index in state.slots.indices {
+            // A connection closed by its holder or a failed write is useless at once, before the
+            // loop has released it (its `dropped` then changes nothing).
+            if state.slots[index].connection?.isClosed == true { state.slots[index].replace(with: nil) }
             let slot = state.slots[index]
             guard slot.connection != nil, !slot.exclusive else { continue }
             if best == nil || slot.inFlight < state.slots[best!].inFlight { best = index }

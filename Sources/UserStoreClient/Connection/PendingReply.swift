@@ -17,19 +17,7 @@ final class PendingReply: Sendable {
 
     /// Delivers the reply's bytes (or the connection's failure); from any thread, once.
     func complete(_ result: Result<[UInt8], any Error>) {
-        let waiter = state.withLock { state -> UnsafeContinuation<[UInt8], any Error>? in
-            switch state {
-            case .pending:
-                state = .done(result)
-                return nil
-            case .waiting(let continuation):
-                state = .over
-                return continuation
-            case .done, .over:
-                return nil
-            }
-        }
-        waiter?.resume(with: result)
+        settle(.done(result))?.resume(with: result)
     }
 
     /// Waits for the reply. `cancellable`: a cancelled task stops waiting with
@@ -42,19 +30,25 @@ final class PendingReply: Sendable {
         return try await withTaskCancellationHandler {
             try await withUnsafeThrowingContinuation { wait($0) }
         } onCancel: {
-            let waiter = state.withLock { state -> UnsafeContinuation<[UInt8], any Error>? in
-                switch state {
-                case .pending:
-                    state = .over
-                    return nil
-                case .waiting(let continuation):
-                    state = .over
-                    return continuation
-                case .done, .over:
-                    return nil
-                }
+            settle(.over)?.resume(throwing: CancellationError())
+        }
+    }
+
+    /// The first outcome (a reply, or the waiter giving up) wins: a pending reply takes
+    /// `outcome`; a waiting one ends, and its continuation is returned to be resumed (outside
+    /// the lock); a settled one stays as it is.
+    private func settle(_ outcome: State) -> UnsafeContinuation<[UInt8], any Error>? {
+        state.withLock { state in
+            switch state {
+            case .pending:
+                state = outcome
+                return nil
+            case .waiting(let continuation):
+                state = .over
+                return continuation
+            case .done, .over:
+                return nil
             }
-            waiter?.resume(throwing: CancellationError())
         }
     }
 
