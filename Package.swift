@@ -94,7 +94,7 @@ let package = Package(
         .target(
             name: "UserStoreCtl",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
+                "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
@@ -140,7 +140,7 @@ let package = Package(
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
         .testTarget(
             name: "UserStoreServerTests",
-            dependencies: ["UserStoreServer", "Varlink", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
+            dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient"]
         ),
     ],

@@ -78,17 +78,7 @@ public struct UserStore: Sendable {
         var message = CallMessage(method: Method.query)
         message.field("user", user)
         message.statement(Statement(sql, Parameters.positional(parameters)))
-        let pool = client.pool
-        let lease = try await pool.acquire(exclusive: true)
-        let sink = RowStreamSink(connection: lease.connection) { completed in pool.release(lease, discard: !completed) }
-        let bufferRows = max(4, client.configuration.streamBufferRows)
-        let sequence = sink.makeSequence(lowWatermark: bufferRows / 4, highWatermark: bufferRows)
-        do {
-            try lease.connection.send(message.finish(more: true), to: .stream(sink))
-        } catch {
-            sink.fail(UserStoreClient.public(error))
-        }
-        return sequence
+        return RowSequence(producer: try await client.stream(message.finish(more: true), as: RowStreamDecoder.self))
     }
 
     /// Runs `body` in an interactive transaction and commits it when `body` returns; rolls it

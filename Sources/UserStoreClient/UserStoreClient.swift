@@ -113,6 +113,16 @@ public final class UserStoreClient: Service, Sendable {
         await pool.shutdown()
     }
 
+    /// Opens a connection now, if none is open: the pool otherwise connects on the first call.
+    /// For learning at startup whether the daemon is reachable.
+    ///
+    /// - Throws: ``UserStoreError/Kind/connectionFailed`` (its ``UserStoreError/systemError``
+    ///   says why), or ``UserStoreError/Kind/clientShutDown``.
+    public func connect() async throws {
+        let lease = try await pool.acquire(exclusive: false)
+        pool.release(lease)
+    }
+
     /// Connections open right now.
     public var openConnections: Int { pool.openConnections }
 
@@ -120,13 +130,14 @@ public final class UserStoreClient: Service, Sendable {
 
     /// Sends `message` on a shared connection and returns the reply's bytes.
     /// `readOnly`: the call cannot write, so it is sent again (once) if its connection broke.
-    func call(_ message: [UInt8], readOnly: Bool = false) async throws -> [UInt8] {
+    /// `descriptors` go with it (see ``ClientConnection/send(_:descriptors:to:)``).
+    func call(_ message: [UInt8], readOnly: Bool = false, passing descriptors: [Int32] = []) async throws -> [UInt8] {
         var attempt = 0
         while true {
             attempt += 1
             let lease = try await pool.acquire(exclusive: false)
             do {
-                let reply = try await send(message, on: lease, cancellable: true)
+                let reply = try await send(message, passing: descriptors, on: lease, cancellable: true)
                 pool.release(lease)
                 return reply
             } catch {
@@ -143,10 +154,10 @@ public final class UserStoreClient: Service, Sendable {
     /// Sends `message` on `lease`'s connection and waits for the reply's bytes. `cancellable`: a
     /// cancelled task stops waiting (the call may still run); otherwise the reply is awaited
     /// whatever happens (Commit and Rollback must learn their outcome).
-    func send(_ message: [UInt8], on lease: ConnectionPool.Lease, cancellable: Bool) async throws -> [UInt8] {
+    func send(_ message: [UInt8], passing descriptors: [Int32] = [], on lease: ConnectionPool.Lease, cancellable: Bool) async throws -> [UInt8] {
         if cancellable { try Task.checkCancellation() }
         let reply = PendingReply()
-        try lease.connection.send(message, to: .single(reply))
+        try lease.connection.send(message, descriptors: descriptors, to: .single(reply))
         return try await reply.value(cancellable: cancellable)
     }
 
@@ -219,4 +230,37 @@ extension UserStoreClient {
     /// Keep heavy computation off it. Everything on it shares one thread with the reading of
     /// every reply.
     public var executor: any TaskExecutor { ClientLoopExecutor.shared }
+}
+
+extension UserStoreClient {
+    // MARK: Any method
+
+    /// Calls any method of the daemon's interfaces (io.userstore.Store, io.userstore.Admin) by
+    /// name and returns its reply's parameters: for tools and the calls the typed API does not
+    /// cover (`userstorectl` is built on it).
+    ///
+    /// ```swift
+    /// import Varlink // JSONValue
+    /// let status = try await client.call("io.userstore.Admin.Status")
+    /// let open = status["openStores"]?.integerValue
+    /// ```
+    ///
+    /// The call is sent once: it is never retried after it left (it may have written).
+    ///
+    /// - Parameter descriptors: open file descriptors passed with the call (`SCM_RIGHTS`), as
+    ///   `io.userstore.Admin.ImportStore` takes its file. They stay yours: close them after the
+    ///   call returns.
+    /// - Throws: ``UserStoreError``: the daemon's error (``UserStoreError/Kind/daemon``) or the
+    ///   transport's.
+    public func call(_ method: String, _ parameters: [String: JSONValue] = [:], passing descriptors: [Int32] = []) async throws -> [String: JSONValue] {
+        try Replies.parameters(try await call(CallMessage(method: method, parameters: parameters).finish(), passing: descriptors))
+    }
+
+    /// Calls any method with `more` and returns its replies' parameters as they come (the
+    /// last one included): the fleet's `Migrate`/`Verify` progress, `ListStores`,
+    /// `ExportStore`, ... Backpressure and ending early work as for ``UserStore/stream(_:_:)``.
+    public func stream(_ method: String, _ parameters: [String: JSONValue] = [:]) async throws -> ReplySequence {
+        let message = CallMessage(method: method, parameters: parameters).finish(more: true)
+        return ReplySequence(producer: try await stream(message, as: ReplyStreamDecoder.self))
+    }
 }

@@ -44,18 +44,24 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
     public let parameters: [String: SQLValue]
     /// What went wrong, in words: the daemon's `message` or `reason` parameter, or the transport's.
     public let message: String
+    /// The operating system's error number (`errno`) behind a ``Kind/connectionFailed``:
+    /// `ENOENT` (no socket), `ECONNREFUSED` (no daemon behind it), `EACCES` (not in the
+    /// socket's group), ...; nil for the other kinds.
+    public let systemError: Int32?
 
-    init(kind: Kind, name: String, message: String) {
+    init(kind: Kind, name: String, message: String, systemError: Int32? = nil) {
         self.kind = kind
         self.name = name
         self.qualifiedName = nil
         self.parameters = [:]
         self.message = message
+        self.systemError = systemError
     }
 
     /// The daemon's error reply `qualifiedName` with `parameters`.
     init(daemonError qualifiedName: String, parameters: [String: JSONValue]) {
         kind = .daemon
+        systemError = nil
         self.qualifiedName = qualifiedName
         name = qualifiedName.split(separator: ".").last.map(String.init) ?? qualifiedName
         var scalars: [String: SQLValue] = [:]
@@ -96,8 +102,8 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
         UserStoreError(kind: .connectionClosed, name: "ConnectionClosed", message: detail)
     }
 
-    static func connectFailed(_ detail: String) -> UserStoreError {
-        UserStoreError(kind: .connectionFailed, name: "ConnectionFailed", message: detail)
+    static func connectFailed(_ detail: String, systemError: Int32? = nil) -> UserStoreError {
+        UserStoreError(kind: .connectionFailed, name: "ConnectionFailed", message: detail, systemError: systemError)
     }
 
     static func protocolViolation(_ detail: String) -> UserStoreError {

@@ -1,3 +1,5 @@
+import Foundation
+import UserStoreClient
 import Varlink
 
 /// Exit codes scripts can trust (documented in `userstorectl --help` and docs/cli.md).
@@ -26,18 +28,29 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
 
     public var description: String { message }
 
-    /// A varlink error reply, in words.
-    static func from(_ error: VarlinkError, socket: String) -> CtlError {
-        let short = error.name.split(separator: ".").last.map(String.init) ?? error.name
+    /// The daemon's error reply `name` (qualified or short) with its `parameters`, in words.
+    static func from(name: String, parameters: [String: SQLValue], socket: String) -> CtlError {
+        let short = name.split(separator: ".").last.map(String.init) ?? name
         let detail = ["message", "reason", "problems", "parameter", "user", "migration"].compactMap { key -> String? in
-            guard let value = error.parameters[key] else { return nil }
-            return "\(key): \(value.stringValue ?? value.serialized)"
+            guard let value = parameters[key] else { return nil }
+            return "\(key): \(text(value))"
         }.joined(separator: "; ")
         // PermissionDenied with statement: true refuses one statement (ATTACH, the bookkeeping);
         // only a refused caller (the access rules) means exit code 3.
-        let accessDenied = short == "PermissionDenied" && error.parameters["statement"] != .bool(true)
+        let accessDenied = short == "PermissionDenied" && parameters["statement"] != .integer(1)
         let code: CtlExitCode = accessDenied ? .unreachable : .someFailed
         let prefix = accessDenied ? "\(socket): permission denied" : short
         return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")
+    }
+
+    /// A parameter as printed: text as it is, anything else as JSON.
+    private static func text(_ value: SQLValue) -> String {
+        switch value {
+        case .null: return "null"
+        case .integer(let integer): return String(integer)
+        case .real(let real): return JSONValue.real(real).serialized
+        case .text(let text): return text
+        case .blob(let data): return data.base64EncodedString()
+        }
     }
 }

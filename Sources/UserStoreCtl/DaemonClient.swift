@@ -1,59 +1,119 @@
-import Foundation
+import Dispatch
+#if canImport(Glibc)
+import Glibc
+#endif
+import Synchronization
+import UserStoreClient
 import Varlink
 
-/// A connection to userstored for the CLI: every failure becomes a ``CtlError`` with the
-/// right exit code and a one-line message that names the socket.
-public final class DaemonClient {
+/// userstorectl's connection to userstored: a ``UserStoreClient`` with one connection (an
+/// interactive transaction belongs to its connection), driven from the command's thread.
+/// Every failure becomes a ``CtlError`` with the right exit code and a one-line message that
+/// names the socket.
+///
+/// The calls block the calling thread while the client's own thread (`client.executor`) does
+/// the work, so they need no thread of Swift's cooperative pool: a command may call them from
+/// `async` code too, even on a one-core machine.
+public final class DaemonClient: Sendable {
     /// The socket used when neither `--socket` nor `USERSTORE_SOCKET` says otherwise.
     public static let defaultSocket = "/run/userstore/userstore.sock"
 
     public let socketPath: String
-    private let connection: VarlinkConnection
+    private let client: UserStoreClient
 
+    /// Connects to the daemon at `socketPath` (exit code 3 if it cannot).
     public init(socketPath: String) throws(CtlError) {
         self.socketPath = socketPath
+        var configuration = UserStoreClient.Configuration(socketPath: socketPath)
+        configuration.connections = 1
+        client = UserStoreClient(configuration: configuration)
         do {
-            connection = try VarlinkConnection(path: socketPath)
-        } catch {
-            let hint = error.isPermissionDenied ? " (permission denied: is this user in the socket's group?)" : " (is userstored running?)"
+            try blocking { [client] in try await client.connect() }
+        } catch let error as UserStoreError where error.kind == .connectionFailed {
+            let denied = error.systemError == EACCES || error.systemError == EPERM
+            let hint = denied ? " (permission denied: is this user in the socket's group?)" : " (is userstored running?)"
             throw CtlError(.unreachable, "userstorectl: cannot reach userstored at \(socketPath): \(Self.reason(error))\(hint)")
+        } catch {
+            throw CtlError(.unreachable, "userstorectl: cannot reach userstored at \(socketPath): \(error)")
         }
     }
 
-    /// Calls a method and returns its reply.
+    deinit {
+        let client = self.client
+        Task(executorPreference: client.executor) { await client.shutdown() }
+    }
+
+    /// Calls a method and returns its reply. `descriptors` travel with it (`SCM_RIGHTS`).
     public func call(_ method: String, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) throws(CtlError) -> [String: JSONValue] {
         do {
-            return try connection.call(method, parameters, descriptors: descriptors)
-        } catch let error as VarlinkError {
-            throw CtlError.from(error, socket: socketPath)
+            return try blocking { [client] in try await client.call(method, parameters, passing: descriptors) }
         } catch {
-            throw CtlError(.unreachable, "userstorectl: lost the connection to userstored at \(socketPath): \(error)")
+            throw failure(error)
         }
     }
 
-    /// Calls a streaming method; `body` sees each reply, the last one included.
+    /// Calls a streaming method; `body` sees each reply, the last one included, on this thread.
     public func stream(_ method: String, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) throws(CtlError) {
         do {
-            try connection.stream(method, parameters, body)
-        } catch let error as VarlinkError {
-            throw CtlError.from(error, socket: socketPath)
+            let replies = IteratorBox(try blocking { [client] in try await client.stream(method, parameters) }.makeAsyncIterator())
+            while let reply = try blocking({ try await replies.next() }) {
+                try body(reply)
+            }
         } catch let error as CtlError {
             throw error
         } catch {
-            if Interrupt.requested { throw CtlError(.interrupted, "interrupted") }
-            throw CtlError(.unreachable, "userstorectl: lost the connection to userstored at \(socketPath): \(error)")
+            throw failure(error)
         }
     }
 
-    /// Lets Ctrl-C end a blocking read on this connection.
+    /// Lets Ctrl-C end the call in flight: the connection closes (the daemon stops the work it
+    /// has not started) and the call fails with exit code 130.
     public func interruptOnSignal() {
-        Interrupt.watch(connection.descriptor)
+        Interrupt.watch { [client] in
+            Task(executorPreference: client.executor) { await client.shutdown() }
+        }
     }
 
-    private static func reason(_ error: VarlinkConnection.TransportError) -> String {
-        switch error {
-        case .cannotConnect(_, let message, _): return message
-        default: return error.description
+    private func failure(_ error: any Error) -> CtlError {
+        if Interrupt.requested { return CtlError(.interrupted, "interrupted") }
+        guard let error = error as? UserStoreError else {
+            return CtlError(.unreachable, "userstorectl: lost the connection to userstored at \(socketPath): \(error)")
         }
+        if error.kind == .daemon {
+            return CtlError.from(name: error.qualifiedName ?? error.name, parameters: error.parameters, socket: socketPath)
+        }
+        return CtlError(.unreachable, "userstorectl: lost the connection to userstored at \(socketPath): \(error.message)")
+    }
+
+    private static func reason(_ error: UserStoreError) -> String {
+        guard let code = error.systemError else { return error.message }
+        return String(cString: strerror(code))
+    }
+
+    /// Runs `operation` on the client's thread and waits for it here.
+    private func blocking<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) throws -> T {
+        let outcome = Mutex<Result<T, any Error>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task(executorPreference: client.executor) {
+            let result: Result<T, any Error>
+            do { result = .success(try await operation()) } catch { result = .failure(error) }
+            outcome.withLock { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        return try outcome.withLock { $0! }.get()
+    }
+}
+
+/// A stream's iterator, advanced from the command's thread one `next()` at a time.
+private final class IteratorBox: @unchecked Sendable { // one next() at a time: each waits for the last (DaemonClient.blocking)
+    private var iterator: ReplySequence.AsyncIterator
+
+    init(_ iterator: ReplySequence.AsyncIterator) {
+        self.iterator = iterator
+    }
+
+    func next() async throws -> [String: JSONValue]? {
+        try await iterator.next()
     }
 }

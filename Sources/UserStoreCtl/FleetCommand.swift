@@ -132,7 +132,7 @@ extension FleetCommand {
             do { ids.append(try UserID(user)) } catch { throw CtlError(.usage, "userstorectl: invalid user ID '\(user)': \(error)") }
         }
         let tally = tally(total: ids.count)
-        Interrupt.watch(-1)
+        Interrupt.watch()
         let kind = self.kind
         await fleet.forEach(ids, parallel: parallel ?? fleet.configuration.fleetParallelism, { registry, user in
             switch kind {

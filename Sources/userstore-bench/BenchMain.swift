@@ -33,7 +33,7 @@ struct BenchCommand: AsyncParsableCommand {
         let selected = Set(only.split(separator: ",").map(String.init))
         if selected.contains("1") { try await scenarios.pointQueries() }
         if selected.contains("2") { try await scenarios.durableWrites() }
-        if selected.contains("3") { try scenarios.coldOpen() }
+        if selected.contains("3") { try await scenarios.coldOpen() }
         if selected.contains("4") { try await scenarios.fleetMigration() }
         if selected.contains("5") { try await scenarios.memory() }
         if selected.contains("6") { try await scenarios.transactions() }

@@ -1,6 +1,6 @@
 import Foundation
 import UserStoreCore
-import Varlink
+import UserStoreClient
 
 extension Scenarios {
     // MARK: 5. Memory
@@ -13,16 +13,22 @@ extension Scenarios {
         let names = users(count, prefix: "m")
         try env.clone(seed, into: data, users: names)
         let (daemon, socket) = try env.startDaemon(name: "memory", data: data, migrations: env.exampleMigrations, maxOpenStores: 1024)
+        // Sixteen tasks open the users one after another, over a pool of sixteen connections.
+        let client = UserStoreClient(configuration: { var c = UserStoreClient.Configuration(socketPath: socket); c.connections = 16; return c }())
         let next = Counter()
         let started = nanoseconds()
-        let result = runLoad(threads: 16, seconds: 3600) { _ in
-            let client = SocketClient(path: socket)
-            return {
-                let index = next.next()
-                guard index < names.count else { return false }
-                return client.roundTrip(Array("{\"method\":\"io.userstore.Store.Open\",\"parameters\":{\"user\":\"\(names[index])\"}}".utf8) + [0])
+        let failures = await withTaskGroup(of: Int.self) { group in
+            for _ in 0..<16 {
+                group.addTask {
+                    var failures = 0
+                    while case let index = next.next(), index < names.count {
+                        if (try? await client.store(for: names[index]).open()) == nil { failures += 1 }
+                    }
+                    return failures
+                }
             }
-        } stopWhen: { next.value >= names.count }
+            return await group.reduce(0, +)
+        }
         let seconds = Double(nanoseconds() - started) / 1e9
         let status = (try? String(contentsOfFile: "/proc/\(daemon.processIdentifier)/status", encoding: .utf8)) ?? ""
         let rss = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") }.flatMap { Double($0.split(separator: " ").dropFirst().first ?? "") } ?? 0
@@ -32,11 +38,12 @@ extension Scenarios {
         }
         let fds = fdTargets.count
         let storeFDs = fdTargets.filter { $0.hasPrefix(data + "/stores/") }.count
-        let openStores = (try? VarlinkConnection(path: socket).call("io.userstore.Admin.Status"))?["openStores"]?.integerValue ?? 0
+        let openStores = (try? await client.call("io.userstore.Admin.Status"))?["openStores"]?.integerValue ?? 0
+        await client.shutdown()
         env.stop(daemon)
         let perStore = Double(storeFDs) / Double(max(openStores, 1))
         measurements.append(Measurement(scenario: "5. memory", subject: "RSS after touching \(count) users", value: rss / 1024, unit: "MiB",
-                                        note: "\(fds) open fds, \(storeFDs) of them on the \(openStores) open stores: \(format(perStore)) per store; \(Int(result.throughput)) opens/s over \(format(seconds)) s"))
+                                        note: "\(fds) open fds, \(storeFDs) of them on the \(openStores) open stores: \(format(perStore)) per store; \(Int(Double(names.count) / seconds)) opens/s over \(format(seconds)) s\(errors(failures))"))
         targets.append(TargetCheck(target: "memory < 256 MiB RSS after \(count) users", measured: "\(format(rss / 1024)) MiB", met: rss / 1024 < 256))
         targets.append(TargetCheck(target: "≤ 2 fds per open store", measured: format(perStore), met: perStore <= 2))
     }

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import UserStoreClient
 import UserStoreCore
 
 extension Scenarios {
@@ -15,22 +16,21 @@ extension Scenarios {
         for userCount in quick ? [100] : [100, 1000] {
             try await pointQueries(users: userCount, postgres: postgres)
         }
-        try metricsCost()
+        try await metricsCost()
     }
 
     /// Every store open and every page in its cache (one full scan each), as pgbench's table
     /// sits in shared buffers; then a short run.
-    func warm(socket: String, users: [String], load: LoadGenerator, workload: LoadGenerator.Workload) {
-        let client = SocketClient(path: socket)
-        for user in users {
-            _ = client.roundTrip(Array("{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"\(user)\",\"sql\":\"SELECT sum(length(value)) FROM kv\"}}".utf8) + [0])
+    func warm(socket: String, users: [String], load: LoadGenerator, workload: LoadGenerator.Workload) async {
+        _ = try? await UserStoreClient.withClient(socketPath: socket) { client in
+            for user in users { _ = try? await client.store(for: user).query("SELECT sum(length(value)) FROM kv") }
         }
         _ = load.run(socket: socket, connections: 8, seconds: min(seconds, 2), workload)
     }
 
     /// The cost of metrics: 8-client point queries on 100 users with metrics off and on,
     /// alternating (off, on, off, on) on the same files.
-    private mutating func metricsCost() throws {
+    private mutating func metricsCost() async throws {
         guard let load else { return }
         log("1. point query: metrics off and on")
         let data = env.root + "/point100-data", migrations = env.root + "/point100-migrations"
@@ -38,7 +38,7 @@ extension Scenarios {
         var rates: [Bool: [Double]] = [false: [], true: []]
         for metrics in [false, true, false, true] {
             let (daemon, socket) = try env.startDaemon(name: "metrics-\(metrics)", data: data, migrations: migrations, metrics: metrics)
-            warm(socket: socket, users: users(100), load: load, workload: workload)
+            await warm(socket: socket, users: users(100), load: load, workload: workload)
             rates[metrics]!.append(load.run(socket: socket, connections: 8, seconds: seconds, workload).throughput)
             env.stop(daemon)
         }
@@ -61,7 +61,7 @@ extension Scenarios {
             measurements.append(Measurement(scenario: scenario, subject: "userstored", value: 0, unit: "req/s", note: "userstore-load not built"))
             return
         }
-        warm(socket: socket, users: fleet.users, load: load, workload: workload)
+        await warm(socket: socket, users: fleet.users, load: load, workload: workload)
         var postgresAt8: Double?
         for clients in [1, 8, 64] {
             let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
@@ -122,14 +122,6 @@ extension Scenarios {
                                             note: String(format: "userstored pipelined / PostgreSQL pipelined = %.2f×", pipelined.throughput / max(queries, 1))))
         }
 
-        // The Swift client (a thread per two connections, poll): the client most Swift code would write.
-        let requests = fleet.users.map { Array("{\"method\":\"io.userstore.Store.Query\",\"parameters\":{\"user\":\"\($0)\",\"sql\":\"\(Self.pointQuery)\",\"parameters\":[".utf8) }
-        let swift = runConnections(8, seconds: seconds, socket: socket) { index in
-            var random = FastRandom(state: UInt64(index + 1) * 7919)
-            return { requests[random.below(requests.count)] + Array("\(random.below(10_000) + 1)]}}".utf8) + [0] }
-        }
-        measurements.append(Measurement(scenario: scenario, subject: "userstored, Swift client, 8 connections", value: swift.throughput, unit: "req/s",
-                                        p50: swift.latencies.percentile(0.5), p99: swift.latencies.percentile(0.99), note: errors(swift.errors)))
         env.stop(daemon)
 
         // In-process GRDB on the same files: what SQLite itself costs (no socket, no JSON).

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import UserStoreClient
 import UserStoreCore
 
 /// The five scenarios of the benchmark issue, each with its baseline measured in the same run.
@@ -31,24 +32,25 @@ struct Scenarios {
 
     // MARK: 3. Cold open
 
-    mutating func coldOpen() throws {
+    mutating func coldOpen() async throws {
         log("3. cold open")
         var p50: [Bool: Double] = [:]
         for template in [false, true] {
             let name = template ? "cold-template" : "cold"
             let (daemon, socket) = try env.startDaemon(name: name, data: env.root + "/\(name)-data", migrations: env.exampleMigrations, template: template)
-            let client = SocketClient(path: socket)
+            let client = UserStoreClient(socketPath: socket)
             let count = quick ? 100 : 300
             var samples: [UInt64] = []
             var failures = 0
             let started = nanoseconds()
             for index in 0..<count {
-                let request = Array("{\"method\":\"io.userstore.Store.Open\",\"parameters\":{\"user\":\"cold\(index)\"}}".utf8) + [0]
+                let store = client.store(for: "cold\(index)")
                 let before = nanoseconds()
-                if !client.roundTrip(request) { failures += 1 }
+                if (try? await store.open()) == nil { failures += 1 }
                 samples.append(nanoseconds() - before)
             }
             let rate = Double(count) / (Double(nanoseconds() - started) / 1e9)
+            await client.shutdown()
             env.stop(daemon)
             let latencies = Latencies(samples: samples)
             p50[template] = latencies.percentile(0.5)

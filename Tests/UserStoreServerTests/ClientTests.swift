@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 import UserStoreClient
+import Varlink
 
 /// UserStoreClient against a live daemon: the calls applications make, exact values, pooling
 /// and pipelining, transactions (commit, rollback, cancellation), streamed queries, and a
@@ -282,6 +283,69 @@ import UserStoreClient
             #expect(writing?.name == "SQLError")
             #expect(writing?.code == 8)
             #expect(try await gina.query("SELECT count(*) FROM notes")[0].decode(Int.self, column: 0) == count)
+        }
+    }
+
+    /// The untyped calls tools use (userstorectl is built on them): any method, streamed
+    /// replies, and a file passed as a descriptor with its call while other calls are queued on
+    /// the same connection (it must reach the import, not a call before it).
+    @Test(.timeLimit(.minutes(2)))
+    func anyMethodCanBeCalledStreamedAndPassedAFile() async throws {
+        let daemon = try Self.daemon(Self.migrations)
+        try daemon.start()
+        let exported = NSTemporaryDirectory() + "client-export-\(getpid()).db"
+        defer { unlink(exported) }
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
+            let hana = client.store(for: "hana")
+            for n in 1...50 { try await hana.execute("INSERT INTO notes(body, n) VALUES (?, ?)", "note \(n)", n) }
+            let status = try await client.call("io.userstore.Admin.Status")
+            #expect(status["openStores"]?.integerValue == 1)
+            let unknown = await #expect(throws: UserStoreError.self) { try await client.call("io.userstore.Admin.NoSuchMethod") }
+            #expect(unknown?.name == "MethodNotFound")
+
+            var file = Data(), replies = 0
+            for try await reply in try await client.stream("io.userstore.Admin.ExportStore", ["user": "hana", "format": "sqlite"]) {
+                replies += 1
+                if let chunk = reply["chunk"]?.stringValue { file.append(try #require(Data(base64Encoded: chunk))) }
+            }
+            #expect(replies >= 1)
+            #expect(file.starts(with: Data("SQLite format 3\0".utf8)))
+            try file.write(to: URL(fileURLWithPath: exported))
+
+            let descriptor = open(exported, O_RDONLY | O_CLOEXEC)
+            try #require(descriptor >= 0)
+            defer { close(descriptor) }
+            // Pipelined on the one connection: reads before and after the import, and calls of
+            // 4 MB whose bytes the socket cannot take at once, so that calls queue behind them
+            // (then the descriptor waits for its own call's first byte).
+            let big = String(repeating: "x", count: 4 << 20)
+            let counts = try await withThrowingTaskGroup(of: Int64?.self) { group in
+                for index in 0..<20 {
+                    if index % 4 == 1 {
+                        group.addTask {
+                            try await client.store(for: "kay").execute("INSERT INTO notes(body) VALUES (?)", big)
+                            return nil
+                        }
+                    }
+                    if index == 10 {
+                        group.addTask {
+                            _ = try await client.call("io.userstore.Admin.ImportStore", ["user": "iris"], passing: [descriptor])
+                            return nil
+                        }
+                    }
+                    group.addTask { try await hana.query("SELECT count(*) FROM notes")[0].decode(Int64.self, column: 0) }
+                }
+                return try await group.reduce(into: [Int64]()) { if let count = $1 { $0.append(count) } }
+            }
+            #expect(counts == Array(repeating: 50, count: 20))
+            let iris = try await client.store(for: "iris").query(Note.self, "SELECT * FROM notes ORDER BY id")
+            #expect(iris.count == 50)
+            #expect(iris.last == Note(id: 50, body: "note 50", n: 50))
+            // Without the descriptor, the daemon says what is missing.
+            let missing = await #expect(throws: UserStoreError.self) {
+                try await client.call("io.userstore.Admin.ImportStore", ["user": "jack"])
+            }
+            #expect(missing?.kind == .daemon)
         }
     }
 

@@ -11,7 +11,7 @@ enum Responder: Sendable {
     /// One reply, handed over as its bytes (the caller parses it, on its own thread).
     case single(PendingReply)
     /// Replies until one comes without `continues` (a call with `more`).
-    case stream(RowStreamSink)
+    case stream(any StreamResponder)
 
     func fail(_ error: any Error) {
         switch self {
@@ -39,6 +39,8 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         var waiting = CircularBuffer<Responder>(initialCapacity: 16)
         /// Bytes the socket did not take yet.
         var output: [UInt8] = []
+        /// Descriptors to pass with the call at `offset` of `output`, `length` bytes long.
+        var outputDescriptors: [(offset: Int, length: Int, descriptors: [Int32])] = []
         /// Why the connection closed; set once, never cleared.
         var closed: UserStoreError?
         /// The descriptor was closed (by the loop): nothing may touch it any more.
@@ -115,19 +117,25 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private let closedFlag = Atomic<Bool>(false)
 
     /// Sends `message` (a whole varlink message, NUL included) and queues `responder` for its
-    /// replies.
+    /// replies. `descriptors` go with the message's first byte (`SCM_RIGHTS`, as the daemon's
+    /// `ImportStore` takes a file); the caller keeps them open until the reply.
     ///
     /// - Throws: ``NotSent`` when nothing of the message went out (the connection had closed):
     ///   the call did not run, and may be sent elsewhere.
-    func send(_ message: [UInt8], to responder: Responder) throws(NotSent) {
+    func send(_ message: [UInt8], descriptors: [Int32] = [], to responder: Responder) throws(NotSent) {
         try shared.withLock { (shared: inout Shared) throws(NotSent) in
             guard shared.closed == nil else { throw NotSent() }
             shared.waiting.append(responder)
             guard shared.output.isEmpty else {
+                if !descriptors.isEmpty { shared.outputDescriptors.append((shared.output.count, message.count, descriptors)) }
                 shared.output.append(contentsOf: message)
                 return
             }
-            let written = message.withUnsafeBytes { bytes in us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, nil, 0) }
+            let written = message.withUnsafeBytes { bytes in
+                descriptors.withUnsafeBufferPointer { fds in
+                    us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, fds.baseAddress, Int32(fds.count))
+                }
+            }
             if written == message.count { return }
             if written < 0 {
                 let code = errno
@@ -137,6 +145,8 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
                     throw NotSent()
                 }
             }
+            // Nothing went: the descriptors wait with the bytes (once any went, they went too).
+            if written <= 0, !descriptors.isEmpty { shared.outputDescriptors.append((0, message.count, descriptors)) }
             shared.output.append(contentsOf: message[max(0, written)...])
             updateInterest(shared)
         }
@@ -160,6 +170,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         shared.closed = error
         closedFlag.store(true, ordering: .relaxed)
         shared.output = []
+        shared.outputDescriptors = []
         guard !shared.released else { return }
         Glibc.shutdown(descriptor, Int32(SHUT_RDWR))
         // Off epoll (the daemon hung up while a stream was paused), no event will come to
@@ -213,10 +224,23 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private func flush() {
         shared.withLock { shared in
             guard !shared.output.isEmpty, shared.closed == nil else { return }
+            // The daemon gives descriptors to the call that holds the last byte of the read they
+            // came with, and a read ends with the write that carried them. So that write starts
+            // at its call's first byte and ends within that call; and a write without them stops
+            // before the next call that has some.
+            let first = shared.outputDescriptors.first
+            let passing = first?.offset == 0 ? first!.descriptors : []
+            let next = passing.isEmpty ? (first?.offset ?? shared.output.count) : first!.length
             let written = shared.output.withUnsafeBytes { bytes in
-                us_send_with_fds(descriptor, bytes.baseAddress, bytes.count, nil, 0)
+                passing.withUnsafeBufferPointer { fds in
+                    us_send_with_fds(descriptor, bytes.baseAddress, min(next, bytes.count), fds.baseAddress, Int32(fds.count))
+                }
             }
-            if written > 0 { shared.output.removeFirst(written) }
+            if written > 0 {
+                shared.output.removeFirst(written)
+                if !passing.isEmpty { shared.outputDescriptors.removeFirst() }
+                for index in shared.outputDescriptors.indices { shared.outputDescriptors[index].offset -= written }
+            }
             if written < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR { return } // the read side sees the end
             if shared.output.isEmpty { updateInterest(shared) }
         }
@@ -324,7 +348,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
 
     /// Takes the stream `sink` off the head of the queue, if it is still there: a `close` from
     /// another thread may have emptied the queue while its reply was being read.
-    private func removeHead(_ sink: RowStreamSink) {
+    private func removeHead(_ sink: any StreamResponder) {
         shared.withLock { shared in
             if case .stream(let head)? = shared.waiting.first, head === sink { shared.waiting.removeFirst() }
         }
@@ -339,6 +363,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
             if shared.closed == nil { shared.closed = error ?? .closed("the connection closed") }
             closedFlag.store(true, ordering: .relaxed)
             shared.output = []
+            shared.outputDescriptors = []
             shared.released = true
             defer {
                 shared.waiting.removeAll()

@@ -59,6 +59,7 @@ final class ConnectionPool: Sendable {
         var failures = 0
         var retryAt = NIODeadline.uptimeNanoseconds(0)
         var lastFailure = ""
+        var lastFailureCode: Int32?
         var shutDown = false
     }
 
@@ -98,7 +99,8 @@ final class ConnectionPool: Sendable {
                     connected(connection, slot: slot)
                 } catch {
                     connectFailed(slot: slot, error)
-                    throw UserStoreError.connectFailed("cannot connect to \(configuration.socketPath): \(Self.describe(error))")
+                    throw UserStoreError.connectFailed("cannot connect to \(configuration.socketPath): \(Self.describe(error))",
+                                                       systemError: Self.code(error))
                 }
             case .wait(let seen, let retryAt):
                 if let retryAt { wakeWaiters(at: retryAt) }
@@ -134,7 +136,8 @@ final class ConnectionPool: Sendable {
             return .wait(seen: state.wakeups, retryAt: free != nil ? state.retryAt : nil)
         }
         let wait = max(0, (state.retryAt - .now()).nanoseconds / 1_000_000)
-        return .fail(.connectFailed("cannot connect to \(configuration.socketPath): \(state.lastFailure) (next attempt in \(wait) ms)"))
+        return .fail(.connectFailed("cannot connect to \(configuration.socketPath): \(state.lastFailure) (next attempt in \(wait) ms)",
+                                    systemError: state.lastFailureCode))
     }
 
     private func connected(_ connection: ClientConnection, slot index: Int) {
@@ -159,6 +162,7 @@ final class ConnectionPool: Sendable {
             let delay = TimeAmount.nanoseconds(min(doubled, configuration.maximumReconnectDelay.nanoseconds))
             state.retryAt = .now() + delay
             state.lastFailure = Self.describe(error)
+            state.lastFailureCode = Self.code(error)
             return delay
         }
         logger.warning("cannot connect to the daemon", metadata: ["socket": "\(configuration.socketPath)", "error": "\(Self.describe(error))",
@@ -255,6 +259,12 @@ final class ConnectionPool: Sendable {
 
     /// How many connections are open now (for tests and status).
     var openConnections: Int { state.withLock { $0.slots.filter { $0.connection != nil }.count } }
+
+    /// The `errno` of a failed connect.
+    static func code(_ error: any Error) -> Int32? {
+        if case .system(_, let code)? = error as? TransportError { return code }
+        return nil
+    }
 
     static func describe(_ error: any Error) -> String {
         if let error = error as? TransportError { return error.description }

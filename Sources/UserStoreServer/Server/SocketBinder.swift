@@ -37,9 +37,13 @@ enum SocketBinder {
         }
     }
 
-    /// Whether something accepts connections on `path`.
+    /// Whether something accepts connections on `path` (a bare connect: a stale socket file
+    /// refuses it).
     static func isLive(_ path: String) -> Bool {
-        (try? VarlinkConnection(path: path)) != nil
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard descriptor >= 0 else { return false }
+        defer { close(descriptor) }
+        return UnixSocketAddress.with(path: path) { connect(descriptor, $0, $1) } == 0
     }
 
     /// Applies the configured mode and group to a socket the daemon bound.

@@ -1,11 +1,13 @@
 import CUnixSocket
+import Varlink
 import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// A blocking varlink client connection over a Unix socket, for the CLI and tests.
-/// Not thread-safe: one caller at a time.
+/// A blocking varlink client connection over a Unix socket, for the tests that speak the
+/// protocol itself (raw bytes, malformed calls, descriptor passing, pipelining). Applications
+/// and the repo's tools use UserStoreClient. Not thread-safe: one caller at a time.
 public final class VarlinkConnection {
     /// The socket path.
     public let path: String

@@ -1,0 +1,185 @@
+import NIOCore
+import Synchronization
+import Varlink
+
+/// The rows of a streamed query (``UserStore/stream(_:_:)``), as they arrive.
+///
+/// The daemon sends the result in chunks while the client reads them; when this sequence's
+/// buffer holds more than its high watermark of rows the client stops reading the socket, the
+/// daemon's socket buffer fills, and the daemon stops stepping the statement until the consumer
+/// catches up: memory stays bounded on both sides whatever the result's size.
+///
+/// A stream holds one pooled connection, and the user's store (as a read transaction: it sees
+/// one snapshot, and that user's other calls wait) until it ends. Iterate it to the end, or
+/// stop early: leaving the loop or cancelling the task ends the stream (the connection is
+/// closed, which ends it on the daemon's side too). Iterate it once.
+public struct RowSequence: AsyncSequence, Sendable {
+    public typealias Element = Row
+    let producer: StreamSink<RowStreamDecoder>.Producer
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: StreamSink<RowStreamDecoder>.Producer.AsyncIterator
+
+        public mutating func next() async throws -> Row? {
+            try await base.next()
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: producer.makeAsyncIterator())
+    }
+}
+
+/// The replies of a call made with `more` (``UserStoreClient/stream(_:_:)``): each reply's
+/// parameters, as they arrive, the last one (without `continues`) included.
+///
+/// Backpressure, the connection it holds and ending it early work as for ``RowSequence``.
+public struct ReplySequence: AsyncSequence, Sendable {
+    public typealias Element = [String: JSONValue]
+    let producer: StreamSink<ReplyStreamDecoder>.Producer
+
+    public struct AsyncIterator: AsyncIteratorProtocol {
+        var base: StreamSink<ReplyStreamDecoder>.Producer.AsyncIterator
+
+        public mutating func next() async throws -> [String: JSONValue]? {
+            try await base.next()
+        }
+    }
+
+    public func makeAsyncIterator() -> AsyncIterator {
+        AsyncIterator(base: producer.makeAsyncIterator())
+    }
+}
+
+/// Turns one streamed reply (its view and the index of its `parameters` object) into elements.
+protocol StreamDecoder: Sendable {
+    associatedtype Element: Sendable
+    init()
+    mutating func decode(_ view: JSONView, _ parameters: Int?) throws -> [Element]
+}
+
+/// A streamed Query's rows; every reply names the columns, the first one's serve for all.
+struct RowStreamDecoder: StreamDecoder {
+    private var columns: Columns?
+
+    mutating func decode(_ view: JSONView, _ parameters: Int?) throws -> [Row] {
+        let columns = self.columns ?? Replies.columns(view, parameters)
+        self.columns = columns
+        return try Replies.rows(view, parameters, columns: columns)
+    }
+}
+
+/// Any method's streamed replies, one element (its parameters) per reply.
+struct ReplyStreamDecoder: StreamDecoder {
+    mutating func decode(_ view: JSONView, _ parameters: Int?) throws -> [[String: JSONValue]] {
+        [parameters.map { view.value($0).objectValue ?? [:] } ?? [:]]
+    }
+}
+
+/// What a connection needs of a stream: its replies in, its end out. (Not generic, so a
+/// connection's queue can hold any stream.)
+protocol StreamResponder: AnyObject, Sendable {
+    /// Takes one reply; false when the consumer has enough buffered for now (stop reading).
+    func receive(_ view: JSONView, _ parameters: Int?, last: Bool) -> Bool
+    /// Ends the stream with `error`.
+    @discardableResult
+    func fail(_ error: any Error) -> Bool
+}
+
+/// Feeds a stream's replies into its sequence on the client's loop, and turns the consumer's
+/// demand into reading the socket or not.
+final class StreamSink<Decoder: StreamDecoder>: StreamResponder, NIOAsyncSequenceProducerDelegate {
+    typealias Producer = NIOThrowingAsyncSequenceProducer<Decoder.Element, any Error,
+                                                          NIOAsyncSequenceProducerBackPressureStrategies.HighLowWatermark, StreamSink>
+
+    private struct State {
+        var source: Producer.Source?
+        var decoder = Decoder()
+        var completed = false
+        var terminated = false
+    }
+
+    private let state = Mutex(State())
+    private let connection: ClientConnection
+    /// Runs once when the stream is over, however it ended (gives the connection back).
+    private let onEnd: @Sendable (_ completed: Bool) -> Void
+
+    init(connection: ClientConnection, onEnd: @escaping @Sendable (_ completed: Bool) -> Void) {
+        self.connection = connection
+        self.onEnd = onEnd
+    }
+
+    /// Makes the sequence this sink feeds.
+    func makeProducer(lowWatermark: Int, highWatermark: Int) -> Producer {
+        let made = Producer.makeSequence(backPressureStrategy: .init(lowWatermark: lowWatermark, highWatermark: highWatermark),
+                                         finishOnDeinit: false, delegate: self)
+        state.withLock { $0.source = made.source }
+        return made.sequence
+    }
+
+    func receive(_ view: JSONView, _ parameters: Int?, last: Bool) -> Bool {
+        let decoded = state.withLock { state -> Result<(Producer.Source, [Decoder.Element]), any Error>? in
+            guard let source = state.source else { return nil }
+            return Result { (source, try state.decoder.decode(view, parameters)) }
+        }
+        let source: Producer.Source, elements: [Decoder.Element]
+        switch decoded {
+        case nil: return true
+        case .failure(let error): return fail(error) // not completed: the connection is closed
+        case .success(let made): (source, elements) = made
+        }
+        if last { state.withLock { $0.completed = true } }
+        let result = source.yield(contentsOf: elements)
+        if last { source.finish() }
+        return result == .produceMore || last
+    }
+
+    @discardableResult
+    func fail(_ error: any Error) -> Bool {
+        let source = state.withLock { state -> Producer.Source? in
+            // The daemon's error reply ends the stream on both sides: the connection is fine.
+            if (error as? UserStoreError)?.kind == .daemon { state.completed = true }
+            defer { state.source = nil }
+            return state.source
+        }
+        source?.finish(error)
+        return true
+    }
+
+    func produceMore() {
+        connection.resumeReading()
+    }
+
+    func didTerminate() {
+        let completed = state.withLock { state -> Bool? in
+            guard !state.terminated else { return nil }
+            state.terminated = true
+            state.source = nil
+            return state.completed
+        }
+        guard let completed else { return }
+        // Completed, the connection reads on (the last reply and an error reply never pause it)
+        // and goes back to the pool. Stopped early, the pool closes it: that ends the stream on
+        // the daemon's side too (it rolls back the read and frees the store) without reading
+        // the rest.
+        onEnd(completed)
+    }
+}
+
+extension UserStoreClient {
+    /// Sends `message` (a call with `more`) on a connection of its own and returns the sink
+    /// and producer of its replies.
+    func stream<Decoder: StreamDecoder>(_ message: [UInt8], as _: Decoder.Type) async throws -> StreamSink<Decoder>.Producer {
+        let pool = self.pool
+        let lease = try await pool.acquire(exclusive: true)
+        let sink = StreamSink<Decoder>(connection: lease.connection) { completed in pool.release(lease, discard: !completed) }
+        let bufferRows = max(4, configuration.streamBufferRows)
+        let producer = sink.makeProducer(lowWatermark: bufferRows / 4, highWatermark: bufferRows)
+        do {
+            try lease.connection.send(message, to: .stream(sink))
+        } catch {
+            sink.fail(UserStoreClient.public(error))
+        }
+        return producer
+    }
+}
