@@ -2,6 +2,7 @@
 #include "unix_socket.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -90,4 +91,11 @@ int us_cpu_count(void) {
     if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
     int count = CPU_COUNT(&set);
     return count > 0 ? count : 1;
+}
+
+void us_set_thread_name(const char *name) {
+    char truncated[16];
+    strncpy(truncated, name, sizeof truncated - 1);
+    truncated[sizeof truncated - 1] = 0;
+    pthread_setname_np(pthread_self(), truncated);
 }

@@ -1,6 +1,8 @@
+import Foundation
 import Logging
 import NIOCore
 import ServiceLifecycle
+import Synchronization
 import Varlink
 
 /// A client of `userstored`: a pool of connections to its Unix socket, shared by every task
@@ -177,58 +179,88 @@ public final class UserStoreClient: Service, Sendable {
     }
 }
 
-/// The loop that reads every client's replies in this process, started on first use.
+/// The loops that read every client's replies in this process, started on first use: one per
+/// two cores (at most four), or `USERSTORE_CLIENT_THREADS` (1 to 16). A pool spreads its
+/// connections over them; a task on ``UserStoreClient/executor`` resumes on the loop that read
+/// its reply.
+///
+/// Why not one per core: on 2 cores, where the daemon runs too, a second loop raised the
+/// client's CPU per call from 12 to 17-19 µs (more threads to switch between) and gave no
+/// throughput (docs/performance.md).
 enum ClientLoop {
-    private static let loop = Result<Varlink.EventLoop, any Error> {
-        let loop = try Varlink.EventLoop(name: "userstore-client")
-        loop.start()
-        return loop
+    private static let loops = Result<[Varlink.EventLoop], any Error> {
+        let count = threads(environment: ProcessInfo.processInfo.environment, cores: ProcessInfo.processInfo.activeProcessorCount)
+        return try (0..<count).map { index in
+            let loop = try Varlink.EventLoop(name: count == 1 ? "userstore-client" : "userstore-client-\(index)")
+            loop.start()
+            return loop
+        }
     }
 
-    static func shared() throws -> Varlink.EventLoop {
+    /// How many loops: `USERSTORE_CLIENT_THREADS` when it is a number from 1 to 16, else one per
+    /// two cores, from one to four.
+    static func threads(environment: [String: String], cores: Int) -> Int {
+        if let configured = environment["USERSTORE_CLIENT_THREADS"].flatMap(Int.init), (1...16).contains(configured) { return configured }
+        return min(4, max(1, cores / 2))
+    }
+
+    /// Every loop.
+    static func all() throws -> [Varlink.EventLoop] {
         do {
-            return try loop.get()
+            return try loops.get()
         } catch {
             throw UserStoreError.connectFailed("cannot start the client's event loop: \(error)")
         }
     }
+
+    /// The loop for a pool's connection in `slot` (spread round the loops).
+    static func forSlot(_ slot: Int) throws -> Varlink.EventLoop {
+        let loops = try all()
+        return loops[slot % loops.count]
+    }
 }
 
-/// Runs tasks on the client's loop, the thread that reads the daemon's replies: a call made
+/// Runs tasks on the client's loops, the threads that read the daemon's replies: a call made
 /// there is written and its reply handed back without waking any other thread.
 final class ClientLoopExecutor: TaskExecutor {
     /// The one instance: a task executor is compared by identity, so every
     /// `client.executor` must be the same object.
     static let shared = ClientLoopExecutor()
 
-    /// Nil when the loop could not start (then jobs run on the global executor, and calls fail
-    /// with the reason when they connect).
-    let loop: Varlink.EventLoop?
+    /// Empty when the loops could not start (then jobs run on the global executor, and calls
+    /// fail with the reason when they connect).
+    let loops: [Varlink.EventLoop]
+    /// Where the next job from outside the loops goes.
+    private let next = Atomic<Int>(0)
 
     private init() {
-        loop = try? ClientLoop.shared()
+        loops = (try? ClientLoop.all()) ?? []
     }
 
     func enqueue(_ job: consuming ExecutorJob) {
-        guard let loop else { return globalConcurrentExecutor.enqueue(job) }
+        guard !loops.isEmpty else { return globalConcurrentExecutor.enqueue(job) }
         let job = UnownedJob(job)
+        // A job enqueued on a loop (a task resumed by the reply that loop read) stays there;
+        // others go round the loops.
+        let loop = loops.first(where: \.inEventLoop)
+            ?? loops[Int(UInt(bitPattern: next.add(1, ordering: .relaxed).newValue) % UInt(loops.count))]
         loop.executeSoon { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
 }
 
 extension UserStoreClient {
-    /// The executor of the one thread that reads the daemon's replies for every client in this
-    /// process.
+    /// The executor of the threads that read the daemon's replies for every client in this
+    /// process (one per two cores, at most four; `USERSTORE_CLIENT_THREADS` overrides it).
     ///
     /// By default the reply to a call wakes the waiting task on Swift's global executor, which
     /// is another thread. Tasks that make many small calls can run on this executor instead,
     /// with `withTaskExecutorPreference(client.executor) { … }` or
     /// `group.addTask(executorPreference: client.executor)`. Then writing a call and getting its
-    /// reply wake no other thread: on 2 cores this halved the client's CPU per call (see
-    /// docs/performance.md).
+    /// reply wake no other thread: a task resumes on the thread that read its reply. On 2 cores
+    /// this cut the client's CPU per call by a third to a half (see docs/performance.md).
     ///
-    /// Keep heavy computation off it. Everything on it shares one thread with the reading of
-    /// every reply.
+    /// Keep heavy computation off it. Everything on it shares its thread with the reading of
+    /// replies.
     public var executor: any TaskExecutor { ClientLoopExecutor.shared }
 }
 

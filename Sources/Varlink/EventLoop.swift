@@ -66,6 +66,8 @@ package final class EventLoop: @unchecked Sendable {
     /// Starts the loop's thread.
     package func start() {
         let thread = Thread { [self] in
+            // The kernel's name (ps -L, top -H, perf): Foundation's `name` does not set it here.
+            us_set_thread_name(name)
             self.thread.store(UInt(pthread_self()), ordering: .releasing)
             run()
             finished.signal()

@@ -71,21 +71,7 @@ extension Scenarios {
                                             value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
                                             note: "daemon CPU \(format(daemonCPU)) µs/request, client CPU \(format(ours.clientCPU)) µs/request" + errors(ours.errors)))
             if clients <= 8 {
-                // UserStoreClient on the same load, right after the C client, in the same run:
-                // its tasks on Swift's global executor (the default), then on the client's own.
-                for onClientExecutor in [false, true] {
-                    let library = await clientLibraryRun(connections: clients, seconds: seconds, socket: socket, users: fleet.users,
-                                                         onClientExecutor: onClientExecutor)
-                    let ratio = library.throughput / max(ours.throughput, 1)
-                    let executor = onClientExecutor ? "tasks on client.executor" : "tasks on the global executor"
-                    measurements.append(Measurement(scenario: scenario, subject: "userstored, UserStoreClient (Swift library, \(executor)), \(clients) connection\(clients == 1 ? "" : "s")",
-                                                    value: library.throughput, unit: "req/s", p50: library.latencies.percentile(0.5), p99: library.latencies.percentile(0.99),
-                                                    note: String(format: "%.2f× the C client, client CPU %@ µs/request", ratio, format(library.clientCPU)) + errors(library.errors)))
-                    if clients == 8 {
-                        targets.append(TargetCheck(target: "UserStoreClient (\(executor)) ≥ 0.8× the C client at 8 connections (\(userCount) users)",
-                                                   measured: String(format: "%.2f×", ratio), met: ratio >= 0.8))
-                    }
-                }
+                await compareClientLibrary(connections: clients, socket: socket, users: fleet.users, load: load, workload: workload, scenario: scenario)
             }
             if clients == 8 {
                 targets.append(TargetCheck(target: "p99 < 500 µs at 8 clients (\(userCount) users)", measured: "\(format(ours.p99)) µs", met: ours.p99 < 500))

@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
-import UserStoreClient
+@testable import UserStoreClient
 import Varlink
 
 /// UserStoreClient against a live daemon: the calls applications make, exact values, pooling
@@ -284,6 +284,66 @@ import Varlink
             #expect(writing?.code == 8)
             #expect(try await gina.query("SELECT count(*) FROM notes")[0].decode(Int.self, column: 0) == count)
         }
+    }
+
+    /// A stream whose consumer is slow has stopped reading (its buffer is full) when the daemon
+    /// dies: the rows already received still arrive in order, then a ConnectionClosed, never a
+    /// hang; and the client works again once the daemon is back.
+    @Test(.timeLimit(.minutes(1)))
+    func aPausedStreamWhoseDaemonDiesDeliversItsRowsThenAnError() async throws {
+        let daemon = try Self.daemon(Self.migrations)
+        try daemon.start()
+        let count = 20_000 // 2 MB of rows: more than the socket buffers hold
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: {
+            $0.streamBufferRows = 16
+            $0.connections = 1
+        }) { client in
+            let lena = client.store(for: "lena")
+            try await lena.execute("""
+                INSERT INTO notes(id, body) SELECT value, printf('%100d', value)
+                FROM (WITH RECURSIVE c(value) AS (SELECT 1 UNION ALL SELECT value + 1 FROM c WHERE value < \(count)) SELECT value FROM c)
+                """)
+            var rows = try await lena.stream("SELECT id, body FROM notes ORDER BY id").makeAsyncIterator()
+            #expect(try await rows.next()?.decode(Int64.self, column: "id") == 1)
+            daemon.stop(signal: SIGKILL)
+            var last: Int64 = 1
+            do {
+                while let row = try await rows.next() {
+                    let id = try row.decode(Int64.self, column: "id")
+                    #expect(id == last + 1)
+                    last = id
+                }
+                Issue.record("the stream ended without an error after \(last) rows")
+            } catch let error as UserStoreError {
+                #expect(error.kind == .connectionClosed, "\(error)")
+            }
+            #expect(last < Int64(count))
+            // No connect failed meanwhile (no back-off): the next call connects to the new daemon.
+            try daemon.start()
+            #expect(try await lena.query("SELECT count(*) FROM notes")[0].decode(Int.self, column: 0) == count)
+        }
+    }
+
+    /// The reply threads: one per two cores, or USERSTORE_CLIENT_THREADS (scripts/test.sh runs
+    /// this suite again with 3), and the process really runs that many.
+    @Test(.timeLimit(.minutes(1)))
+    func theReplyThreadsFollowTheCoresOrTheEnvironment() async throws {
+        #expect(ClientLoop.threads(environment: [:], cores: 1) == 1)
+        #expect(ClientLoop.threads(environment: [:], cores: 2) == 1)
+        #expect(ClientLoop.threads(environment: [:], cores: 8) == 4)
+        #expect(ClientLoop.threads(environment: [:], cores: 64) == 4)
+        #expect(ClientLoop.threads(environment: ["USERSTORE_CLIENT_THREADS": "3"], cores: 2) == 3)
+        #expect(ClientLoop.threads(environment: ["USERSTORE_CLIENT_THREADS": "0"], cores: 2) == 1)
+        #expect(ClientLoop.threads(environment: ["USERSTORE_CLIENT_THREADS": "many"], cores: 8) == 4)
+        let daemon = try Self.daemon(Self.migrations)
+        try daemon.start()
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            _ = try await client.store(for: "mona").open()
+        }
+        let tasks = try FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")
+        let names = tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8) }
+        let expected = ClientLoop.threads(environment: ProcessInfo.processInfo.environment, cores: ProcessInfo.processInfo.activeProcessorCount)
+        #expect(names.filter { $0.hasPrefix("userstore-clien") }.count == expected) // comm keeps 15 bytes
     }
 
     /// The untyped calls tools use (userstorectl is built on them): any method, streamed

@@ -34,4 +34,7 @@ int us_epoll_ctl(int epoll, int operation, int fd, uint32_t events, uint64_t tok
 
 /// epoll_wait(2) into parallel arrays of tokens and event masks. Returns the count, or -1.
 int us_epoll_wait(int epoll, uint64_t *tokens, uint32_t *events, int capacity, int timeout_ms);
+
+/// Names the calling thread for the kernel (ps -L, top -H, perf; at most 15 bytes kept).
+void us_set_thread_name(const char *name);
 #endif
