@@ -118,17 +118,21 @@ final class StreamSink<Decoder: StreamDecoder>: StreamResponder, NIOAsyncSequenc
     }
 
     func receive(_ view: JSONView, _ parameters: Int?, last: Bool) -> Bool {
-        let decoded = state.withLock { state -> Result<(Producer.Source, [Decoder.Element]), any Error>? in
-            guard let source = state.source else { return nil }
-            return Result { (source, try state.decoder.decode(view, parameters)) }
+        // Decoded outside the lock (the consumer's `fail` or end need not wait for a chunk); the
+        // loop's thread is the only one that decodes, so the decoder's state stays consistent.
+        guard let taken = state.withLock({ state in state.source.map { ($0, state.decoder) } }) else { return true }
+        let source = taken.0
+        var decoder = taken.1
+        let elements: [Decoder.Element]
+        do {
+            elements = try decoder.decode(view, parameters)
+        } catch {
+            return fail(error) // not completed: the connection is closed
         }
-        let source: Producer.Source, elements: [Decoder.Element]
-        switch decoded {
-        case nil: return true
-        case .failure(let error): return fail(error) // not completed: the connection is closed
-        case .success(let made): (source, elements) = made
+        state.withLock { state in
+            state.decoder = decoder
+            if last { state.completed = true }
         }
-        if last { state.withLock { $0.completed = true } }
         let result = source.yield(contentsOf: elements)
         if last { source.finish() }
         return result == .produceMore || last
@@ -144,6 +148,15 @@ final class StreamSink<Decoder: StreamDecoder>: StreamResponder, NIOAsyncSequenc
         }
         source?.finish(error)
         return true
+    }
+
+    /// Forgets this sink without ending its sequence's consumer (it has none yet): the stream was
+    /// never sent, and whoever abandons it gives the connection back itself.
+    func abandon() {
+        state.withLock { state in
+            state.terminated = true
+            state.source = nil
+        }
     }
 
     func produceMore() {
@@ -171,15 +184,26 @@ extension UserStoreClient {
     /// and producer of its replies.
     func stream<Decoder: StreamDecoder>(_ message: [UInt8], as _: Decoder.Type) async throws -> StreamSink<Decoder>.Producer {
         let pool = self.pool
-        let lease = try await pool.acquire(exclusive: true)
-        let sink = StreamSink<Decoder>(connection: lease.connection) { completed in pool.release(lease, discard: !completed) }
-        let bufferRows = max(4, configuration.streamBufferRows)
-        let producer = sink.makeProducer(lowWatermark: bufferRows / 4, highWatermark: bufferRows)
-        do {
-            try lease.connection.send(message, to: .stream(sink))
-        } catch {
-            sink.fail(UserStoreClient.public(error))
+        var attempt = 0
+        while true {
+            attempt += 1
+            let lease = try await pool.acquire(exclusive: true)
+            let sink = StreamSink<Decoder>(connection: lease.connection) { completed in pool.release(lease, discard: !completed) }
+            let bufferRows = max(4, configuration.streamBufferRows)
+            let producer = sink.makeProducer(lowWatermark: bufferRows / 4, highWatermark: bufferRows)
+            do {
+                try lease.connection.send(message, to: .stream(sink))
+                return producer
+            } catch {
+                // Never sent (the connection had closed, say after an idle timeout): as for
+                // ``call(_:readOnly:passing:)``, safe to send on another connection.
+                guard attempt < 4 else {
+                    sink.fail(UserStoreClient.public(error))
+                    return producer
+                }
+                sink.abandon()
+                pool.release(lease, discard: true)
+            }
         }
-        return producer
     }
 }

@@ -4,6 +4,9 @@ import NIOCore
 import ServiceLifecycle
 import Synchronization
 import Varlink
+#if canImport(Glibc)
+import Glibc
+#endif
 
 /// A client of `userstored`: a pool of connections to its Unix socket, shared by every task
 /// of the application.
@@ -213,11 +216,14 @@ enum ClientLoop {
         }
     }
 
-    /// The loop for a pool's connection in `slot` (spread round the loops).
-    static func forSlot(_ slot: Int) throws -> Varlink.EventLoop {
+    /// The loop for a new connection: round the loops, across every pool of the process (so
+    /// that many small pools do not all land on the first).
+    static func next() throws -> Varlink.EventLoop {
         let loops = try all()
-        return loops[slot % loops.count]
+        return loops[Int(UInt(bitPattern: placed.add(1, ordering: .relaxed).newValue) % UInt(loops.count))]
     }
+
+    private static let placed = Atomic<Int>(0)
 }
 
 /// Runs tasks on the client's loops, the threads that read the daemon's replies: a call made
@@ -285,7 +291,15 @@ extension UserStoreClient {
     /// - Throws: ``UserStoreError``: the daemon's error (``UserStoreError/Kind/daemon``) or the
     ///   transport's.
     public func call(_ method: String, _ parameters: [String: JSONValue] = [:], passing descriptors: [Int32] = []) async throws -> [String: JSONValue] {
-        try Replies.parameters(try await call(CallMessage(method: method, parameters: parameters).finish(), passing: descriptors))
+        // Checked here, so that a bad argument fails this call alone rather than the shared
+        // connection it would be written on (the daemon takes at most 16 per call).
+        guard descriptors.count <= 16 else {
+            throw UserStoreError.invalidArgument("\(descriptors.count) descriptors to pass; a call takes at most 16")
+        }
+        if let closed = descriptors.first(where: { fcntl($0, F_GETFD) < 0 }) {
+            throw UserStoreError.invalidArgument("descriptor \(closed) to pass is not open")
+        }
+        return try Replies.parameters(try await call(CallMessage(method: method, parameters: parameters).finish(), passing: descriptors))
     }
 
     /// Calls any method with `more` and returns its replies' parameters as they come (the

@@ -30,12 +30,16 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
         case protocolViolation
         /// The client was shut down (``UserStoreClient/shutdown()``) before or during the call.
         case clientShutDown
+        /// The call was refused before it was sent: an argument no daemon could take (more than
+        /// 16 descriptors to pass, or one that is not open).
+        case invalidArgument
     }
 
     /// Where the error comes from.
     public let kind: Kind
     /// The error's short name: the daemon's error (`"SQLError"`), or for the other kinds
-    /// `"ConnectionFailed"`, `"ConnectionClosed"`, `"ProtocolViolation"`, `"ClientShutDown"`.
+    /// `"ConnectionFailed"`, `"ConnectionClosed"`, `"ProtocolViolation"`, `"ClientShutDown"`,
+    /// `"InvalidArgument"`.
     public let name: String
     /// The daemon's full error name (`io.userstore.Store.SQLError`), for ``Kind/daemon``.
     public let qualifiedName: String?
@@ -104,6 +108,10 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
 
     static func connectFailed(_ detail: String, systemError: Int32? = nil) -> UserStoreError {
         UserStoreError(kind: .connectionFailed, name: "ConnectionFailed", message: detail, systemError: systemError)
+    }
+
+    static func invalidArgument(_ detail: String) -> UserStoreError {
+        UserStoreError(kind: .invalidArgument, name: "InvalidArgument", message: detail)
     }
 
     static func protocolViolation(_ detail: String) -> UserStoreError {

@@ -13,7 +13,9 @@ import Varlink
 ///
 /// The calls block the calling thread while the client's own thread (`client.executor`) does
 /// the work, so they need no thread of Swift's cooperative pool: a command may call them from
-/// `async` code too, even on a one-core machine.
+/// `async` code too, even on a one-core machine. Never call them from `client.executor` itself
+/// (the work would queue behind the blocked thread). If the client's threads could not start,
+/// the work runs on the global executor and every call fails at connect.
 public final class DaemonClient: Sendable {
     /// The socket used when neither `--socket` nor `USERSTORE_SOCKET` says otherwise.
     public static let defaultSocket = "/run/userstore/userstore.sock"
@@ -57,7 +59,14 @@ public final class DaemonClient: Sendable {
         do {
             let replies = IteratorBox(try blocking { [client] in try await client.stream(method, parameters) }.makeAsyncIterator())
             while let reply = try blocking({ try await replies.next() }) {
-                try body(reply)
+                do {
+                    try body(reply)
+                } catch let error as CtlError {
+                    throw error
+                } catch {
+                    // The command's own failure (writing the output, say), not the daemon's.
+                    throw CtlError(.someFailed, "userstorectl: \(error)")
+                }
             }
         } catch let error as CtlError {
             throw error

@@ -3,7 +3,7 @@ import UserStoreClient
 
 extension Scenarios {
     /// UserStoreClient against the C client on the same load, alternating three times (C, the
-    /// library with its tasks on Swift's global executor, then on `client.executor`): this
+    /// library with its tasks on Swift's global executor, and on `client.executor`): this
     /// machine's speed drifts by a third from one run to the next, and a ratio of two single
     /// runs measured that drift as much as the clients. Rows give the means and every run.
     mutating func compareClientLibrary(connections: Int, socket: String, users: [String], load: LoadGenerator,
@@ -11,11 +11,17 @@ extension Scenarios {
         let plural = connections == 1 ? "" : "s"
         var c: [LoadGenerator.Result] = []
         var library: [Bool: [(throughput: Double, latencies: Latencies, errors: Int, clientCPU: Double)]] = [false: [], true: []]
-        for _ in 0..<3 {
-            c.append(load.run(socket: socket, connections: connections, seconds: seconds, workload))
-            for onClientExecutor in [false, true] {
-                library[onClientExecutor]!.append(await clientLibraryRun(connections: connections, seconds: seconds, socket: socket, users: users,
-                                                                         onClientExecutor: onClientExecutor))
+        // The order turns each round (C first, then second, then third), so that a drift within
+        // a round favours no one.
+        for round in 0..<3 {
+            for slot in 0..<3 {
+                switch (slot + round) % 3 {
+                case 0: c.append(load.run(socket: socket, connections: connections, seconds: seconds, workload))
+                case let which:
+                    let onClientExecutor = which == 2
+                    library[onClientExecutor]!.append(await clientLibraryRun(connections: connections, seconds: seconds, socket: socket,
+                                                                             users: users, onClientExecutor: onClientExecutor))
+                }
             }
         }
         func mean(_ values: [Double]) -> Double { values.reduce(0, +) / Double(max(values.count, 1)) }

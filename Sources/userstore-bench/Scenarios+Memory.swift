@@ -30,6 +30,10 @@ extension Scenarios {
             return await group.reduce(0, +)
         }
         let seconds = Double(nanoseconds() - started) / 1e9
+        // Asked before the /proc readings, and the client closed, so that its sixteen sockets are
+        // not among the daemon's descriptors counted below.
+        let openStores = (try? await client.call("io.userstore.Admin.Status"))?["openStores"]?.integerValue ?? 0
+        await client.shutdown()
         let status = (try? String(contentsOfFile: "/proc/\(daemon.processIdentifier)/status", encoding: .utf8)) ?? ""
         let rss = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") }.flatMap { Double($0.split(separator: " ").dropFirst().first ?? "") } ?? 0
         let fdDirectory = "/proc/\(daemon.processIdentifier)/fd"
@@ -38,8 +42,6 @@ extension Scenarios {
         }
         let fds = fdTargets.count
         let storeFDs = fdTargets.filter { $0.hasPrefix(data + "/stores/") }.count
-        let openStores = (try? await client.call("io.userstore.Admin.Status"))?["openStores"]?.integerValue ?? 0
-        await client.shutdown()
         env.stop(daemon)
         let perStore = Double(storeFDs) / Double(max(openStores, 1))
         measurements.append(Measurement(scenario: "5. memory", subject: "RSS after touching \(count) users", value: rss / 1024, unit: "MiB",

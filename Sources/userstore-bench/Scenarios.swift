@@ -39,6 +39,7 @@ struct Scenarios {
             let name = template ? "cold-template" : "cold"
             let (daemon, socket) = try env.startDaemon(name: name, data: env.root + "/\(name)-data", migrations: env.exampleMigrations, template: template)
             let client = UserStoreClient(socketPath: socket)
+            try await client.connect() // not part of the first sample
             let count = quick ? 100 : 300
             var samples: [UInt64] = []
             var failures = 0

@@ -1,3 +1,4 @@
+import CUnixSocket
 import Foundation
 import Synchronization
 import Testing
@@ -344,6 +345,65 @@ import Varlink
         let names = tasks.compactMap { try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8) }
         let expected = ClientLoop.threads(environment: ProcessInfo.processInfo.environment, cores: ProcessInfo.processInfo.activeProcessorCount)
         #expect(names.filter { $0.hasPrefix("userstore-clien") }.count == expected) // comm keeps 15 bytes
+    }
+
+    /// Descriptors passed with calls that queue behind a long one (the socket takes only part of
+    /// it) still go with their own calls, from the connection's copies: the callers' own are
+    /// closed before anything is read. The peer here reads as the daemon does, a descriptor
+    /// belonging to the message that holds the last byte of the read it came with.
+    @Test(.timeLimit(.minutes(1)))
+    func queuedDescriptorsGoWithTheirOwnCalls() async throws {
+        let directory = NSTemporaryDirectory() + "client-fds-\(getpid())"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/peer.sock"
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(listener) }
+        try #require(UnixSocketAddress.with(path: path) { bind(listener, $0, $1) } == 0)
+        try #require(listen(listener, 1) == 0)
+        let connection = try await ClientConnection.connect(to: path, loop: try ClientLoop.next(), maxMessageBytes: 1 << 26) { _ in }
+        let peer = accept(listener, nil, nil)
+        try #require(peer >= 0)
+        defer { close(peer) }
+
+        let files = try ["first", "second"].map { name -> Int32 in
+            try Data(name.utf8).write(to: URL(fileURLWithPath: directory + "/" + name))
+            return open(directory + "/" + name, O_RDONLY | O_CLOEXEC)
+        }
+        let big = CallMessage(method: "test.Big", parameters: ["pad": .string(String(repeating: "x", count: 2 << 20))]).finish()
+        let messages: [([UInt8], [Int32])] = [
+            (big, []),
+            (CallMessage(method: "test.First", parameters: [:]).finish(), [files[0]]),
+            (CallMessage(method: "test.Plain", parameters: [:]).finish(), []),
+            (CallMessage(method: "test.Second", parameters: [:]).finish(), [files[1]]),
+        ]
+        for (message, descriptors) in messages { try connection.send(message, descriptors: descriptors, to: .single(PendingReply())) }
+        for file in files { close(file) }
+
+        var stream: [UInt8] = [], passed: [(end: Int, descriptor: Int32)] = [], ends = 0
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        var received = [Int32](repeating: -1, count: 16)
+        while ends < messages.count {
+            var ready = pollfd(fd: peer, events: Int16(POLLIN), revents: 0)
+            try #require(poll(&ready, 1, 10_000) == 1, "the client stopped sending")
+            var count: Int32 = 0
+            let read = us_recv_with_fds(peer, &chunk, chunk.count, &received, 16, &count)
+            try #require(read > 0)
+            stream += chunk[..<read]
+            ends += chunk[..<read].count(where: { $0 == 0 })
+            for index in 0..<Int(count) { passed.append((stream.count - 1, received[index])) }
+        }
+        // Which message each descriptor came with, and which file it is.
+        let messageEnds = stream.indices.filter { stream[$0] == 0 }
+        var owners: [Int: String] = [:]
+        for (end, descriptor) in passed {
+            var content = [UInt8](repeating: 0, count: 16)
+            let length = pread(descriptor, &content, 16, 0)
+            close(descriptor)
+            owners[try #require(messageEnds.firstIndex { $0 >= end })] = String(decoding: content[..<max(0, length)], as: UTF8.self)
+        }
+        #expect(owners == [1: "first", 3: "second"])
+        connection.close()
     }
 
     /// The untyped calls tools use (userstorectl is built on them): any method, streamed

@@ -39,8 +39,17 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         var waiting = CircularBuffer<Responder>(initialCapacity: 16)
         /// Bytes the socket did not take yet.
         var output: [UInt8] = []
-        /// Descriptors to pass with the call at `offset` of `output`, `length` bytes long.
+        /// Descriptors to pass with the call at `offset` of `output`, `length` bytes long: the
+        /// connection's own copies (`dup`), closed once sent or dropped, because the caller may
+        /// close its own as soon as it stops waiting (a cancelled call returns at once).
         var outputDescriptors: [(offset: Int, length: Int, descriptors: [Int32])] = []
+
+        /// Forgets what was not written, closing the copies of its descriptors.
+        mutating func dropOutput() {
+            output = []
+            for queued in outputDescriptors { for descriptor in queued.descriptors { Glibc.close(descriptor) } }
+            outputDescriptors = []
+        }
         /// Why the connection closed; set once, never cleared.
         var closed: UserStoreError?
         /// The descriptor was closed (by the loop): nothing may touch it any more.
@@ -118,7 +127,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
 
     /// Sends `message` (a whole varlink message, NUL included) and queues `responder` for its
     /// replies. `descriptors` go with the message's first byte (`SCM_RIGHTS`, as the daemon's
-    /// `ImportStore` takes a file); the caller keeps them open until the reply.
+    /// `ImportStore` takes a file); they stay the caller's (what has to wait is sent from copies).
     ///
     /// - Throws: ``NotSent`` when nothing of the message went out (the connection had closed):
     ///   the call did not run, and may be sent elsewhere.
@@ -127,7 +136,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
             guard shared.closed == nil else { throw NotSent() }
             shared.waiting.append(responder)
             guard shared.output.isEmpty else {
-                if !descriptors.isEmpty { shared.outputDescriptors.append((shared.output.count, message.count, descriptors)) }
+                if !descriptors.isEmpty { shared.outputDescriptors.append((shared.output.count, message.count, Self.copies(of: descriptors))) }
                 shared.output.append(contentsOf: message)
                 return
             }
@@ -146,10 +155,16 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
                 }
             }
             // Nothing went: the descriptors wait with the bytes (once any went, they went too).
-            if written <= 0, !descriptors.isEmpty { shared.outputDescriptors.append((0, message.count, descriptors)) }
+            if written <= 0, !descriptors.isEmpty { shared.outputDescriptors.append((0, message.count, Self.copies(of: descriptors))) }
             shared.output.append(contentsOf: message[max(0, written)...])
             updateInterest(shared)
         }
+    }
+
+    /// Copies of `descriptors` that the connection owns (a copy that fails is -1, which the
+    /// write then refuses with `EBADF`: the connection closes, and the call fails).
+    private static func copies(of descriptors: [Int32]) -> [Int32] {
+        descriptors.map { fcntl($0, F_DUPFD_CLOEXEC, 0) }
     }
 
     /// Closes the connection from any thread: calls waiting for replies fail with `error`; the
@@ -169,8 +184,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private func closeLocked(_ shared: inout Shared, _ error: UserStoreError) {
         shared.closed = error
         closedFlag.store(true, ordering: .relaxed)
-        shared.output = []
-        shared.outputDescriptors = []
+        shared.dropOutput()
         guard !shared.released else { return }
         Glibc.shutdown(descriptor, Int32(SHUT_RDWR))
         // Off epoll (the daemon hung up while a stream was paused), no event will come to
@@ -238,10 +252,21 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
             }
             if written > 0 {
                 shared.output.removeFirst(written)
-                if !passing.isEmpty { shared.outputDescriptors.removeFirst() }
+                if !passing.isEmpty {
+                    for descriptor in passing { Glibc.close(descriptor) } // the kernel holds them now
+                    shared.outputDescriptors.removeFirst()
+                }
                 for index in shared.outputDescriptors.indices { shared.outputDescriptors[index].offset -= written }
             }
-            if written < 0, errno != EAGAIN, errno != EWOULDBLOCK, errno != EINTR { return } // the read side sees the end
+            if written < 0 {
+                let code = errno
+                guard code == EAGAIN || code == EWOULDBLOCK || code == EINTR else {
+                    // Not a full socket (which waits for EPOLLOUT): this connection cannot send,
+                    // and its calls cannot be answered. Closing fails them (the loop reads the
+                    // shut-down socket to its end) instead of spinning on EPOLLOUT.
+                    return closeLocked(&shared, .closed("cannot write to the daemon: \(String(cString: strerror(code))); the calls sent before may have run"))
+                }
+            }
             if shared.output.isEmpty { updateInterest(shared) }
         }
     }
@@ -362,8 +387,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         let (waiting, token, failure) = shared.withLock { shared in
             if shared.closed == nil { shared.closed = error ?? .closed("the connection closed") }
             closedFlag.store(true, ordering: .relaxed)
-            shared.output = []
-            shared.outputDescriptors = []
+            shared.dropOutput()
             shared.released = true
             defer {
                 shared.waiting.removeAll()

@@ -94,7 +94,7 @@ final class ConnectionPool: Sendable {
             case .connect(let slot):
                 do {
                     let connection = try await ClientConnection.connect(
-                        to: configuration.socketPath, loop: try ClientLoop.forSlot(slot), maxMessageBytes: configuration.maxMessageBytes
+                        to: configuration.socketPath, loop: try ClientLoop.next(), maxMessageBytes: configuration.maxMessageBytes
                     ) { [weak self] connection in self?.dropped(slot: slot, connection: connection) }
                     connected(connection, slot: slot)
                 } catch {
