@@ -60,6 +60,32 @@ import Varlink
         let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(Self.ctl) migrate --all --socket \(daemon.socketPath)", "/dev/null"])
         #expect(tty.status == 0)
         #expect(tty.stdout.contains("\r[") && tty.stdout.contains("2000/2000 100%"))
+
+        // Ctrl-C once the first store is reported: exit 130, a summary that says so, and the
+        // daemon starts no more stores (most are still pending).
+        try daemon.addMigration("0004_x.sql", "ALTER TABLE t ADD COLUMN x INTEGER;")
+        #expect(try daemon.connect().call("io.userstore.Admin.Reload")["latestVersion"] == 4)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.ctl)
+        process.arguments = ["migrate", "--all", "--json", "--parallel", "1", "--socket", daemon.socketPath]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = Pipe()
+        try process.run()
+        var printed = Data()
+        while !String(decoding: printed, as: UTF8.self).contains("\"user\"") {
+            let chunk = output.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            printed.append(chunk)
+        }
+        kill(process.processIdentifier, SIGINT)
+        printed.append(output.fileHandleForReading.readDataToEndOfFile())
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 130)
+        let interruptedSummary = try JSONParser().parse(String(try #require(String(decoding: printed, as: UTF8.self).split(separator: "\n").last)))
+        #expect(interruptedSummary["interrupted"] == true)
+        let status = try JSONParser().parse(try ctl(["status", "--json"], socket: daemon.socketPath).stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect((status["pendingStores"]?.integerValue ?? 0) > 1000, "\(status)")
         daemon.stop()
     }
 
