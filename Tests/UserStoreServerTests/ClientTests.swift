@@ -406,6 +406,36 @@ import Varlink
         connection.close()
     }
 
+    /// A call that finds every connection taken and the pool backing off after a failed connect
+    /// waits for the back-off to end, then connects: it is not left asleep until a connection
+    /// is given back (here that would be never: the transaction holding it waits for the call).
+    @Test(.timeLimit(.minutes(1)))
+    func aCallWaitingOutTheBackOffConnectsWhenItEnds() async throws {
+        let daemon = try Self.daemon(Self.migrations)
+        try daemon.start()
+        let hidden = daemon.socketPath + ".away"
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: {
+            $0.connections = 2
+            $0.minimumReconnectDelay = .seconds(1) // long enough that the next call surely finds it going on
+        }) { client in
+            let nina = client.store(for: "nina"), otto = client.store(for: "otto")
+            try await nina.transaction { tx in
+                try await tx.execute("INSERT INTO notes(body) VALUES ('held')")
+                // The other slot cannot connect: the socket's name is gone (the daemon still
+                // listens, so the transaction's connection lives on).
+                try #require(rename(daemon.socketPath, hidden) == 0)
+                let refused = await #expect(throws: UserStoreError.self) { try await otto.open() }
+                #expect(refused?.kind == .connectionFailed)
+                #expect(refused?.systemError == ENOENT)
+                try #require(rename(hidden, daemon.socketPath) == 0)
+                // In back-off, with the only live connection taken: this call waits, and must be
+                // woken when the back-off ends.
+                #expect(try await otto.open().user == "otto")
+            }
+        }
+        #expect(daemon.stop() == 0)
+    }
+
     /// The untyped calls tools use (userstorectl is built on them): any method, streamed
     /// replies, and a file passed as a descriptor with its call while other calls are queued on
     /// the same connection (it must reach the import, not a call before it).
