@@ -36,7 +36,7 @@ let package = Package(
         ),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
-        // The varlink protocol: exact JSON, framing, messages, a blocking client.
+        // The varlink protocol: exact JSON, framing, messages, the epoll event loop daemon and client share.
         .target(name: "Varlink", dependencies: ["CUnixSocket"]),
         // The Swift client applications import: a pipelining connection pool on the daemon's own
         // epoll loop (Varlink's EventLoop) and NIOCore's data structures (it depends on neither

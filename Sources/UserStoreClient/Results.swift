@@ -114,7 +114,7 @@ enum Replies {
                 guard view.kind(0) == .object else { throw UserStoreError.protocolViolation("a reply that is not a JSON object") }
                 let parameters = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
                 if let error = view.member("error", of: 0), view.kind(error) == .string {
-                    throw UserStoreError(daemonError: view.string(error), parameters: parameters.map { view.value($0).objectValue ?? [:] } ?? [:])
+                    throw UserStoreError(daemonError: view.string(error), view, parameters: parameters)
                 }
                 let continues = view.member("continues", of: 0).flatMap(view.bool) ?? false
                 return try body(view, parameters, continues)

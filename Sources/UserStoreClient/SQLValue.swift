@@ -17,23 +17,6 @@ public enum SQLValue: Sendable, Hashable {
     /// Bytes.
     case blob(Data)
 
-    /// The value as io.userstore.Store's JSON (see its value table).
-    /// A result cell as the daemon writes it; nil for JSON that is no SQLite value.
-    init?(json: JSONValue) {
-        switch json {
-        case .null: self = .null
-        case .integer(let value): self = .integer(value)
-        case .real(let value): self = .real(value)
-        case .string(let value): self = .text(value)
-        case .bool(let flag): self = .integer(flag ? 1 : 0)
-        case .object(let members):
-            guard members.count == 1, let encoded = members["blob"]?.stringValue,
-                  let data = Data(base64Encoded: encoded) else { return nil }
-            self = .blob(data)
-        case .array: return nil
-        }
-    }
-
     /// The cell at `index` of a reply, read in place; nil for JSON that is no SQLite value.
     init?(_ view: JSONView, _ index: Int) {
         switch view.kind(index) {

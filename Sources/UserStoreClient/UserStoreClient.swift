@@ -1,3 +1,4 @@
+import CUnixSocket
 import Foundation
 import Logging
 import NIOCore
@@ -61,8 +62,9 @@ public final class UserStoreClient: Service, Sendable {
     /// - Parameter logger: where the pool logs connects, failed connects (warning) and dropped
     ///   connections (debug); by default nowhere, as a library should.
     ///
-    /// Replies are read by one thread the process's clients share (`userstore-client`); calls
-    /// are written by the calling task itself, so a call costs no thread hand-off on its way out.
+    /// Replies are read by threads the process's clients share (`userstore-client`, see
+    /// ``executor``); calls are written by the calling task itself, so a call costs no thread
+    /// hand-off on its way out.
     public init(configuration: Configuration,
                 logger: Logger = Logger(label: "io.userstore.client", factory: { _ in SwiftLogNoOpLogHandler() })) {
         self.configuration = configuration
@@ -192,7 +194,7 @@ public final class UserStoreClient: Service, Sendable {
 /// throughput (docs/performance.md).
 enum ClientLoop {
     private static let loops = Result<[Varlink.EventLoop], any Error> {
-        let count = threads(environment: ProcessInfo.processInfo.environment, cores: ProcessInfo.processInfo.activeProcessorCount)
+        let count = threads(environment: ProcessInfo.processInfo.environment, cores: Int(us_cpu_count()))
         return try (0..<count).map { index in
             let loop = try Varlink.EventLoop(name: count == 1 ? "userstore-client" : "userstore-client-\(index)")
             loop.start()
@@ -219,11 +221,15 @@ enum ClientLoop {
     /// The loop for a new connection: round the loops, across every pool of the process (so
     /// that many small pools do not all land on the first).
     static func next() throws -> Varlink.EventLoop {
-        let loops = try all()
-        return loops[Int(UInt(bitPattern: placed.add(1, ordering: .relaxed).newValue) % UInt(loops.count))]
+        turn(of: try all())
     }
 
-    private static let placed = Atomic<Int>(0)
+    /// The next of `loops` in turn (new connections, and jobs from outside the loops).
+    static func turn(of loops: [Varlink.EventLoop]) -> Varlink.EventLoop {
+        loops[Int(UInt(bitPattern: turns.add(1, ordering: .relaxed).newValue) % UInt(loops.count))]
+    }
+
+    private static let turns = Atomic<Int>(0)
 }
 
 /// Runs tasks on the client's loops, the threads that read the daemon's replies: a call made
@@ -236,8 +242,6 @@ final class ClientLoopExecutor: TaskExecutor {
     /// Empty when the loops could not start (then jobs run on the global executor, and calls
     /// fail with the reason when they connect).
     let loops: [Varlink.EventLoop]
-    /// Where the next job from outside the loops goes.
-    private let next = Atomic<Int>(0)
 
     private init() {
         loops = (try? ClientLoop.all()) ?? []
@@ -248,8 +252,7 @@ final class ClientLoopExecutor: TaskExecutor {
         let job = UnownedJob(job)
         // A job enqueued on a loop (a task resumed by the reply that loop read) stays there;
         // others go round the loops.
-        let loop = loops.first(where: \.inEventLoop)
-            ?? loops[Int(UInt(bitPattern: next.add(1, ordering: .relaxed).newValue) % UInt(loops.count))]
+        let loop = loops.first(where: \.inEventLoop) ?? ClientLoop.turn(of: loops)
         loop.executeSoon { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
 }
@@ -299,14 +302,22 @@ extension UserStoreClient {
         if let closed = descriptors.first(where: { fcntl($0, F_GETFD) < 0 }) {
             throw UserStoreError.invalidArgument("descriptor \(closed) to pass is not open")
         }
-        return try Replies.parameters(try await call(CallMessage(method: method, parameters: parameters).finish(), passing: descriptors))
+        return try Replies.parameters(try await call(Self.message(VarlinkCall(method: method, parameters: parameters)), passing: descriptors))
     }
 
     /// Calls any method with `more` and returns its replies' parameters as they come (the
     /// last one included): the fleet's `Migrate`/`Verify` progress, `ListStores`,
     /// `ExportStore`, ... Backpressure and ending early work as for ``UserStore/stream(_:_:)``.
     public func stream(_ method: String, _ parameters: [String: JSONValue] = [:]) async throws -> ReplySequence {
-        let message = CallMessage(method: method, parameters: parameters).finish(more: true)
+        let message = Self.message(VarlinkCall(method: method, parameters: parameters, more: true))
         return ReplySequence(producer: try await stream(message, as: ReplyStreamDecoder.self))
+    }
+
+    /// `call` on the wire, NUL included (the typed calls write theirs with ``CallMessage``).
+    private static func message(_ call: VarlinkCall) -> [UInt8] {
+        var writer = JSONWriter()
+        writer.write(call.message)
+        writer.raw(byte: 0)
+        return writer.bytes
     }
 }

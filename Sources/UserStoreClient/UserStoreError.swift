@@ -62,15 +62,18 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
         self.systemError = systemError
     }
 
-    /// The daemon's error reply `qualifiedName` with `parameters`.
-    init(daemonError qualifiedName: String, parameters: [String: JSONValue]) {
+    /// The daemon's error reply `qualifiedName` with the parameters object at `object` of
+    /// `view` (read as cells are: scalars as ``SQLValue``s, anything else as its JSON text).
+    init(daemonError qualifiedName: String, _ view: JSONView, parameters object: Int?) {
         kind = .daemon
         systemError = nil
         self.qualifiedName = qualifiedName
         name = qualifiedName.split(separator: ".").last.map(String.init) ?? qualifiedName
         var scalars: [String: SQLValue] = [:]
-        for (key, value) in parameters {
-            scalars[key] = SQLValue(json: value) ?? .text(value.serialized)
+        if let object {
+            view.forEachMember(of: object) { key, value in
+                scalars[view.string(key)] = SQLValue(view, value) ?? .text(view.value(value).serialized)
+            }
         }
         self.parameters = scalars
         if case .text(let text)? = scalars["message"] {
@@ -78,7 +81,7 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
         } else if case .text(let text)? = scalars["reason"] {
             message = text
         } else {
-            message = parameters.isEmpty ? name : JSONValue.object(parameters).serialized
+            message = scalars.isEmpty ? name : view.value(object!).serialized
         }
     }
 

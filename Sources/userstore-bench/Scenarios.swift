@@ -77,5 +77,4 @@ final class Counter: @unchecked Sendable { // guarded by the lock
     private var current = 0
     private let lock = NSLock()
     func next() -> Int { lock.lock(); defer { lock.unlock() }; current += 1; return current - 1 }
-    var value: Int { lock.lock(); defer { lock.unlock() }; return current }
 }

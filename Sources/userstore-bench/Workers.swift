@@ -14,8 +14,7 @@ struct FastRandom {
 }
 
 /// Runs `threads` workers for `seconds`; each calls `work` in a loop and records its latency.
-func runLoad(threads: Int, seconds: Double, setup: @escaping @Sendable (Int) -> (@Sendable () -> Bool),
-             stopWhen: @escaping @Sendable () -> Bool = { false }) -> (throughput: Double, latencies: Latencies, errors: Int) {
+func runLoad(threads: Int, seconds: Double, setup: @escaping @Sendable (Int) -> (@Sendable () -> Bool)) -> (throughput: Double, latencies: Latencies, errors: Int) {
     runWorkers(threads, seconds: seconds) { index, waitForStart in
         let work = setup(index)
         var samples: [UInt64] = []
@@ -24,7 +23,7 @@ func runLoad(threads: Int, seconds: Double, setup: @escaping @Sendable (Int) -> 
         let deadline = waitForStart()
         while true {
             let before = nanoseconds()
-            if before >= deadline || stopWhen() { break }
+            if before >= deadline { break }
             if !work() { errors += 1 }
             samples.append(nanoseconds() - before)
         }

@@ -11,13 +11,15 @@ import Varlink
 @Suite(.serialized) struct ClientTests {
     static let migrations = ["0001_notes.sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL, n INTEGER);\n"]
 
-    /// A daemon with these migrations. Its transaction limits (idle, and total) are five and ten
-    /// minutes: the other suites run in parallel and can starve the cooperative pool (2 threads
-    /// here) for tens of seconds on a loaded machine, which must not expire a transaction
+    /// A daemon with these migrations, started. Its transaction limits (idle, and total) are five
+    /// and ten minutes: the other suites run in parallel and can starve the cooperative pool (2
+    /// threads here) for tens of seconds on a loaded machine, which must not expire a transaction
     /// between two of its calls. No test here relies on those limits.
-    static func daemon(_ migrations: [String: String]) throws -> DaemonHarness {
-        try DaemonHarness(migrations: migrations,
-                          extraConfig: "limits:\n  transactionIdleMilliseconds: 300000\n  transactionMilliseconds: 600000\n")
+    static func startedDaemon(_ migrations: [String: String] = Self.migrations) throws -> DaemonHarness {
+        let daemon = try DaemonHarness(migrations: migrations,
+                                       extraConfig: "limits:\n  transactionIdleMilliseconds: 300000\n  transactionMilliseconds: 600000\n")
+        try daemon.start()
+        return daemon
     }
 
     struct Note: Decodable, Equatable {
@@ -28,8 +30,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(2)))
     func theDocumentedCallsWorkAsWritten() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let (inserted, total, notes) = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             let alice = client.store(for: "alice")
             let result = try await alice.execute("INSERT INTO notes(body, n) VALUES (?, ?)", "hello", 42)
@@ -53,8 +54,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(2)))
     func errorsAreNamedAndCarryTheDaemonsParameters() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             let bob = client.store(for: "bob")
             try await bob.execute("INSERT INTO notes(id, body) VALUES (1, 'a')")
@@ -97,14 +97,13 @@ import Varlink
 
     @Test(.timeLimit(.minutes(2)))
     func aDecodableStructRoundTripsEverySQLiteTypeExactly() async throws {
-        let daemon = try Self.daemon([
+        let daemon = try Self.startedDaemon([
             "0001_everything.sql": """
                 CREATE TABLE everything (id INTEGER PRIMARY KEY, smallest INTEGER, largest INTEGER, real REAL, tiny REAL,
                     huge REAL, negative REAL, text TEXT, blob BLOB, bytes BLOB, empty BLOB, missing TEXT, flag INTEGER);
 
                 """,
         ])
-        try daemon.start()
         let expected = Everything(id: 7, smallest: .min, largest: .max, real: 2.0, tiny: 5e-324, huge: 1.7976931348623157e308,
                                   negative: -0.1, text: "nul \u{0} emoji 👩‍👩‍👧 and \"quotes\"\n", blob: Data([0, 1, 2, 0, 255]),
                                   bytes: [0xde, 0xad, 0, 0xef], empty: Data(), missing: nil, flag: true)
@@ -123,8 +122,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(2)))
     func decodingRefusesWhatWouldLoseInformation() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let row = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             try await client.store(for: "dave").query("SELECT 2.5 AS real, 'x' AS text, NULL AS empty, 3000000000 AS big")[0]
         }
@@ -139,8 +137,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(5)))
     func aThousandConcurrentTasksOverAPoolOfEightAllGetTheirOwnResults() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let users = 40, tasks = 1000
         let (results, connections) = try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 8 }) { client in
             let results = try await withThrowingTaskGroup(of: (Int, Int64, String).self) { group in
@@ -174,8 +171,7 @@ import Varlink
     /// calls pipelined behind them on the same connection get their own replies.
     @Test(.timeLimit(.minutes(2)))
     func callsAndRepliesLargerThanTheSocketBuffersArriveWhole() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
             let carol = client.store(for: "carol")
             let bodies = (0..<4).map { index in String(repeating: "\(index)abcdefghijklmnopqrstuvwxyz", count: 150_000 + index) }
@@ -200,8 +196,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(2)))
     func aTransactionCommitsOnReturnAndRollsBackOnThrow() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         struct Refused: Error {}
         try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             let erin = client.store(for: "erin")
@@ -225,8 +220,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(2)))
     func aCancelledTaskInsideATransactionLeavesNothingBehind() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
             let frank = client.store(for: "frank")
             let (wrote, signal) = AsyncStream.makeStream(of: Void.self)
@@ -253,8 +247,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(1)))
     func aStreamedQueryDeliversEveryRowInOrderAndCanStopEarly() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let count = 20_000
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.streamBufferRows = 64; $0.connections = 2 }) { client in
             let gina = client.store(for: "gina")
@@ -292,8 +285,7 @@ import Varlink
     /// hang; and the client works again once the daemon is back.
     @Test(.timeLimit(.minutes(1)))
     func aPausedStreamWhoseDaemonDiesDeliversItsRowsThenAnError() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let count = 20_000 // 2 MB of rows: more than the socket buffers hold
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: {
             $0.streamBufferRows = 16
@@ -336,8 +328,7 @@ import Varlink
         #expect(ClientLoop.threads(environment: ["USERSTORE_CLIENT_THREADS": "3"], cores: 2) == 3)
         #expect(ClientLoop.threads(environment: ["USERSTORE_CLIENT_THREADS": "0"], cores: 2) == 1)
         #expect(ClientLoop.threads(environment: ["USERSTORE_CLIENT_THREADS": "many"], cores: 8) == 4)
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
             _ = try await client.store(for: "mona").open()
         }
@@ -370,12 +361,13 @@ import Varlink
             try Data(name.utf8).write(to: URL(fileURLWithPath: directory + "/" + name))
             return open(directory + "/" + name, O_RDONLY | O_CLOEXEC)
         }
-        let big = CallMessage(method: "test.Big", parameters: ["pad": .string(String(repeating: "x", count: 2 << 20))]).finish()
+        var big = CallMessage(method: "test.Big")
+        big.field("pad", String(repeating: "x", count: 2 << 20))
         let messages: [([UInt8], [Int32])] = [
-            (big, []),
-            (CallMessage(method: "test.First", parameters: [:]).finish(), [files[0]]),
-            (CallMessage(method: "test.Plain", parameters: [:]).finish(), []),
-            (CallMessage(method: "test.Second", parameters: [:]).finish(), [files[1]]),
+            (big.finish(), []),
+            (CallMessage(method: "test.First").finish(), [files[0]]),
+            (CallMessage(method: "test.Plain").finish(), []),
+            (CallMessage(method: "test.Second").finish(), [files[1]]),
         ]
         for (message, descriptors) in messages { try connection.send(message, descriptors: descriptors, to: .single(PendingReply())) }
         for file in files { close(file) }
@@ -411,8 +403,7 @@ import Varlink
     /// is given back (here that would be never: the transaction holding it waits for the call).
     @Test(.timeLimit(.minutes(1)))
     func aCallWaitingOutTheBackOffConnectsWhenItEnds() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let hidden = daemon.socketPath + ".away"
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: {
             $0.connections = 2
@@ -441,8 +432,7 @@ import Varlink
     /// the same connection (it must reach the import, not a call before it).
     @Test(.timeLimit(.minutes(2)))
     func anyMethodCanBeCalledStreamedAndPassedAFile() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         let exported = NSTemporaryDirectory() + "client-export-\(getpid()).db"
         defer { unlink(exported) }
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
@@ -501,8 +491,7 @@ import Varlink
 
     @Test(.timeLimit(.minutes(5)))
     func killingAndRestartingTheDaemonGivesCleanErrorsThenRecoveryWithNoAcknowledgedWriteLost() async throws {
-        let daemon = try Self.daemon(Self.migrations)
-        try daemon.start()
+        let daemon = try Self.startedDaemon()
         final class Log: Sendable {
             let acknowledged = Mutex<[String: [Int64]]>([:])
             let failures = Mutex<[UserStoreError]>([])

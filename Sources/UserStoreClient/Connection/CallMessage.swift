@@ -90,17 +90,6 @@ struct CallMessage {
         }
     }
 
-    /// A whole call's parameters as values: for the methods without their own encoder
-    /// (``UserStoreClient/call(_:_:passing:)``).
-    init(method: String, parameters: [String: JSONValue]) {
-        writer.raw("{\"method\":")
-        writer.write(method)
-        writer.raw(",\"parameters\":")
-        writer.write(JSONValue.object(parameters))
-        writer.bytes.removeLast() // the object's `}`: finish writes it
-        firstField = parameters.isEmpty
-    }
-
     /// The finished message (with `"more":true` for a streamed call) and its NUL.
     consuming func finish(more: Bool = false) -> [UInt8] {
         writer.raw(byte: UInt8(ascii: "}"))

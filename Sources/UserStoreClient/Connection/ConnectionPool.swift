@@ -58,6 +58,9 @@ final class ConnectionPool: Sendable {
         var wakeups: UInt64 = 0
         var failures = 0
         var retryAt = NIODeadline.uptimeNanoseconds(0)
+        /// The end of back-off a wake-up is already scheduled for (one per back-off, however
+        /// many callers wait it out).
+        var wakeScheduledAt: NIODeadline?
         var lastFailure = ""
         var lastFailureCode: Int32?
         var shutDown = false
@@ -67,8 +70,8 @@ final class ConnectionPool: Sendable {
     private enum Step {
         case leased(Lease)
         case connect(slot: Int)
-        /// Wait for a wake-up after the `seen`th; `retryAt`: connecting is allowed again then.
-        case wait(seen: UInt64, retryAt: NIODeadline?)
+        /// Wait for a wake-up after the `seen`th; `wakeAt`: schedule one then (the back-off ends).
+        case wait(seen: UInt64, wakeAt: NIODeadline?)
         case fail(UserStoreError)
     }
 
@@ -102,8 +105,8 @@ final class ConnectionPool: Sendable {
                     throw UserStoreError.connectFailed("cannot connect to \(configuration.socketPath): \(Self.describe(error))",
                                                        systemError: Self.code(error))
                 }
-            case .wait(let seen, let retryAt):
-                if let retryAt { wakeWaiters(at: retryAt) }
+            case .wait(let seen, let wakeAt):
+                if let wakeAt { wakeWaiters(at: wakeAt) }
                 try await waitForRelease(seen: seen)
             }
         }
@@ -133,7 +136,10 @@ final class ConnectionPool: Sendable {
             return .connect(slot: free)
         }
         if state.slots.contains(where: { $0.connection != nil || $0.connecting }) {
-            return .wait(seen: state.wakeups, retryAt: free != nil ? state.retryAt : nil)
+            // Backing off with a free slot: someone must be woken when connecting is allowed again.
+            let scheduleWake = free != nil && state.wakeScheduledAt != state.retryAt
+            if scheduleWake { state.wakeScheduledAt = state.retryAt }
+            return .wait(seen: state.wakeups, wakeAt: scheduleWake ? state.retryAt : nil)
         }
         let wait = max(0, (state.retryAt - .now()).nanoseconds / 1_000_000)
         return .fail(.connectFailed("cannot connect to \(configuration.socketPath): \(state.lastFailure) (next attempt in \(wait) ms)",

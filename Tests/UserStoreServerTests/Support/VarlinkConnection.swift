@@ -11,7 +11,7 @@ import Glibc
 public final class VarlinkConnection {
     /// The socket path.
     public let path: String
-    /// The socket's file descriptor (to shut it down from a signal handler).
+    /// The socket's file descriptor (tests poll it or shut it down half-way).
     public let descriptor: Int32
     private var buffer: [UInt8] = []
     private var chunk = [UInt8](repeating: 0, count: 65_536)
@@ -31,12 +31,6 @@ public final class VarlinkConnection {
             case .io(let path, let message): return "\(path): \(message)"
             case .malformedReply(let path, let message): return "\(path): malformed reply: \(message)"
             }
-        }
-
-        /// The connection was refused for lack of permission on the socket.
-        public var isPermissionDenied: Bool {
-            if case .cannotConnect(_, _, let code) = self { return code == EACCES || code == EPERM }
-            return false
         }
     }
 
