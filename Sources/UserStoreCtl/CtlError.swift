@@ -1,6 +1,4 @@
-import Foundation
 import UserStoreClient
-import Varlink
 
 /// Exit codes scripts can trust (documented in `userstorectl --help` and docs/cli.md).
 public enum CtlExitCode: Int32, Sendable {
@@ -43,14 +41,10 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
         return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")
     }
 
-    /// A parameter as printed: text as it is, anything else as JSON.
+    /// A parameter as printed: text as the daemon wrote it (unquoted), anything else as
+    /// ``SQLValue`` shows it.
     private static func text(_ value: SQLValue) -> String {
-        switch value {
-        case .null: return "null"
-        case .integer(let integer): return String(integer)
-        case .real(let real): return JSONValue.real(real).serialized
-        case .text(let text): return text
-        case .blob(let data): return data.base64EncodedString()
-        }
+        if case .text(let text) = value { return text }
+        return value.description
     }
 }

@@ -238,34 +238,43 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private func flush() {
         shared.withLock { shared in
             guard !shared.output.isEmpty, shared.closed == nil else { return }
-            // The daemon gives descriptors to the call that holds the last byte of the read they
-            // came with, and a read ends with the write that carried them. So that write starts
-            // at its call's first byte and ends within that call; and a write without them stops
-            // before the next call that has some.
-            let first = shared.outputDescriptors.first
-            let passing = first?.offset == 0 ? first!.descriptors : []
-            let next = passing.isEmpty ? (first?.offset ?? shared.output.count) : first!.length
-            let written = shared.output.withUnsafeBytes { bytes in
-                passing.withUnsafeBufferPointer { fds in
-                    us_send_with_fds(descriptor, bytes.baseAddress, min(next, bytes.count), fds.baseAddress, Int32(fds.count))
+            // Writes until the socket is full, then drops what went in one move (not a copy of
+            // the rest per write: a call of megabytes goes out in many writes).
+            var sent = 0
+            var failure: Int32?
+            while sent < shared.output.count {
+                // The daemon gives descriptors to the call that holds the last byte of the read
+                // they came with, and a read ends with the write that carried them. So that write
+                // starts at its call's first byte and ends within that call; and a write without
+                // them stops before the next call that has some.
+                let first = shared.outputDescriptors.first
+                let passing = first?.offset == sent ? first!.descriptors : []
+                let end = passing.isEmpty ? (first?.offset ?? shared.output.count) : sent + first!.length
+                let length = end - sent
+                let written = shared.output.withUnsafeBytes { bytes in
+                    passing.withUnsafeBufferPointer { fds in
+                        us_send_with_fds(descriptor, bytes.baseAddress! + sent, length, fds.baseAddress, Int32(fds.count))
+                    }
                 }
-            }
-            if written > 0 {
-                shared.output.removeFirst(written)
+                if written < 0 {
+                    let code = errno
+                    if code != EAGAIN, code != EWOULDBLOCK, code != EINTR { failure = code }
+                    break
+                }
                 if !passing.isEmpty {
                     for descriptor in passing { Glibc.close(descriptor) } // the kernel holds them now
                     shared.outputDescriptors.removeFirst()
                 }
-                for index in shared.outputDescriptors.indices { shared.outputDescriptors[index].offset -= written }
+                sent += written
+                if written < length { break } // the socket is full: EPOLLOUT says when to go on
             }
-            if written < 0 {
-                let code = errno
-                guard code == EAGAIN || code == EWOULDBLOCK || code == EINTR else {
-                    // Not a full socket (which waits for EPOLLOUT): this connection cannot send,
-                    // and its calls cannot be answered. Closing fails them (the loop reads the
-                    // shut-down socket to its end) instead of spinning on EPOLLOUT.
-                    return closeLocked(&shared, .closed("cannot write to the daemon: \(String(cString: strerror(code))); the calls sent before may have run"))
-                }
+            shared.output.removeFirst(sent)
+            for index in shared.outputDescriptors.indices { shared.outputDescriptors[index].offset -= sent }
+            if let failure {
+                // Not a full socket (which waits for EPOLLOUT): this connection cannot send,
+                // and its calls cannot be answered. Closing fails them (the loop reads the
+                // shut-down socket to its end) instead of spinning on EPOLLOUT.
+                return closeLocked(&shared, .closed("cannot write to the daemon: \(String(cString: strerror(failure))); the calls sent before may have run"))
             }
             if shared.output.isEmpty { updateInterest(shared) }
         }
