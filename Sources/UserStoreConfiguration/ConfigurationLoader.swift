@@ -23,6 +23,9 @@ public enum ConfigurationLoader {
         "limits.transactionIdleMilliseconds", "limits.transactionMilliseconds",
         "limits.requestReadSeconds", "limits.idleConnectionSeconds", "limits.maxConnectionsPerUser",
         "metrics.listen",
+        "replication.replica", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores",
+        "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
+        "replication.litestream", "replication.startLitestream",
     ]
 
     /// The numbered migrations and the desired schema `configuration` names, loaded and checked.

@@ -75,13 +75,15 @@ extension ConfigurationLoader {
                 }
                 metricsListen = address
             }
+            let dataDirectory = try path("dataDirectory", default: "/var/lib/userstore")
+            let replication = try replicationSettings(dataDirectory: dataDirectory)
             let logTargetText = try string("logTarget") ?? "auto"
             guard let logTarget = DaemonConfiguration.LogTarget(rawValue: logTargetText) else {
                 throw error("logTarget", "must be auto, journal or stderr (got \"\(logTargetText)\")")
             }
             return DaemonConfiguration(
                 appVersion: appVersion,
-                dataDirectory: try path("dataDirectory", default: "/var/lib/userstore"),
+                dataDirectory: dataDirectory,
                 socketPath: try path("socketPath", default: "/run/userstore/userstore.sock"),
                 socketMode: socketMode,
                 socketGroup: try string("socketGroup"),
@@ -92,7 +94,38 @@ extension ConfigurationLoader {
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
                 fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 2 * ProcessInfo.processInfo.activeProcessorCount,
-                sourcePath: file, metricsListen: metricsListen)
+                sourcePath: file, metricsListen: metricsListen, replication: replication)
+        }
+
+        /// `replication.*`: nil (off) without `replication.replica`.
+        private func replicationSettings(dataDirectory: String) throws(ConfigurationError) -> ReplicationSettings? {
+            guard let replica = try string("replication.replica") else {
+                for key in ConfigurationLoader.knownKeys where key.hasPrefix("replication.") && present.contains(key) {
+                    throw error("replication.replica", "is required when \(key) is set: the replica URL (file:///..., s3://..., sftp://...)")
+                }
+                return nil
+            }
+            guard let scheme = replica.range(of: "://").map({ String(replica[..<$0.lowerBound]) }),
+                  ReplicationSettings.schemes.contains(scheme), replica.count > scheme.count + 3 else {
+                throw error("replication.replica", "must be a file:///absolute/path, s3://bucket/prefix or sftp://user@host/path URL (got \"\(replica)\")")
+            }
+            if scheme == "file", !replica.dropFirst(7).hasPrefix("/") {
+                throw error("replication.replica", "a file:// replica needs an absolute path: file:///var/lib/userstore-replica (got \"\(replica)\")")
+            }
+            var settings = ReplicationSettings(replica: replica.hasSuffix("/") ? String(replica.dropLast()) : replica,
+                                               socket: dataDirectory + "/litestream.sock")
+            settings.syncIntervalMilliseconds = try int("replication.syncIntervalMilliseconds", minimum: 1000, maximum: 3_600_000) ?? 1000
+            settings.maxRegisteredStores = try int("replication.maxRegisteredStores", minimum: 1, maximum: 100_000) ?? 2000
+            settings.durableWrites = try bool("replication.durableWrites") ?? false
+            settings.durableTimeoutMilliseconds = try int("replication.durableTimeoutMilliseconds", minimum: 100, maximum: 600_000) ?? 10_000
+            if try string("replication.socket") != nil { settings.socket = try path("replication.socket", default: "") }
+            guard settings.socket.utf8.count < 108 else {
+                throw error("replication.socket", "is longer than a Unix socket path may be (107 bytes): \(settings.socket)")
+            }
+            settings.litestream = try string("replication.litestream") ?? "litestream"
+            if settings.litestream.contains("/") { settings.litestream = try path("replication.litestream", default: "") }
+            settings.startLitestream = try bool("replication.startLitestream") ?? true
+            return settings
         }
 
         func error(_ key: String, _ problem: String) -> ConfigurationError {

@@ -37,6 +37,8 @@ public struct DaemonConfiguration: Sendable {
     public var sourcePath: String
     /// Where Prometheus metrics are served (`metrics.listen`); nil: not served.
     public var metricsListen: MetricsAddress? = nil
+    /// The off-host copy of every store (`replication.*`); nil: off.
+    public var replication: ReplicationSettings? = nil
 
     /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
     /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.
@@ -46,8 +48,40 @@ public struct DaemonConfiguration: Sendable {
 
     /// The registry configuration these settings imply.
     public var registryConfiguration: RegistryConfiguration {
+        // Only open stores are registered with Litestream, so its limit bounds the open stores.
         RegistryConfiguration(layout: StoreLayout(dataDirectory: dataDirectory), appVersion: appVersion,
-                              maxOpenStores: maxOpenStores, idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
+                              maxOpenStores: min(maxOpenStores, replication?.maxRegisteredStores ?? maxOpenStores), idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
+    }
+}
+
+/// `replication.*`: every open store replicated by Litestream (docs/replication.md).
+public struct ReplicationSettings: Sendable, Equatable {
+    /// The URL schemes a replica may use.
+    public static let schemes: Set<String> = ["file", "s3", "sftp"]
+    /// Where every store's copy goes (`replication.replica`): each user under
+    /// `<replica>/<ab>/<cd>/<user>`, the store's own folder.
+    public var replica: String
+    /// Litestream's control socket (`replication.socket`; default `<dataDirectory>/litestream.sock`).
+    public var socket: String
+    /// How often written stores are synced to the replica (`replication.syncIntervalMilliseconds`;
+    /// at least 1000: Litestream's own interval for registered databases).
+    public var syncIntervalMilliseconds: Int = 1000
+    /// At most this many stores registered (open) at once (`replication.maxRegisteredStores`).
+    public var maxRegisteredStores: Int = 2000
+    /// Every Execute, Batch and Commit waits until its transaction is in the replica
+    /// (`replication.durableWrites`; a call can ask with `durable: true`).
+    public var durableWrites: Bool = false
+    /// How long a durable write waits for the replica (`replication.durableTimeoutMilliseconds`).
+    public var durableTimeoutMilliseconds: Int = 10_000
+    /// The litestream binary (`replication.litestream`): restores, and the child process.
+    public var litestream: String = "litestream"
+    /// The daemon runs `litestream replicate` as its child (`replication.startLitestream`);
+    /// false: a separate unit (userstore-replicate.service) serves the socket.
+    public var startLitestream: Bool = true
+
+    public init(replica: String, socket: String) {
+        self.replica = replica
+        self.socket = socket
     }
 }
 

@@ -36,6 +36,10 @@ extension StoreError {
             return VarlinkError("io.userstore.Admin.NoSuchBackup", ["user": .string(user.rawValue), "backup": .string(backup)])
         case .importRefused(let user, let reason):
             return VarlinkError("io.userstore.Admin.ImportRefused", ["user": .string(user.rawValue), "reason": .string(reason)])
+        case .replicationUnavailable(let user, let message):
+            return VarlinkError(prefix + "ReplicationUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
+        case .replicaDamaged(let user, let message):
+            return VarlinkError(prefix + "ReplicaDamaged", ["user": .string(user.rawValue), "message": .string(message)])
         }
     }
 }

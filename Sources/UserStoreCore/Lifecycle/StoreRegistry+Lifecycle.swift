@@ -80,7 +80,12 @@ extension StoreRegistry {
     /// request for the user starts a new, empty store.
     public func delete(_ user: UserID, keepBackups: Bool) async throws -> DeletionReport {
         let files = StoreFiles(layout: configuration.layout)
-        let report = try await withStoreClosed(user) { try files.delete(user, keepBackups: keepBackups) }
+        let replication = self.replication, path = configuration.layout.storePath(for: user)
+        let report = try await withStoreClosed(user) {
+            let report = try files.delete(user, keepBackups: keepBackups)
+            try replication?.storeReplaced(user, path: path, deleteReplica: true)
+            return report
+        }
         if report.existed || !report.removedFiles.isEmpty {
             observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))
         }
@@ -113,6 +118,7 @@ extension StoreRegistry {
             if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.observer) : nil
             try files.publish(staged, as: user)
+            try self.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
         }
         observer.record(.storeImported(user: user, schemaVersion: report.schemaVersion, replaced: report.replaced,
@@ -147,11 +153,46 @@ extension StoreRegistry {
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
             try files.publish(staged, as: user)
+            try self.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return copy
         }
         observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
         return (backup, previous)
+    }
+
+    /// Replaces `user`'s store with the replica's copy — its latest state, or its state at
+    /// `timestamp` — like a restore from a backup: the copy is restored into the staging folder
+    /// and integrity-checked first, the live store (if any) is copied to its backups, and the
+    /// next request migrates the restored store as usual. A replica that has nothing, cannot be
+    /// reached or is damaged leaves the live store as it was. Returns the replica restore and
+    /// the live store's copy.
+    public func restoreFromReplica(_ user: UserID, timestamp: Date?) async throws -> (restored: ReplicaRestore, previous: String?) {
+        guard let replication else {
+            throw StoreError.replicationUnavailable(user: user, message: "replication is off (no replication section in the configuration)")
+        }
+        let files = StoreFiles(layout: configuration.layout)
+        let staged = try files.stagingPath(for: user)
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
+        let restored = try await Self.offThreadResult { () throws -> ReplicaRestore in
+            guard let restored = try replication.restore(user, to: staged, timestamp: timestamp) else {
+                throw StoreError.replicationUnavailable(user: user, message: "the replica holds no copy of this store"
+                                                        + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
+            }
+            try Self.checkIntegrity(staged, user: user, what: "the replica's copy")
+            return restored
+        }.get()
+        let layout = configuration.layout
+        let previous = try await withStoreClosed(user) { () throws -> String? in
+            let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
+            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
+            try files.publish(staged, as: user)
+            try replication.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
+            return copy
+        }
+        observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
+                                       durationMicroseconds: restored.durationMicroseconds))
+        return (restored, previous)
     }
 
     /// A consistent copy of `user`'s store as it is (not migrated first) at `path`, taken on its

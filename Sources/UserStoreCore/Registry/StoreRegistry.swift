@@ -23,18 +23,25 @@ public final class StoreRegistry: Sendable {
     /// The configuration this registry was built with.
     public let configuration: RegistryConfiguration
     let observer: any StoreObserver
+    /// The off-host copy of every store, when replication is on.
+    public let replication: (any StoreReplication)?
     private let lock: DataDirectoryLock
     private let opener: StoreOpener
     let state: Mutex<RegistryState>
 
     /// A registry over `configuration.layout`, which `lock` must be the lock of.
+    /// With `replication`, every store is restored from the replica when it is missing here,
+    /// replicated while it is open, and its replica follows deletions and replacements.
     public init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
-                observer: any StoreObserver = NoStoreObserver()) {
+                observer: any StoreObserver = NoStoreObserver(), replication: (any StoreReplication)? = nil) {
         precondition(lock.path == configuration.layout.lockPath, "the lock must be the data directory's own")
         self.configuration = configuration
         self.observer = observer
+        self.replication = replication
         self.lock = lock
-        self.opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
+        var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
+        opener.sharedFiles = replication?.sharesStoreFiles ?? false
+        self.opener = opener
         self.state = Mutex(RegistryState(migrations: migrations))
     }
 
@@ -256,7 +263,8 @@ public final class StoreRegistry: Sendable {
                     migration = .failure(error)
                 }
             } else {
-                switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrate ? migrator : nil, observer: observer) {
+                switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrate ? migrator : nil,
+                                                 observer: observer, replication: replication) {
                 case .success(let opened):
                     (store, migration) = opened
                 case .failure(let failure):
@@ -295,11 +303,31 @@ public final class StoreRegistry: Sendable {
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, on one dispatch thread without hops. Fails only when the file cannot be opened.
     /// Without a `migrator`, only opens an existing file.
+    ///
+    /// With `replication`, a store missing here is first restored from the replica if it has
+    /// one, and the store is registered before anything writes to it (the migration).
     private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator?,
-                                       observer: any StoreObserver) async -> Result<(Store, Result<MigrationReport?, any Error>), StoreError> {
+                                       observer: any StoreObserver,
+                                       replication: (any StoreReplication)?) async -> Result<(Store, Result<MigrationReport?, any Error>), StoreError> {
         do {
             return .success(try await offThread {
+                var template = template
+                if let replication, migrator != nil {
+                    let path = opener.layout.storePath(for: user)
+                    if !FileManager.default.fileExists(atPath: path) {
+                        try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
+                        if let restored = try replication.restore(user, to: path, timestamp: nil) {
+                            template = nil
+                            observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
+                                                           durationMicroseconds: restored.durationMicroseconds))
+                        }
+                    }
+                }
                 let (store, created) = try opener.open(user, template: template, create: migrator != nil)
+                if let replication, !replication.storeOpened(store) {
+                    // Degraded: nobody else checkpoints this store until it is registered.
+                    try? store.writeBlocking { db in try db.execute(sql: "PRAGMA wal_autocheckpoint = 1000") }
+                }
                 if !created { observer.record(.storeOpened(user: user)) }
                 guard let migrator else { return (store, .success(nil)) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
@@ -444,8 +472,17 @@ public final class StoreRegistry: Sendable {
 
     /// Closing checkpoints the WAL (disk I/O), so it runs on the blocking pool, not the
     /// cooperative pool. GRDB's close waits for work already queued on the store.
+    ///
+    /// A replicated store is synced and unregistered first, once the work queued on it is done.
     func close(_ store: Store) async {
-        await Self.offThread { store.close() }
+        let replication = self.replication
+        await Self.offThread {
+            if let replication {
+                store.finishQueuedWork()
+                replication.storeClosing(store)
+            }
+            store.close()
+        }
     }
 
     /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.

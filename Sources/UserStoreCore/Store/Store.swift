@@ -214,6 +214,11 @@ public final class Store: Sendable {
         if held { queued.subtract(1, ordering: .relaxed) }
     }
 
+    /// Waits for the work already submitted (blocking; on a ``BlockingPool`` thread).
+    func finishQueuedWork() {
+        queue.writeWithoutTransaction { _ in }
+    }
+
     /// Closes the connection after the work already submitted.
     func close() {
         let statements = self.statements

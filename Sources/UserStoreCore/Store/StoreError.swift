@@ -27,6 +27,13 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case noSuchBackup(user: UserID, backup: String)
     /// An import was refused (not SQLite, damaged, version unknown, store exists); nothing changed.
     case importRefused(user: UserID, reason: String)
+    /// The replica could not be reached, or did not confirm a durable write: the store is not
+    /// restored (nothing was created) or the write, committed locally, is not known to be in
+    /// the replica.
+    case replicationUnavailable(user: UserID, message: String)
+    /// The replica's copy of the store cannot be restored (it fails its integrity check or
+    /// cannot be decoded); nothing local was created or replaced.
+    case replicaDamaged(user: UserID, message: String)
 
     public var description: String {
         switch self {
@@ -54,6 +61,10 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
             return "user '\(user)' has no backup '\(backup)'"
         case .importRefused(let user, let reason):
             return "import into store '\(user)' refused: \(reason)"
+        case .replicationUnavailable(let user, let message):
+            return "store '\(user)': replication unavailable: \(message)"
+        case .replicaDamaged(let user, let message):
+            return "store '\(user)': the replica's copy cannot be restored: \(message)"
         }
     }
 }

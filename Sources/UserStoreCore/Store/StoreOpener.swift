@@ -7,6 +7,9 @@ struct StoreOpener: Sendable {
     let layout: StoreLayout
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     let busyTimeoutSeconds: Double
+    /// Another process reads the files too (a replicator): normal locking and no automatic
+    /// checkpoints (``StoreReplication/sharesStoreFiles``).
+    var sharedFiles = false
 
     /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`
     /// when one is given — or, without `create`, throws ``StoreError/noSuchStore(user:)``.
@@ -28,6 +31,7 @@ struct StoreOpener: Sendable {
             try template?.install(at: path, user: user)
         }
         let guardian = StoreGuard()
+        let sharedFiles = self.sharedFiles
         var configuration = Configuration()
         configuration.label = "userstore.\(user.rawValue)"
         configuration.foreignKeysEnabled = true
@@ -41,7 +45,16 @@ struct StoreOpener: Sendable {
             // and unlock system calls per statement), and WAL's index lives in the connection's
             // memory instead of a -shm file (one file descriptor fewer per open store). Must be
             // set before the first read of the file.
-            try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
+            //
+            // A replicated store is read by Litestream's own connection, which a file locked
+            // exclusively would refuse (SQLITE_BUSY): it keeps normal locking and a -shm file,
+            // and leaves checkpoints to Litestream, whose replica is built from the WAL frames
+            // (a checkpoint that restarts the WAL behind it forces a full snapshot).
+            if sharedFiles {
+                try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+            } else {
+                try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
+            }
             // Durability of every committed transaction (WAL's default NORMAL can lose the last ones on power loss).
             try db.execute(sql: "PRAGMA synchronous = FULL")
             // Replaces GRDB's own authorizer, which only feeds features userstore does not use

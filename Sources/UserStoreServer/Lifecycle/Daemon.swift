@@ -64,7 +64,27 @@ public enum Daemon {
         // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
         let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
         let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
-        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock, observer: observer)
+        let replicator = configuration.replication.map { LitestreamReplicator(settings: $0, layout: layout, logger: logger) }
+        var litestream: LitestreamProcess?
+        if let settings = configuration.replication {
+            guard access(LitestreamReplicator.resolve(settings.litestream), X_OK) == 0 else {
+                logger.critical("replication is on but \(settings.litestream) is not an executable (replication.litestream)", metadata: ["event": "daemon-failed"])
+                printError("userstored: replication.litestream: \(settings.litestream) is not an executable; install Litestream 0.5.17 (scripts/install-deps.sh)")
+                return .unavailable
+            }
+            if settings.startLitestream {
+                let child = LitestreamProcess(settings: settings, runtimeDirectory: configuration.dataDirectory, logger: logger)
+                do {
+                    try await child.start()
+                } catch {
+                    // Served degraded; the monitor registers the stores once it answers.
+                    logger.error("\(error)", metadata: ["event": "replication-degraded"])
+                }
+                litestream = child
+            }
+        }
+        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
+                                     observer: observer, replication: replicator)
         do {
             for user in try registry.recoverInterruptedOperations() {
                 logger.notice("finished the deletion of store '\(user)' that a crash had interrupted", metadata: [
@@ -76,7 +96,8 @@ public enum Daemon {
             printError("userstored: \(error)")
             return .unavailable
         }
-        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger, metrics: metrics)
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger, metrics: metrics,
+                                    replicator: replicator, litestream: litestream)
         let notifier = context.notifier
         index.startScan(registry: registry)
         if configuration.registryConfiguration.policy.newStoresFromTemplate {
@@ -119,8 +140,9 @@ public enum Daemon {
                 return .unavailable
             }
         }
+        let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = replicator.map { [.init(service: ReplicationMonitor(replicator: $0))] } ?? []
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
-            services: metricsServices + [
+            services: metricsServices + replicationServices + [
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),
                 .init(service: StatusReporter(context: context, notifier: notifier)),
                 .init(service: IdleSweeper(registry: registry)),
@@ -137,6 +159,7 @@ public enum Daemon {
             exitCode = .failure
         }
         await registry.shutdown()
+        await litestream?.stop() // after every store's final sync
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
         journalWriter?.flush()

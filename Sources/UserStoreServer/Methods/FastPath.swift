@@ -66,6 +66,8 @@ struct FastPath {
             writer.bytes.append(contentsOf: StoreMethods.openReply(user, info, report: nil))
             return .answered
         case .query, .execute:
+            // A write that may wait for the replica goes to StoreMethods (Execute of a read also does: rare).
+            if method == .execute && context.mayBeDurable(view, call) { break }
             guard let statement = try? SQLRunner.Statement.single(view, call) else { break }
             let output: SQLRunner.Output = method == .query ? .rows : .changes
             let inline = store.runIfIdle { connection in
@@ -85,6 +87,7 @@ struct FastPath {
             }
             return .queued
         case .batch:
+            if context.mayBeDurable(view, call) { break }
             let transaction: Bool
             switch view.member("transaction", of: call).map(view.kind) {
             case nil, .null?: transaction = true

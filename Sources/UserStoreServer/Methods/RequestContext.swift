@@ -36,6 +36,10 @@ final class DaemonContext: Sendable {
     let metrics: DaemonMetrics?
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
+    /// Replication, when it is on (`replication.*`).
+    let replicator: LitestreamReplicator?
+    /// Litestream as the daemon's child (`replication.startLitestream`).
+    let litestream: LitestreamProcess?
 
     /// Graceful shutdown has begun: new calls get `ShuttingDown` (read on every request).
     private let shuttingDown = Atomic<Bool>(false)
@@ -70,8 +74,11 @@ final class DaemonContext: Sendable {
         var generation: Int
     }
 
-    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger, metrics: DaemonMetrics? = nil) {
+    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger, metrics: DaemonMetrics? = nil,
+         replicator: LitestreamReplicator? = nil, litestream: LitestreamProcess? = nil) {
         self.metrics = metrics
+        self.replicator = replicator
+        self.litestream = litestream
         self.configuration = configuration
         self.registry = registry
         self.index = index

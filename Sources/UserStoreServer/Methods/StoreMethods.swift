@@ -53,8 +53,17 @@ struct StoreMethods {
 
     private func statement(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
-        return try await SQLRunner.reply(context.registry, user: user, access: .client, message: request.message,
-                                         statement: try request.statement(), output: output, limits: context.limits)
+        let durable = try output == .changes && durable(request, user: user)
+        let reply = try await SQLRunner.reply(context.registry, user: user, access: .client, message: request.message,
+                                              statement: try request.statement(), output: output, limits: context.limits)
+        return durable ? await context.replyWhenReplicated(user, reply) : reply
+    }
+
+    /// Whether this write call waits for the replica (DurableWrites).
+    private func durable(_ request: Request, user: UserID) throws(VarlinkError) -> Bool {
+        try request.message.withView { view throws(VarlinkError) in
+            try context.isDurable(view, view.member("parameters", of: 0), user: user.rawValue)
+        }
     }
 
     /// A Query with `more`: its rows in several replies, stepped as the client reads them.
@@ -73,6 +82,15 @@ struct StoreMethods {
         let statements = try request.batchStatements(maximum: limits.maxBatchStatements)
         let transaction = try parameters.optionalBool("transaction") ?? true
         let message = request.message
+        if try durable(request, user: user) {
+            let reply = try await context.registry.withStore(user) { store in
+                try await store.write { db in
+                    BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements,
+                                                                                     mode: transaction ? .transaction : .statements)
+                }
+            }
+            return await context.replyWhenReplicated(user, reply)
+        }
         return try await context.registry.withStore(user) { store in
             try await store.write { db in
                 BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements,

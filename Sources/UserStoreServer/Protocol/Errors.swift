@@ -61,6 +61,12 @@ enum Errors {
         VarlinkError("io.userstore.Store.TransactionExpired", ["transaction": .string(transaction), "reason": .string(reason)])
     }
 
+    /// Replication is on but could not confirm a durable write (or durable was asked with
+    /// replication off).
+    static func replicationUnavailable(user: String, message: String) -> VarlinkError {
+        VarlinkError("io.userstore.Store.ReplicationUnavailable", ["user": .string(user), "message": .string(message)])
+    }
+
     /// Any error as a varlink error.
     static func from(_ error: any Error) -> VarlinkError {
         switch error {

@@ -266,19 +266,26 @@ extension Connection {
 
     private func end(_ view: JSONView, _ call: Int?, commit: Bool, _ reply: QueuedReply) throws(VarlinkError) {
         let transaction = try namedTransaction(view, call)
+        let context = shared.context
+        let durable = commit ? try context.isDurable(view, call, user: transaction.user.rawValue) : false
         transaction.state = .ended(reason: commit ? "committed" : "rolled back")
         cancelTimers(transaction)
-        shared.context.metrics?.transactionEnded(commit ? "committed" : "rolled_back")
-        let store = transaction.store!, registry = shared.context.registry, loop = self.loop
+        context.metrics?.transactionEnded(commit ? "committed" : "rolled_back")
+        let store = transaction.store!, registry = context.registry, loop = self.loop
         store.endTransaction(transaction.key, commit: commit) { error in
             registry.release(transaction.user)
-            loop.execute { [self] in
-                if self.transaction === transaction { self.transaction = nil }
-                if let error {
-                    finish(reply, VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")))
-                } else {
-                    finish(reply, VarlinkReply.encode([:]))
+            let send: @Sendable ([UInt8]) -> Void = { bytes in
+                loop.execute { [self] in
+                    if self.transaction === transaction { self.transaction = nil }
+                    finish(reply, bytes)
                 }
+            }
+            if let error {
+                send(VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")))
+            } else if durable {
+                Task { send(await context.replyWhenReplicated(transaction.user, VarlinkReply.encode([:]))) }
+            } else {
+                send(VarlinkReply.encode([:]))
             }
         }
     }

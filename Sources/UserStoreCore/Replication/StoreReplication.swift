@@ -1,0 +1,55 @@
+import Foundation
+
+/// What the registry asks of an off-host copy of every store (Litestream, through the
+/// daemon's `LitestreamReplicator`), at the points of a store's life where it matters.
+///
+/// Every method blocks (a process to spawn, a control-socket round trip) and is called on
+/// ``BlockingPool`` threads, never on an event loop or the cooperative pool. None throws for a
+/// replication outage: the store is served unreplicated (degraded) and registered again later;
+/// only ``restoreIfReplicated(_:to:)`` refuses, because serving an empty store in place of a
+/// replicated one would lose the user's data.
+public protocol StoreReplication: Sendable {
+    /// Whether store connections must let another process read the file: `locking_mode`
+    /// NORMAL (a `-shm` file) instead of EXCLUSIVE, and no automatic checkpoints (the
+    /// replicator checkpoints).
+    var sharesStoreFiles: Bool { get }
+
+    /// Puts the replica's copy of `user`'s store at `path` (which does not exist) when the
+    /// replica has one: its latest state, or its state at `timestamp`. Returns what was
+    /// restored, or nil when the replica holds nothing for the user (before a store is created:
+    /// a new store is then created as usual). Throws
+    /// ``StoreError/replicationUnavailable(user:message:)`` when it cannot tell, and
+    /// ``StoreError/replicaDamaged(user:message:)`` when the copy fails its integrity check;
+    /// nothing is left at `path` then.
+    func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore?
+
+    /// `store` was opened and nothing has written to it yet: start replicating it. Returns
+    /// whether it is replicated now (false: degraded; the replicator registers it when it can,
+    /// and the store checkpoints itself meanwhile).
+    func storeOpened(_ store: Store) -> Bool
+
+    /// `store` is about to be closed and nothing more will be written to it: sync its last
+    /// changes to the replica and stop replicating it, so that closing can checkpoint.
+    func storeClosing(_ store: Store)
+
+    /// `user`'s store file was replaced or removed with the store closed (import, restore,
+    /// delete): forget the replication state kept beside it, so that the next registration
+    /// starts from the new file. With `deleteReplica`, the replica's copy is removed too.
+    func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws
+}
+
+/// A store brought back from the replica.
+public struct ReplicaRestore: Sendable, Equatable {
+    /// Where it came from (the user's replica URL).
+    public var source: String
+    /// Its schema version (`PRAGMA user_version`) as restored, before any migration.
+    public var schemaVersion: Int64
+    /// How long the restore took.
+    public var durationMicroseconds: Int64
+
+    public init(source: String, schemaVersion: Int64, durationMicroseconds: Int64) {
+        self.source = source
+        self.schemaVersion = schemaVersion
+        self.durationMicroseconds = durationMicroseconds
+    }
+}

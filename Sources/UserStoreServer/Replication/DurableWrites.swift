@@ -1,0 +1,47 @@
+import UserStoreCore
+import Varlink
+
+/// Durable writes (docs/replication.md): an `Execute`, `Batch` or `Commit` that replies only
+/// once Litestream confirms its transaction is in the replica — for every write with
+/// `replication.durableWrites`, or for a call with `durable: true`.
+extension DaemonContext {
+    /// Whether the write call in `view` (parameters at `call`) must wait for the replica.
+    /// Throws `ReplicationUnavailable` for `durable: true` with replication off (before it
+    /// runs: nothing is written), and `InvalidParameter` for a `durable` that is not a boolean.
+    func isDurable(_ view: JSONView, _ call: Int?, user: String) throws(VarlinkError) -> Bool {
+        var asked = false
+        if let call, let token = view.member("durable", of: call) {
+            switch view.kind(token) {
+            case .true: asked = true
+            case .false, .null: break
+            default: throw .invalidParameter("durable")
+            }
+        }
+        guard let replicator else {
+            guard !asked else {
+                throw Errors.replicationUnavailable(user: user, message: "durable: true needs replication, which is off (no replication section in the configuration)")
+            }
+            return false
+        }
+        return asked || replicator.settings.durableWrites
+    }
+
+    /// Whether a fast-path write must go to the full handler: it may be durable.
+    func mayBeDurable(_ view: JSONView, _ call: Int) -> Bool {
+        replicator?.settings.durableWrites == true || view.member("durable", of: call) != nil
+    }
+
+    /// Waits until `user`'s committed transactions are in the replica, when `reply` (already
+    /// encoded) is not an error; returns the reply, or `ReplicationUnavailable`'s.
+    func replyWhenReplicated(_ user: UserID, _ reply: [UInt8]) async -> [UInt8] {
+        guard let replicator, DaemonMetrics.outcome(of: reply[...]) == nil else { return reply }
+        do {
+            try await replicator.waitUntilReplicated(user)
+            return reply
+        } catch let error as StoreError {
+            return VarlinkReply.encode(error.varlinkError)
+        } catch {
+            return VarlinkReply.encode(Errors.replicationUnavailable(user: user.rawValue, message: "\(error)"))
+        }
+    }
+}
