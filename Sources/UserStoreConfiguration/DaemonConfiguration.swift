@@ -63,8 +63,9 @@ public struct ReplicationSettings: Sendable, Equatable {
     public var replica: String
     /// Litestream's control socket (`replication.socket`; default `<dataDirectory>/litestream.sock`).
     public var socket: String
-    /// How often written stores are synced to the replica (`replication.syncIntervalMilliseconds`;
-    /// at least 1000: Litestream's own interval for registered databases).
+    /// A write acknowledged this long ago is in the replica while replication is healthy
+    /// (`replication.syncIntervalMilliseconds`, at least 100): the daemon syncs written stores
+    /// every half interval, besides Litestream's own fixed 1 s loops.
     public var syncIntervalMilliseconds: Int = 1000
     /// At most this many stores registered (open) at once (`replication.maxRegisteredStores`).
     public var maxRegisteredStores: Int = 2000

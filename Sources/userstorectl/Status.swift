@@ -28,6 +28,7 @@ extension UserStoreCtlCommand {
                       + output.paint("\(value("failedStores")) failed", (status["failedStores"]?.integerValue ?? 0) > 0 ? .red : .green)
                       + "   \(value("tooNewStores")) too new\(status["indexComplete"] == false ? "   (still scanning)" : "")")
                 print("open      \(value("openStores"))/\(value("maxOpenStores"))   migrations in flight \(value("migrationsInFlight"))   connections \(value("connections"))")
+                if let replication = status["replication"] { print(Replication.summary(replication, output: output)) }
             }
             print("data      \(value("dataDirectory"))")
         }

@@ -69,7 +69,12 @@ public final class Store: Sendable {
         let run: @Sendable (Database) -> (@Sendable () -> Void)
     }
 
-    init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard) {
+    /// Set by every commit when the store is replicated (``StoreReplication/sharesStoreFiles``):
+    /// the replicator syncs stores written since its last pass.
+    public let commits: CommitFlag
+
+    init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard, commits: CommitFlag = CommitFlag()) {
+        self.commits = commits
         self.connection = queue.inDatabase { $0.sqliteConnection! }
         self.user = user
         self.path = path
@@ -225,6 +230,22 @@ public final class Store: Sendable {
         queue.writeWithoutTransaction { _ in statements.finalizeAll() }
         try? queue.close()
     }
+}
+
+/// Whether a store committed a transaction since the flag was last taken.
+public final class CommitFlag: Sendable {
+    private let committed = Atomic<Bool>(false)
+
+    public init() {}
+
+    /// Records a commit (from SQLite's commit hook, on the store's thread).
+    func set() { committed.store(true, ordering: .relaxed) }
+
+    /// Whether a commit happened since the last call (and clears the flag).
+    public func take() -> Bool { committed.exchange(false, ordering: .relaxed) }
+
+    /// Sets the flag again (a sync that failed must be tried on the next pass).
+    public func restore() { committed.store(true, ordering: .relaxed) }
 }
 
 extension Store {

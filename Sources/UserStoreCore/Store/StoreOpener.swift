@@ -32,6 +32,7 @@ struct StoreOpener: Sendable {
         }
         let guardian = StoreGuard()
         let sharedFiles = self.sharedFiles
+        let commits = CommitFlag()
         var configuration = Configuration()
         configuration.label = "userstore.\(user.rawValue)"
         configuration.foreignKeysEnabled = true
@@ -63,12 +64,21 @@ struct StoreOpener: Sendable {
             // GRDB's commit and rollback hooks feed its transaction observers (unused here) and
             // expect to run on GRDB's own queue; client statements also run on the caller's
             // thread (Store.runIfIdle), where they would trap.
-            sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
             sqlite3_rollback_hook(db.sqliteConnection!, nil, nil)
+            if sharedFiles {
+                // Flags the store as written for the replicator's next sync pass; the flag
+                // lives as long as the Store, which outlives its connection.
+                sqlite3_commit_hook(db.sqliteConnection!, { context in
+                    Unmanaged<CommitFlag>.fromOpaque(context!).takeUnretainedValue().set()
+                    return 0
+                }, Unmanaged.passUnretained(commits).toOpaque())
+            } else {
+                sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
+            }
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)
-            return (Store(user: user, path: path, queue: queue, guardian: guardian), created)
+            return (Store(user: user, path: path, queue: queue, guardian: guardian, commits: commits), created)
         } catch let error as DatabaseError {
             switch error.resultCode {
             case .SQLITE_NOTADB, .SQLITE_CORRUPT:

@@ -40,7 +40,8 @@ struct AdminMethods {
         case "Execute": try await send(execute(request, parameters))
         case "Top": try await send(VarlinkReply.encode(try top(parameters)))
         default:
-            guard try await LifecycleMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
+            if try await LifecycleMethods(context: context).handle(request, send: send) { return }
+            guard try await ReplicationMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
         }
     }
 
@@ -50,7 +51,7 @@ struct AdminMethods {
         let statistics = registry.statistics
         let counters = context.counters.withLock { $0 }
         let known = counts.values.reduce(0, +)
-        return [
+        var fields: [String: JSONValue] = [
             "daemonVersion": .string(DaemonInfo.version),
             "appVersion": .string(context.configuration.appVersion.text),
             "latestSchemaVersion": .integer(latest),
@@ -69,6 +70,8 @@ struct AdminMethods {
             "connections": .integer(Int64(context.connections.count)),
             "indexComplete": .bool(context.index.isComplete),
         ]
+        fields["replication"] = ReplicationMethods.status(context)
+        return fields
     }
 
     private func listStores(_ parameters: CallParameters, send: ReplySink) async throws {

@@ -4,18 +4,31 @@ import ServiceLifecycle
 import UserStoreConfiguration
 import UserStoreCore
 
-/// Checks Litestream every second and registers the open stores it lacks
-/// (``LitestreamReplicator/reconcile()``).
+/// Replication's two loops: every second, checks Litestream and registers the open stores it
+/// lacks (``LitestreamReplicator/reconcile()``); every half sync interval, syncs the stores
+/// written since the last pass (``LitestreamReplicator/syncWrittenStores()``).
 struct ReplicationMonitor: Service {
     let replicator: LitestreamReplicator
 
     func run() async throws {
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            let replicator = self.replicator
-            await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-                Thread.detachNewThread { replicator.reconcile(); done.resume() }
+        let replicator = self.replicator
+        let half = Duration.milliseconds(max(50, replicator.settings.syncIntervalMilliseconds / 2))
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask {
+                while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                    await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+                        Thread.detachNewThread { replicator.reconcile(); done.resume() }
+                    }
+                    try? await Task.sleep(for: .seconds(1))
+                }
             }
-            try? await Task.sleep(for: .seconds(1))
+            group.addTask {
+                while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                    let started = ContinuousClock.now
+                    await replicator.syncWrittenStores()
+                    try? await Task.sleep(until: started + half)
+                }
+            }
         }
     }
 }

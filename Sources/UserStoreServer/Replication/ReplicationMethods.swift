@@ -1,0 +1,92 @@
+import Foundation
+import UserStoreCore
+import UserStoreProtocol
+import Varlink
+
+/// `io.userstore.Admin.Replication` and `RestoreFromReplica`, and replication in `Status`.
+struct ReplicationMethods {
+    let context: DaemonContext
+
+    /// Handles `request` if it is one of these methods; false otherwise.
+    func handle(_ request: Request, send: @escaping ReplySink) async throws -> Bool {
+        let parameters = CallParameters(request.call)
+        switch request.call.member {
+        case "Replication":
+            let user = try parameters.optionalString("user").map { text throws(VarlinkError) in try CallParameters.userID(text) }
+            try await send(VarlinkReply.encode(try replication(user)))
+        case "RestoreFromReplica":
+            let user = try parameters.user()
+            var timestamp: Date?
+            if let text = try parameters.optionalString("timestamp") {
+                guard let parsed = Self.parseTimestamp(text) else { throw VarlinkError.invalidParameter("timestamp") }
+                timestamp = parsed
+            }
+            let (restored, previous) = try await context.registry.restoreFromReplica(user, timestamp: timestamp)
+            context.index.update(user, version: restored.schemaVersion, failure: nil)
+            var fields: [String: JSONValue] = [
+                "user": .string(user.rawValue), "source": .string(restored.source), "schemaVersion": .integer(restored.schemaVersion),
+                "durationMicroseconds": .integer(restored.durationMicroseconds),
+            ]
+            if let previous { fields["previous"] = .string(previous) }
+            try await send(VarlinkReply.encode(fields))
+        default:
+            return false
+        }
+        return true
+    }
+
+    /// `Status`'s `replication` (nil when replication is off).
+    static func status(_ context: DaemonContext) -> JSONValue? {
+        guard let replicator = context.replicator else { return nil }
+        let snapshot = replicator.snapshot
+        var fields: [String: JSONValue] = [
+            "state": .string(snapshot.degraded ? "degraded" : "ok"),
+            "replica": .string(replicator.settings.replica),
+            "registeredStores": .integer(Int64(snapshot.registered)),
+            "unregisteredStores": .integer(Int64(snapshot.unregistered)),
+            "maxRegisteredStores": .integer(Int64(replicator.settings.maxRegisteredStores)),
+            "maxLagSeconds": .real((snapshot.maxLagSeconds * 1000).rounded() / 1000),
+            "durableWrites": .bool(replicator.settings.durableWrites),
+            "litestreamPid": .integer(Int64(snapshot.litestreamPID)),
+            "litestreamVersion": .string(snapshot.litestreamVersion),
+        ]
+        if let error = snapshot.lastError { fields["lastError"] = .string(error) }
+        return .object(fields)
+    }
+
+    private func replication(_ user: UserID?) throws -> [String: JSONValue] {
+        guard let replicator = context.replicator, let status = Self.status(context) else {
+            throw Errors.replicationUnavailable(user: user?.rawValue ?? "", message: "replication is off (no replication section in the configuration)")
+        }
+        let now = Date()
+        let open = replicator.snapshot.stores
+        var stores: [JSONValue] = []
+        func entry(_ name: String, open: Bool, registered: Bool, lastSync: Date?) throws -> JSONValue {
+            var fields: [String: JSONValue] = [
+                "user": .string(name), "replica": .string(replicator.replicaURL(for: try UserID(name))),
+                "open": .bool(open), "registered": .bool(registered),
+            ]
+            if let lastSync {
+                fields["lastSyncAt"] = .string(lastSync.formatted(.iso8601))
+                fields["lagSeconds"] = .real((now.timeIntervalSince(lastSync) * 1000).rounded() / 1000)
+            }
+            return .object(fields)
+        }
+        if let user {
+            let found = open.first { $0.user == user.rawValue }
+            stores.append(try entry(user.rawValue, open: found != nil, registered: found?.registered ?? false, lastSync: found?.lastSync))
+        } else {
+            for store in open { stores.append(try entry(store.user, open: true, registered: store.registered, lastSync: store.lastSync)) }
+        }
+        return ["replication": status, "stores": .array(stores)]
+    }
+
+    /// RFC 3339, with or without fractional seconds.
+    static func parseTimestamp(_ text: String) -> Date? {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        if let date = formatter.date(from: text) { return date }
+        formatter.formatOptions = [.withInternetDateTime]
+        return formatter.date(from: text)
+    }
+}

@@ -1,0 +1,229 @@
+import Foundation
+import Testing
+import Varlink
+
+/// Replication through a real Litestream 0.5.17 (`.build/testenv/bin/litestream`, installed by
+/// scripts/install-deps.sh) to a `file://` replica: the disaster, eviction, a Litestream crash,
+/// a damaged replica. docs/replication.md quotes the figures the disaster test prints.
+@Suite(.serialized) struct ReplicationTests {
+    static let litestream = repositoryRoot + "/.build/testenv/bin/litestream"
+
+    /// A daemon replicating to `replica` (a folder), with Litestream as its child.
+    static func daemon(replica: String, extra: String = "") throws -> DaemonHarness {
+        let daemon = try DaemonHarness(extraConfig: """
+            replication:
+              replica: file://\(replica)
+              litestream: \(litestream)
+            \(extra)
+            """)
+        return daemon
+    }
+
+    static func isError(_ name: String, _ body: () throws -> Any) -> Bool {
+        do {
+            _ = try body()
+            return false
+        } catch let error as VarlinkError {
+            return error.name == name
+        } catch {
+            return false
+        }
+    }
+
+    /// Litestream's pid, as the daemon reports it.
+    static func litestreamPID(_ client: VarlinkConnection) throws -> Int32 {
+        Int32(try client.call("io.userstore.Admin.Status")["replication"]?["litestreamPid"]?.integerValue ?? 0)
+    }
+
+    /// The replica's copy of `user`'s store, restored by Litestream itself into `directory`.
+    static func replicaCopy(of user: String, daemon: DaemonHarness, replica: String, directory: String) throws -> String {
+        let url = try daemon.connect().call("io.userstore.Admin.Replication", ["user": .string(user)])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? ""
+        let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
+        let result = try run([litestream, "restore", "-o", output, url])
+        #expect(result.status == 0, "\(result.stderr)")
+        return output
+    }
+
+    static func sqlite3(_ path: String, _ sql: String) throws -> String {
+        try run(["/usr/bin/sqlite3", path, sql]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    static func milliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
+
+    /// 200 users written to; SIGKILL of the daemon and of Litestream; the data directory gone;
+    /// a new daemon on the same replica brings every user back on first request, with every
+    /// durable write and every write acknowledged more than one sync interval before the kill.
+    @Test func everyUserComesBackAfterLosingTheHostsDisk() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try Self.daemon(replica: replica.path)
+        try daemon.start()
+        let client = try daemon.connect()
+        let users = (0..<200).map { "user\($0)" }
+        // New stores: each is first looked up in the replica (nothing there), then created.
+        let creationStarted = ContinuousClock.now
+        for user in users { #expect(try client.call("io.userstore.Store.Open", ["user": .string(user)])["created"] == true) }
+        let creationSeconds = (ContinuousClock.now - creationStarted) / .seconds(1) / Double(users.count)
+        // Durable writes: each is in the replica when acknowledged.
+        let durableStarted = ContinuousClock.now
+        for user in users {
+            _ = try client.call("io.userstore.Store.Execute", [
+                "user": .string(user), "sql": "INSERT INTO notes (title, body) VALUES ('durable', ?)",
+                "parameters": [.string(user)], "durable": true,
+            ])
+        }
+        let durableSeconds = (ContinuousClock.now - durableStarted) / .seconds(1) / Double(users.count)
+        // Ordinary writes for 3 seconds; the time each reply arrived is kept by round.
+        var acknowledged: [String: [Int: Int64]] = [:]
+        let until = ContinuousClock.now + .seconds(3)
+        var round = 0
+        while ContinuousClock.now < until {
+            for user in users {
+                _ = try client.call("io.userstore.Store.Execute", [
+                    "user": .string(user), "sql": "INSERT INTO notes (title, body) VALUES ('async', ?)", "parameters": [.string("\(round)")],
+                ])
+                acknowledged[user, default: [:]][round] = Self.milliseconds()
+            }
+            round += 1
+        }
+        let litestream = try Self.litestreamPID(client)
+        #expect(litestream > 0)
+        let killedAt = Self.milliseconds()
+        kill(daemon.pid, SIGKILL)
+        kill(litestream, SIGKILL)
+        daemon.waitForExit()
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+
+        try daemon.start()
+        let fresh = try daemon.connect()
+        var restoreMicroseconds: [Int64] = []
+        var lossWindow: Int64 = 0
+        var lostTotal = 0
+        for user in users {
+            let started = ContinuousClock.now
+            let opened = try fresh.call("io.userstore.Store.Open", ["user": .string(user)])
+            restoreMicroseconds.append((ContinuousClock.now - started).wholeMicroseconds)
+            #expect(opened["created"] == false, "\(user) was created empty instead of restored")
+            let durable = try fresh.call("io.userstore.Store.Query", ["user": .string(user), "sql": "SELECT body FROM notes WHERE title = 'durable'"])
+            #expect(durable["rows"] == [[.string(user)]], "\(user) lost its durable write")
+            let rows = try fresh.call("io.userstore.Store.Query", ["user": .string(user), "sql": "SELECT body FROM notes WHERE title = 'async'"])
+            let kept = Set((rows["rows"]?.arrayValue ?? []).compactMap { Int($0.arrayValue?.first?.stringValue ?? "") })
+            let lost = acknowledged[user, default: [:]].filter { !kept.contains($0.key) }.map(\.value)
+            lostTotal += lost.count
+            if let oldest = lost.min() { lossWindow = max(lossWindow, killedAt - oldest) }
+            // Nothing acknowledged more than one sync interval (1 s) before the kill is lost.
+            #expect(lost.allSatisfy { killedAt - $0 <= 1000 }, "\(user) lost writes acknowledged \(lost.map { killedAt - $0 }) ms before the kill")
+        }
+        restoreMicroseconds.sort()
+        let writes = acknowledged.values.map(\.count).reduce(0, +)
+        #expect(writes > users.count)
+        print("replication disaster: \(users.count) users, new store \(String(format: "%.1f", creationSeconds * 1000)) ms each, durable write \(String(format: "%.1f", durableSeconds * 1000)) ms each; "
+              + "\(writes) ordinary writes, \(lostTotal) lost, loss window \(lossWindow) ms; "
+              + "restore on first request p50 \(restoreMicroseconds[users.count / 2] / 1000) ms, p99 \(restoreMicroseconds[users.count * 99 / 100] / 1000) ms, "
+              + "max \(restoreMicroseconds.last! / 1000) ms")
+        #expect(daemon.stderr.contains("event=store-restored"))
+        daemon.stop()
+    }
+
+    /// A store closed to make room is synced and unregistered first: the replica has its last
+    /// write the moment it is evicted, and Litestream no longer holds it.
+    @Test func evictionUnregistersAfterAFinalSync() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try Self.daemon(replica: replica.path, extra: "maxOpenStores: 2")
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": "INSERT INTO notes (title) VALUES ('first')"])
+        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": "INSERT INTO notes (title) VALUES ('last before eviction')"])
+        let before = try client.call("io.userstore.Admin.Replication", ["user": "ann"])["stores"]?.arrayValue?.first
+        #expect(before?["open"] == true && before?["registered"] == true)
+        // Two more users: ann, least recently used, is closed.
+        _ = try client.call("io.userstore.Store.Open", ["user": "ben"])
+        _ = try client.call("io.userstore.Store.Open", ["user": "cat"])
+        let after = try client.call("io.userstore.Admin.Replication")
+        let open = Set((after["stores"]?.arrayValue ?? []).compactMap { $0["user"]?.stringValue })
+        #expect(open == ["ben", "cat"])
+        #expect(after["replication"]?["registeredStores"] == 2)
+        let listed = try run(["/usr/bin/curl", "-s", "--unix-socket", daemon.dataDirectory + "/litestream.sock", "http://localhost/list"])
+        #expect(listed.stdout.contains("cat.sqlite") && !listed.stdout.contains("ann.sqlite"), "\(listed.stdout)")
+        // No sync interval waited for: the final sync ran before the store closed.
+        let copy = try Self.replicaCopy(of: "ann", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
+        #expect(try Self.sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "first\nlast before eviction")
+        daemon.stop()
+    }
+
+    /// Litestream SIGKILLed while writes go on: the writes keep succeeding, durable ones fail
+    /// with ReplicationUnavailable until it is back; the daemon starts it again and registers
+    /// every open store again; the replica then has the writes made meanwhile.
+    @Test func litestreamKilledAndRestartedWhileWritesContinue() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try Self.daemon(replica: replica.path)
+        try daemon.start()
+        let client = try daemon.connect()
+        for user in ["dan", "eve"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES ('before')", "durable": true])
+        }
+        let first = try Self.litestreamPID(client)
+        kill(first, SIGKILL)
+        #expect(Self.isError("io.userstore.Store.ReplicationUnavailable") {
+            try client.call("io.userstore.Store.Execute", ["user": "dan", "sql": "INSERT INTO notes (title) VALUES ('durable while down')", "durable": true])
+        })
+        // Ordinary writes go on until the daemon has a new Litestream with both stores registered.
+        var written = 0
+        var degradedSeen = false
+        var status: [String: JSONValue] = [:]
+        let deadline = ContinuousClock.now + .seconds(30)
+        repeat {
+            for user in ["dan", "eve"] {
+                _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES ('during')"])
+            }
+            written += 1
+            status = try client.call("io.userstore.Admin.Status")["replication"]?.objectValue ?? [:]
+            if status["state"] == "degraded" { degradedSeen = true }
+        } while !(degradedSeen && status["state"] == "ok" && status["registeredStores"] == 2 && status["litestreamPid"]?.integerValue != Int64(first))
+            && ContinuousClock.now < deadline
+        #expect(degradedSeen && status["state"] == "ok", "\(status)")
+        #expect(status["litestreamPid"]?.integerValue != Int64(first))
+        // A durable write now confirms everything before it is in the replica.
+        _ = try client.call("io.userstore.Store.Execute", ["user": "dan", "sql": "INSERT INTO notes (title) VALUES ('after')", "durable": true])
+        let copy = try Self.replicaCopy(of: "dan", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
+        #expect(try Self.sqlite3(copy, "SELECT count(*) FROM notes WHERE title = 'during'") == "\(written)")
+        #expect(try Self.sqlite3(copy, "SELECT count(*) FROM notes") == "\(written + 3)") // before, durable while down (committed here), after
+        #expect(daemon.stderr.contains("event=replication-degraded") && daemon.stderr.contains("event=replication-recovered"))
+        daemon.stop()
+    }
+
+    /// A replica whose files are damaged: restoring from it is refused with ReplicaDamaged and
+    /// the good local store stays; a user whose store is missing here gets ReplicaDamaged and
+    /// no empty store in its place; other users are served meanwhile.
+    @Test func aDamagedReplicaNeverReplacesAGoodStore() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try Self.daemon(replica: replica.path)
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "fay", "sql": "INSERT INTO notes (title) VALUES ('precious')", "durable": true])
+        daemon.stop()
+        // Damage every file of fay's replica.
+        let files = FileManager.default.enumerator(atPath: replica.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".ltx") } ?? []
+        #expect(!files.isEmpty)
+        for file in files {
+            let path = replica.path + "/" + file
+            var bytes = [UInt8](FileManager.default.contents(atPath: path)!)
+            for index in 100..<min(bytes.count, 400) { bytes[index] ^= 0xFF }
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+        }
+        try daemon.start()
+        let restore = try run([CtlTests.ctl, "restore", "fay", "--from-replica"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        #expect(restore.status != 0 && restore.stderr.contains("ReplicaDamaged"), "\(restore)")
+        let again = try daemon.connect()
+        #expect(try again.call("io.userstore.Store.Query", ["user": "fay", "sql": "SELECT title FROM notes"])["rows"] == [["precious"]])
+        // The store gone here: the damaged replica is refused, nothing empty is created.
+        daemon.stop()
+        let path = try run(["/usr/bin/find", daemon.dataDirectory + "/stores", "-name", "fay.sqlite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        try FileManager.default.removeItem(atPath: path)
+        try daemon.start()
+        let third = try daemon.connect()
+        #expect(Self.isError("io.userstore.Store.ReplicaDamaged") { try third.call("io.userstore.Store.Open", ["user": "fay"]) })
+        #expect(!FileManager.default.fileExists(atPath: path))
+        #expect(try third.call("io.userstore.Store.Open", ["user": "gus"])["created"] == true)
+        daemon.stop()
+    }
+}
