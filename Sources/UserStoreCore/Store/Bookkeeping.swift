@@ -11,6 +11,8 @@ import GRDBSQLite
 enum Bookkeeping {
     /// The tables the daemon owns (lower-case); clients may read them, never change them.
     static let tables: Set<String> = ["app_version", "schema_migrations"]
+    /// Tables Litestream creates in every store it replicates; not the app's schema.
+    static let replicatorPrefix = "_litestream_"
 
     static let createTables = """
         CREATE TABLE app_version (

@@ -133,7 +133,10 @@ public final class StoreGuard: @unchecked Sendable {
         return SQLITE_DENY
     }
 
+    /// The daemon's own tables, and Litestream's in a replicated store (`_litestream_seq`,
+    /// `_litestream_lock`: written by Litestream's own connection, never by clients).
     static func isBookkeeping(_ table: String) -> Bool {
-        Bookkeeping.tables.contains(table.lowercased())
+        let name = table.lowercased()
+        return Bookkeeping.tables.contains(name) || name.hasPrefix(Bookkeeping.replicatorPrefix)
     }
 }

@@ -157,6 +157,10 @@ final class DaemonMetrics: StoreObserver, Sendable {
             "rss": gauge("process_resident_memory_bytes"),
             "fds": gauge("process_open_fds"),
             "start": gauge("process_start_time_seconds"),
+            "replication.degraded": gauge("userstore_replication_degraded"),
+            "replication.registered": gauge("userstore_replication_stores", [("state", "registered")]),
+            "replication.unregistered": gauge("userstore_replication_stores", [("state", "unregistered")]),
+            "replication.lag": gauge("userstore_replication_max_lag_seconds"),
         ]
         for state in ["current", "pending", "failed", "too_new"] {
             gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
@@ -185,6 +189,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_migration_duration_seconds": "Duration of a store's migration run (every step of it).",
         "userstore_migrations_total": "Migration runs of a store, by outcome.",
         "userstore_open_stores": "Store files open now (maxOpenStores bounds them).",
+        "userstore_replication_degraded": "1 while replication is degraded (Litestream unreachable or open stores unregistered), else 0 (also when replication is off).",
+        "userstore_replication_stores": "Open stores by replication state: registered with Litestream, or unregistered (served, not replicated).",
+        "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores) or because they were idle.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
@@ -205,6 +212,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         switch event {
         case .storeCreated(_, _, let templateVersion): storeOpens[templateVersion == nil ? "created" : "from_template"]?.increment()
         case .storeOpened: storeOpens["reopened"]?.increment()
+        case .storeRestored(_, let source, _, _) where source.contains("://"): storeOpens["restored"]?.increment() // from the replica
         case .storeClosed: evictions.increment()
         case .migrationFinished(_, _, _, _, let duration):
             migrationsOK.increment()
@@ -235,6 +243,12 @@ final class DaemonMetrics: StoreObserver, Sendable {
         gauges["stores.failed"]?.set(counts[.failed] ?? 0)
         gauges["stores.too_new"]?.set(counts[.tooNew] ?? 0)
         gauges["transactions"]?.set(transactionsOpen.load(ordering: .relaxed))
+        if let replication = context.replicator?.snapshot {
+            gauges["replication.degraded"]?.set(replication.degraded ? 1 : 0)
+            gauges["replication.registered"]?.set(replication.registered)
+            gauges["replication.unregistered"]?.set(replication.unregistered)
+            gauges["replication.lag"]?.set(replication.maxLagSeconds)
+        }
         let fleet = context.counters.withLock { $0.fleet }
         gauges["fleet.done"]?.set(fleet?.done ?? 0)
         gauges["fleet.failed"]?.set(fleet?.failures ?? 0)
