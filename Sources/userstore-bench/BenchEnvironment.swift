@@ -13,7 +13,7 @@ struct BenchEnvironment {
     /// A started userstored on `data` with `migrations` (`backups`: backupBeforeMigrating's
     /// value; fleetParallelism is left at its default, twice the core count); returns its process and socket.
     func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: MigrationPolicy.BackupMode = .always,
-                     template: Bool = false, metrics: Bool = false) throws -> (Process, String) {
+                     template: Bool = false, metrics: Bool = false, extra: String = "") throws -> (Process, String) {
         let directory = root + "/" + name
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let socket = directory + "/userstore.sock"
@@ -29,6 +29,7 @@ struct BenchEnvironment {
               backupBeforeMigrating: \(backups.rawValue)
               newStoresFromTemplate: \(template)
             \(metrics ? "metrics:\n  listen: unix:\(directory)/metrics.sock" : "")
+            \(extra)
             """.write(toFile: config, atomically: true, encoding: .utf8)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binaries + "/userstored")

@@ -16,8 +16,8 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Where the JSON results go.")
     var json = "docs/bench/latest.json"
 
-    @Option(help: "Only these scenarios (1-6), comma-separated.")
-    var only: String = "1,2,3,4,5,6"
+    @Option(help: "Only these scenarios (1-7), comma-separated.")
+    var only: String = "1,2,3,4,5,6,7"
 
     @Option(help: "The repository (for config/migrations).")
     var repository = FileManager.default.currentDirectoryPath
@@ -37,6 +37,7 @@ struct BenchCommand: AsyncParsableCommand {
         if selected.contains("4") { try await scenarios.fleetMigration() }
         if selected.contains("5") { try await scenarios.memory() }
         if selected.contains("6") { try await scenarios.transactions() }
+        if selected.contains("7") { try await scenarios.replication() }
 
         let machine = machineInfo()
         var lines = ["| scenario | subject | result | p50 | p99 | note |", "|---|---|---|---|---|---|"]
