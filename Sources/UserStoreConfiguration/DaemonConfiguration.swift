@@ -65,7 +65,7 @@ public struct ReplicationSettings: Sendable, Equatable {
     public var socket: String
     /// A write acknowledged this long ago is in the replica while replication is healthy
     /// (`replication.syncIntervalMilliseconds`, at least 100): the daemon syncs written stores
-    /// every half interval, besides Litestream's own fixed 1 s loops.
+    /// every quarter interval, besides Litestream's own fixed 1 s loops.
     public var syncIntervalMilliseconds: Int = 1000
     /// At most this many stores registered (open) at once (`replication.maxRegisteredStores`).
     public var maxRegisteredStores: Int = 2000

@@ -43,7 +43,7 @@ extension UserStoreCtlCommand {
             let state = value("state")
             var line = "replication " + output.paint(state, state == "ok" ? .green : .red)
                 + "   \(value("registeredStores")) registered   \(value("unregisteredStores")) unregistered   max lag \(value("maxLagSeconds")) s"
-                + "   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))"
+                + "   \(value("restoredStores")) restored   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))"
                 + "\n            replica \(value("replica"))"
             if let error = status["lastError"]?.stringValue { line += "\n            last error: \(error)" }
             return line

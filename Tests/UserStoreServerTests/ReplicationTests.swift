@@ -121,6 +121,7 @@ import Varlink
               + "restore on first request p50 \(restoreMicroseconds[users.count / 2] / 1000) ms, p99 \(restoreMicroseconds[users.count * 99 / 100] / 1000) ms, "
               + "max \(restoreMicroseconds.last! / 1000) ms")
         #expect(daemon.stderr.contains("event=store-restored"))
+        #expect(try fresh.call("io.userstore.Admin.Status")["replication"]?["restoredStores"] == .integer(Int64(users.count)))
         daemon.stop()
     }
 

@@ -238,8 +238,17 @@ public final class CommitFlag: Sendable {
 
     public init() {}
 
-    /// Records a commit (from SQLite's commit hook, on the store's thread).
-    func set() { committed.store(true, ordering: .relaxed) }
+    /// Sets the flag after every commit on `connection`, through SQLite's WAL hook, which runs
+    /// once the transaction's frames are in the WAL (a commit hook runs before, and a sync that
+    /// took the flag in between would miss the commit). The WAL hook is also how SQLite runs
+    /// automatic checkpoints: install it only with `wal_autocheckpoint = 0`, and again after
+    /// setting that pragma (it replaces the hook). The flag must outlive the connection.
+    public func install(on connection: OpaquePointer) {
+        sqlite3_wal_hook(connection, { context, _, _, _ in
+            Unmanaged<CommitFlag>.fromOpaque(context!).takeUnretainedValue().committed.store(true, ordering: .relaxed)
+            return SQLITE_OK
+        }, Unmanaged.passUnretained(self).toOpaque())
+    }
 
     /// Whether a commit happened since the last call (and clears the flag).
     public func take() -> Bool { committed.exchange(false, ordering: .relaxed) }

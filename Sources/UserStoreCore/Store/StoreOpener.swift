@@ -64,17 +64,9 @@ struct StoreOpener: Sendable {
             // GRDB's commit and rollback hooks feed its transaction observers (unused here) and
             // expect to run on GRDB's own queue; client statements also run on the caller's
             // thread (Store.runIfIdle), where they would trap.
+            sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
             sqlite3_rollback_hook(db.sqliteConnection!, nil, nil)
-            if sharedFiles {
-                // Flags the store as written for the replicator's next sync pass; the flag
-                // lives as long as the Store, which outlives its connection.
-                sqlite3_commit_hook(db.sqliteConnection!, { context in
-                    Unmanaged<CommitFlag>.fromOpaque(context!).takeUnretainedValue().set()
-                    return 0
-                }, Unmanaged.passUnretained(commits).toOpaque())
-            } else {
-                sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
-            }
+            if sharedFiles { commits.install(on: db.sqliteConnection!) }
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)

@@ -29,6 +29,8 @@ final class LitestreamReplicator: StoreReplication {
         var lastSync: [String: Date] = [:]
         var litestreamPID = 0
         var litestreamVersion = ""
+        /// Stores brought back from the replica since start.
+        var restored = 0
     }
 
     init(settings: ReplicationSettings, layout: StoreLayout, logger: Logger) {
@@ -77,6 +79,7 @@ final class LitestreamReplicator: StoreReplication {
             throw StoreError.replicationUnavailable(user: user, message: "litestream restore exited \(status): \(message)")
         }
         guard restored else { return nil }
+        state.withLock { $0.restored += 1 }
         return ReplicaRestore(source: source, schemaVersion: Self.userVersion(path),
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
@@ -123,25 +126,27 @@ final class LitestreamReplicator: StoreReplication {
     /// Throws ``StoreError/replicationUnavailable(user:message:)`` when that cannot be confirmed.
     func waitUntilReplicated(_ user: UserID) async throws {
         let path = layout.storePath(for: user)
-        guard state.withLock({ $0.open[path]?.registered }) == true else {
+        guard let store = state.withLock({ $0.open[path] }).flatMap({ $0.registered ? $0.store : nil }) else {
             throw StoreError.replicationUnavailable(user: user, message: "the store is not registered with Litestream (\(state.withLock { $0.lastError } ?? "not open"))")
         }
         let timeout = max(1, settings.durableTimeoutMilliseconds / 1000)
+        // This sync covers every commit so far: the next sync pass need not repeat it (a commit
+        // after this point sets the flag again).
+        let written = store.commits.take()
         do {
             let reply = try await control.syncAndWait(path, timeoutSeconds: timeout)
             guard reply.status == "no_change" || (reply.status == "synced" && reply.replicatedTXID >= reply.txid) else {
                 throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID)")
             }
-        } catch let error as StoreError {
-            throw error
         } catch {
+            if written { store.commits.restore() }
             failed("sync \(user)", error)
             throw StoreError.replicationUnavailable(user: user, message: "\(error)")
         }
     }
 
     /// Syncs every registered store written since the last pass to the replica, waiting for
-    /// each (at most 16 at a time). Run every half ``ReplicationSettings/syncIntervalMilliseconds``
+    /// each (at most 16 at a time). Run every quarter of ``ReplicationSettings/syncIntervalMilliseconds``
     /// by ``ReplicationMonitor``, so that a write acknowledged one interval ago is in the replica
     /// (Litestream's own loops alone took up to 1.3 s with its fixed 1 s interval: a local pass,
     /// then an upload pass, each on its own ticker). Returns how many stores it synced.
@@ -183,6 +188,7 @@ final class LitestreamReplicator: StoreReplication {
         var degradedSince: Date?
         var litestreamPID: Int
         var litestreamVersion: String
+        var restored: Int
         /// Per open store: path, registered, last sync.
         var stores: [(user: String, registered: Bool, lastSync: Date?)]
         var degraded: Bool { unregistered > 0 || lastError != nil }
@@ -198,7 +204,7 @@ final class LitestreamReplicator: StoreReplication {
             let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }
             return Snapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
                             lastError: state.lastError, degradedSince: state.degradedSince, litestreamPID: state.litestreamPID,
-                            litestreamVersion: state.litestreamVersion, stores: stores.sorted { $0.user < $1.user })
+                            litestreamVersion: state.litestreamVersion, restored: state.restored, stores: stores.sorted { $0.user < $1.user })
         }
     }
 
@@ -233,7 +239,11 @@ final class LitestreamReplicator: StoreReplication {
         for store in missing {
             if register(store) {
                 // It checkpointed itself while unregistered; Litestream checkpoints from now on.
-                store.enqueue({ db in try? db.execute(sql: "PRAGMA wal_autocheckpoint = 0") }, completion: { _ in })
+                store.enqueue({ db in
+                    try? db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+                    store.commits.install(on: db.sqliteConnection!)
+                    store.commits.restore() // what it wrote unregistered: synced by the next pass
+                }, completion: { _ in })
             } else {
                 allRegistered = false
             }

@@ -47,6 +47,7 @@ struct ReplicationMethods {
             "maxRegisteredStores": .integer(Int64(replicator.settings.maxRegisteredStores)),
             "maxLagSeconds": .real((snapshot.maxLagSeconds * 1000).rounded() / 1000),
             "durableWrites": .bool(replicator.settings.durableWrites),
+            "restoredStores": .integer(Int64(snapshot.restored)),
             "litestreamPid": .integer(Int64(snapshot.litestreamPID)),
             "litestreamVersion": .string(snapshot.litestreamVersion),
         ]

@@ -5,14 +5,15 @@ import UserStoreConfiguration
 import UserStoreCore
 
 /// Replication's two loops: every second, checks Litestream and registers the open stores it
-/// lacks (``LitestreamReplicator/reconcile()``); every half sync interval, syncs the stores
+/// lacks (``LitestreamReplicator/reconcile()``); every quarter sync interval, syncs the stores
 /// written since the last pass (``LitestreamReplicator/syncWrittenStores()``).
 struct ReplicationMonitor: Service {
     let replicator: LitestreamReplicator
 
     func run() async throws {
         let replicator = self.replicator
-        let half = Duration.milliseconds(max(50, replicator.settings.syncIntervalMilliseconds / 2))
+        // A quarter: the pass itself and Litestream's sync must fit in the rest of the interval.
+        let period = Duration.milliseconds(max(25, replicator.settings.syncIntervalMilliseconds / 4))
         await withTaskGroup(of: Void.self) { group in
             group.addTask {
                 while !Task.isShuttingDownGracefully && !Task.isCancelled {
@@ -26,7 +27,7 @@ struct ReplicationMonitor: Service {
                 while !Task.isShuttingDownGracefully && !Task.isCancelled {
                     let started = ContinuousClock.now
                     await replicator.syncWrittenStores()
-                    try? await Task.sleep(until: started + half)
+                    try? await Task.sleep(until: started + period)
                 }
             }
         }
