@@ -26,8 +26,11 @@ struct StatementCalls: Sendable {
         return try await client.call(bytes, readOnly: readOnly)
     }
 
-    func execute(_ sql: String, _ parameters: Parameters) async throws -> ExecuteResult {
-        try Replies.execute(try await run(Method.execute) { $0.statement(Statement(sql, parameters)) })
+    func execute(_ sql: String, _ parameters: Parameters, durable: Bool = false) async throws -> ExecuteResult {
+        try Replies.execute(try await run(Method.execute) { message in
+            message.statement(Statement(sql, parameters))
+            if durable { message.field("durable", true) }
+        })
     }
 
     func query(_ sql: String, _ parameters: Parameters) async throws -> [Row] {
@@ -38,11 +41,12 @@ struct StatementCalls: Sendable {
         try await query(sql, parameters).map { try $0.decode(type) }
     }
 
-    func batch(_ statements: [Statement], transaction mode: Bool) async throws -> [StatementResult] {
+    func batch(_ statements: [Statement], transaction mode: Bool, durable: Bool = false) async throws -> [StatementResult] {
         try Replies.batch(try await run(Method.batch) { message in
             message.statements(statements)
             // Inside an interactive transaction the daemon takes the id from `transaction` itself.
             if transaction == nil { message.field("transaction", mode) }
+            if durable { message.field("durable", true) }
         })
     }
 }

@@ -28,15 +28,18 @@ public struct UserStore: Sendable {
     }
 
     /// Runs one statement and returns how many rows it changed and the last inserted rowid.
+    /// With `durable` (the daemon replicates its stores: docs/replication.md), the reply comes
+    /// once its transaction is in the replica; `ReplicationUnavailable` when that cannot be
+    /// confirmed (the write is committed in the store all the same).
     @discardableResult
-    public func execute(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> ExecuteResult {
-        try await calls.execute(sql, Parameters.positional(parameters))
+    public func execute(_ sql: String, _ parameters: (any SQLValueConvertible)?..., durable: Bool = false) async throws -> ExecuteResult {
+        try await calls.execute(sql, Parameters.positional(parameters), durable: durable)
     }
 
     /// Runs one statement with named parameters (`"name"` binds `:name`, `@name`, `$name`).
     @discardableResult
-    public func execute(_ sql: String, named parameters: [String: (any SQLValueConvertible)?]) async throws -> ExecuteResult {
-        try await calls.execute(sql, Parameters.named(parameters))
+    public func execute(_ sql: String, named parameters: [String: (any SQLValueConvertible)?], durable: Bool = false) async throws -> ExecuteResult {
+        try await calls.execute(sql, Parameters.named(parameters), durable: durable)
     }
 
     /// Runs one statement and returns its rows.
@@ -57,15 +60,16 @@ public struct UserStore: Sendable {
     /// Runs `statements` in order. `transaction` true (the default): in one transaction, and if
     /// one fails none of their effects remain; false: the statements before the failing one stay.
     /// A failure is a `SQLError` whose ``UserStoreError/statementIndex`` names the statement.
+    /// `durable`: as for ``execute(_:_:durable:)``.
     @discardableResult
-    public func batch(_ statements: [Statement], transaction: Bool = true) async throws -> [StatementResult] {
-        try await calls.batch(statements, transaction: transaction)
+    public func batch(_ statements: [Statement], transaction: Bool = true, durable: Bool = false) async throws -> [StatementResult] {
+        try await calls.batch(statements, transaction: transaction, durable: durable)
     }
 
-    /// ``batch(_:transaction:)`` with the statements as arguments.
+    /// ``batch(_:transaction:durable:)`` with the statements as arguments.
     @discardableResult
-    public func batch(_ statements: Statement..., transaction: Bool = true) async throws -> [StatementResult] {
-        try await calls.batch(statements, transaction: transaction)
+    public func batch(_ statements: Statement..., transaction: Bool = true, durable: Bool = false) async throws -> [StatementResult] {
+        try await calls.batch(statements, transaction: transaction, durable: durable)
     }
 
     /// Runs a read-only statement and returns its rows as they arrive (see ``RowSequence``):
@@ -90,13 +94,17 @@ public struct UserStore: Sendable {
     /// connections for itself. Use `tx`, not this store, inside `body`: a call outside the
     /// transaction for the same user would wait for it.
     ///
-    /// - Parameter mode: `.immediate` (the default) takes the write lock at once; `.deferred`
-    ///   when the first write needs it.
+    /// - Parameters:
+    ///   - mode: `.immediate` (the default) takes the write lock at once; `.deferred` when the
+    ///     first write needs it.
+    ///   - durable: the commit returns once it is in the replica (docs/replication.md), else
+    ///     throws `ReplicationUnavailable` (committed in the store all the same).
     /// - Throws: what `body` threw; the commit's error (a commit that fails rolls back); or
     ///   ``UserStoreError/Kind/connectionClosed`` if the connection broke — then the daemon rolled
     ///   the transaction back, unless the break came after the commit was sent: that outcome is unknown.
     public func transaction<Result>(
         mode: TransactionMode = .immediate,
+        durable: Bool = false,
         isolation: isolated (any Actor)? = #isolation,
         _ body: (Transaction) async throws -> sending Result
     ) async throws -> sending Result {
@@ -129,7 +137,10 @@ public struct UserStore: Sendable {
             throw error
         }
         do {
-            _ = try await client.send(Method.commit, ["transaction": id], on: lease, cancellable: false)
+            var message = CallMessage(method: Method.commit)
+            message.field("transaction", id)
+            if durable { message.field("durable", true) }
+            _ = try Replies.parameters(try await client.send(message.finish(), on: lease, cancellable: false))
         } catch {
             throw UserStoreClient.public(error)
         }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UserStoreClient
 import Varlink
 
 /// Replication through a real Litestream 0.5.17 (`.build/testenv/bin/litestream`, installed by
@@ -226,5 +227,40 @@ import Varlink
         #expect(!FileManager.default.fileExists(atPath: path))
         #expect(try third.call("io.userstore.Store.Open", ["user": "gus"])["created"] == true)
         daemon.stop()
+    }
+
+    /// The Swift client's `durable:` on execute, batch and a transaction's commit: each returns
+    /// once the write is in the replica. Without replication, `durable: true` is refused before
+    /// anything is written.
+    @Test func theClientLibraryWritesDurably() async throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try Self.daemon(replica: replica.path)
+        try daemon.start()
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            let hal = client.store(for: "hal")
+            try await hal.execute("INSERT INTO notes (title) VALUES (?)", "one", durable: true)
+            try await hal.batch(Statement("INSERT INTO notes (title) VALUES ('two')"), durable: true)
+            try await hal.transaction(durable: true) { tx in
+                try await tx.execute("INSERT INTO notes (title) VALUES ('three')")
+            }
+        }
+        // Read straight from the replica, with the store still open and nothing waited for.
+        let copy = try Self.replicaCopy(of: "hal", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
+        #expect(try Self.sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "one\ntwo\nthree")
+        daemon.stop()
+
+        let plain = try DaemonHarness()
+        try plain.start()
+        try await UserStoreClient.withClient(socketPath: plain.socketPath) { client in
+            let ida = client.store(for: "ida")
+            do {
+                try await ida.execute("INSERT INTO notes (title) VALUES ('x')", durable: true)
+                Issue.record("durable: true without replication was accepted")
+            } catch let error as UserStoreError {
+                #expect(error.name == "ReplicationUnavailable")
+            }
+            #expect(try await ida.query("SELECT count(*) AS n FROM notes")[0].decode(Int64.self, column: "n") == 0)
+        }
+        plain.stop()
     }
 }

@@ -82,9 +82,10 @@ extension StoreRegistry {
         let files = StoreFiles(layout: configuration.layout)
         let replication = self.replication, path = configuration.layout.storePath(for: user)
         let report = try await withStoreClosed(user) {
-            let report = try files.delete(user, keepBackups: keepBackups)
+            // The replica first: one that cannot be deleted refuses the whole deletion, rather
+            // than leave a copy the next request would restore.
             try replication?.storeReplaced(user, path: path, deleteReplica: true)
-            return report
+            return try files.delete(user, keepBackups: keepBackups)
         }
         if report.existed || !report.removedFiles.isEmpty {
             observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))

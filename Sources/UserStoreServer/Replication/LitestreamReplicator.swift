@@ -92,7 +92,12 @@ final class LitestreamReplicator: StoreReplication {
     func storeClosing(_ store: Store) {
         guard let entry = state.withLock({ $0.open.removeValue(forKey: store.path) }) else { return }
         state.withLock { _ = $0.lastSync.removeValue(forKey: store.path) }
-        guard entry.registered else { return }
+        guard entry.registered else {
+            // Not registered as far as the daemon knows; a Litestream that has it anyway (its
+            // registration raced an outage) must let go of a file that is about to change.
+            try? control.unregister(store.path)
+            return
+        }
         do {
             // Litestream opens a registered database lazily (on its first sync, within a
             // second); unregistering one it has not opened yet skips the final sync. A sync
@@ -256,9 +261,13 @@ final class LitestreamReplicator: StoreReplication {
     private func register(_ store: Store) -> Bool {
         do {
             try control.register(store.path, replicaURL: replicaURL(for: store.user))
-            state.withLock { state in
-                if state.open[store.path] != nil { state.open[store.path]!.registered = true }
+            let stillOpen = state.withLock { state -> Bool in
+                guard state.open[store.path]?.store === store else { return false }
+                state.open[store.path]!.registered = true
+                return true
             }
+            // Closed while ``reconcile()`` registered it again: Litestream must not keep it.
+            if !stillOpen { try? control.unregister(store.path) }
             return true
         } catch {
             failed("register \(store.user)", error)

@@ -64,9 +64,14 @@ final class LitestreamProcess: @unchecked Sendable { // `process` and `stopping`
             kill(pid_t(orphan.pid), SIGTERM)
             for _ in 0..<100 where kill(pid_t(orphan.pid), 0) == 0 { try await Task.sleep(for: .milliseconds(100)) }
         }
-        try launch()
-        try await waitUntilAnswering(control)
+        do {
+            try launch()
+        } catch {
+            logger.error("\(error)", metadata: ["event": "litestream-exited"])
+        }
+        // Started again a second after it dies, also when this first start failed.
         supervisor = Task.detached { [self] in await supervise(control) }
+        try await waitUntilAnswering(control)
     }
 
     /// Stops Litestream (SIGTERM: it finishes its syncs) and waits for it to exit.
@@ -106,7 +111,7 @@ final class LitestreamProcess: @unchecked Sendable { // `process` and `stopping`
     private func waitUntilAnswering(_ control: LitestreamControl) async throws {
         for _ in 0..<100 {
             if (try? control.info()) != nil { return }
-            guard lock.withLock({ process?.isRunning }) == true else { break }
+            guard lock.withLock({ process?.isRunning }) == true else { break } // the supervisor starts it again
             try await Task.sleep(for: .milliseconds(100))
         }
         throw LitestreamControl.Failure(description: "litestream replicate did not answer on \(settings.socket)")
