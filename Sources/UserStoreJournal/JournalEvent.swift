@@ -25,6 +25,11 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case storeImported = "store-imported"
     case storeRestored = "store-restored"
     case transactionExpired = "transaction-expired"
+    case replicationDegraded = "replication-degraded"
+    case replicationRecovered = "replication-recovered"
+    case litestreamStarted = "litestream-started"
+    case litestreamExited = "litestream-exited"
+    case litestreamOrphan = "litestream-orphan"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -52,6 +57,11 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .storeImported: return "d61a3f8e27c94b5f8e0a4c6b2d7f9e15"
         case .storeRestored: return "5a9c1e7f3b2d4e6a8c0f1b3d5e7a9c26"
         case .transactionExpired: return "7e3b9d1f5a2c4e8b9d0f2a4c6e8b1d37"
+        case .replicationDegraded: return "80da6d52af604c65be337dfb297f6eff"
+        case .replicationRecovered: return "10d9d7f00a0d400aacb76743053911ca"
+        case .litestreamStarted: return "fc92455e48c1440a8b735b9a0a12e732"
+        case .litestreamExited: return "6033797db9e74ff28dd69dc3ab35f375"
+        case .litestreamOrphan: return "2df305c378a042a6b8a85880efed6dba"
         }
     }
 }

@@ -51,6 +51,12 @@ import Varlink
 
     static func milliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
+    static func rfc3339(_ date: Date) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        return formatter.string(from: date)
+    }
+
     /// 200 users written to; SIGKILL of the daemon and of Litestream; the data directory gone;
     /// a new daemon on the same replica brings every user back on first request, with every
     /// durable write and every write acknowledged more than one sync interval before the kill.
@@ -262,5 +268,35 @@ import Varlink
             #expect(try await ida.query("SELECT count(*) AS n FROM notes")[0].decode(Int64.self, column: "n") == 0)
         }
         plain.stop()
+    }
+
+    /// `restore --from-replica --timestamp`: the store as it was at that time, the live store
+    /// kept as a backup; a delete removes the replica too, so the next request starts empty.
+    @Test func aPointInTimeComesBackAndADeletedStoreDoesNot() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try Self.daemon(replica: replica.path)
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "INSERT INTO notes (title) VALUES ('before')", "durable": true])
+        let between = Date()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "INSERT INTO notes (title) VALUES ('after')", "durable": true])
+        let ctl = try run([CtlTests.ctl, "restore", "kim", "--from-replica", "--timestamp", Self.rfc3339(between), "--json"],
+                          environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        #expect(ctl.status == 0, "\(ctl.stderr)")
+        let reply = try JSONParser().parse(ctl.stdout)
+        #expect(reply["previous"]?.stringValue?.contains("before-restore") == true)
+        #expect(try client.call("io.userstore.Store.Query", ["user": "kim", "sql": "SELECT title FROM notes"])["rows"] == [["before"]])
+        // The live store was kept as a backup, with both rows.
+        let backup = reply["previous"]?.stringValue ?? ""
+        #expect(try Self.sqlite3(backup, "SELECT count(*) FROM notes") == "2")
+
+        _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "kim"])
+        let folder = replica.path + "/" + (try client.call("io.userstore.Admin.Replication", ["user": "kim"])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? "")
+            .replacingOccurrences(of: "file://" + replica.path + "/", with: "")
+        #expect(!FileManager.default.fileExists(atPath: folder), "the replica \(folder) is still there")
+        let again = try client.call("io.userstore.Store.Open", ["user": "kim"])
+        #expect(again["created"] == true)
+        #expect(try client.call("io.userstore.Store.Query", ["user": "kim", "sql": "SELECT count(*) FROM notes"])["rows"] == [[0]])
+        daemon.stop()
     }
 }

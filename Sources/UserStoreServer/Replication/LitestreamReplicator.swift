@@ -64,7 +64,10 @@ final class LitestreamReplicator: StoreReplication {
         let source = replicaURL(for: user)
         var arguments = ["restore", "-o", path, "-integrity-check", "quick"]
         if let timestamp {
-            arguments += ["-timestamp", timestamp.formatted(.iso8601)]
+            // RFC 3339 with milliseconds (Go's parser takes them): two writes within a second differ.
+            let formatter = ISO8601DateFormatter()
+            formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+            arguments += ["-timestamp", formatter.string(from: timestamp)]
         } else {
             arguments.append("-if-replica-exists")
         }
@@ -304,21 +307,39 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// Runs the litestream binary; returns its exit status and its output (stdout and stderr).
+    /// The output goes to a temporary file, not a pipe: a pipe's write end inherited by a
+    /// process started at the same moment (the child Litestream, another restore) would keep
+    /// the read from ever ending. A run longer than the durable time-out is killed.
     private func run(_ arguments: [String], user: UserID) throws -> (Int32, String) {
+        let outputPath = NSTemporaryDirectory() + "userstored-litestream-\(UUID().uuidString).log"
+        guard FileManager.default.createFile(atPath: outputPath, contents: nil), let output = FileHandle(forWritingAtPath: outputPath) else {
+            throw StoreError.replicationUnavailable(user: user, message: "cannot create \(outputPath) for litestream's output")
+        }
+        defer {
+            try? output.close()
+            unlink(outputPath)
+        }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: Self.resolve(settings.litestream))
         process.arguments = arguments
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = pipe
+        process.standardOutput = output
+        process.standardError = output
+        process.standardInput = FileHandle.nullDevice
+        let exited = DispatchSemaphore(value: 0)
+        process.terminationHandler = { _ in exited.signal() }
         do {
             try process.run()
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "cannot run \(settings.litestream): \(error)")
         }
-        let output = pipe.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: output, as: UTF8.self))
+        let limit = max(30, settings.durableTimeoutMilliseconds / 1000 * 6)
+        if exited.wait(timeout: .now() + .seconds(limit)) == .timedOut {
+            kill(process.processIdentifier, SIGKILL)
+            exited.wait()
+            throw StoreError.replicationUnavailable(user: user, message: "litestream \(arguments.first ?? "") did not finish within \(limit) s")
+        }
+        let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
+        return (process.terminationStatus, text)
     }
 
     /// `name` found in `$PATH` (Process needs a path), or `name` itself.
