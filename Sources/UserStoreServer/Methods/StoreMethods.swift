@@ -54,9 +54,16 @@ struct StoreMethods {
     private func statement(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
         let durable = try output == .changes && durable(request, user: user)
-        let reply = try await SQLRunner.reply(context.registry, user: user, access: .client, message: request.message,
-                                              statement: try request.statement(), output: output, limits: context.limits)
-        return durable ? await context.replyWhenReplicated(user, reply) : reply
+        let registry = context.registry, message = request.message, statement = try request.statement(), limits = context.limits
+        guard durable else {
+            return try await SQLRunner.reply(registry, user: user, access: .client, message: message, statement: statement, output: output, limits: limits)
+        }
+        // The lease keeps the store open (and registered) until the replica has the write: an
+        // eviction in between would unregister it under the sync.
+        return try await registry.withStore(user) { _ in
+            let reply = try await SQLRunner.reply(registry, user: user, access: .client, message: message, statement: statement, output: output, limits: limits)
+            return await context.replyWhenReplicated(user, reply)
+        }
     }
 
     /// Whether this write call waits for the replica (DurableWrites).
@@ -83,13 +90,13 @@ struct StoreMethods {
         let transaction = try parameters.optionalBool("transaction") ?? true
         let message = request.message
         if try durable(request, user: user) {
-            let reply = try await context.registry.withStore(user) { store in
-                try await store.write { db in
+            return try await context.registry.withStore(user) { store in
+                let reply = try await store.write { db in
                     BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements,
                                                                                      mode: transaction ? .transaction : .statements)
                 }
+                return await context.replyWhenReplicated(user, reply)
             }
-            return await context.replyWhenReplicated(user, reply)
         }
         return try await context.registry.withStore(user) { store in
             try await store.write { db in

@@ -177,6 +177,8 @@ final class LitestreamReplicator: StoreReplication {
                     do {
                         _ = try await control.syncAndWait(store.path, timeoutSeconds: timeout)
                     } catch {
+                        // Closed meanwhile: its final sync covered it (not an outage).
+                        guard self.isRegistered(store) else { return }
                         store.commits.restore()
                         self.failed("sync \(store.user)", error)
                     }
@@ -260,6 +262,10 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     // MARK: Helpers
+
+    private func isRegistered(_ store: Store) -> Bool {
+        state.withLock { $0.open[store.path].map { $0.store === store && $0.registered } ?? false }
+    }
 
     private func register(_ store: Store) -> Bool {
         do {

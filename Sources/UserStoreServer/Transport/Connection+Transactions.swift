@@ -273,8 +273,10 @@ extension Connection {
         context.metrics?.transactionEnded(commit ? "committed" : "rolled_back")
         let store = transaction.store!, registry = context.registry, loop = self.loop
         store.endTransaction(transaction.key, commit: commit) { error in
-            registry.release(transaction.user)
+            // Released once the reply is ready: a durable commit keeps the store open (and
+            // registered) until the replica has it.
             let send: @Sendable ([UInt8]) -> Void = { bytes in
+                registry.release(transaction.user)
                 loop.execute { [self] in
                     if self.transaction === transaction { self.transaction = nil }
                     finish(reply, bytes)
