@@ -63,6 +63,18 @@ import Varlink
     @Test func everyUserComesBackAfterLosingTheHostsDisk() throws {
         let replica = try TemporaryDirectory()
         let daemon = try Self.daemon(replica: replica.path)
+        do {
+            try disaster(daemon, replica: replica)
+        } catch {
+            // What the daemon and its Litestream were doing when a call failed or hung.
+            let processes = (try? run(["/bin/ps", "-eLo", "pid,ppid,tid,stat,wchan:24,etime,comm,args"]).stdout) ?? ""
+            let tail = daemon.stderr.split(separator: "\n").suffix(40).joined(separator: "\n")
+            let ours = processes.split(separator: "\n").filter { $0.contains("litestream") || $0.contains("userstored") }.joined(separator: "\n")
+            Issue.record("\(error)\ndaemon stderr (last lines):\n\(tail)\nprocesses:\n\(ours)")
+        }
+    }
+
+    private func disaster(_ daemon: DaemonHarness, replica: TemporaryDirectory) throws {
         try daemon.start()
         let client = try daemon.connect()
         let users = (0..<200).map { "user\($0)" }

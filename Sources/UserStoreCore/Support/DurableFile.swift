@@ -2,17 +2,17 @@ import Foundation
 
 /// Puts a finished temporary file under its final name durably and atomically: fsync of the
 /// file, rename, fsync of the folder. A crash leaves either nothing at the final name or the
-/// whole file. Used for new stores copied from the template and for backups.
-enum DurableFile {
+/// whole file. Used for new stores copied from the template, backups and restored replicas.
+public enum DurableFile {
     /// Which step failed, on which path, and why (errno).
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
         init(_ step: String, _ path: String) { description = "\(step) \(path): \(String(cString: strerror(errno)))" }
     }
 
     /// Syncs `temporary`, renames it to `path`, syncs `path`'s folder. Deletes `temporary` when
     /// a step fails.
-    static func publish(_ temporary: String, as path: String) throws(Failure) {
+    public static func publish(_ temporary: String, as path: String) throws(Failure) {
         do throws(Failure) {
             try sync(temporary, flags: O_RDONLY)
             guard rename(temporary, path) == 0 else { throw Failure("rename", temporary) }

@@ -63,8 +63,16 @@ struct LitestreamControl: Sendable {
 
     /// `GET /info`: Litestream's version and pid (throws when it does not answer).
     func info() throws -> (version: String, pid: Int) {
-        let reply = try request(.GET, "/info", body: nil, timeout: .seconds(5))
-        return (reply["version"] as? String ?? "", (reply["pid"] as? NSNumber)?.intValue ?? 0)
+        Self.info(try request(.GET, "/info", body: nil, timeout: .seconds(5)))
+    }
+
+    /// ``info()`` without blocking a thread (start-up waits on it from async code).
+    func info() async throws -> (version: String, pid: Int) {
+        Self.info(try Self.decode("/info", try await exchange(.GET, "/info", body: nil, timeout: .seconds(5)).get()))
+    }
+
+    private static func info(_ reply: [String: Any]) -> (version: String, pid: Int) {
+        (reply["version"] as? String ?? "", (reply["pid"] as? NSNumber)?.intValue ?? 0)
     }
 
     private static func parseTime(_ text: String) -> Date? {

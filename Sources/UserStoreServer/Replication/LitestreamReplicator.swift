@@ -31,6 +31,8 @@ final class LitestreamReplicator: StoreReplication {
         var litestreamVersion = ""
         /// Stores brought back from the replica since start.
         var restored = 0
+        /// Paths whose unregistration Litestream did not confirm: not replaced until it does.
+        var unconfirmed: Set<String> = []
     }
 
     init(settings: ReplicationSettings, layout: StoreLayout, logger: Logger) {
@@ -62,7 +64,14 @@ final class LitestreamReplicator: StoreReplication {
     func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let started = ContinuousClock.now
         let source = replicaURL(for: user)
-        var arguments = ["restore", "-o", path, "-integrity-check", "quick"]
+        // Litestream renames its output into place before its integrity check: restore beside
+        // the target and rename only after a clean exit, so a killed or failed restore never
+        // leaves an unchecked file where the store is looked for.
+        let staged = path + ".restoring"
+        let cleanUp = { for suffix in ["", "-wal", "-shm", "-txid", ".tmp"] { unlink(staged + suffix) } }
+        cleanUp()
+        defer { cleanUp() }
+        var arguments = ["restore", "-o", staged, "-integrity-check", "quick"]
         if let timestamp {
             // RFC 3339 with milliseconds (Go's parser takes them): two writes within a second differ.
             let formatter = ISO8601DateFormatter()
@@ -73,17 +82,22 @@ final class LitestreamReplicator: StoreReplication {
         }
         arguments.append(source)
         let (status, output) = try run(arguments, user: user)
-        let restored = FileManager.default.fileExists(atPath: path)
+        let restored = FileManager.default.fileExists(atPath: staged)
         if status != 0 || (timestamp != nil && !restored) {
-            for suffix in ["", "-wal", "-shm", "-txid"] { unlink(path + suffix) }
             let message = Self.lastLines(output)
             if timestamp != nil, ["no matching backups", "no snapshots", "timestamp does not exist"].contains(where: message.contains) { return nil }
             if Self.isDamage(message) { throw StoreError.replicaDamaged(user: user, message: message) }
             throw StoreError.replicationUnavailable(user: user, message: "litestream restore exited \(status): \(message)")
         }
         guard restored else { return nil }
+        let schemaVersion = Self.userVersion(staged)
+        do {
+            try DurableFile.publish(staged, as: path)
+        } catch {
+            throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
+        }
         state.withLock { $0.restored += 1 }
-        return ReplicaRestore(source: source, schemaVersion: Self.userVersion(path),
+        return ReplicaRestore(source: source, schemaVersion: schemaVersion,
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
 
@@ -93,27 +107,49 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     func storeClosing(_ store: Store) {
-        guard let entry = state.withLock({ $0.open.removeValue(forKey: store.path) }) else { return }
-        state.withLock { _ = $0.lastSync.removeValue(forKey: store.path) }
-        guard entry.registered else {
-            // Not registered as far as the daemon knows; a Litestream that has it anyway (its
-            // registration raced an outage) must let go of a file that is about to change.
-            try? control.unregister(store.path)
-            return
+        // Only this store's own entry: a request may already have opened the file again (a new
+        // Store), whose registration must stay.
+        let entry = state.withLock { state -> (store: Store, registered: Bool)? in
+            guard state.open[store.path]?.store === store else { return nil }
+            state.lastSync[store.path] = nil
+            return state.open.removeValue(forKey: store.path)
         }
+        guard let entry else { return }
+        if entry.registered {
+            do {
+                // Litestream opens a registered database lazily (on its first sync, within a
+                // second); unregistering one it has not opened yet skips the final sync. A sync
+                // first opens it and copies everything; the unregister's own sync finds little.
+                _ = try control.syncAndWait(store.path, timeoutSeconds: durableTimeoutSeconds)
+            } catch {
+                failed("final sync of \(store.user)", error)
+            }
+        }
+        // Also when not registered as far as the daemon knows: a Litestream that has it anyway
+        // (a registration that raced an outage) must let go of a file that may be replaced.
         do {
-            // Litestream opens a registered database lazily (on its first sync, within a
-            // second); unregistering one it has not opened yet skips the final sync. A sync
-            // first opens it and copies everything; the unregister's own sync then finds little.
-            _ = try control.syncAndWait(store.path, timeoutSeconds: max(1, settings.durableTimeoutMilliseconds / 1000))
-            try control.unregister(store.path)
+            try control.unregister(store.path, timeoutSeconds: durableTimeoutSeconds)
+            state.withLock { _ = $0.unconfirmed.remove(store.path) }
         } catch {
-            failed("final sync of \(store.user)", error)
-            try? control.unregister(store.path)
+            state.withLock { _ = $0.unconfirmed.insert(store.path) }
+            if entry.registered { failed("unregister \(store.user)", error) }
         }
     }
 
+    /// The durable time-out in Litestream's whole seconds, rounded up.
+    private var durableTimeoutSeconds: Int { max(1, (settings.durableTimeoutMilliseconds + 999) / 1000) }
+
     func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
+        // A Litestream that may still hold the old file would ship the new one's pages against
+        // the old position (or bring a deleted replica back): it must confirm it let go first.
+        if state.withLock({ $0.unconfirmed.contains(path) }) {
+            do {
+                try control.unregister(path, timeoutSeconds: durableTimeoutSeconds)
+                state.withLock { _ = $0.unconfirmed.remove(path) }
+            } catch {
+                throw StoreError.replicationUnavailable(user: user, message: "Litestream has not confirmed it stopped replicating the store (\(error)); retry")
+            }
+        }
         try? FileManager.default.removeItem(atPath: Self.sidecar(of: path))
         guard deleteReplica else { return }
         let url = replicaURL(for: user)
@@ -137,7 +173,7 @@ final class LitestreamReplicator: StoreReplication {
         guard let store = state.withLock({ $0.open[path] }).flatMap({ $0.registered ? $0.store : nil }) else {
             throw StoreError.replicationUnavailable(user: user, message: "the store is not registered with Litestream (\(state.withLock { $0.lastError } ?? "not open"))")
         }
-        let timeout = max(1, settings.durableTimeoutMilliseconds / 1000)
+        let timeout = durableTimeoutSeconds
         // This sync covers every commit so far: the next sync pass need not repeat it (a commit
         // after this point sets the flag again).
         let written = store.commits.take()
@@ -163,7 +199,7 @@ final class LitestreamReplicator: StoreReplication {
         let written = state.withLock { state in
             state.open.values.filter { $0.registered && $0.store.commits.take() }.map(\.store)
         }
-        let timeout = max(1, settings.durableTimeoutMilliseconds / 1000)
+        let timeout = durableTimeoutSeconds
         let control = self.control
         await withTaskGroup(of: Void.self) { group in
             var running = 0
@@ -236,32 +272,46 @@ final class LitestreamReplicator: StoreReplication {
                 return lost
             }
             // Nobody checkpoints them until they are registered again.
-            for store in lost { store.enqueue({ db in try? db.execute(sql: "PRAGMA wal_autocheckpoint = 1000") }, completion: { _ in }) }
+            for store in lost {
+                store.enqueue({ db in
+                    guard db.sqliteConnection != nil else { return }
+                    try? db.execute(sql: "PRAGMA wal_autocheckpoint = 1000")
+                }, completion: { _ in })
+            }
             failed("health check", error)
             return
         }
         let replicating = Set(listed.filter { $0.status == "replicating" }.map(\.path))
-        let missing: [Store] = state.withLock { state in
+        // Stores Litestream replicates that the daemon had marked unregistered (a failed check
+        // or a register that timed out after it took effect) are registered again as they are.
+        let (missing, regained) = state.withLock { state -> ([Store], [Store]) in
             for database in listed { state.lastSync[database.path] = database.lastSyncAt }
-            return state.open.values.filter { !replicating.contains($0.store.path) }.map(\.store)
+            var regained: [Store] = []
+            for (path, entry) in state.open where !entry.registered && replicating.contains(path) {
+                state.open[path]!.registered = true
+                regained.append(entry.store)
+            }
+            return (state.open.values.filter { !replicating.contains($0.store.path) }.map(\.store), regained)
         }
         var allRegistered = true
-        for store in missing {
-            if register(store) {
-                // It checkpointed itself while unregistered; Litestream checkpoints from now on.
-                store.enqueue({ db in
-                    try? db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
-                    store.commits.install(on: db.sqliteConnection!)
-                    store.commits.restore() // what it wrote unregistered: synced by the next pass
-                }, completion: { _ in })
-            } else {
-                allRegistered = false
-            }
-        }
+        for store in missing where !register(store) { allRegistered = false }
+        for store in regained + missing where isRegistered(store) { handBackCheckpoints(store) }
         if allRegistered { recovered() }
     }
 
     // MARK: Helpers
+
+    /// A store registered again after checkpointing itself: Litestream checkpoints it from
+    /// now on, its commits feed the sync pass again, and what it wrote meanwhile is synced by
+    /// the next pass. Skipped if the store closed in the meantime.
+    private func handBackCheckpoints(_ store: Store) {
+        store.enqueue({ [self] db in
+            guard let connection = db.sqliteConnection, isRegistered(store) else { return }
+            try? db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+            store.commits.install(on: connection)
+            store.commits.restore()
+        }, completion: { _ in })
+    }
 
     private func isRegistered(_ store: Store) -> Bool {
         state.withLock { $0.open[store.path].map { $0.store === store && $0.registered } ?? false }
@@ -313,39 +363,65 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// Runs the litestream binary; returns its exit status and its output (stdout and stderr).
-    /// The output goes to a temporary file, not a pipe: a pipe's write end inherited by a
-    /// process started at the same moment (the child Litestream, another restore) would keep
-    /// the read from ever ending. A run longer than the durable time-out is killed.
+    ///
+    /// Spawned with posix_spawn and reaped with waitpid, not Foundation's Process: a restore
+    /// once waited out its whole time-out inside the full test suite with Process, whose exit
+    /// notice goes through a shared SIGCHLD monitor. Output goes to a temporary file, not a
+    /// pipe (a pipe's write end inherited by a process started at the same moment would keep
+    /// the read from ending); signals are reset to their defaults and unblocked in the child.
+    /// A run longer than the time-out is killed.
     private func run(_ arguments: [String], user: UserID) throws -> (Int32, String) {
         let outputPath = NSTemporaryDirectory() + "userstored-litestream-\(UUID().uuidString).log"
-        guard FileManager.default.createFile(atPath: outputPath, contents: nil), let output = FileHandle(forWritingAtPath: outputPath) else {
-            throw StoreError.replicationUnavailable(user: user, message: "cannot create \(outputPath) for litestream's output")
+        let output = open(outputPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard output >= 0 else {
+            throw StoreError.replicationUnavailable(user: user, message: "cannot create \(outputPath) for litestream's output: \(String(cString: strerror(errno)))")
         }
         defer {
-            try? output.close()
+            close(output)
             unlink(outputPath)
         }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.resolve(settings.litestream))
-        process.arguments = arguments
-        process.standardOutput = output
-        process.standardError = output
-        process.standardInput = FileHandle.nullDevice
-        let exited = DispatchSemaphore(value: 0)
-        process.terminationHandler = { _ in exited.signal() }
-        do {
-            try process.run()
-        } catch {
-            throw StoreError.replicationUnavailable(user: user, message: "cannot run \(settings.litestream): \(error)")
+        let executable = Self.resolve(settings.litestream)
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_adddup2(&actions, output, 1)
+        posix_spawn_file_actions_adddup2(&actions, output, 2)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        var none = sigset_t(), all = sigset_t()
+        sigemptyset(&none)
+        sigfillset(&all)
+        posix_spawnattr_setsigmask(&attributes, &none)
+        posix_spawnattr_setsigdefault(&attributes, &all)
+        posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
+        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, executable, &actions, &attributes, argv, environ)
+        guard spawned == 0 else {
+            throw StoreError.replicationUnavailable(user: user, message: "cannot run \(executable): \(String(cString: strerror(spawned)))")
         }
-        let limit = max(30, settings.durableTimeoutMilliseconds / 1000 * 6)
-        if exited.wait(timeout: .now() + .seconds(limit)) == .timedOut {
-            kill(process.processIdentifier, SIGKILL)
-            exited.wait()
-            throw StoreError.replicationUnavailable(user: user, message: "litestream \(arguments.first ?? "") did not finish within \(limit) s")
+        let limit = max(30, durableTimeoutSeconds * 6)
+        let deadline = ContinuousClock.now + .seconds(limit)
+        var status: Int32 = 0
+        while true {
+            let reaped = waitpid(pid, &status, WNOHANG)
+            if reaped == pid { break }
+            if reaped < 0 && errno != EINTR {
+                throw StoreError.replicationUnavailable(user: user, message: "waiting for litestream: \(String(cString: strerror(errno)))")
+            }
+            if ContinuousClock.now > deadline {
+                kill(pid, SIGKILL)
+                _ = waitpid(pid, &status, 0)
+                throw StoreError.replicationUnavailable(user: user, message: "litestream \(arguments.first ?? "") did not finish within \(limit) s")
+            }
+            usleep(1_000)
         }
         let text = (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? ""
-        return (process.terminationStatus, text)
+        // WIFEXITED / WEXITSTATUS are macros: exit status in bits 8-15 when the low 7 bits are 0.
+        return ((status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F), text)
     }
 
     /// `name` found in `$PATH` (Process needs a path), or `name` itself.
@@ -370,7 +446,9 @@ final class LitestreamReplicator: StoreReplication {
     /// Whether Litestream's failure says the replica's data is bad rather than unreachable.
     private static func isDamage(_ message: String) -> Bool {
         let lowered = message.lowercased()
-        return ["integrity", "checksum", "corrupt", "malformed", "invalid ltx", "decode", "unexpected eof", "magic"].contains { lowered.contains($0) }
+        // Not "decode" alone: Litestream wraps transport errors as "decode database: …" too.
+        // Format errors name what was wrong with the data (a page header, a checksum, lz4).
+        return ["integrity", "checksum", "corrupt", "malformed", "decompress", "invalid ltx", "invalid page", "magic"].contains { lowered.contains($0) }
     }
 
     private static func userVersion(_ path: String) -> Int64 {

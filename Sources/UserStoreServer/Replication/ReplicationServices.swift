@@ -58,7 +58,7 @@ final class LitestreamProcess: @unchecked Sendable { // `process` and `stopping`
         let yaml = "# Written by userstored: stores are registered through the control socket.\nsocket:\n  enabled: true\n  path: \"\(settings.socket)\"\n  permissions: 0600\n"
         try yaml.write(toFile: configurationPath, atomically: true, encoding: .utf8)
         let control = LitestreamControl(socketPath: settings.socket)
-        if let orphan = try? control.info(), orphan.pid > 0 {
+        if let orphan = try? await control.info(), orphan.pid > 0 {
             // Only a previous userstored on this data directory (whose lock we hold) starts one here.
             logger.notice("ending the Litestream (pid \(orphan.pid)) a previous daemon left running", metadata: ["event": "litestream-orphan"])
             kill(pid_t(orphan.pid), SIGTERM)
@@ -91,6 +91,7 @@ final class LitestreamProcess: @unchecked Sendable { // `process` and `stopping`
     var pid: Int32 { lock.withLock { process?.isRunning == true ? process!.processIdentifier : 0 } }
 
     private func launch() throws {
+        if lock.withLock({ stopping }) { return }
         let child = Process()
         child.executableURL = URL(fileURLWithPath: LitestreamReplicator.resolve(settings.litestream))
         child.arguments = ["replicate", "-config", configurationPath]
@@ -102,7 +103,12 @@ final class LitestreamProcess: @unchecked Sendable { // `process` and `stopping`
         } catch {
             throw LitestreamControl.Failure(description: "cannot start \(settings.litestream) replicate: \(error)")
         }
-        lock.withLock { process = child }
+        let stopped = lock.withLock { () -> Bool in
+            process = child
+            return stopping
+        }
+        // stop() ran while this one started: it must not outlive the daemon.
+        if stopped { child.terminate() }
         logger.notice("started litestream replicate (pid \(child.processIdentifier))", metadata: [
             "event": "litestream-started", "pid": .stringConvertible(child.processIdentifier),
         ])
@@ -110,7 +116,7 @@ final class LitestreamProcess: @unchecked Sendable { // `process` and `stopping`
 
     private func waitUntilAnswering(_ control: LitestreamControl) async throws {
         for _ in 0..<100 {
-            if (try? control.info()) != nil { return }
+            if (try? await control.info()) != nil { return }
             guard lock.withLock({ process?.isRunning }) == true else { break } // the supervisor starts it again
             try await Task.sleep(for: .milliseconds(100))
         }
