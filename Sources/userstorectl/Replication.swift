@@ -7,9 +7,9 @@ extension UserStoreCtlCommand {
         static let configuration = CommandConfiguration(
             abstract: "Show replication (Litestream): its state, and per open store whether it is registered and its lag.",
             discussion: """
-                Without USER: every open store (only open stores are registered with Litestream; a closed store's \\
-                replica is complete as of its close). With USER: that store, open or not, and its replica URL. \\
-                Lag is the time since Litestream last synced the store. Exit 1 when replication is degraded. \\
+                Without USER: every open store (only open stores are registered with Litestream; a closed store's \
+                replica is complete as of its close). With USER: that store, open or not, and its replica URL. \
+                Lag is the time since Litestream last synced the store. Exit 1 when replication is degraded. \
                 See docs/replication.md.
                 """)
 
