@@ -190,7 +190,7 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// Syncs every registered store written since the last pass to the replica, waiting for
-    /// each (at most 16 at a time). Run every quarter of ``ReplicationSettings/syncIntervalMilliseconds``
+    /// each (at most 64 at a time: with many written stores the pass itself must end well within the interval). Run every quarter of ``ReplicationSettings/syncIntervalMilliseconds``
     /// by ``ReplicationMonitor``, so that a write acknowledged one interval ago is in the replica
     /// (Litestream's own loops alone took up to 1.3 s with its fixed 1 s interval: a local pass,
     /// then an upload pass, each on its own ticker). Returns how many stores it synced.
@@ -204,7 +204,7 @@ final class LitestreamReplicator: StoreReplication {
         await withTaskGroup(of: Void.self) { group in
             var running = 0
             for store in written {
-                if running == 16 {
+                if running == 64 {
                     await group.next()
                     running -= 1
                 }
