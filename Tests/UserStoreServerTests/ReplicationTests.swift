@@ -20,6 +20,21 @@ import Varlink
         return daemon
     }
 
+    /// A started replicating daemon, its replica folder and a connection to it.
+    static func started(extra: String = "") throws -> (replica: TemporaryDirectory, daemon: DaemonHarness, client: VarlinkConnection) {
+        let replica = try TemporaryDirectory()
+        let daemon = try daemon(replica: replica.path, extra: extra)
+        try daemon.start()
+        return (replica, daemon, try daemon.connect())
+    }
+
+    /// Inserts a note titled `title` into `user`'s store, durably or not.
+    static func insert(_ title: String, for user: String, on client: VarlinkConnection, durable: Bool = false) throws {
+        var parameters: [String: JSONValue] = ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES (?)", "parameters": [.string(title)]]
+        if durable { parameters["durable"] = true }
+        _ = try client.call("io.userstore.Store.Execute", parameters)
+    }
+
     static func isError(_ name: String, _ body: () throws -> Any) -> Bool {
         do {
             _ = try body()
@@ -147,12 +162,9 @@ import Varlink
     /// A store closed to make room is synced and unregistered first: the replica has its last
     /// write the moment it is evicted, and Litestream no longer holds it.
     @Test func evictionUnregistersAfterAFinalSync() throws {
-        let replica = try TemporaryDirectory()
-        let daemon = try Self.daemon(replica: replica.path, extra: "maxOpenStores: 2")
-        try daemon.start()
-        let client = try daemon.connect()
-        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": "INSERT INTO notes (title) VALUES ('first')"])
-        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": "INSERT INTO notes (title) VALUES ('last before eviction')"])
+        let (replica, daemon, client) = try Self.started(extra: "maxOpenStores: 2")
+        try Self.insert("first", for: "ann", on: client)
+        try Self.insert("last before eviction", for: "ann", on: client)
         let before = try client.call("io.userstore.Admin.Replication", ["user": "ann"])["stores"]?.arrayValue?.first
         #expect(before?["open"] == true && before?["registered"] == true)
         // Two more users: ann, least recently used, is closed.
@@ -174,12 +186,9 @@ import Varlink
     /// with ReplicationUnavailable until it is back; the daemon starts it again and registers
     /// every open store again; the replica then has the writes made meanwhile.
     @Test func litestreamKilledAndRestartedWhileWritesContinue() throws {
-        let replica = try TemporaryDirectory()
-        let daemon = try Self.daemon(replica: replica.path)
-        try daemon.start()
-        let client = try daemon.connect()
+        let (replica, daemon, client) = try Self.started()
         for user in ["dan", "eve"] {
-            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES ('before')", "durable": true])
+            try Self.insert("before", for: user, on: client, durable: true)
         }
         let first = try Self.litestreamPID(client)
         kill(first, SIGKILL)
@@ -193,7 +202,7 @@ import Varlink
         let deadline = ContinuousClock.now + .seconds(30)
         repeat {
             for user in ["dan", "eve"] {
-                _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES ('during')"])
+                try Self.insert("during", for: user, on: client)
             }
             written += 1
             status = try client.call("io.userstore.Admin.Status")["replication"]?.objectValue ?? [:]
@@ -203,7 +212,7 @@ import Varlink
         #expect(degradedSeen && status["state"] == "ok", "\(status)")
         #expect(status["litestreamPid"]?.integerValue != Int64(first))
         // A durable write now confirms everything before it is in the replica.
-        _ = try client.call("io.userstore.Store.Execute", ["user": "dan", "sql": "INSERT INTO notes (title) VALUES ('after')", "durable": true])
+        try Self.insert("after", for: "dan", on: client, durable: true)
         let copy = try Self.replicaCopy(of: "dan", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
         let during = try Self.sqlite3(copy, "SELECT count(*) FROM notes WHERE title = 'during'")
         let all = try Self.sqlite3(copy, "SELECT count(*) FROM notes")
@@ -223,11 +232,8 @@ import Varlink
     /// the good local store stays; a user whose store is missing here gets ReplicaDamaged and
     /// no empty store in its place; other users are served meanwhile.
     @Test func aDamagedReplicaNeverReplacesAGoodStore() throws {
-        let replica = try TemporaryDirectory()
-        let daemon = try Self.daemon(replica: replica.path)
-        try daemon.start()
-        let client = try daemon.connect()
-        _ = try client.call("io.userstore.Store.Execute", ["user": "fay", "sql": "INSERT INTO notes (title) VALUES ('precious')", "durable": true])
+        let (replica, daemon, client) = try Self.started()
+        try Self.insert("precious", for: "fay", on: client, durable: true)
         daemon.stop()
         // Damage every file of fay's replica.
         let files = FileManager.default.enumerator(atPath: replica.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".ltx") } ?? []
@@ -293,13 +299,10 @@ import Varlink
     /// `restore --from-replica --timestamp`: the store as it was at that time, the live store
     /// kept as a backup; a delete removes the replica too, so the next request starts empty.
     @Test func aPointInTimeComesBackAndADeletedStoreDoesNot() throws {
-        let replica = try TemporaryDirectory()
-        let daemon = try Self.daemon(replica: replica.path)
-        try daemon.start()
-        let client = try daemon.connect()
-        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "INSERT INTO notes (title) VALUES ('before')", "durable": true])
+        let (replica, daemon, client) = try Self.started()
+        try Self.insert("before", for: "kim", on: client, durable: true)
         let between = Date()
-        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "INSERT INTO notes (title) VALUES ('after')", "durable": true])
+        try Self.insert("after", for: "kim", on: client, durable: true)
         let ctl = try run([CtlTests.ctl, "restore", "kim", "--from-replica", "--timestamp", Self.rfc3339(between), "--json"],
                           environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(ctl.status == 0, "\(ctl.stderr)")

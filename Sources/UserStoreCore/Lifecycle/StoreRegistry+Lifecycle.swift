@@ -149,14 +149,7 @@ extension StoreRegistry {
             try FileManager.default.copyItem(atPath: backup.path, toPath: staged)
             try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)")
         }.get()
-        let layout = configuration.layout
-        let previous = try await withStoreClosed(user) { () throws -> String? in
-            let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
-            try files.publish(staged, as: user)
-            try self.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
-            return copy
-        }
+        let previous = try await replaceClosedStore(user, with: staged)
         observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
         return (backup, previous)
@@ -183,17 +176,24 @@ extension StoreRegistry {
             try Self.checkIntegrity(staged, user: user, what: "the replica's copy")
             return restored
         }.get()
-        let layout = configuration.layout
-        let previous = try await withStoreClosed(user) { () throws -> String? in
-            let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
-            try files.publish(staged, as: user)
-            try replication.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
-            return copy
-        }
+        let previous = try await replaceClosedStore(user, with: staged)
         observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
                                        durationMicroseconds: restored.durationMicroseconds))
         return (restored, previous)
+    }
+
+    /// A restore's last step, with the store closed: the live store (if any) copied to its
+    /// backups (`before-restore`), `staged` published as the store, the replicator told.
+    /// Returns the live store's copy.
+    private func replaceClosedStore(_ user: UserID, with staged: String) async throws -> String? {
+        let layout = configuration.layout, files = StoreFiles(layout: layout)
+        return try await withStoreClosed(user) { () throws -> String? in
+            let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
+            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
+            try files.publish(staged, as: user)
+            try self.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
+            return copy
+        }
     }
 
     /// A consistent copy of `user`'s store as it is (not migrated first) at `path`, taken on its

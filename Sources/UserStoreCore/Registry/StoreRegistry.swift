@@ -40,7 +40,7 @@ public final class StoreRegistry: Sendable {
         self.replication = replication
         self.lock = lock
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
-        opener.sharedFiles = replication?.sharesStoreFiles ?? false
+        opener.sharedFiles = replication != nil
         self.opener = opener
         self.state = Mutex(RegistryState(migrations: migrations))
     }

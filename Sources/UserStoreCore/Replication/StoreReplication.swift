@@ -6,14 +6,14 @@ import Foundation
 /// Every method blocks (a process to spawn, a control-socket round trip) and is called on
 /// ``BlockingPool`` threads, never on an event loop or the cooperative pool. None throws for a
 /// replication outage: the store is served unreplicated (degraded) and registered again later;
-/// only ``restoreIfReplicated(_:to:)`` refuses, because serving an empty store in place of a
-/// replicated one would lose the user's data.
+/// only ``restore(_:to:timestamp:)`` and ``storeReplaced(_:path:deleteReplica:)`` refuse,
+/// because serving an empty store in place of a replicated one, or replacing a file the
+/// replicator still holds, would lose the user's data.
+///
+/// A registry with a replication opens its stores for another process's reader: `locking_mode`
+/// NORMAL (a `-shm` file) instead of EXCLUSIVE, and no automatic checkpoints (the replicator
+/// checkpoints).
 public protocol StoreReplication: Sendable {
-    /// Whether store connections must let another process read the file: `locking_mode`
-    /// NORMAL (a `-shm` file) instead of EXCLUSIVE, and no automatic checkpoints (the
-    /// replicator checkpoints).
-    var sharesStoreFiles: Bool { get }
-
     /// Puts the replica's copy of `user`'s store at `path` (which does not exist) when the
     /// replica has one: its latest state, or its state at `timestamp`. Returns what was
     /// restored, or nil when the replica holds nothing for the user (before a store is created:

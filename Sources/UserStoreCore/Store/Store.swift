@@ -69,7 +69,7 @@ public final class Store: Sendable {
         let run: @Sendable (Database) -> (@Sendable () -> Void)
     }
 
-    /// Set by every commit when the store is replicated (``StoreReplication/sharesStoreFiles``):
+    /// Set by every commit when the store is replicated (a registry with a ``StoreReplication``):
     /// the replicator syncs stores written since its last pass.
     public let commits: CommitFlag
 

@@ -8,7 +8,7 @@ struct StoreOpener: Sendable {
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     let busyTimeoutSeconds: Double
     /// Another process reads the files too (a replicator): normal locking and no automatic
-    /// checkpoints (``StoreReplication/sharesStoreFiles``).
+    /// checkpoints (a registry with a ``StoreReplication``).
     var sharedFiles = false
 
     /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`

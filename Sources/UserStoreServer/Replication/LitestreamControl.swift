@@ -32,9 +32,17 @@ struct LitestreamControl: Sendable {
     /// `POST /sync` with `wait`: returns once every transaction committed before the call is in
     /// the replica (`replicated_txid`), or throws.
     func syncAndWait(_ path: String, timeoutSeconds: Int) throws -> SyncReply {
-        let reply = try post("/sync", ["path": path, "wait": true, "timeout": timeoutSeconds], timeout: .seconds(Int64(timeoutSeconds + 5)))
-        return SyncReply(status: reply["status"] as? String ?? "", txid: (reply["txid"] as? NSNumber)?.int64Value ?? 0,
-                         replicatedTXID: (reply["replicated_txid"] as? NSNumber)?.int64Value ?? 0)
+        SyncReply(try post("/sync", Self.syncBody(path, timeoutSeconds), timeout: .seconds(Int64(timeoutSeconds + 5))))
+    }
+
+    /// ``syncAndWait(_:timeoutSeconds:)`` without blocking a thread (durable writes wait here).
+    func syncAndWait(_ path: String, timeoutSeconds: Int) async throws -> SyncReply {
+        let body = try JSONSerialization.data(withJSONObject: Self.syncBody(path, timeoutSeconds))
+        return SyncReply(try Self.decode("/sync", try await exchange(.POST, "/sync", body: body, timeout: .seconds(Int64(timeoutSeconds + 5))).get()))
+    }
+
+    private static func syncBody(_ path: String, _ timeoutSeconds: Int) -> [String: Any] {
+        ["path": path, "wait": true, "timeout": timeoutSeconds]
     }
 
     /// What `/sync` answered: `synced`, `synced_local` or `no_change`, and the positions.
@@ -42,6 +50,12 @@ struct LitestreamControl: Sendable {
         let status: String
         let txid: Int64
         let replicatedTXID: Int64
+
+        init(_ reply: [String: Any]) {
+            status = reply["status"] as? String ?? ""
+            txid = (reply["txid"] as? NSNumber)?.int64Value ?? 0
+            replicatedTXID = (reply["replicated_txid"] as? NSNumber)?.int64Value ?? 0
+        }
     }
 
     /// `GET /list`: every registered database and its state.
@@ -49,7 +63,7 @@ struct LitestreamControl: Sendable {
         let reply = try request(.GET, "/list", body: nil, timeout: .seconds(5))
         return (reply["databases"] as? [[String: Any]] ?? []).map { entry in
             ListedDatabase(path: entry["path"] as? String ?? "", status: entry["status"] as? String ?? "",
-                           lastSyncAt: (entry["last_sync_at"] as? String).flatMap(Self.parseTime))
+                           lastSyncAt: (entry["last_sync_at"] as? String).flatMap(RFC3339.parse))
         }
     }
 
@@ -75,14 +89,6 @@ struct LitestreamControl: Sendable {
         (reply["version"] as? String ?? "", (reply["pid"] as? NSNumber)?.intValue ?? 0)
     }
 
-    private static func parseTime(_ text: String) -> Date? {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        if let date = formatter.date(from: text) { return date }
-        formatter.formatOptions = [.withInternetDateTime]
-        return formatter.date(from: text)
-    }
-
     // MARK: HTTP
 
     private func post(_ route: String, _ body: [String: Any], timeout: TimeAmount) throws -> [String: Any] {
@@ -93,13 +99,6 @@ struct LitestreamControl: Sendable {
         try Self.decode(route, try exchange(method, route, body: body, timeout: timeout).wait())
     }
 
-    /// ``syncAndWait(_:timeoutSeconds:)`` without blocking a thread (durable writes wait here).
-    func syncAndWait(_ path: String, timeoutSeconds: Int) async throws -> SyncReply {
-        let body = try JSONSerialization.data(withJSONObject: ["path": path, "wait": true, "timeout": timeoutSeconds] as [String: Any])
-        let reply = try Self.decode("/sync", try await exchange(.POST, "/sync", body: body, timeout: .seconds(Int64(timeoutSeconds + 5))).get())
-        return SyncReply(status: reply["status"] as? String ?? "", txid: (reply["txid"] as? NSNumber)?.int64Value ?? 0,
-                         replicatedTXID: (reply["replicated_txid"] as? NSNumber)?.int64Value ?? 0)
-    }
 
     /// The reply's JSON object, or the error Litestream named.
     private static func decode(_ route: String, _ reply: (HTTPResponseStatus, ByteBuffer)) throws -> [String: Any] {

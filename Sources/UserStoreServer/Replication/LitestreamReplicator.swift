@@ -1,5 +1,4 @@
 import Foundation
-import GRDBSQLite
 import Logging
 import Synchronization
 import UserStoreConfiguration
@@ -42,8 +41,6 @@ final class LitestreamReplicator: StoreReplication {
         self.logger = logger
     }
 
-    var sharesStoreFiles: Bool { true }
-
     /// `<replica>/<ab>/<cd>/<user>`, with any query (`s3://b/p?endpoint=…`) kept at the end.
     func replicaURL(for user: UserID) -> String {
         let suffix = "/" + StoreLayout.hashPrefix(of: user) + "/" + user.rawValue
@@ -73,10 +70,7 @@ final class LitestreamReplicator: StoreReplication {
         defer { cleanUp() }
         var arguments = ["restore", "-o", staged, "-integrity-check", "quick"]
         if let timestamp {
-            // RFC 3339 with milliseconds (Go's parser takes them): two writes within a second differ.
-            let formatter = ISO8601DateFormatter()
-            formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-            arguments += ["-timestamp", formatter.string(from: timestamp)]
+            arguments += ["-timestamp", RFC3339.format(timestamp)]
         } else {
             arguments.append("-if-replica-exists")
         }
@@ -90,7 +84,7 @@ final class LitestreamReplicator: StoreReplication {
             throw StoreError.replicationUnavailable(user: user, message: "litestream restore exited \(status): \(message)")
         }
         guard restored else { return nil }
-        let schemaVersion = Self.userVersion(staged)
+        let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
         do {
             try DurableFile.publish(staged, as: path)
         } catch {
@@ -190,12 +184,12 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// Syncs every registered store written since the last pass to the replica, waiting for
-    /// each (at most 64 at a time: with many written stores the pass itself must end well within the interval). Run every quarter of ``ReplicationSettings/syncIntervalMilliseconds``
-    /// by ``ReplicationMonitor``, so that a write acknowledged one interval ago is in the replica
+    /// each, at most 64 at a time (with many written stores the pass itself must end well within
+    /// the interval). Run every quarter of ``ReplicationSettings/syncIntervalMilliseconds`` by
+    /// ``ReplicationMonitor``, so that a write acknowledged one interval ago is in the replica
     /// (Litestream's own loops alone took up to 1.3 s with its fixed 1 s interval: a local pass,
-    /// then an upload pass, each on its own ticker). Returns how many stores it synced.
-    @discardableResult
-    func syncWrittenStores() async -> Int {
+    /// then an upload pass, each on its own ticker).
+    func syncWrittenStores() async {
         let written = state.withLock { state in
             state.open.values.filter { $0.registered && $0.store.commits.take() }.map(\.store)
         }
@@ -221,7 +215,6 @@ final class LitestreamReplicator: StoreReplication {
                 }
             }
         }
-        return written.count
     }
 
     // MARK: Health
@@ -231,11 +224,10 @@ final class LitestreamReplicator: StoreReplication {
         var registered: Int
         var unregistered: Int
         var lastError: String?
-        var degradedSince: Date?
         var litestreamPID: Int
         var litestreamVersion: String
         var restored: Int
-        /// Per open store: path, registered, last sync.
+        /// Per open store: its user, whether it is registered, its last sync.
         var stores: [(user: String, registered: Bool, lastSync: Date?)]
         var degraded: Bool { unregistered > 0 || lastError != nil }
         /// The longest time since Litestream last synced an open, registered store.
@@ -249,7 +241,7 @@ final class LitestreamReplicator: StoreReplication {
         state.withLock { state in
             let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }
             return Snapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
-                            lastError: state.lastError, degradedSince: state.degradedSince, litestreamPID: state.litestreamPID,
+                            lastError: state.lastError, litestreamPID: state.litestreamPID,
                             litestreamVersion: state.litestreamVersion, restored: state.restored, stores: stores.sorted { $0.user < $1.user })
         }
     }
@@ -424,7 +416,7 @@ final class LitestreamReplicator: StoreReplication {
         return ((status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F), text)
     }
 
-    /// `name` found in `$PATH` (Process needs a path), or `name` itself.
+    /// `name` found in `$PATH` (posix_spawn and Process need a path), or `name` itself.
     static func resolve(_ name: String) -> String {
         guard !name.contains("/") else { return name }
         for folder in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin").split(separator: ":") {
@@ -449,16 +441,5 @@ final class LitestreamReplicator: StoreReplication {
         // Not "decode" alone: Litestream wraps transport errors as "decode database: …" too.
         // Format errors name what was wrong with the data (a page header, a checksum, lz4).
         return ["integrity", "checksum", "corrupt", "malformed", "decompress", "invalid ltx", "invalid page", "magic"].contains { lowered.contains($0) }
-    }
-
-    private static func userVersion(_ path: String) -> Int64 {
-        var connection: OpaquePointer?
-        defer { sqlite3_close_v2(connection) }
-        guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK else { return -1 }
-        var statement: OpaquePointer?
-        defer { sqlite3_finalize(statement) }
-        guard sqlite3_prepare_v2(connection, "PRAGMA user_version", -1, &statement, nil) == SQLITE_OK,
-              sqlite3_step(statement) == SQLITE_ROW else { return -1 }
-        return sqlite3_column_int64(statement, 0)
     }
 }

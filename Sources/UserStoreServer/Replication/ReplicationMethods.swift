@@ -18,7 +18,7 @@ struct ReplicationMethods {
             let user = try parameters.user()
             var timestamp: Date?
             if let text = try parameters.optionalString("timestamp") {
-                guard let parsed = Self.parseTimestamp(text) else { throw VarlinkError.invalidParameter("timestamp") }
+                guard let parsed = RFC3339.parse(text) else { throw VarlinkError.invalidParameter("timestamp") }
                 timestamp = parsed
             }
             let (restored, previous) = try await context.registry.restoreFromReplica(user, timestamp: timestamp)
@@ -68,7 +68,7 @@ struct ReplicationMethods {
                 "open": .bool(open), "registered": .bool(registered),
             ]
             if let lastSync {
-                fields["lastSyncAt"] = .string(lastSync.formatted(.iso8601))
+                fields["lastSyncAt"] = .string(RFC3339.format(lastSync))
                 fields["lagSeconds"] = .real((now.timeIntervalSince(lastSync) * 1000).rounded() / 1000)
             }
             return .object(fields)
@@ -80,14 +80,5 @@ struct ReplicationMethods {
             for store in open { stores.append(try entry(store.user, open: true, registered: store.registered, lastSync: store.lastSync)) }
         }
         return ["replication": status, "stores": .array(stores)]
-    }
-
-    /// RFC 3339, with or without fractional seconds.
-    static func parseTimestamp(_ text: String) -> Date? {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        if let date = formatter.date(from: text) { return date }
-        formatter.formatOptions = [.withInternetDateTime]
-        return formatter.date(from: text)
     }
 }
