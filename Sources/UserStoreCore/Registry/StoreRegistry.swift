@@ -326,10 +326,8 @@ public final class StoreRegistry: Sendable {
                     }
                 }
                 let (store, created) = try opener.open(user, template: template, create: migrator != nil)
-                if let replication, !replication.storeOpened(store) {
-                    // Degraded: nobody else checkpoints this store until it is registered.
-                    try? store.writeBlocking { db in try db.execute(sql: "PRAGMA wal_autocheckpoint = 1000") }
-                }
+                // Registered before anything writes to it (the migration included).
+                replication?.storeOpened(store)
                 if !created && !restored { observer.record(.storeOpened(user: user)) }
                 guard let migrator else { return (store, .success(nil)) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }

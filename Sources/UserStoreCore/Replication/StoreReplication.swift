@@ -23,10 +23,10 @@ public protocol StoreReplication: Sendable {
     /// nothing is left at `path` then.
     func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore?
 
-    /// `store` was opened and nothing has written to it yet: start replicating it. Returns
-    /// whether it is replicated now (false: degraded; the replicator registers it when it can,
-    /// and the store checkpoints itself meanwhile).
-    func storeOpened(_ store: Store) -> Bool
+    /// `store` was opened and nothing has written to it yet: start replicating it. When that
+    /// fails (degraded), the replicator sets `store.wal.checkpointsItself` and registers the
+    /// store when it can.
+    func storeOpened(_ store: Store)
 
     /// `store` is about to be closed and nothing more will be written to it: sync its last
     /// changes to the replica and stop replicating it, so that closing can checkpoint.

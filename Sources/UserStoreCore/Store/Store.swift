@@ -69,12 +69,12 @@ public final class Store: Sendable {
         let run: @Sendable (Database) -> (@Sendable () -> Void)
     }
 
-    /// Set by every commit when the store is replicated (a registry with a ``StoreReplication``):
-    /// the replicator syncs stores written since its last pass.
-    public let commits: CommitFlag
+    /// The WAL hook of a replicated store (a registry with a ``StoreReplication``): which commits
+    /// the replicator has yet to sync, and whether the store checkpoints itself.
+    public let wal: WALHook
 
-    init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard, commits: CommitFlag = CommitFlag()) {
-        self.commits = commits
+    init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard, wal: WALHook = WALHook()) {
+        self.wal = wal
         self.connection = queue.inDatabase { $0.sqliteConnection! }
         self.user = user
         self.path = path
@@ -230,31 +230,6 @@ public final class Store: Sendable {
         queue.writeWithoutTransaction { _ in statements.finalizeAll() }
         try? queue.close()
     }
-}
-
-/// Whether a store committed a transaction since the flag was last taken.
-public final class CommitFlag: Sendable {
-    private let committed = Atomic<Bool>(false)
-
-    public init() {}
-
-    /// Sets the flag after every commit on `connection`, through SQLite's WAL hook, which runs
-    /// once the transaction's frames are in the WAL (a commit hook runs before, and a sync that
-    /// took the flag in between would miss the commit). The WAL hook is also how SQLite runs
-    /// automatic checkpoints: install it only with `wal_autocheckpoint = 0`, and again after
-    /// setting that pragma (it replaces the hook). The flag must outlive the connection.
-    public func install(on connection: OpaquePointer) {
-        sqlite3_wal_hook(connection, { context, _, _, _ in
-            Unmanaged<CommitFlag>.fromOpaque(context!).takeUnretainedValue().committed.store(true, ordering: .relaxed)
-            return SQLITE_OK
-        }, Unmanaged.passUnretained(self).toOpaque())
-    }
-
-    /// Whether a commit happened since the last call (and clears the flag).
-    public func take() -> Bool { committed.exchange(false, ordering: .relaxed) }
-
-    /// Sets the flag again (a sync that failed must be tried on the next pass).
-    public func restore() { committed.store(true, ordering: .relaxed) }
 }
 
 extension Store {

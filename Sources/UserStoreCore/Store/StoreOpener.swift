@@ -32,7 +32,7 @@ struct StoreOpener: Sendable {
         }
         let guardian = StoreGuard()
         let sharedFiles = self.sharedFiles
-        let commits = CommitFlag()
+        let wal = WALHook()
         var configuration = Configuration()
         configuration.label = "userstore.\(user.rawValue)"
         configuration.foreignKeysEnabled = true
@@ -49,11 +49,8 @@ struct StoreOpener: Sendable {
             //
             // A replicated store is read by Litestream's own connection, which a file locked
             // exclusively would refuse (SQLITE_BUSY): it keeps normal locking and a -shm file,
-            // and leaves checkpoints to Litestream, whose replica is built from the WAL frames
-            // (a checkpoint that restarts the WAL behind it forces a full snapshot).
-            if sharedFiles {
-                try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
-            } else {
+            // and its WALHook (installed below) replaces SQLite's automatic checkpoints.
+            if !sharedFiles {
                 try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
             }
             // Durability of every committed transaction (WAL's default NORMAL can lose the last ones on power loss).
@@ -66,11 +63,11 @@ struct StoreOpener: Sendable {
             // thread (Store.runIfIdle), where they would trap.
             sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
             sqlite3_rollback_hook(db.sqliteConnection!, nil, nil)
-            if sharedFiles { commits.install(on: db.sqliteConnection!) }
+            if sharedFiles { wal.install(on: db.sqliteConnection!) }
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)
-            return (Store(user: user, path: path, queue: queue, guardian: guardian, commits: commits), created)
+            return (Store(user: user, path: path, queue: queue, guardian: guardian, wal: wal), created)
         } catch let error as DatabaseError {
             switch error.resultCode {
             case .SQLITE_NOTADB, .SQLITE_CORRUPT:

@@ -95,9 +95,9 @@ final class LitestreamReplicator: StoreReplication {
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
 
-    func storeOpened(_ store: Store) -> Bool {
+    func storeOpened(_ store: Store) {
         state.withLock { $0.open[store.path] = (store, false) }
-        return register(store)
+        _ = register(store)
     }
 
     func storeClosing(_ store: Store) {
@@ -170,14 +170,16 @@ final class LitestreamReplicator: StoreReplication {
         let timeout = durableTimeoutSeconds
         // This sync covers every commit so far: the next sync pass need not repeat it (a commit
         // after this point sets the flag again).
-        let written = store.commits.take()
+        let written = store.wal.take()
         do {
             let reply = try await control.syncAndWait(path, timeoutSeconds: timeout)
-            guard reply.status == "no_change" || (reply.status == "synced" && reply.replicatedTXID >= reply.txid) else {
+            // With `wait`, Litestream ships to the replica even when its local position did
+            // not move (`no_change`): either way the replica's position is the proof.
+            guard ["no_change", "synced"].contains(reply.status), reply.replicatedTXID >= reply.txid else {
                 throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID)")
             }
         } catch {
-            if written { store.commits.restore() }
+            if written { store.wal.restore() }
             failed("sync \(user)", error)
             throw StoreError.replicationUnavailable(user: user, message: "\(error)")
         }
@@ -191,7 +193,7 @@ final class LitestreamReplicator: StoreReplication {
     /// then an upload pass, each on its own ticker).
     func syncWrittenStores() async {
         let written = state.withLock { state in
-            state.open.values.filter { $0.registered && $0.store.commits.take() }.map(\.store)
+            state.open.values.filter { $0.registered && $0.store.wal.take() }.map(\.store)
         }
         let timeout = durableTimeoutSeconds
         let control = self.control
@@ -209,7 +211,7 @@ final class LitestreamReplicator: StoreReplication {
                     } catch {
                         // Closed meanwhile: its final sync covered it (not an outage).
                         guard self.isRegistered(store) else { return }
-                        store.commits.restore()
+                        store.wal.restore()
                         self.failed("sync \(store.user)", error)
                     }
                 }
@@ -263,13 +265,8 @@ final class LitestreamReplicator: StoreReplication {
                 for path in state.open.keys { state.open[path]!.registered = false }
                 return lost
             }
-            // Nobody checkpoints them until they are registered again.
-            for store in lost {
-                store.enqueue({ db in
-                    guard db.sqliteConnection != nil else { return }
-                    try? db.execute(sql: "PRAGMA wal_autocheckpoint = 1000")
-                }, completion: { _ in })
-            }
+            // Nobody else checkpoints them until they are registered again.
+            for store in lost { store.wal.checkpointsItself = true }
             failed("health check", error)
             return
         }
@@ -285,31 +282,25 @@ final class LitestreamReplicator: StoreReplication {
             }
             return (state.open.values.filter { !replicating.contains($0.store.path) }.map(\.store), regained)
         }
+        for store in regained { store.wal.checkpointsItself = false }
         var allRegistered = true
         for store in missing where !register(store) { allRegistered = false }
-        for store in regained + missing where isRegistered(store) { handBackCheckpoints(store) }
+        // What they wrote while unregistered is synced by the next pass.
+        for store in regained + missing where isRegistered(store) { store.wal.restore() }
         if allRegistered { recovered() }
     }
 
     // MARK: Helpers
 
-    /// A store registered again after checkpointing itself: Litestream checkpoints it from
-    /// now on, its commits feed the sync pass again, and what it wrote meanwhile is synced by
-    /// the next pass. Skipped if the store closed in the meantime.
-    private func handBackCheckpoints(_ store: Store) {
-        store.enqueue({ [self] db in
-            guard let connection = db.sqliteConnection, isRegistered(store) else { return }
-            try? db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
-            store.commits.install(on: connection)
-            store.commits.restore()
-        }, completion: { _ in })
-    }
-
     private func isRegistered(_ store: Store) -> Bool {
         state.withLock { $0.open[store.path].map { $0.store === store && $0.registered } ?? false }
     }
 
+    /// Registers `store` with Litestream; on failure the store checkpoints itself until a
+    /// later ``reconcile()`` registers it.
     private func register(_ store: Store) -> Bool {
+        // Before Litestream looks at the WAL: a checkpoint of ours must not race its first sync.
+        store.wal.checkpointsItself = false
         do {
             try control.register(store.path, replicaURL: replicaURL(for: store.user))
             let stillOpen = state.withLock { state -> Bool in
@@ -321,6 +312,7 @@ final class LitestreamReplicator: StoreReplication {
             if !stillOpen { try? control.unregister(store.path) }
             return true
         } catch {
+            store.wal.checkpointsItself = true
             failed("register \(store.user)", error)
             return false
         }

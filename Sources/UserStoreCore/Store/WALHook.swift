@@ -1,0 +1,57 @@
+import GRDBSQLite
+import Synchronization
+
+/// SQLite's WAL hook on a replicated store's connection: it flags every commit for the
+/// replicator's sync pass and, while Litestream does not replicate the store, checkpoints it.
+///
+/// One hook does both because SQLite keeps one WAL hook per connection, and its automatic
+/// checkpoints (`PRAGMA wal_autocheckpoint`) are that hook too: setting the pragma would
+/// replace this one. Replicated stores therefore never use the pragma.
+public final class WALHook: Sendable {
+    /// WAL size, in pages, past which a store that checkpoints itself does so (SQLite's own
+    /// default for automatic checkpoints).
+    public static let checkpointPages: Int32 = 1000
+
+    private let committed = Atomic<Bool>(false)
+    private let selfCheckpointing = Atomic<Bool>(false)
+
+    public init() {}
+
+    /// Installs the hook on `connection`. The WAL hook runs once a transaction's frames are in
+    /// the WAL (a commit hook runs before them, and a sync that took the flag in between would
+    /// miss the commit). The hook must outlive the connection.
+    public func install(on connection: OpaquePointer) {
+        sqlite3_wal_hook(connection, { context, connection, schema, pages in
+            let hook = Unmanaged<WALHook>.fromOpaque(context!).takeUnretainedValue()
+            hook.committed.store(true, ordering: .relaxed)
+            if pages >= WALHook.checkpointPages, hook.selfCheckpointing.load(ordering: .relaxed) {
+                // TRUNCATE, not the PASSIVE checkpoint SQLite's automatic ones run: a PASSIVE
+                // one lets the next commit restart the WAL from its start, over old frames.
+                // Litestream, registering the store again, then finds its last frame still in
+                // place, takes the new frames for the next ones and never ships those this
+                // checkpoint moved into the database (they went missing from the replica). A
+                // WAL emptied to zero bytes cannot be mistaken: its last frame is gone or
+                // carries a new salt, and Litestream takes a full snapshot. The hook runs after
+                // the commit released its locks, where SQLite allows a checkpoint; one that
+                // fails (busy) is tried again at the next commit.
+                _ = sqlite3_wal_checkpoint_v2(connection, schema, SQLITE_CHECKPOINT_TRUNCATE, nil, nil)
+            }
+            return SQLITE_OK
+        }, Unmanaged.passUnretained(self).toOpaque())
+    }
+
+    /// Whether the store checkpoints itself (past ``checkpointPages``): set while Litestream
+    /// does not replicate it (nobody else would, and the WAL would grow without end), cleared
+    /// before it is registered (Litestream checkpoints registered stores, in step with what it
+    /// has shipped).
+    public var checkpointsItself: Bool {
+        get { selfCheckpointing.load(ordering: .relaxed) }
+        set { selfCheckpointing.store(newValue, ordering: .relaxed) }
+    }
+
+    /// Whether a commit happened since the last call (and clears the flag).
+    public func take() -> Bool { committed.exchange(false, ordering: .relaxed) }
+
+    /// Sets the flag again (a sync that failed must be tried on the next pass).
+    public func restore() { committed.store(true, ordering: .relaxed) }
+}
