@@ -22,6 +22,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: [.defaults, "YAML"]),
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         // The store engine: user IDs, paths, migrations, bookkeeping, the registry of open stores.
@@ -112,6 +113,20 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // More than one host (#19): bucket placement, and etcd through its v3 JSON gateway.
+        .target(
+            name: "UserStoreCluster",
+            dependencies: [
+                "UserStoreCore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(name: "UserStoreClusterTests", dependencies: ["UserStoreCluster", "UserStoreCore"]),
         // make bench: every scenario against its baseline in one run (not part of the tests).
         .executableTarget(
             name: "userstore-bench",
