@@ -108,6 +108,31 @@ public final class EtcdClient: Sendable {
         return try Self.revision(reply)
     }
 
+    /// One transaction that writes every key of `changes` only if each still has its expected
+    /// `modRevision` (0: absent) and, with `guardedBy`, that key is still bound to that lease
+    /// (the controller fences its writes with its election key). Returns the new revision (every
+    /// written key's new `modRevision`), or nil when any comparison failed and nothing was
+    /// written. etcd takes at most 128 comparisons (the guard included) and 128 writes per
+    /// transaction (`--max-txn-ops`).
+    public func swapAll(_ changes: [(key: String, expectedModRevision: Int64, value: String)],
+                        guardedBy guardKey: (key: String, lease: Int64)? = nil) async throws(EtcdError) -> Int64? {
+        precondition(changes.count + (guardKey == nil ? 0 : 1) <= 128, "etcd takes at most 128 comparisons per transaction")
+        var compares: [[String: Any]] = changes.map { change in
+            change.expectedModRevision == 0
+                ? ["key": Self.base64(change.key), "target": "CREATE", "create_revision": "0"]
+                : ["key": Self.base64(change.key), "target": "MOD", "mod_revision": String(change.expectedModRevision)]
+        }
+        if let guardKey {
+            compares.append(["key": Self.base64(guardKey.key), "target": "LEASE", "lease": String(guardKey.lease)])
+        }
+        let reply = try await call("/v3/kv/txn", [
+            "compare": compares,
+            "success": changes.map { ["request_put": ["key": Self.base64($0.key), "value": Self.base64($0.value)]] },
+        ], idempotent: false)
+        guard reply["succeeded"] as? Bool == true else { return nil }
+        return try Self.revision(reply)
+    }
+
     // MARK: Leases
 
     /// A new lease of `ttlSeconds`; keys bound to it go when it ends.

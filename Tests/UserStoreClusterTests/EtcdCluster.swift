@@ -115,3 +115,10 @@ final class EtcdCluster: @unchecked Sendable {
         }
     }
 }
+
+extension EtcdCluster {
+    /// SIGSTOPs member `index` (a pause: the process holds its sockets but answers nothing).
+    func pause(_ index: Int) { if let process = members[index].process { Foundation.kill(process.processIdentifier, SIGSTOP) } }
+    /// SIGCONTs member `index`.
+    func resume(_ index: Int) { if let process = members[index].process { Foundation.kill(process.processIdentifier, SIGCONT) } }
+}
