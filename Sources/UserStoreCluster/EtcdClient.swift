@@ -53,6 +53,67 @@ public final class EtcdClient: Sendable {
         return try Self.keyValues(reply["kvs"])
     }
 
+    /// Every key under `prefix` and the store revision they were read at (a watch from the
+    /// next revision misses nothing).
+    public func snapshot(prefix: String) async throws(EtcdError) -> (keys: [EtcdKeyValue], revision: Int64) {
+        let reply = try await call("/v3/kv/range", ["key": Self.base64(prefix), "range_end": Self.base64(Self.rangeEnd(of: prefix))], idempotent: true)
+        return (try Self.keyValues(reply["kvs"]), try Self.revision(reply))
+    }
+
+    /// The changes to keys under `prefix` from store revision `revision` on, in order, as
+    /// etcd's watch delivers them (one element per reply). The stream ends with an error when
+    /// the member goes away or the revision was compacted; the caller takes a new
+    /// ``snapshot(prefix:)`` and watches again.
+    public func watch(prefix: String, fromRevision revision: Int64) -> AsyncThrowingStream<[EtcdEvent], any Error> {
+        let body = (try? JSONSerialization.data(withJSONObject: ["create_request": [
+            "key": Self.base64(prefix), "range_end": Self.base64(Self.rangeEnd(of: prefix)), "start_revision": String(revision),
+        ]])) ?? Data()
+        let endpoint = endpoints[preferred.withLock { $0 }]
+        let http = self.http
+        return AsyncThrowingStream { continuation in
+            let task = Task {
+                do {
+                    var request = HTTPClientRequest(url: endpoint + "/v3/watch")
+                    request.method = .POST
+                    request.body = .bytes(ByteBuffer(bytes: body))
+                    // A watch lasts as long as its consumer: only the connection is timed.
+                    let response = try await http.execute(request, deadline: .distantFuture)
+                    guard response.status == .ok else { throw EtcdError.server(code: Int(response.status.code), message: "watch: \(response.status)") }
+                    var pending: [UInt8] = []
+                    for try await chunk in response.body {
+                        pending += chunk.readableBytesView
+                        while let newline = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                            let line = Array(pending[..<newline])
+                            pending.removeSubrange(...newline)
+                            continuation.yield(try Self.watchEvents(line))
+                        }
+                    }
+                    throw EtcdError.unavailable("the watch on \(endpoint) ended")
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    /// One watch reply's events; throws when etcd cancelled the watch (compaction).
+    private static func watchEvents(_ line: [UInt8]) throws(EtcdError) -> [EtcdEvent] {
+        guard let reply = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+            throw .protocolViolation("a watch reply that is not JSON")
+        }
+        guard let result = reply["result"] as? [String: Any] else {
+            throw .server(code: Int(int(reply["code"])), message: reply["message"] as? String ?? "watch failed: \(reply)")
+        }
+        if result["canceled"] as? Bool == true {
+            throw .server(code: 0, message: "watch cancelled: \(result["cancel_reason"] as? String ?? "") (compacted to \(int(result["compact_revision"])))")
+        }
+        return try (result["events"] as? [[String: Any]] ?? []).map { event throws(EtcdError) in
+            guard let kv = try keyValues([event["kv"] as Any]).first else { throw .protocolViolation("a watch event without its key") }
+            return EtcdEvent(deleted: event["type"] as? String == "DELETE", keyValue: kv)
+        }
+    }
+
     /// Sets `key` (bound to `lease` if given: deleted when the lease ends); returns the store's
     /// revision after the put (the key's new `modRevision`).
     @discardableResult
@@ -255,6 +316,12 @@ public final class EtcdClient: Sendable {
                                 version: int(item["version"]), lease: int(item["lease"]))
         }
     }
+}
+
+/// One change a watch delivers: the key after a put, or the deleted key.
+public struct EtcdEvent: Sendable, Equatable {
+    public let deleted: Bool
+    public let keyValue: EtcdKeyValue
 }
 
 /// One key as etcd holds it.
