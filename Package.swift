@@ -76,6 +76,7 @@ let package = Package(
             name: "UserStoreServer",
             dependencies: [
                 "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
+                "UserStoreCluster",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -126,7 +127,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        .testTarget(name: "UserStoreClusterTests", dependencies: ["UserStoreCluster", "UserStoreCore"]),
+        // Real etcd members for the cluster tests (Debian's etcd-server).
+        .target(name: "ClusterTestSupport", path: "Tests/ClusterTestSupport"),
+        .testTarget(name: "UserStoreClusterTests", dependencies: ["UserStoreCluster", "UserStoreCore", "ClusterTestSupport"]),
         // make bench: every scenario against its baseline in one run (not part of the tests).
         .executableTarget(
             name: "userstore-bench",
@@ -156,7 +159,8 @@ let package = Package(
         .testTarget(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
-                           "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient"]
+                           "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
+                           "UserStoreCluster", "ClusterTestSupport"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -1,35 +1,41 @@
 import Logging
 import Synchronization
 
-/// A local copy of every key under an etcd prefix, kept current by a watch: the request path
-/// reads it without waiting for etcd. After a lost watch (a member gone, a compaction) it takes
-/// a new snapshot and watches again from there, so it never misses a change for good.
-public final class PrefixMirror: Sendable {
+/// A local copy of every key under an etcd prefix, decoded, kept current by a watch: the
+/// request path reads it without waiting for etcd or decoding anything. After a lost watch (a
+/// member gone, a compaction) it takes a new snapshot and watches again from there, so it never
+/// misses a change for good. Keys whose value does not decode are left out (and logged).
+public final class PrefixMirror<Value: Sendable>: Sendable {
+    /// One key's decoded value and the revision of its last change (a bucket's epoch).
+    public struct Entry: Sendable {
+        public let value: Value
+        public let modRevision: Int64
+    }
+
     public let prefix: String
     private let etcd: EtcdClient
+    private let decode: @Sendable (EtcdKeyValue) -> Value?
     private let logger: Logger
     private let state = Mutex<State>(State())
 
     private struct State {
-        var keys: [String: EtcdKeyValue] = [:]
+        var entries: [String: Entry] = [:]
         var revision: Int64 = 0
     }
 
-    public init(etcd: EtcdClient, prefix: String, logger: Logger = Logger(label: "userstore.cluster")) {
+    public init(etcd: EtcdClient, prefix: String, logger: Logger = Logger(label: "userstore.cluster"),
+                decode: @escaping @Sendable (EtcdKeyValue) -> Value?) {
         self.etcd = etcd
         self.prefix = prefix
+        self.decode = decode
         self.logger = logger
     }
 
-    /// The key's value as last seen (the key relative to the prefix).
-    public subscript(name: String) -> EtcdKeyValue? { state.withLock { $0.keys[prefix + name] } }
+    /// The entry named `name` (the key without the prefix), as last seen.
+    public subscript(name: String) -> Entry? { state.withLock { $0.entries[name] } }
 
-    /// Every key as last seen, by name relative to the prefix.
-    public var all: [String: EtcdKeyValue] {
-        state.withLock { state in
-            Dictionary(uniqueKeysWithValues: state.keys.map { (String($0.key.dropFirst(prefix.count)), $0.value) })
-        }
-    }
+    /// Every entry as last seen, by name.
+    public var all: [String: Entry] { state.withLock { $0.entries } }
 
     /// The store revision the copy is current to (0 before the first snapshot).
     public var revision: Int64 { state.withLock { $0.revision } }
@@ -37,8 +43,10 @@ public final class PrefixMirror: Sendable {
     /// Takes a snapshot now (also what ``run()`` starts with).
     public func refresh() async throws {
         let snapshot = try await etcd.snapshot(prefix: prefix)
+        var entries: [String: Entry] = [:]
+        for item in snapshot.keys { if let entry = entry(item) { entries[name(of: item)] = entry } }
         state.withLock { state in
-            state.keys = Dictionary(uniqueKeysWithValues: snapshot.keys.map { ($0.key, $0) })
+            state.entries = entries
             state.revision = snapshot.revision
         }
     }
@@ -62,15 +70,22 @@ public final class PrefixMirror: Sendable {
     }
 
     func apply(_ events: [EtcdEvent]) {
+        let changes = events.map { event in (name(of: event.keyValue), event.deleted ? nil : entry(event.keyValue), event.keyValue.modRevision) }
         state.withLock { state in
-            for event in events {
-                if event.deleted {
-                    state.keys[event.keyValue.key] = nil
-                } else {
-                    state.keys[event.keyValue.key] = event.keyValue
-                }
-                state.revision = max(state.revision, event.keyValue.modRevision)
+            for (name, entry, revision) in changes {
+                state.entries[name] = entry
+                state.revision = max(state.revision, revision)
             }
         }
+    }
+
+    private func name(of item: EtcdKeyValue) -> String { String(item.key.dropFirst(prefix.count)) }
+
+    private func entry(_ item: EtcdKeyValue) -> Entry? {
+        guard let value = decode(item) else {
+            logger.warning("etcd key \(item.key) holds a value userstore cannot read: left out", metadata: ["event": "cluster-bad-record", "key": .string(item.key)])
+            return nil
+        }
+        return Entry(value: value, modRevision: item.modRevision)
     }
 }

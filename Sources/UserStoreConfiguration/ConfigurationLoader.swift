@@ -26,6 +26,7 @@ public enum ConfigurationLoader {
         "replication.replica", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores",
         "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
         "replication.litestream", "replication.startLitestream",
+        "cluster.host", "cluster.etcd", "cluster.address", "cluster.leaseSeconds", "cluster.forward",
     ]
 
     /// The numbered migrations and the desired schema `configuration` names, loaded and checked.

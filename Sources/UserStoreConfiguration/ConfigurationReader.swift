@@ -94,7 +94,41 @@ extension ConfigurationLoader {
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
                 fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 2 * ProcessInfo.processInfo.activeProcessorCount,
-                sourcePath: file, metricsListen: metricsListen, replication: replication)
+                sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replicated: replication != nil))
+        }
+
+        /// `cluster.*`: nil (one host) without `cluster.host`.
+        private func clusterSettings(replicated: Bool) throws(ConfigurationError) -> ClusterSettings? {
+            guard let host = try string("cluster.host") else {
+                for key in ConfigurationLoader.knownKeys where key.hasPrefix("cluster.") && present.contains(key) {
+                    throw error("cluster.host", "is required when \(key) is set: this host's name in the cluster")
+                }
+                return nil
+            }
+            let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+            guard !host.isEmpty, host.count <= 63, host.allSatisfy(allowed.contains), host.first != "." else {
+                throw error("cluster.host", "must be 1-63 letters, digits, '.', '_' or '-', not starting with '.' (got \"\(host)\")")
+            }
+            guard let etcd = try optional("cluster.etcd", expected: "a list of URLs", { try reader.requiredStringArray(forKey: ConfigKey("cluster.etcd")) }), !etcd.isEmpty else {
+                throw error("cluster.etcd", "is required: the etcd members' client URLs, e.g. [http://127.0.0.1:2379]")
+            }
+            for url in etcd where !(url.hasPrefix("http://") || url.hasPrefix("https://")) || url.split(separator: ":").count != 3 {
+                throw error("cluster.etcd", "every member must be an http://host:port URL (got \"\(url)\")")
+            }
+            guard let address = try string("cluster.address"), let colon = address.lastIndex(of: ":"),
+                  !address[..<colon].isEmpty, let port = Int(address[address.index(after: colon)...]), (1...65535).contains(port) else {
+                throw error("cluster.address", "is required: host:port where other daemons reach this one, e.g. 10.0.0.2:7001")
+            }
+            guard replicated else {
+                throw error("cluster.host", "a cluster needs replication.replica (one replica all hosts reach): it is how a user's store reaches the next host that owns it")
+            }
+            var settings = ClusterSettings(host: host, etcd: etcd, address: address)
+            settings.leaseSeconds = try int("cluster.leaseSeconds", minimum: 3, maximum: 300) ?? 10
+            settings.forward = try bool("cluster.forward") ?? true
+            guard !settings.forward else {
+                throw error("cluster.forward", "forwarding between daemons is not built yet (#19 is in progress): set cluster.forward: false, and requests for users another host owns get WrongHost")
+            }
+            return settings
         }
 
         /// `replication.*`: nil (off) without `replication.replica`.
@@ -133,7 +167,7 @@ extension ConfigurationLoader {
         }
 
         /// Runs `read`; nil when the key is absent, a ConfigurationError when it has the wrong type.
-        private func optional<T>(_ key: String, expected: String, _ read: () throws -> T) throws(ConfigurationError) -> T? {
+        func optional<T>(_ key: String, expected: String, _ read: () throws -> T) throws(ConfigurationError) -> T? {
             do {
                 return try read()
             } catch {

@@ -39,6 +39,8 @@ public struct DaemonConfiguration: Sendable {
     public var metricsListen: MetricsAddress? = nil
     /// The off-host copy of every store (`replication.*`); nil: off.
     public var replication: ReplicationSettings? = nil
+    /// More than one host (`cluster.*`); nil: this host serves every user.
+    public var cluster: ClusterSettings? = nil
 
     /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
     /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.
@@ -141,5 +143,27 @@ public enum MetricsAddress: Sendable, Equatable, CustomStringConvertible {
         case .tcp(let host, let port): return host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)"
         case .unix(let path): return "unix:\(path)"
         }
+    }
+}
+
+/// `cluster.*`: more than one host, users placed by bucket through etcd (docs/cluster.md).
+public struct ClusterSettings: Sendable, Equatable {
+    /// This host's name in the cluster (`cluster.host`): letters, digits, `.`, `_`, `-`.
+    public var host: String
+    /// The etcd members' client URLs (`cluster.etcd`), e.g. `http://127.0.0.1:2379`.
+    public var etcd: [String]
+    /// Where other daemons reach this one (`cluster.address`, `host:port`); `WrongHost` names it.
+    public var address: String
+    /// The host lease's TTL (`cluster.leaseSeconds`, 3–300, default 10): a host that cannot
+    /// renew it stops acknowledging writes within this time, and its buckets move after it.
+    public var leaseSeconds: Int = 10
+    /// Whether requests for users owned elsewhere are forwarded (`cluster.forward`). Only
+    /// `false` is built so far: such requests get `WrongHost`.
+    public var forward: Bool = false
+
+    public init(host: String, etcd: [String], address: String) {
+        self.host = host
+        self.etcd = etcd
+        self.address = address
     }
 }

@@ -40,6 +40,10 @@ extension StoreError {
             return VarlinkError(prefix + "ReplicationUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
         case .replicaDamaged(let user, let message):
             return VarlinkError(prefix + "ReplicaDamaged", ["user": .string(user.rawValue), "message": .string(message)])
+        case .wrongHost(let user, let host, let address, let epoch):
+            return VarlinkError(prefix + "WrongHost", ["user": .string(user.rawValue), "host": .string(host), "address": .string(address), "epoch": .integer(epoch)])
+        case .clusterUnavailable(let user, let message):
+            return VarlinkError(prefix + "ClusterUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
         }
     }
 }

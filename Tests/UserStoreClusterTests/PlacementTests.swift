@@ -1,3 +1,4 @@
+import ClusterTestSupport
 import Foundation
 import Testing
 import UserStoreCluster

@@ -1,3 +1,4 @@
+import ClusterTestSupport
 import Foundation
 import Testing
 @testable import UserStoreCluster
@@ -20,14 +21,15 @@ import Testing
         let etcd = EtcdClient(endpoints: cluster.endpoints, requestTimeout: .seconds(2))
         try await etcd.put("/us/v1/hosts/a", "1")
         try await etcd.put("/us/v1/other", "not mirrored")
-        let mirror = PrefixMirror(etcd: etcd, prefix: "/us/v1/hosts/")
+        let mirror = PrefixMirror(etcd: etcd, prefix: "/us/v1/hosts/") { $0.text == "bad" ? nil : $0.text }
         let following = Task { await mirror.run(retry: .milliseconds(100)) }
-        #expect(try await Self.eventually { mirror["a"]?.text == "1" })
+        #expect(try await Self.eventually { mirror["a"]?.value == "1" })
         try await etcd.put("/us/v1/hosts/b", "2")
         try await etcd.put("/us/v1/hosts/a", "3")
         try await etcd.delete("/us/v1/hosts/b")
         try await etcd.put("/us/v1/hosts/c", "4")
-        #expect(try await Self.eventually { mirror.all.mapValues(\.text) == ["a": "3", "c": "4"] })
+        try await etcd.put("/us/v1/hosts/e", "bad") // does not decode: left out
+        #expect(try await Self.eventually { mirror.all.mapValues(\.value) == ["a": "3", "c": "4"] })
         #expect(mirror["other"] == nil)
 
         // Kill the member the mirror watches through (the client's preferred one).
@@ -38,7 +40,7 @@ import Testing
             do { try await etcd.put("/us/v1/hosts/d", "5"); written = true } catch { continue } // until a leader answers
         }
         try await etcd.delete("/us/v1/hosts/a")
-        #expect(try await Self.eventually { mirror.all.mapValues(\.text) == ["c": "4", "d": "5"] }, "\(mirror.all.mapValues(\.text))")
+        #expect(try await Self.eventually { mirror.all.mapValues(\.value) == ["c": "4", "d": "5"] }, "\(mirror.all.mapValues(\.value))")
         following.cancel()
         await following.value
     }

@@ -25,17 +25,22 @@ public final class StoreRegistry: Sendable {
     let observer: any StoreObserver
     /// The off-host copy of every store, when replication is on.
     public let replication: (any StoreReplication)?
+    /// Which users this daemon may serve (more than one host); nil: all of them.
+    public let placement: (any StorePlacement)?
     private let lock: DataDirectoryLock
     private let opener: StoreOpener
     let state: Mutex<RegistryState>
 
     /// A registry over `configuration.layout`, which `lock` must be the lock of.
     /// With `replication`, every store is restored from the replica when it is missing here,
-    /// replicated while it is open, and its replica follows deletions and replacements.
+    /// replicated while it is open, and its replica follows deletions and replacements. With
+    /// `placement`, only the users it admits are served.
     public init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
-                observer: any StoreObserver = NoStoreObserver(), replication: (any StoreReplication)? = nil) {
+                observer: any StoreObserver = NoStoreObserver(), replication: (any StoreReplication)? = nil,
+                placement: (any StorePlacement)? = nil) {
         precondition(lock.path == configuration.layout.lockPath, "the lock must be the data directory's own")
         self.configuration = configuration
+        self.placement = placement
         self.observer = observer
         self.replication = replication
         self.lock = lock
@@ -94,7 +99,9 @@ public final class StoreRegistry: Sendable {
     ///
     /// The event loops' fast path: one lock and one dictionary probe.
     public func leaseIfReady(_ user: UserID) -> Store? {
-        state.withLock { state in
+        // Refused here: the slow path throws the reason.
+        if let placement { do { try placement.admit(user) } catch { return nil } }
+        return state.withLock { state in
             guard let index = state.entries.index(forKey: user),
                   case .ready(let generation) = state.entries.values[index].phase, generation == state.generation,
                   state.entries.values[index].store?.damaged == nil else { return nil }
@@ -131,6 +138,7 @@ public final class StoreRegistry: Sendable {
     }
 
     func acquire(_ user: UserID, access: Access, mode: LeaseMode) async throws(StoreError) -> Lease {
+        try placement?.admit(user)
         var report: MigrationReport?
         while true {
             let exists = mode == .asIs ? FileManager.default.fileExists(atPath: configuration.layout.storePath(for: user)) : true

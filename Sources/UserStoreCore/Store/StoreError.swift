@@ -34,6 +34,12 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The replica's copy of the store cannot be restored (it fails its integrity check or
     /// cannot be decoded); nothing local was created or replaced.
     case replicaDamaged(user: UserID, message: String)
+    /// With more than one host (`cluster.*`): another host owns the user's bucket; ask it at
+    /// `address`. `epoch` is the bucket record's epoch this host saw.
+    case wrongHost(user: UserID, host: String, address: String, epoch: Int64)
+    /// With more than one host: this host cannot tell now that it may serve the user (no owner
+    /// record seen yet, or its etcd lease is not confirmed); nothing was done. Retry.
+    case clusterUnavailable(user: UserID, message: String)
 
     public var description: String {
         switch self {
@@ -65,6 +71,10 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
             return "store '\(user)': replication unavailable: \(message)"
         case .replicaDamaged(let user, let message):
             return "store '\(user)': the replica's copy cannot be restored: \(message)"
+        case .wrongHost(let user, let host, let address, let epoch):
+            return "store '\(user)' is served by host \(host) (\(address)), bucket epoch \(epoch)"
+        case .clusterUnavailable(let user, let message):
+            return "store '\(user)': the cluster cannot confirm this host serves it: \(message)"
         }
     }
 }

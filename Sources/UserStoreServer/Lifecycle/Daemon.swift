@@ -83,8 +83,9 @@ public enum Daemon {
                 litestream = child
             }
         }
+        let cluster = configuration.cluster.map { DaemonCluster(settings: $0, logger: logger) }
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
-                                     observer: observer, replication: replicator)
+                                     observer: observer, replication: replicator, placement: cluster)
         do {
             for user in try registry.recoverInterruptedOperations() {
                 logger.notice("finished the deletion of store '\(user)' that a crash had interrupted", metadata: [
@@ -141,8 +142,9 @@ public enum Daemon {
             }
         }
         let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = replicator.map { [.init(service: ReplicationMonitor(replicator: $0))] } ?? []
+        let clusterServices: [ServiceGroupConfiguration.ServiceConfiguration] = cluster.map { [.init(service: $0)] } ?? []
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
-            services: metricsServices + replicationServices + [
+            services: metricsServices + replicationServices + clusterServices + [
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),
                 .init(service: StatusReporter(context: context, notifier: notifier)),
                 .init(service: IdleSweeper(registry: registry)),
@@ -159,6 +161,7 @@ public enum Daemon {
             exitCode = .failure
         }
         await registry.shutdown()
+        await cluster?.leave() // after every store's final sync: the next owner restores it all
         await litestream?.stop() // after every store's final sync
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])

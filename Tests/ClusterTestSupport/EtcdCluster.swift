@@ -3,19 +3,19 @@ import Foundation
 /// Real etcd members (Debian's `etcd-server`, installed by scripts/install-deps.sh) on
 /// 127.0.0.1, each with its own data folder under a temporary directory: started by the
 /// test, killed and removed when it ends.
-final class EtcdCluster: @unchecked Sendable {
-    struct Member {
+public final class EtcdCluster: @unchecked Sendable {
+    public struct Member {
         let name: String
         let clientURL: String
         let peerURL: String
         var process: Process?
     }
 
-    private(set) var members: [Member]
-    let directory: String
+    public private(set) var members: [Member]
+    public let directory: String
 
     /// `size` members, started and answering (or throws after 20 s).
-    init(size: Int) throws {
+    public init(size: Int) throws {
         directory = NSTemporaryDirectory() + "etcd-\(UUID().uuidString)"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let ports = try Self.freePorts(2 * size)
@@ -31,9 +31,9 @@ final class EtcdCluster: @unchecked Sendable {
         try? FileManager.default.removeItem(atPath: directory)
     }
 
-    var endpoints: [String] { members.map(\.clientURL) }
+    public var endpoints: [String] { members.map(\.clientURL) }
 
-    func start(_ index: Int) throws {
+    public func start(_ index: Int) throws {
         let member = members[index]
         let initial = members.map { "\($0.name)=\($0.peerURL)" }.joined(separator: ",")
         let process = Process()
@@ -54,7 +54,7 @@ final class EtcdCluster: @unchecked Sendable {
     }
 
     /// SIGKILLs member `index`.
-    func kill(_ index: Int) {
+    public func kill(_ index: Int) {
         guard let process = members[index].process else { return }
         Foundation.kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
@@ -62,7 +62,7 @@ final class EtcdCluster: @unchecked Sendable {
     }
 
     /// The index of the member that is leader now (nil when none answers as one).
-    func leader() -> Int? {
+    public func leader() -> Int? {
         for (index, member) in members.enumerated() where member.process != nil {
             guard let status = try? Self.post(member.clientURL + "/v3/maintenance/status", "{}"),
                   let leader = status["leader"] as? String, let id = (status["header"] as? [String: Any])?["member_id"] as? String else { continue }
@@ -82,7 +82,7 @@ final class EtcdCluster: @unchecked Sendable {
     }
 
     /// A blocking POST with curl (the test's own HTTP path, independent of EtcdClient).
-    static func post(_ url: String, _ body: String) throws -> [String: Any]? {
+    public static func post(_ url: String, _ body: String) throws -> [String: Any]? {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/curl")
         process.arguments = ["-s", "-f", "-m", "2", url, "-d", body]
@@ -97,7 +97,7 @@ final class EtcdCluster: @unchecked Sendable {
     }
 
     /// Ports nobody listens on now (bound to port 0 and released).
-    static func freePorts(_ count: Int) throws -> [Int] {
+    public static func freePorts(_ count: Int) throws -> [Int] {
         var sockets: [Int32] = []
         defer { sockets.forEach { close($0) } }
         return try (0..<count).map { _ in
@@ -118,7 +118,7 @@ final class EtcdCluster: @unchecked Sendable {
 
 extension EtcdCluster {
     /// SIGSTOPs member `index` (a pause: the process holds its sockets but answers nothing).
-    func pause(_ index: Int) { if let process = members[index].process { Foundation.kill(process.processIdentifier, SIGSTOP) } }
+    public func pause(_ index: Int) { if let process = members[index].process { Foundation.kill(process.processIdentifier, SIGSTOP) } }
     /// SIGCONTs member `index`.
-    func resume(_ index: Int) { if let process = members[index].process { Foundation.kill(process.processIdentifier, SIGCONT) } }
+    public func resume(_ index: Int) { if let process = members[index].process { Foundation.kill(process.processIdentifier, SIGCONT) } }
 }

@@ -1,0 +1,85 @@
+import Logging
+import Synchronization
+import ServiceLifecycle
+import UserStoreCluster
+import UserStoreConfiguration
+import UserStoreCore
+
+/// This daemon's part in a cluster (`cluster.*`, docs/cluster.md): its host lease, the
+/// controller every daemon may become, local copies of the host and bucket records, and the
+/// placement check every request passes (the registry asks ``admit(_:)`` before every lease).
+final class DaemonCluster: StorePlacement, Service {
+    let settings: ClusterSettings
+    let etcd: EtcdClient
+    let membership: HostMembership
+    let controller: ClusterController
+    let buckets: PrefixMirror<BucketRecord>
+    let hosts: PrefixMirror<HostRecord>
+    private let logger: Logger
+    private let keepAlive = Mutex<Task<Void, Never>?>(nil)
+
+    init(settings: ClusterSettings, logger: Logger) {
+        self.settings = settings
+        self.logger = logger
+        etcd = EtcdClient(endpoints: settings.etcd)
+        membership = HostMembership(etcd: etcd, host: settings.host, record: HostRecord(address: settings.address).json,
+                                    ttlSeconds: settings.leaseSeconds, margin: .seconds(Double(settings.leaseSeconds) / 10), logger: logger)
+        controller = ClusterController(etcd: etcd, membership: membership, logger: logger)
+        buckets = PrefixMirror(etcd: etcd, prefix: BucketRecord.prefix, logger: logger) { BucketRecord(json: $0.value) }
+        hosts = PrefixMirror(etcd: etcd, prefix: HostMembership.prefix, logger: logger) { HostRecord(json: $0.value) }
+    }
+
+    func admit(_ user: UserID) throws(StoreError) {
+        let bucket = Placement.bucket(for: user)
+        guard let entry = buckets["\(bucket)"] else {
+            throw .clusterUnavailable(user: user, message: "bucket \(bucket) has no owner record yet (the cluster controller assigns it)")
+        }
+        guard entry.value.owner == settings.host else {
+            throw .wrongHost(user: user, host: entry.value.owner, address: hosts[entry.value.owner]?.value.address ?? "", epoch: entry.modRevision)
+        }
+        guard entry.value.state == .active else {
+            throw .clusterUnavailable(user: user, message: "bucket \(bucket) is moving to another host")
+        }
+        guard membership.mayAcknowledge else {
+            throw .clusterUnavailable(user: user, message: "host \(settings.host) has not renewed its etcd lease in time; it serves again once it has")
+        }
+    }
+
+    /// Joins (retrying until etcd answers), then keeps the controller and the copies of the
+    /// records going until shutdown. The lease is kept alive apart from this service, until
+    /// ``leave()``: the daemon leaves only after every store's final sync, so the next owner
+    /// restores everything this host acknowledged.
+    func run() async throws {
+        while !Task.isShuttingDownGracefully {
+            do {
+                try await membership.join()
+                break
+            } catch {
+                logger.error("cannot join the cluster: \(error); retrying", metadata: ["event": "cluster-join-failed", "error": .string("\(error)")])
+                do { try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) } } catch { return } // retry period
+            }
+        }
+        guard !Task.isShuttingDownGracefully else { return }
+        let membership = self.membership
+        keepAlive.withLock { $0 = Task { await membership.keepAlive() } }
+        let controller = self.controller, buckets = self.buckets, hosts = self.hosts
+        _ = try? await cancelWhenGracefulShutdown {
+            await withDiscardingTaskGroup { group in
+                group.addTask { await controller.run() }
+                group.addTask { await buckets.run() }
+                group.addTask { await hosts.run() }
+            }
+        }
+    }
+
+    /// Ends the lease (the host record goes with it), so the controller moves this host's
+    /// buckets at once instead of after the lease's TTL. Call after every store is closed.
+    func leave() async {
+        guard let task = keepAlive.withLock({ $0 }) else { return }
+        await membership.leave()
+        task.cancel()
+        await task.value
+        logger.notice("left the cluster", metadata: ["event": "cluster-left", "host": .string(settings.host)])
+    }
+}
+

@@ -1,0 +1,100 @@
+import ClusterTestSupport
+import Foundation
+import Testing
+import UserStoreCluster
+import UserStoreCore
+import Varlink
+
+/// Two real daemons and one real etcd member (`cluster.*`, docs/cluster.md): each serves the
+/// users of its buckets and answers WrongHost, naming the owner, for the others; when one
+/// leaves, the other takes its buckets.
+@Suite(.serialized) struct ClusterDaemonTests {
+    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, replica: String) throws -> DaemonHarness {
+        try DaemonHarness(extraConfig: """
+            replication:
+              replica: file://\(replica)
+              litestream: \(ReplicationTests.litestream)
+            cluster:
+              host: \(host)
+              etcd: [\(etcd.endpoints.joined(separator: ", "))]
+              address: 127.0.0.1:\(port)
+              leaseSeconds: 3
+              forward: false
+            """)
+    }
+
+    /// Who serves `user` according to `daemon`: "here", the owner WrongHost names (with its
+    /// address and epoch), or the error's name.
+    static func answer(_ connection: VarlinkConnection, _ user: String) -> (String, String, Int64) {
+        do {
+            _ = try connection.call("io.userstore.Store.Open", ["user": .string(user)])
+            return ("here", "", 0)
+        } catch let error as VarlinkError where error.name == "io.userstore.Store.WrongHost" {
+            #expect(error.parameters["user"]?.stringValue == user)
+            return (error.parameters["host"]?.stringValue ?? "?", error.parameters["address"]?.stringValue ?? "?", error.parameters["epoch"]?.integerValue ?? 0)
+        } catch let error as VarlinkError {
+            return (error.name, "", 0)
+        } catch {
+            return ("\(error)", "", 0)
+        }
+    }
+
+    /// Polls (up to 30 s) until `condition` holds; each look is a round of calls to the daemons.
+    static func eventually(_ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ContinuousClock.now < deadline {
+            if try condition() { return true }
+        }
+        return false
+    }
+
+    /// a alone takes every bucket; b, joining later, names a as the owner of every user (buckets
+    /// move only when a host leaves or an operator moves them); a leaves and b takes them all.
+    @Test func aDaemonServesItsBucketsNamesTheOwnerOfOthersAndTakesOverWhenItLeaves() throws {
+        let etcd = try EtcdCluster(size: 1)
+        let replica = try TemporaryDirectory()
+        let a = try Self.daemon("a", port: 7101, etcd: etcd, replica: replica.path), b = try Self.daemon("b", port: 7102, etcd: etcd, replica: replica.path)
+        try a.start()
+        let toA = try a.connect()
+        let users = (0..<40).map { "user-\($0)" }
+        #expect(Self.eventually { users.allSatisfy { Self.answer(toA, $0).0 == "here" } }, "\(a.stderr.suffix(3000))")
+        _ = try toA.call("io.userstore.Store.Execute", ["user": "user-0", "sql": "INSERT INTO notes (title) VALUES ('on a')"])
+
+        try b.start()
+        let toB = try b.connect()
+        #expect(Self.eventually { users.allSatisfy { Self.answer(toB, $0).0 == "a" } }, "\(b.stderr.suffix(3000))")
+        let (host, address, epoch) = Self.answer(toB, "user-0")
+        #expect(host == "a" && address == "127.0.0.1:7101" && epoch > 0)
+        #expect(try run(["/usr/bin/find", a.dataDirectory, "-name", "user-0.sqlite"]).stdout.contains("user-0"))
+        #expect(try run(["/usr/bin/find", b.dataDirectory, "-name", "user-0.sqlite"]).stdout.isEmpty)
+
+        // a leaves (SIGTERM: it revokes its lease); b's controller gives b every bucket, each
+        // at a new epoch.
+        let left = ContinuousClock.now
+        #expect(a.stop() == 0)
+        #expect(Self.eventually { users.allSatisfy { Self.answer(toB, $0).0 == "here" } }, "\(b.stderr.suffix(3000))")
+        print("cluster: b served all of a's users \(ContinuousClock.now - left) after a was told to stop")
+        // What a acknowledged came to b through the replica (a's final sync, then b's restore).
+        #expect(try toB.call("io.userstore.Store.Query", ["user": "user-0", "sql": "SELECT title FROM notes"])["rows"] == [["on a"]])
+        #expect(b.stderr.contains("event=store-restored"))
+        #expect(a.stderr.contains("event=cluster-joined") && a.stderr.contains("event=cluster-left"))
+        #expect(b.stderr.contains("event=cluster-controller"))
+        #expect(b.stop() == 0)
+    }
+
+    @Test func aClusterWithoutForwardFalseOrAHostIsRefusedNamingTheKey() throws {
+        for (config, key) in [
+            ("replication:\n  replica: file:///tmp/r\ncluster:\n  host: a\n  etcd: [http://127.0.0.1:2379]\n  address: 127.0.0.1:7001", "cluster.forward"),
+            ("cluster:\n  host: a\n  etcd: [http://127.0.0.1:2379]\n  address: 127.0.0.1:7001\n  forward: false", "replication.replica"),
+            ("cluster:\n  etcd: [http://127.0.0.1:2379]", "cluster.host"),
+            ("cluster:\n  host: a\n  address: 127.0.0.1:7001\n  forward: false", "cluster.etcd"),
+            ("cluster:\n  host: a/b\n  etcd: [http://127.0.0.1:2379]\n  address: 127.0.0.1:7001\n  forward: false", "cluster.host"),
+            ("cluster:\n  host: a\n  etcd: [http://127.0.0.1:2379]\n  forward: false", "cluster.address"),
+        ] {
+            let daemon = try DaemonHarness(extraConfig: config)
+            try daemon.start(waitForReady: false)
+            #expect(daemon.waitForExit() != 0)
+            #expect(daemon.stderr.contains(key), "\(config): \(daemon.stderr)")
+        }
+    }
+}
