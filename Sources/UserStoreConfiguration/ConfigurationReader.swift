@@ -94,11 +94,11 @@ extension ConfigurationLoader {
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
                 fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 2 * ProcessInfo.processInfo.activeProcessorCount,
-                sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replicated: replication != nil))
+                sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica))
         }
 
         /// `cluster.*`: nil (one host) without `cluster.host`.
-        private func clusterSettings(replicated: Bool) throws(ConfigurationError) -> ClusterSettings? {
+        private func clusterSettings(replica: String?) throws(ConfigurationError) -> ClusterSettings? {
             guard let host = try string("cluster.host") else {
                 for key in ConfigurationLoader.knownKeys where key.hasPrefix("cluster.") && present.contains(key) {
                     throw error("cluster.host", "is required when \(key) is set: this host's name in the cluster")
@@ -119,8 +119,13 @@ extension ConfigurationLoader {
                   !address[..<colon].isEmpty, let port = Int(address[address.index(after: colon)...]), (1...65535).contains(port) else {
                 throw error("cluster.address", "is required: host:port where other daemons reach this one, e.g. 10.0.0.2:7001")
             }
-            guard replicated else {
+            guard let replica else {
                 throw error("cluster.host", "a cluster needs replication.replica (one replica all hosts reach): it is how a user's store reaches the next host that owns it")
+            }
+            // A restore reads the newest epoch folder that holds data, which only a file://
+            // replica can list here (Litestream's CLI lists no s3/sftp folders).
+            guard replica.hasPrefix("file://") else {
+                throw error("cluster.host", "a cluster needs a file:// replica for now (a folder every host mounts); s3:// and sftp:// are not supported with cluster.* yet")
             }
             var settings = ClusterSettings(host: host, etcd: etcd, address: address)
             settings.leaseSeconds = try int("cluster.leaseSeconds", minimum: 3, maximum: 300) ?? 10

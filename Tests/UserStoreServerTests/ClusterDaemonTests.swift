@@ -77,6 +77,11 @@ import Varlink
         // What a acknowledged came to b through the replica (a's final sync, then b's restore).
         #expect(try toB.call("io.userstore.Store.Query", ["user": "user-0", "sql": "SELECT title FROM notes"])["rows"] == [["on a"]])
         #expect(b.stderr.contains("event=store-restored"))
+        // Each owner replicated under its own epoch: a's folder, then b's (newer) once b wrote.
+        _ = try toB.call("io.userstore.Store.Execute", ["user": "user-0", "sql": "INSERT INTO notes (title) VALUES ('on b')", "durable": true])
+        let folder = replica.path + "/\(Placement.bucket(for: try UserID("user-0")))/user-0"
+        let epochs = try FileManager.default.contentsOfDirectory(atPath: folder).compactMap { Int64($0.dropFirst()) }.sorted()
+        #expect(epochs.count == 2 && epochs[0] < epochs[1] && epochs[0] <= epoch, "\(epochs), a's epoch \(epoch)")
         #expect(a.stderr.contains("event=cluster-joined") && a.stderr.contains("event=cluster-left"))
         #expect(b.stderr.contains("event=cluster-controller"))
         #expect(b.stop() == 0)

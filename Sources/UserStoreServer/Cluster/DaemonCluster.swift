@@ -8,7 +8,7 @@ import UserStoreCore
 /// This daemon's part in a cluster (`cluster.*`, docs/cluster.md): its host lease, the
 /// controller every daemon may become, local copies of the host and bucket records, and the
 /// placement check every request passes (the registry asks ``admit(_:)`` before every lease).
-final class DaemonCluster: StorePlacement, Service {
+final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     let settings: ClusterSettings
     let etcd: EtcdClient
     let membership: HostMembership
@@ -28,6 +28,10 @@ final class DaemonCluster: StorePlacement, Service {
         buckets = PrefixMirror(etcd: etcd, prefix: BucketRecord.prefix, logger: logger) { BucketRecord(json: $0.value) }
         hosts = PrefixMirror(etcd: etcd, prefix: HostMembership.prefix, logger: logger) { HostRecord(json: $0.value) }
     }
+
+    func bucket(of user: UserID) -> Int { Placement.bucket(for: user) }
+
+    func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
 
     func admit(_ user: UserID) throws(StoreError) {
         let bucket = Placement.bucket(for: user)

@@ -64,7 +64,8 @@ public enum Daemon {
         // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
         let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
         let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
-        let replicator = configuration.replication.map { LitestreamReplicator(settings: $0, layout: layout, logger: logger) }
+        let cluster = configuration.cluster.map { DaemonCluster(settings: $0, logger: logger) }
+        let replicator = configuration.replication.map { LitestreamReplicator(settings: $0, layout: layout, logger: logger, fencing: cluster) }
         var litestream: LitestreamProcess?
         if let settings = configuration.replication {
             guard access(LitestreamReplicator.resolve(settings.litestream), X_OK) == 0 else {
@@ -83,7 +84,6 @@ public enum Daemon {
                 litestream = child
             }
         }
-        let cluster = configuration.cluster.map { DaemonCluster(settings: $0, logger: logger) }
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
                                      observer: observer, replication: replicator, placement: cluster)
         do {

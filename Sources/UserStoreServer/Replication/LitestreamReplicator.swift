@@ -34,16 +34,47 @@ final class LitestreamReplicator: StoreReplication {
         var unconfirmed: Set<String> = []
     }
 
-    init(settings: ReplicationSettings, layout: StoreLayout, logger: Logger) {
+    /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
+    let fencing: (any ReplicaFencing)?
+
+    init(settings: ReplicationSettings, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil) {
         self.settings = settings
         self.layout = layout
+        self.fencing = fencing
         self.control = LitestreamControl(socketPath: settings.socket)
         self.logger = logger
     }
 
-    /// `<replica>/<ab>/<cd>/<user>`, with any query (`s3://b/p?endpoint=…`) kept at the end.
+    /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>`; with more than one
+    /// host `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now). Any query
+    /// (`s3://b/p?endpoint=…`) is kept at the end.
     func replicaURL(for user: UserID) -> String {
-        let suffix = "/" + StoreLayout.hashPrefix(of: user) + "/" + user.rawValue
+        guard let fencing else { return withSuffix(userFolderSuffix(user)) }
+        return withSuffix(userFolderSuffix(user) + "/e\(fencing.epoch(of: user) ?? 0)")
+    }
+
+    /// The folder holding everything replicated for `user` (every epoch, with more than one host).
+    private func userFolderSuffix(_ user: UserID) -> String {
+        guard let fencing else { return "/" + StoreLayout.hashPrefix(of: user) + "/" + user.rawValue }
+        return "/\(fencing.bucket(of: user))/" + user.rawValue
+    }
+
+    /// Where a restore of `user` reads: the replica URL; with more than one host the newest
+    /// epoch folder that holds data (a host that lost the bucket may still ship to an older
+    /// one, which is then never read again once the new owner has written).
+    func restoreURL(for user: UserID) -> String {
+        guard fencing != nil, settings.replica.hasPrefix("file://") else { return replicaURL(for: user) }
+        let folder = String(withSuffix(userFolderSuffix(user)).dropFirst(7))
+        let epochs = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [])
+            .compactMap { name -> Int64? in name.hasPrefix("e") ? Int64(name.dropFirst()) : nil }
+            .sorted(by: >)
+        for epoch in epochs where !(FileManager.default.subpaths(atPath: "\(folder)/e\(epoch)") ?? []).filter({ $0.hasSuffix(".ltx") }).isEmpty {
+            return "file://\(folder)/e\(epoch)"
+        }
+        return replicaURL(for: user)
+    }
+
+    private func withSuffix(_ suffix: String) -> String {
         guard let query = settings.replica.firstIndex(of: "?") else { return settings.replica + suffix }
         var base = String(settings.replica[..<query])
         if base.hasSuffix("/") { base.removeLast() }
@@ -60,7 +91,7 @@ final class LitestreamReplicator: StoreReplication {
 
     func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let started = ContinuousClock.now
-        let source = replicaURL(for: user)
+        let source = restoreURL(for: user)
         // Litestream renames its output into place before its integrity check: restore beside
         // the target and rename only after a clean exit, so a killed or failed restore never
         // leaves an unchecked file where the store is looked for.
@@ -146,7 +177,7 @@ final class LitestreamReplicator: StoreReplication {
         }
         try? FileManager.default.removeItem(atPath: Self.sidecar(of: path))
         guard deleteReplica else { return }
-        let url = replicaURL(for: user)
+        let url = withSuffix(userFolderSuffix(user))
         guard url.hasPrefix("file://") else {
             throw StoreError.replicationUnavailable(user: user, message: "userstored deletes only file:// replicas; delete \(url) with the storage's own tools, then delete the store")
         }
@@ -434,4 +465,14 @@ final class LitestreamReplicator: StoreReplication {
         // Format errors name what was wrong with the data (a page header, a checksum, lz4).
         return ["integrity", "checksum", "corrupt", "malformed", "decompress", "invalid ltx", "invalid page", "magic"].contains { lowered.contains($0) }
     }
+}
+
+/// Epoch-fenced replica paths, with more than one host (docs/cluster.md): each owner of a
+/// bucket replicates its users under the bucket's epoch, so a host that lost the bucket (and
+/// may still ship what it had) writes where the next owner never reads after its first write.
+protocol ReplicaFencing: Sendable {
+    /// `user`'s bucket.
+    func bucket(of user: UserID) -> Int
+    /// The epoch of `user`'s bucket as this host sees it (nil: no owner record seen).
+    func epoch(of user: UserID) -> Int64?
 }
