@@ -56,7 +56,7 @@ public final class ClusterController: Sendable {
             do {
                 try await round()
             } catch {
-                logger.warning("cluster controller round failed: \(error)", metadata: ["event": "cluster-controller-failed", "error": .string("\(error)")])
+                logger.warning("cluster controller round failed: \(error)", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
             }
             try? await Task.sleep(until: started + period, clock: .continuous) // the round period
         }

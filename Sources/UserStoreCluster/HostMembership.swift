@@ -97,7 +97,7 @@ public final class HostMembership: Sendable {
                 }
             } catch {
                 // The deadline stands: past it, the host stops acknowledging on its own.
-                logger.warning("cluster keepalive failed: \(error)", metadata: ["event": "cluster-keepalive-failed", "host": .string(host), "error": .string("\(error)")])
+                logger.warning("cluster keepalive failed: \(error)", metadata: ["event": "cluster-unreachable", "host": .string(host), "error": .string("\(error)")])
             }
             try? await Task.sleep(until: sent + period, clock: .continuous) // the keepalive period
         }

@@ -62,7 +62,7 @@ public final class PrefixMirror<Value: Sendable>: Sendable {
             } catch {
                 if Task.isCancelled { return }
                 logger.warning("watching \(prefix) in etcd failed: \(error); reading it again", metadata: [
-                    "event": "cluster-watch-failed", "prefix": .string(prefix), "error": .string("\(error)"),
+                    "event": "cluster-unreachable", "prefix": .string(prefix), "error": .string("\(error)"),
                 ])
             }
             try? await Task.sleep(for: retry) // back-off before asking etcd again

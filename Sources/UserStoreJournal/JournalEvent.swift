@@ -30,6 +30,14 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case litestreamStarted = "litestream-started"
     case litestreamExited = "litestream-exited"
     case litestreamOrphan = "litestream-orphan"
+    case storeSuperseded = "store-superseded"
+    case clusterJoined = "cluster-joined"
+    case clusterLeft = "cluster-left"
+    case clusterLeaseLost = "cluster-lease-lost"
+    case clusterUnreachable = "cluster-unreachable"
+    case clusterController = "cluster-controller"
+    case clusterBucketsAssigned = "cluster-buckets-assigned"
+    case clusterBadRecord = "cluster-bad-record"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -62,6 +70,14 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .litestreamStarted: return "fc92455e48c1440a8b735b9a0a12e732"
         case .litestreamExited: return "6033797db9e74ff28dd69dc3ab35f375"
         case .litestreamOrphan: return "2df305c378a042a6b8a85880efed6dba"
+        case .storeSuperseded: return "1ba423f65dce4c3b87699b4775359aef"
+        case .clusterJoined: return "7b30af952d1f45a48d5de00717ce5b5c"
+        case .clusterLeft: return "62f1c837698b479781566c04916be00c"
+        case .clusterLeaseLost: return "fca76d90f1af4ce3b77c1f927236d060"
+        case .clusterUnreachable: return "b9e16c9902fb4c3c98ee1b1bbc5c2c86"
+        case .clusterController: return "3d9ac233dbf342829b9ea6da4207f75e"
+        case .clusterBucketsAssigned: return "1d0f26aaed93409aae05697bb07f1919"
+        case .clusterBadRecord: return "427e975f78274b9c9f35c41c63a467a4"
         }
     }
 }

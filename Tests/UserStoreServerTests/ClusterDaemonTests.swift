@@ -85,6 +85,24 @@ import Varlink
         #expect(a.stderr.contains("event=cluster-joined") && a.stderr.contains("event=cluster-left"))
         #expect(b.stderr.contains("event=cluster-controller"))
         #expect(b.stop() == 0)
+
+        // a comes back and owns everything again: its own copy of user-0 is older than b's
+        // (epoch), so it is set aside and b's copy restored, with b's write in it.
+        try a.start()
+        let again = try a.connect()
+        #expect(Self.eventually { users.allSatisfy { Self.answer(again, $0).0 == "here" } }, "\(a.stderr.suffix(3000))")
+        #expect(try again.call("io.userstore.Store.Query", ["user": "user-0", "sql": "SELECT title FROM notes ORDER BY id"])["rows"] == [["on a"], ["on b"]])
+        #expect(a.stderr.contains("event=store-superseded"))
+        #expect(try run(["/usr/bin/find", a.dataDirectory, "-name", "user-0.sqlite.superseded-e*"]).stdout.contains("superseded"))
+        // A store only a has ever had is not set aside when a opens it again.
+        _ = try again.call("io.userstore.Store.Execute", ["user": "only-a", "sql": "INSERT INTO notes (title) VALUES ('x')"])
+        #expect(a.stop() == 0)
+        try a.start()
+        let third = try a.connect()
+        #expect(Self.eventually { Self.answer(third, "only-a").0 == "here" })
+        #expect(try third.call("io.userstore.Store.Query", ["user": "only-a", "sql": "SELECT title FROM notes"])["rows"] == [["x"]])
+        #expect(try run(["/usr/bin/find", a.dataDirectory, "-name", "only-a.sqlite.superseded-e*"]).stdout.isEmpty)
+        #expect(a.stop() == 0)
     }
 
     @Test func aClusterWithoutForwardFalseOrAHostIsRefusedNamingTheKey() throws {

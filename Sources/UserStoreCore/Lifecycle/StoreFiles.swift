@@ -27,7 +27,12 @@ struct StoreFiles: Sendable {
     /// The files that make up `user`'s store beside the database: its journals.
     private func storeFiles(_ user: UserID) -> [String] {
         let path = layout.storePath(for: user)
-        return [path, path + "-wal", path + "-shm", path + "-journal"]
+        // Copies set aside when another host's newer copy replaced them (``setAside(_:tag:)``).
+        let name = URL(fileURLWithPath: path).lastPathComponent
+        let aside = ((try? FileManager.default.contentsOfDirectory(atPath: layout.storeDirectory(for: user))) ?? [])
+            .filter { $0.hasPrefix(name + ".superseded-") }
+            .map { layout.storeDirectory(for: user) + "/" + $0 }
+        return [path, path + "-wal", path + "-shm", path + "-journal"] + aside
     }
 
     /// Every file of `user` that a deletion removes.
@@ -96,3 +101,20 @@ struct StoreFiles: Sendable {
         }
     }
 }
+
+extension StoreFiles {
+    /// Renames the store file at `path` and its `-wal` and `-shm` to `<path>.<tag>…` (SQLite
+    /// still finds the WAL of the renamed file); returns the new path. The names are kept out
+    /// of every store listing by their suffix.
+    static func setAside(_ path: String, tag: String) throws -> String {
+        let aside = path + "." + tag
+        for suffix in ["-wal", "-shm", ""] where FileManager.default.fileExists(atPath: path + suffix) {
+            guard rename(path + suffix, aside + suffix) == 0 else {
+                throw StoreError.storageFailure(user: try UserID(URL(fileURLWithPath: path).deletingPathExtension().lastPathComponent),
+                                                message: "setting \(path + suffix) aside: \(String(cString: strerror(errno)))")
+            }
+        }
+        return aside
+    }
+}
+

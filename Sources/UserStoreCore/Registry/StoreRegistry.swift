@@ -323,6 +323,12 @@ public final class StoreRegistry: Sendable {
                 var restored = false
                 if let replication, migrator != nil {
                     let path = opener.layout.storePath(for: user)
+                    // A copy another host has written to since this one last owned the store
+                    // (more than one host): set aside, and the replica's newer copy restored.
+                    if FileManager.default.fileExists(atPath: path), let supersededBy = replication.newerCopy(of: user, path: path) {
+                        let aside = try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)")
+                        observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
+                    }
                     if !FileManager.default.fileExists(atPath: path) {
                         try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
                         if let copy = try replication.restore(user, to: path, timestamp: nil) {

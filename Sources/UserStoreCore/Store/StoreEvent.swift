@@ -32,6 +32,9 @@ public enum StoreEvent: Sendable, Equatable {
     case storeImported(user: UserID, schemaVersion: Int64, replaced: Bool, durationMicroseconds: Int64)
     /// The store was replaced by `source` (a backup) at `schemaVersion`.
     case storeRestored(user: UserID, source: String, schemaVersion: Int64, durationMicroseconds: Int64)
+    /// More than one host: the local file was older than the replica's copy of `epoch` (another
+    /// host owned the store since); it was set aside at `setAsideAt` and the newer copy restored.
+    case storeSuperseded(user: UserID, setAsideAt: String, epoch: Int64)
 
     /// The user the event is about.
     public var user: UserID {
@@ -41,6 +44,7 @@ public enum StoreEvent: Sendable, Equatable {
              .migrationFailed(let user, _), .storeRefused(let user, _), .backupCreated(let user, _, _, _),
              .rollbackStep(let user, _, _, _), .unknownAppliedMigration(let user, _, _),
              .storeDeleted(let user, _, _), .storeImported(let user, _, _, _), .storeRestored(let user, _, _, _),
+             .storeSuperseded(let user, _, _),
              .storeOpened(let user), .storeClosed(let user, _):
             return user
         }

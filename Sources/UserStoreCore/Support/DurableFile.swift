@@ -29,7 +29,7 @@ public enum DurableFile {
     }
 
     /// Writes `contents` to a new file at `path` and makes it durable (file and folder synced).
-    static func write(_ contents: String, to path: String) throws(Failure) {
+    public static func write(_ contents: String, to path: String) throws(Failure) {
         let temporary = path + ".partial"
         let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw Failure("open", temporary) }

@@ -59,7 +59,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
                 try await membership.join()
                 break
             } catch {
-                logger.error("cannot join the cluster: \(error); retrying", metadata: ["event": "cluster-join-failed", "error": .string("\(error)")])
+                logger.error("cannot join the cluster: \(error); retrying", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
                 do { try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) } } catch { return } // retry period
             }
         }

@@ -94,7 +94,7 @@ final class FleetIndex: StoreObserver {
                 return
             case .storeImported(_, let version, _, _), .storeRestored(_, _, let version, _):
                 entry = Entry(version: version)
-            case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration, .storeOpened, .storeClosed:
+            case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration, .storeOpened, .storeClosed, .storeSuperseded:
                 return
             }
             entries[user] = entry

@@ -93,6 +93,11 @@ struct EventLogger: StoreObserver {
             metadata["schema_version"] = "\(version)"
             metadata["replaced"] = "\(replaced)"
             metadata["duration_usec"] = "\(duration)"
+        case .storeSuperseded(_, let aside, let epoch):
+            (level, message) = (.notice, "store set aside at \(aside): the replica has a newer copy, of epoch \(epoch), written by the host that owned the store since")
+            metadata["event"] = "store-superseded"
+            metadata["path"] = .string(aside)
+            metadata["epoch"] = "\(epoch)"
         case .storeRestored(_, let source, let version, let duration):
             (level, message) = (.notice, "store restored from \(source) at schema version \(version)")
             metadata["event"] = "store-restored"

@@ -63,15 +63,18 @@ final class LitestreamReplicator: StoreReplication {
     /// epoch folder that holds data (a host that lost the bucket may still ship to an older
     /// one, which is then never read again once the new owner has written).
     func restoreURL(for user: UserID) -> String {
-        guard fencing != nil, settings.replica.hasPrefix("file://") else { return replicaURL(for: user) }
+        guard let epoch = newestEpochWithData(user) else { return replicaURL(for: user) }
+        return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
+    }
+
+    /// The newest epoch folder of `user` in a file:// replica that holds data (more than one host).
+    private func newestEpochWithData(_ user: UserID) -> Int64? {
+        guard fencing != nil, settings.replica.hasPrefix("file://") else { return nil }
         let folder = String(withSuffix(userFolderSuffix(user)).dropFirst(7))
         let epochs = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [])
             .compactMap { name -> Int64? in name.hasPrefix("e") ? Int64(name.dropFirst()) : nil }
             .sorted(by: >)
-        for epoch in epochs where !(FileManager.default.subpaths(atPath: "\(folder)/e\(epoch)") ?? []).filter({ $0.hasSuffix(".ltx") }).isEmpty {
-            return "file://\(folder)/e\(epoch)"
-        }
-        return replicaURL(for: user)
+        return epochs.first { !(FileManager.default.subpaths(atPath: "\(folder)/e\($0)") ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
     }
 
     private func withSuffix(_ suffix: String) -> String {
@@ -126,6 +129,19 @@ final class LitestreamReplicator: StoreReplication {
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
 
+    func newerCopy(of user: UserID, path: String) -> Int64? {
+        guard fencing != nil, let newest = newestEpochWithData(user) else { return nil }
+        let local = (try? String(contentsOfFile: Self.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
+        return newest > local ? newest : nil
+    }
+
+    /// The epoch this host last replicated the store at `path` under (more than one host),
+    /// beside the store: a later open compares it with the replica's newest epoch.
+    static func epochFile(of path: String) -> String {
+        let url = URL(fileURLWithPath: path)
+        return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-epoch"
+    }
+
     func storeOpened(_ store: Store) {
         state.withLock { $0.open[store.path] = (store, false) }
         _ = register(store)
@@ -176,6 +192,7 @@ final class LitestreamReplicator: StoreReplication {
             }
         }
         try? FileManager.default.removeItem(atPath: Self.sidecar(of: path))
+        try? FileManager.default.removeItem(atPath: Self.epochFile(of: path))
         guard deleteReplica else { return }
         let url = withSuffix(userFolderSuffix(user))
         guard url.hasPrefix("file://") else {
@@ -333,7 +350,12 @@ final class LitestreamReplicator: StoreReplication {
         // Before Litestream looks at the WAL: a checkpoint of ours must not race its first sync.
         store.wal.checkpointsItself = false
         do {
-            try control.register(store.path, replicaURL: replicaURL(for: store.user))
+            let url = replicaURL(for: store.user)
+            if let epoch = url.range(of: "/e", options: .backwards).map({ url[$0.upperBound...] }), fencing != nil {
+                // Before anything is written under this epoch (DurableFile: it must survive a crash).
+                try DurableFile.write(String(epoch), to: Self.epochFile(of: store.path))
+            }
+            try control.register(store.path, replicaURL: url)
             let stillOpen = state.withLock { state -> Bool in
                 guard state.open[store.path]?.store === store else { return false }
                 state.open[store.path]!.registered = true
