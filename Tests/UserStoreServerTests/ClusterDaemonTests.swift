@@ -65,6 +65,13 @@ import Varlink
         #expect(Self.eventually { users.allSatisfy { Self.answer(toB, $0).0 == "a" } }, "\(b.stderr.suffix(3000))")
         let (host, address, epoch) = Self.answer(toB, "user-0")
         #expect(host == "a" && address == "127.0.0.1:7101" && epoch > 0)
+        // What an operator sees from b: a owns every bucket and is the controller.
+        let status = try run([CtlTests.ctl, "cluster", "status"], environment: ["USERSTORE_SOCKET": b.socketPath])
+        #expect(status.status == 0, "\(status)")
+        let lines = status.stdout.split(separator: "\n").map { $0.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ") }
+        #expect(lines.contains { $0.hasPrefix("host b acknowledging") && $0.contains("controller a") && $0.hasSuffix("unassigned buckets 0") }, "\(status.stdout)")
+        #expect(lines.contains("a 127.0.0.1:7101 yes 4096 \(epoch)") || lines.contains { $0.hasPrefix("a 127.0.0.1:7101 yes 4096 ") }, "\(status.stdout)")
+        #expect(lines.contains("b 127.0.0.1:7102 yes 0 0"), "\(status.stdout)")
         #expect(try run(["/usr/bin/find", a.dataDirectory, "-name", "user-0.sqlite"]).stdout.contains("user-0"))
         #expect(try run(["/usr/bin/find", b.dataDirectory, "-name", "user-0.sqlite"]).stdout.isEmpty)
 
@@ -103,6 +110,14 @@ import Varlink
         #expect(try third.call("io.userstore.Store.Query", ["user": "only-a", "sql": "SELECT title FROM notes"])["rows"] == [["x"]])
         #expect(try run(["/usr/bin/find", a.dataDirectory, "-name", "only-a.sqlite.superseded-e*"]).stdout.isEmpty)
         #expect(a.stop() == 0)
+    }
+
+    @Test func clusterStatusOnOneHostSaysClusterOff() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let status = try run([CtlTests.ctl, "cluster", "status"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        #expect(status.status != 0 && status.stderr.contains("ClusterOff"), "\(status)")
+        daemon.stop()
     }
 
     @Test func aClusterWithoutForwardFalseOrAHostIsRefusedNamingTheKey() throws {

@@ -98,7 +98,7 @@ public enum Daemon {
             return .unavailable
         }
         let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger, metrics: metrics,
-                                    replicator: replicator, litestream: litestream)
+                                    replicator: replicator, litestream: litestream, cluster: cluster)
         let notifier = context.notifier
         index.startScan(registry: registry)
         if configuration.registryConfiguration.policy.newStoresFromTemplate {

@@ -41,7 +41,8 @@ struct AdminMethods {
         case "Top": try await send(VarlinkReply.encode(try top(parameters)))
         default:
             if try await LifecycleMethods(context: context).handle(request, send: send) { return }
-            guard try await ReplicationMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
+            if try await ReplicationMethods(context: context).handle(request, send: send) { return }
+            guard try await ClusterMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
         }
     }
 

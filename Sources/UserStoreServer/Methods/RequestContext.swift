@@ -38,6 +38,8 @@ final class DaemonContext: Sendable {
     let counters = Mutex(Counters())
     /// Replication, when it is on (`replication.*`).
     let replicator: LitestreamReplicator?
+    /// This daemon's part in a cluster (`cluster.*`); nil: one host.
+    let cluster: DaemonCluster?
     /// Litestream as the daemon's child (`replication.startLitestream`).
     let litestream: LitestreamProcess?
 
@@ -75,8 +77,9 @@ final class DaemonContext: Sendable {
     }
 
     init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger, metrics: DaemonMetrics? = nil,
-         replicator: LitestreamReplicator? = nil, litestream: LitestreamProcess? = nil) {
+         replicator: LitestreamReplicator? = nil, litestream: LitestreamProcess? = nil, cluster: DaemonCluster? = nil) {
         self.metrics = metrics
+        self.cluster = cluster
         self.replicator = replicator
         self.litestream = litestream
         self.configuration = configuration
