@@ -53,6 +53,10 @@ public final class HostMembership: Sendable {
         state.withLock { $0.deadline.map { ContinuousClock.now < $0 } ?? false }
     }
 
+    /// The instant (this host's monotonic clock) until which the host may acknowledge writes;
+    /// nil before it joined or after it left or lost its lease.
+    public var deadline: ContinuousClock.Instant? { state.withLock { $0.deadline } }
+
     /// How long the host may still acknowledge writes (zero when it may not).
     public var remaining: Duration {
         state.withLock { $0.deadline.map { max(.zero, $0 - ContinuousClock.now) } ?? .zero }
