@@ -112,6 +112,33 @@ import Varlink
         #expect(a.stop() == 0)
     }
 
+    /// A durable write is acknowledged only if etcd, read after the replica confirmed it, still
+    /// names this host the owner at the epoch it replicates under.
+    @Test func aDurableWriteIsNotAcknowledgedOnceTheBucketsEpochMoved() async throws {
+        let etcd = try EtcdCluster(size: 1)
+        let replica = try TemporaryDirectory()
+        let a = try Self.daemon("a", port: 7103, etcd: etcd, replica: replica.path)
+        try a.start()
+        let client = try a.connect()
+        #expect(Self.eventually { Self.answer(client, "dora").0 == "here" })
+        _ = try client.call("io.userstore.Store.Execute", ["user": "dora", "sql": "INSERT INTO notes (title) VALUES ('one')", "durable": true])
+        // The bucket's record written again as it is: same owner, new epoch (as a move and a
+        // move back would leave it). The store still replicates under the old epoch.
+        let key = BucketRecord.key(of: Placement.bucket(for: try UserID("dora")))
+        let client2 = EtcdClient(endpoints: etcd.endpoints)
+        let record = try #require(try await client2.get(key))
+        try await client2.put(key, record.text)
+        do {
+            _ = try client.call("io.userstore.Store.Execute", ["user": "dora", "sql": "INSERT INTO notes (title) VALUES ('two')", "durable": true])
+            Issue.record("a durable write was acknowledged under a superseded epoch")
+        } catch let error as VarlinkError {
+            #expect(error.name == "io.userstore.Store.ClusterUnavailable" && (error.parameters["message"]?.stringValue ?? "").contains("epoch"), "\(error)")
+        }
+        // Committed here all the same (as a durable write the replica cannot confirm).
+        #expect(try client.call("io.userstore.Store.Query", ["user": "dora", "sql": "SELECT count(*) AS n FROM notes"])["rows"] == [[2]])
+        #expect(a.stop() == 0)
+    }
+
     @Test func clusterStatusOnOneHostSaysClusterOff() throws {
         let daemon = try DaemonHarness()
         try daemon.start()

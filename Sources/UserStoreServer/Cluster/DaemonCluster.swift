@@ -49,6 +49,26 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         }
     }
 
+    /// The acknowledge rule for a durable write, once the replica has it: this host may still
+    /// acknowledge (its lease deadline), and etcd — read now, linearizably — still names it the
+    /// owner of the user's bucket, active, at `epoch` (the one its replica path carries).
+    func confirmOwnership(of user: UserID, epoch: Int64?) async throws(StoreError) {
+        let bucket = Placement.bucket(for: user)
+        let record: EtcdKeyValue?
+        do {
+            record = try await etcd.get(BucketRecord.key(of: bucket))
+        } catch {
+            throw .clusterUnavailable(user: user, message: "committed here and in the replica, but etcd could not confirm this host still owns bucket \(bucket): \(error)")
+        }
+        guard let record, let owner = BucketRecord(json: record.value), owner.owner == settings.host, owner.state == .active,
+              epoch == nil || record.modRevision == epoch else {
+            throw .clusterUnavailable(user: user, message: "committed here and in the replica under epoch \(epoch ?? 0), but bucket \(bucket) is now \(record.flatMap { BucketRecord(json: $0.value) }.map { "\($0.owner)'s (\($0.state.rawValue))" } ?? "unassigned") at epoch \(record?.modRevision ?? 0): the write may be lost")
+        }
+        guard membership.mayAcknowledge else {
+            throw .clusterUnavailable(user: user, message: "committed here and in the replica, but host \(settings.host) has not renewed its etcd lease in time")
+        }
+    }
+
     /// Joins (retrying until etcd answers), then keeps the controller and the copies of the
     /// records going until shutdown. The lease is kept alive apart from this service, until
     /// ``leave()``: the daemon leaves only after every store's final sync, so the next owner

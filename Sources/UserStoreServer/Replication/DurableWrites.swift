@@ -32,11 +32,15 @@ extension DaemonContext {
     }
 
     /// Waits until `user`'s committed transactions are in the replica, when `reply` (already
-    /// encoded) is not an error; returns the reply, or `ReplicationUnavailable`'s.
+    /// encoded) is not an error; returns the reply, or `ReplicationUnavailable`'s (with more
+    /// than one host, `ClusterUnavailable`'s when ownership cannot be confirmed after it).
     func replyWhenReplicated(_ user: UserID, _ reply: [UInt8]) async -> [UInt8] {
         guard let replicator, DaemonMetrics.outcome(of: reply[...]) == nil else { return reply }
         do {
             try await replicator.waitUntilReplicated(user)
+            // More than one host: acknowledged only if this host still owns the user's bucket at
+            // the epoch it replicates under (a linearizable read), and its lease is confirmed.
+            if let cluster { try await cluster.confirmOwnership(of: user, epoch: replicator.registeredEpoch(of: user)) }
             return reply
         } catch let error as StoreError {
             return VarlinkReply.encode(error.varlinkError)

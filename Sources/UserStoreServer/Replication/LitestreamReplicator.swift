@@ -32,6 +32,8 @@ final class LitestreamReplicator: StoreReplication {
         var restored = 0
         /// Paths whose unregistration Litestream did not confirm: not replaced until it does.
         var unconfirmed: Set<String> = []
+        /// With more than one host: the epoch each open store was last registered under.
+        var epochs: [String: Int64] = [:]
     }
 
     /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
@@ -129,6 +131,11 @@ final class LitestreamReplicator: StoreReplication {
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
 
+    /// The epoch `user`'s open store was registered under (more than one host); nil otherwise.
+    func registeredEpoch(of user: UserID) -> Int64? {
+        state.withLock { $0.epochs[layout.storePath(for: user)] }
+    }
+
     func newerCopy(of user: UserID, path: String) -> Int64? {
         guard fencing != nil, let newest = newestEpochWithData(user) else { return nil }
         let local = (try? String(contentsOfFile: Self.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
@@ -153,6 +160,7 @@ final class LitestreamReplicator: StoreReplication {
         let entry = state.withLock { state -> (store: Store, registered: Bool)? in
             guard state.open[store.path]?.store === store else { return nil }
             state.lastSync[store.path] = nil
+            state.epochs[store.path] = nil
             return state.open.removeValue(forKey: store.path)
         }
         guard let entry else { return }
@@ -354,6 +362,7 @@ final class LitestreamReplicator: StoreReplication {
             if let epoch = url.range(of: "/e", options: .backwards).map({ url[$0.upperBound...] }), fencing != nil {
                 // Before anything is written under this epoch (DurableFile: it must survive a crash).
                 try DurableFile.write(String(epoch), to: Self.epochFile(of: store.path))
+                state.withLock { $0.epochs[store.path] = Int64(epoch) }
             }
             try control.register(store.path, replicaURL: url)
             let stillOpen = state.withLock { state -> Bool in
