@@ -46,7 +46,7 @@ public final class ClusterController: Sendable {
             logger.notice("\(membership.host) is the cluster controller", metadata: ["event": "cluster-controller", "host": .string(membership.host)])
         }
         guard controller else { return 0 }
-        return try await assignOrphanedBuckets(lease: lease)
+        return try await assign(lease: lease)
     }
 
     /// Runs ``round()`` every `period` until cancelled.
@@ -62,21 +62,60 @@ public final class ClusterController: Sendable {
         }
     }
 
-    func assignOrphanedBuckets(lease: Int64) async throws -> Int {
-        let hosts = Set(try await etcd.list(prefix: HostMembership.prefix).map { String($0.key.dropFirst(HostMembership.prefix.count)) })
-        guard !hosts.isEmpty else { return 0 }
-        var records: [Int: EtcdKeyValue] = [:]
+    /// One round's work as controller: every bucket without a live owner to its rendezvous owner
+    /// among the hosts not being drained; then each move (asked with ``ClusterKeys/move(_:)`` or
+    /// implied by a drain) one step further: `active` → `draining` (the owner syncs and closes
+    /// the bucket's stores, then writes ``ClusterKeys/released(_:)`` with the draining epoch) →
+    /// the target, `active`. Returns how many records it changed.
+    func assign(lease: Int64) async throws -> Int {
+        let live = Set(try await etcd.list(prefix: HostMembership.prefix).map { String($0.key.dropFirst(HostMembership.prefix.count)) })
+        guard !live.isEmpty else { return 0 }
+        let draining = Set(try await etcd.list(prefix: ClusterKeys.drains).map { String($0.key.dropFirst(ClusterKeys.drains.count)) })
+        let eligible = live.subtracting(draining).isEmpty ? live : live.subtracting(draining)
+        var records: [Int: (record: BucketRecord?, revision: Int64)] = [:]
         for item in try await etcd.list(prefix: BucketRecord.prefix) {
-            if let bucket = BucketRecord.bucket(ofKey: item.key) { records[bucket] = item }
+            if let bucket = BucketRecord.bucket(ofKey: item.key) { records[bucket] = (BucketRecord(json: item.value), item.modRevision) }
         }
+        var moves: [Int: String] = [:]
+        for item in try await etcd.list(prefix: ClusterKeys.moves) {
+            if let bucket = Int(item.key.dropFirst(ClusterKeys.moves.count)), let target = MoveRequest(json: item.value)?.to { moves[bucket] = target }
+        }
+        var released: [Int: Int64] = [:]
+        for item in try await etcd.list(prefix: ClusterKeys.releases) {
+            if let bucket = Int(item.key.dropFirst(ClusterKeys.releases.count)) { released[bucket] = Int64(item.text) }
+        }
+
         var changes: [(key: String, expectedModRevision: Int64, value: String)] = []
+        var finished: [String] = [] // move requests and release notes done with
         for bucket in 0..<Placement.bucketCount {
-            let current = records[bucket]
-            if let current, let record = BucketRecord(json: current.value), hosts.contains(record.owner) { continue }
-            let owner = Placement.rendezvousOwner(of: bucket, among: hosts)!
-            changes.append((BucketRecord.key(of: bucket), current?.modRevision ?? 0, BucketRecord(owner: owner).json))
+            let key = BucketRecord.key(of: bucket)
+            guard let (record, revision) = records[bucket], let record, live.contains(record.owner) else {
+                // No live owner: the move's target if it is live, else the rendezvous owner.
+                let target = moves[bucket].flatMap { live.contains($0) ? $0 : nil } ?? Placement.rendezvousOwner(of: bucket, among: eligible)!
+                changes.append((key, records[bucket]?.revision ?? 0, BucketRecord(owner: target).json))
+                if moves[bucket] != nil { finished.append(ClusterKeys.move(bucket)) }
+                continue
+            }
+            var target = moves[bucket]
+            if target == nil, draining.contains(record.owner) { target = Placement.rendezvousOwner(of: bucket, among: eligible) }
+            guard let target else { continue }
+            if target == record.owner || !live.contains(target) {
+                // Nowhere to go (the target is the owner, or gone): the move ends here.
+                if record.state == .draining { changes.append((key, revision, BucketRecord(owner: record.owner).json)) }
+                if moves[bucket] != nil { finished.append(ClusterKeys.move(bucket)) }
+                continue
+            }
+            switch record.state {
+            case .active:
+                changes.append((key, revision, BucketRecord(owner: record.owner, state: .draining).json))
+            case .draining where released[bucket] == revision:
+                changes.append((key, revision, BucketRecord(owner: target).json))
+                finished += [ClusterKeys.released(bucket)] + (moves[bucket] != nil ? [ClusterKeys.move(bucket)] : [])
+            case .draining:
+                break // the owner is still syncing and closing the bucket's stores
+            }
         }
-        var assigned = 0
+        var applied = 0
         // 127 records and the election-key guard: etcd's 128 comparisons per transaction.
         for start in stride(from: 0, to: changes.count, by: 127) {
             let batch = Array(changes[start..<min(start + 127, changes.count)])
@@ -84,13 +123,16 @@ public final class ClusterController: Sendable {
                 // A record changed since it was read, or this host is no longer the controller:
                 // the next round reads again.
                 logger.info("cluster controller: bucket records changed meanwhile; next round reads them again")
-                break
+                return applied
             }
-            assigned += batch.count
-            logger.info("cluster controller assigned \(batch.count) buckets at epoch \(epoch)", metadata: [
+            applied += batch.count
+            logger.info("cluster controller changed \(batch.count) bucket records at epoch \(epoch)", metadata: [
                 "event": "cluster-buckets-assigned", "count": "\(batch.count)", "epoch": "\(epoch)",
             ])
         }
-        return assigned
+        for start in stride(from: 0, to: finished.count, by: 128) {
+            try await etcd.write(deletes: Array(finished[start..<min(start + 128, finished.count)]))
+        }
+        return applied
     }
 }

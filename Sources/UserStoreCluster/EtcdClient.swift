@@ -194,6 +194,17 @@ public final class EtcdClient: Sendable {
         return try Self.revision(reply)
     }
 
+    /// Writes every key of `puts` and deletes every key of `deletes` in one transaction (at most
+    /// 128 operations); returns the new revision.
+    @discardableResult
+    public func write(puts: [(key: String, value: String)] = [], deletes: [String] = []) async throws(EtcdError) -> Int64 {
+        precondition(puts.count + deletes.count <= 128, "etcd takes at most 128 operations per transaction")
+        let operations: [[String: Any]] = puts.map { ["request_put": ["key": Self.base64($0.key), "value": Self.base64($0.value)]] }
+            + deletes.map { ["request_delete_range": ["key": Self.base64($0)]] }
+        let reply = try await call("/v3/kv/txn", ["success": operations], idempotent: false)
+        return try Self.revision(reply)
+    }
+
     // MARK: Leases
 
     /// A new lease of `ttlSeconds`; keys bound to it go when it ends.

@@ -38,6 +38,7 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case clusterController = "cluster-controller"
     case clusterBucketsAssigned = "cluster-buckets-assigned"
     case clusterBadRecord = "cluster-bad-record"
+    case clusterBucketReleased = "cluster-bucket-released"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -78,6 +79,7 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .clusterController: return "3d9ac233dbf342829b9ea6da4207f75e"
         case .clusterBucketsAssigned: return "1d0f26aaed93409aae05697bb07f1919"
         case .clusterBadRecord: return "427e975f78274b9c9f35c41c63a467a4"
+        case .clusterBucketReleased: return "949a21f231724316994015e5cbe04491"
         }
     }
 }

@@ -44,6 +44,8 @@ extension StoreError {
             return VarlinkError(prefix + "WrongHost", ["user": .string(user.rawValue), "host": .string(host), "address": .string(address), "epoch": .integer(epoch)])
         case .clusterUnavailable(let user, let message):
             return VarlinkError(prefix + "ClusterUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
+        case .retry(let user, let reason):
+            return VarlinkError(prefix + "Retry", ["user": .string(user.rawValue), "reason": .string(reason)])
         }
     }
 }

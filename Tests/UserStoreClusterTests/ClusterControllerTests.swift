@@ -91,7 +91,7 @@ import Testing
         // hand here) and tries to take every bucket: its transactions are refused.
         try await etcd.put(HostMembership.key(of: "a"), "{}")
         try await etcd.delete(HostMembership.key(of: "b"))
-        #expect(try await hosts["a"]!.controller.assignOrphanedBuckets(lease: staleLease) == 0)
+        #expect(try await hosts["a"]!.controller.assign(lease: staleLease) == 0)
         #expect(try await Self.owners(etcd).mapValues(\.epoch) == before.mapValues(\.epoch))
     }
 

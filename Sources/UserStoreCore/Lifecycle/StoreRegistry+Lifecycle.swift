@@ -50,6 +50,19 @@ extension StoreRegistry {
         }
     }
 
+    /// Closes the open stores of every user `matching` accepts, each once the requests holding
+    /// it are done (and, replicated, after its final sync); returns how many it closed. For a
+    /// bucket that moves to another host: ``StorePlacement`` refuses new requests first.
+    @discardableResult
+    public func closeStores(matching: (UserID) -> Bool) async -> Int {
+        let users = state.withLock { state in state.entries.filter { $0.value.store != nil && matching($0.key) }.map(\.key) }
+        var closed = 0
+        for user in users {
+            if (try? await withStoreClosed(user) {}) != nil { closed += 1 }
+        }
+        return closed
+    }
+
     /// The outcome of an operation run in another task.
     private final class ResultBox<T: Sendable>: Sendable {
         private let result = Mutex<Result<T, any Error>?>(nil)

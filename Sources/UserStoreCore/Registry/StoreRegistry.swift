@@ -138,9 +138,10 @@ public final class StoreRegistry: Sendable {
     }
 
     func acquire(_ user: UserID, access: Access, mode: LeaseMode) async throws(StoreError) -> Lease {
-        try placement?.admit(user)
         var report: MigrationReport?
         while true {
+            // Asked again after every wait: the user's bucket may have started moving meanwhile.
+            try placement?.admit(user)
             let exists = mode == .asIs ? FileManager.default.fileExists(atPath: configuration.layout.storePath(for: user)) : true
             let step = state.withLock { state in nextStep(&state, user: user, access: access, mode: mode, exists: exists) }
             switch step {

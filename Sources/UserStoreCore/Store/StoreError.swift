@@ -40,6 +40,9 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     /// With more than one host: this host cannot tell now that it may serve the user (no owner
     /// record seen yet, or its etcd lease is not confirmed); nothing was done. Retry.
     case clusterUnavailable(user: UserID, message: String)
+    /// With more than one host: the user's bucket is moving to another host (its stores are
+    /// being synced and closed here); nothing was done. Retry shortly: the new owner serves it.
+    case retry(user: UserID, reason: String)
 
     public var description: String {
         switch self {
@@ -75,6 +78,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
             return "store '\(user)' is served by host \(host) (\(address)), bucket epoch \(epoch)"
         case .clusterUnavailable(let user, let message):
             return "store '\(user)': the cluster cannot confirm this host serves it: \(message)"
+        case .retry(let user, let reason):
+            return "store '\(user)': retry: \(reason)"
         }
     }
 }

@@ -1,15 +1,38 @@
 import UserStoreCluster
 import Varlink
 
-/// `io.userstore.Admin.Cluster`: the cluster as this daemon sees it.
+/// `io.userstore.Admin.Cluster`, `MoveBucket` and `DrainHost`: the cluster as this daemon sees
+/// it, and an operator's moves (carried out by the controller).
 struct ClusterMethods {
     let context: DaemonContext
 
     /// Handles `request` if it is one of these methods; false otherwise.
     func handle(_ request: Request, send: @escaping ReplySink) async throws -> Bool {
-        guard request.call.member == "Cluster" else { return false }
+        let member = request.call.member
+        guard ["Cluster", "MoveBucket", "DrainHost"].contains(member) else { return false }
         guard let cluster = context.cluster else { throw VarlinkError("io.userstore.Admin.ClusterOff") }
-        try await send(VarlinkReply.encode(await Self.status(cluster)))
+        let parameters = CallParameters(request.call)
+        switch member {
+        case "MoveBucket":
+            let bucket = try parameters.int("bucket")
+            guard (0..<Int64(Placement.bucketCount)).contains(bucket) else { throw VarlinkError.invalidParameter("bucket") }
+            let host = try parameters.string("host")
+            guard cluster.hosts[host] != nil else { throw VarlinkError("io.userstore.Admin.NoSuchHost", ["host": .string(host)]) }
+            try await cluster.etcd.put(ClusterKeys.move(Int(bucket)), MoveRequest(to: host).json)
+            let from = cluster.buckets["\(bucket)"]?.value.owner ?? ""
+            try await send(VarlinkReply.encode(["bucket": .integer(bucket), "from": .string(from), "to": .string(host)]))
+        case "DrainHost":
+            let host = try parameters.string("host")
+            // Bound to the host's own lease: the drain ends when the host leaves (or restarts).
+            guard let record = try await cluster.etcd.get(HostMembership.key(of: host)), record.lease != 0 else {
+                throw VarlinkError("io.userstore.Admin.NoSuchHost", ["host": .string(host)])
+            }
+            try await cluster.etcd.put(ClusterKeys.drain(host), "", lease: record.lease)
+            let owned = cluster.buckets.all.values.filter { $0.value.owner == host }.count
+            try await send(VarlinkReply.encode(["host": .string(host), "buckets": .integer(Int64(owned))]))
+        default:
+            try await send(VarlinkReply.encode(await Self.status(cluster)))
+        }
         return true
     }
 
@@ -22,6 +45,8 @@ struct ClusterMethods {
         }
         let hosts = cluster.hosts.all
         let names = Set(hosts.keys).union(buckets.keys).sorted()
+        let draining = Set(((try? await cluster.etcd.list(prefix: ClusterKeys.drains)) ?? []).map { String($0.key.dropFirst(ClusterKeys.drains.count)) })
+        let requested = ((try? await cluster.etcd.list(prefix: ClusterKeys.moves)) ?? []).count
         var fields: [String: JSONValue] = [
             "host": .string(cluster.settings.host),
             "mayAcknowledge": .bool(cluster.membership.mayAcknowledge),
@@ -30,10 +55,13 @@ struct ClusterMethods {
             "hosts": .array(names.map { name in
                 .object([
                     "name": .string(name), "address": .string(hosts[name]?.value.address ?? ""), "live": .bool(hosts[name] != nil),
+                    "draining": .bool(draining.contains(name)),
                     "buckets": .integer(buckets[name]?.count ?? 0), "newestEpoch": .integer(buckets[name]?.newest ?? 0),
                 ])
             }),
             "unassignedBuckets": .integer(Int64(Placement.bucketCount - records.count)),
+            "movingBuckets": .integer(Int64(records.values.filter { $0.value.state == .draining }.count)),
+            "requestedMoves": .integer(Int64(requested)),
         ]
         if let controller = try? await cluster.etcd.get(ClusterController.key) { fields["controller"] = .string(controller.text) }
         return fields

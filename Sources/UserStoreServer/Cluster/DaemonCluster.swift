@@ -17,6 +17,11 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     let hosts: PrefixMirror<HostRecord>
     private let logger: Logger
     private let keepAlive = Mutex<Task<Void, Never>?>(nil)
+    /// The registry whose stores a moving bucket closes (set once it exists: it needs this
+    /// placement first).
+    private let registry = Mutex<StoreRegistry?>(nil)
+    /// Buckets this host released, by the draining epoch it released them at.
+    private let released = Mutex<[Int: Int64]>([:])
 
     init(settings: ClusterSettings, logger: Logger) {
         self.settings = settings
@@ -42,7 +47,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
             throw .wrongHost(user: user, host: entry.value.owner, address: hosts[entry.value.owner]?.value.address ?? "", epoch: entry.modRevision)
         }
         guard entry.value.state == .active else {
-            throw .clusterUnavailable(user: user, message: "bucket \(bucket) is moving to another host")
+            throw .retry(user: user, reason: "bucket \(bucket) is moving to another host")
         }
         guard membership.mayAcknowledge else {
             throw .clusterUnavailable(user: user, message: "host \(settings.host) has not renewed its etcd lease in time; it serves again once it has")
@@ -92,8 +97,46 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
                 group.addTask { await controller.run() }
                 group.addTask { await buckets.run() }
                 group.addTask { await hosts.run() }
+                group.addTask { [self] in
+                    while !Task.isCancelled {
+                        await releaseDrainingBuckets()
+                        try? await Task.sleep(for: .milliseconds(200)) // how soon a drain is noticed
+                    }
+                }
             }
         }
+    }
+
+    func attach(_ registry: StoreRegistry) { self.registry.withLock { $0 = registry } }
+
+    /// Releases every bucket of this host that the controller marked `draining`: its open
+    /// stores are closed once their requests are done (each with its final sync), then
+    /// `/us/v1/released/<bucket>` says so with the draining epoch. Requests for the bucket get
+    /// `Retry` meanwhile (``admit(_:)``).
+    func releaseDrainingBuckets() async {
+        guard let registry = registry.withLock({ $0 }) else { return }
+        let draining = buckets.all.compactMap { name, entry -> (bucket: Int, epoch: Int64)? in
+            guard entry.value.owner == settings.host, entry.value.state == .draining, let bucket = Int(name) else { return nil }
+            return (bucket, entry.modRevision)
+        }.filter { item in released.withLock { $0[item.bucket] } != item.epoch }
+        guard !draining.isEmpty else { return }
+        let wanted = Set(draining.map(\.bucket))
+        let closed = await registry.closeStores { wanted.contains(Placement.bucket(for: $0)) }
+        // Only now (every store of those buckets synced and closed) may the next owner start.
+        for start in stride(from: 0, to: draining.count, by: 128) {
+            let batch = Array(draining[start..<min(start + 128, draining.count)])
+            do {
+                try await etcd.write(puts: batch.map { (ClusterKeys.released($0.bucket), String($0.epoch)) })
+                released.withLock { for item in batch { $0[item.bucket] = item.epoch } }
+            } catch {
+                logger.warning("cannot tell etcd that buckets are released: \(error)", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
+                return
+            }
+        }
+        logger.notice("released \(draining.count) moving buckets: \(closed) stores synced and closed", metadata: [
+            "event": "cluster-bucket-released", "count": "\(draining.count)", "stores": "\(closed)",
+            "bucket": "\(draining.count == 1 ? String(draining[0].bucket) : "several")",
+        ])
     }
 
     /// Ends the lease (the host record goes with it), so the controller moves this host's

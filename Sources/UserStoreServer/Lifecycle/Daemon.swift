@@ -86,6 +86,7 @@ public enum Daemon {
         }
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
                                      observer: observer, replication: replicator, placement: cluster)
+        cluster?.attach(registry)
         do {
             for user in try registry.recoverInterruptedOperations() {
                 logger.notice("finished the deletion of store '\(user)' that a crash had interrupted", metadata: [
