@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench soak fuzz asan tsan clean
+.PHONY: deps build release test run install uninstall bench soak fuzz asan tsan clean cluster-test
 
 deps:
 	@bash scripts/install-deps.sh
@@ -34,6 +34,11 @@ uninstall:
 ## Benchmarks against PostgreSQL, in-process SQLite and a sqlite3 loop (release build; not part of test).
 bench:
 	bash scripts/bench.sh
+
+## The cluster harness: 3 etcd members, 3 daemons, a shared replica, durable writes under
+## faults, a history checker (docs/cluster.md; not part of test yet).
+cluster-test: build
+	bash scripts/install-deps.sh && python3 scripts/cluster-test.py
 
 ## 10 minutes of mixed load at half of capacity: RSS, fds and p99 over time (not part of test).
 soak:

@@ -17,7 +17,7 @@ else
 fi
 # The client's tests again with three reply threads (a 2-core machine has one by default), so
 # that connections spread over several loops and tasks move between them.
-if (($# == 0)); then USERSTORE_CLIENT_THREADS=3 swift test --skip-build --filter ClientTests; fi
+if (($# == 0)); then USERSTORE_CLIENT_THREADS=3 swift test --skip-build --filter 'UserStoreServerTests.ClientTests'; fi
 # Short libFuzzer runs of the parsers (~30 s each, in their own build directory), unless a
 # subset of tests was asked for.
 if (($# == 0)); then bash scripts/fuzz.sh; fi

@@ -26,6 +26,7 @@ public final class HostMembership: Sendable {
 
     private struct State {
         var lease: Int64 = 0
+        var joinedRevision: Int64 = 0
         var deadline: ContinuousClock.Instant?
         var leaving = false
     }
@@ -65,6 +66,10 @@ public final class HostMembership: Sendable {
     /// The lease the record is bound to (0 before ``join()``).
     public var lease: Int64 { state.withLock { $0.lease } }
 
+    /// The etcd revision at which the host last joined: a copy of the bucket records older than
+    /// that may predate moves made while the host was away, and must not be trusted.
+    public var joinedRevision: Int64 { state.withLock { $0.joinedRevision } }
+
     /// Takes a lease and creates the host record bound to it. Throws
     /// ``ClusterError/hostNameTaken(_:)`` when a live host already has the name.
     public func join() async throws {
@@ -77,15 +82,17 @@ public final class HostMembership: Sendable {
         }
         state.withLock { state in
             state.lease = lease.id
+            state.joinedRevision = result.current.createRevision
             state.deadline = started + .seconds(lease.ttlSeconds) - margin
         }
         logger.notice("joined the cluster as \(host)", metadata: ["event": "cluster-joined", "host": .string(host), "lease": "\(lease.id)"])
     }
 
     /// Keeps the lease alive (every third of the TTL) until ``leave()`` or cancellation. A
-    /// lease etcd let go is replaced by a new one (with the record again): the host is back,
-    /// but its buckets may have moved meanwhile, which the owner records say.
-    public func keepAlive() async {
+    /// lease etcd let go is replaced by a new one (with the record again), then `onRejoin` runs:
+    /// the host is back, but its buckets may have moved meanwhile, which only a fresh read of
+    /// the owner records says.
+    public func keepAlive(onRejoin: @Sendable () async -> Void = {}) async {
         let period = Duration.seconds(ttlSeconds) / 3
         while !Task.isCancelled, !state.withLock({ $0.leaving }) {
             let lease = state.withLock { $0.lease }
@@ -98,6 +105,7 @@ public final class HostMembership: Sendable {
                     state.withLock { $0.deadline = nil }
                     logger.warning("cluster lease \(lease) expired: joining again", metadata: ["event": "cluster-lease-lost", "host": .string(host)])
                     try await join()
+                    await onRejoin()
                 }
             } catch {
                 // The deadline stands: past it, the host stops acknowledging on its own.

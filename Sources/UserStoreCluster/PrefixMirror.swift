@@ -21,6 +21,9 @@ public final class PrefixMirror<Value: Sendable>: Sendable {
     private struct State {
         var entries: [String: Entry] = [:]
         var revision: Int64 = 0
+        /// The revision of the last snapshot: events up to it are in it already (a watch begun
+        /// before a later ``refresh()`` may still deliver them, and must not undo it).
+        var snapshotRevision: Int64 = 0
     }
 
     public init(etcd: EtcdClient, prefix: String, logger: Logger = Logger(label: "userstore.cluster"),
@@ -47,7 +50,8 @@ public final class PrefixMirror<Value: Sendable>: Sendable {
         for item in snapshot.keys { if let entry = entry(item) { entries[name(of: item)] = entry } }
         state.withLock { state in
             state.entries = entries
-            state.revision = snapshot.revision
+            state.revision = max(state.revision, snapshot.revision)
+            state.snapshotRevision = snapshot.revision
         }
     }
 
@@ -72,7 +76,7 @@ public final class PrefixMirror<Value: Sendable>: Sendable {
     func apply(_ events: [EtcdEvent]) {
         let changes = events.map { event in (name(of: event.keyValue), event.deleted ? nil : entry(event.keyValue), event.keyValue.modRevision) }
         state.withLock { state in
-            for (name, entry, revision) in changes {
+            for (name, entry, revision) in changes where revision > state.snapshotRevision {
                 state.entries[name] = entry
                 state.revision = max(state.revision, revision)
             }

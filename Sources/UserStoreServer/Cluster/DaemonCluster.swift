@@ -52,6 +52,11 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         guard membership.mayAcknowledge else {
             throw .clusterUnavailable(user: user, message: "host \(settings.host) has not renewed its etcd lease in time; it serves again once it has")
         }
+        // After a lost lease the host joined again; records read before that may miss moves
+        // made while it was away (another host may own the bucket now).
+        guard buckets.revision >= membership.joinedRevision else {
+            throw .clusterUnavailable(user: user, message: "host \(settings.host) joined again and is reading the bucket records")
+        }
     }
 
     /// The acknowledge rule for a durable write, once the replica has it: this host may still
@@ -90,8 +95,21 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         }
         guard !Task.isShuttingDownGracefully else { return }
         let membership = self.membership
-        keepAlive.withLock { $0 = Task { await membership.keepAlive() } }
-        let controller = self.controller, buckets = self.buckets, hosts = self.hosts
+        let buckets = self.buckets, hosts = self.hosts, logger = self.logger
+        keepAlive.withLock {
+            $0 = Task {
+                await membership.keepAlive(onRejoin: {
+                    do {
+                        try await buckets.refresh()
+                        try await hosts.refresh()
+                    } catch {
+                        // The watch loops read them again; admit() refuses until they have.
+                        logger.warning("reading the cluster records after joining again: \(error)", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
+                    }
+                })
+            }
+        }
+        let controller = self.controller
         _ = try? await cancelWhenGracefulShutdown {
             await withDiscardingTaskGroup { group in
                 group.addTask { await controller.run() }
