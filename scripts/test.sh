@@ -9,7 +9,7 @@ swift build --build-tests
 if (($# == 0)); then
     # The cluster tests time etcd leases of a few seconds and run etcd members and several
     # daemons: afterwards, one at a time, not starved by every other suite on 2 cores.
-    cluster='UserStoreClusterTests|ClusterDaemonTests'
+    cluster='UserStoreClusterTests|ClusterDaemonTests|ClusterForwardingTests'
     swift test --skip-build --skip "$cluster"
     swift test --skip-build --no-parallel --filter "$cluster"
 else

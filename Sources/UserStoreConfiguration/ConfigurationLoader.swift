@@ -27,6 +27,7 @@ public enum ConfigurationLoader {
         "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
         "replication.litestream", "replication.startLitestream",
         "cluster.host", "cluster.etcd", "cluster.address", "cluster.leaseSeconds", "cluster.forward",
+        "cluster.listen", "cluster.forwardTimeoutMilliseconds", "cluster.tls.certificate", "cluster.tls.key", "cluster.tls.ca",
     ]
 
     /// The numbered migrations and the desired schema `configuration` names, loaded and checked.
@@ -91,7 +92,7 @@ public enum ConfigurationLoader {
     private static func flattenedKeys(_ mapping: [String: Any], prefix: String) -> [String] {
         mapping.sorted { $0.key < $1.key }.flatMap { key, value -> [String] in
             let full = prefix.isEmpty ? key : prefix + "." + key
-            if let nested = value as? [String: Any], ["migrations", "access", "limits", "metrics", "replication", "cluster"].contains(full) {
+            if let nested = value as? [String: Any], ["migrations", "access", "limits", "metrics", "replication", "cluster", "cluster.tls"].contains(full) {
                 return flattenedKeys(nested, prefix: full)
             }
             return [full]

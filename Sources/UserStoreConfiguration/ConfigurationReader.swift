@@ -115,8 +115,7 @@ extension ConfigurationLoader {
             for url in etcd where !(url.hasPrefix("http://") || url.hasPrefix("https://")) || url.split(separator: ":").count != 3 {
                 throw error("cluster.etcd", "every member must be an http://host:port URL (got \"\(url)\")")
             }
-            guard let address = try string("cluster.address"), let colon = address.lastIndex(of: ":"),
-                  !address[..<colon].isEmpty, let port = Int(address[address.index(after: colon)...]), (1...65535).contains(port) else {
+            guard let address = try string("cluster.address"), HostPort(address) != nil else {
                 throw error("cluster.address", "is required: host:port where other daemons reach this one, e.g. 10.0.0.2:7001")
             }
             guard let replica else {
@@ -130,8 +129,27 @@ extension ConfigurationLoader {
             var settings = ClusterSettings(host: host, etcd: etcd, address: address)
             settings.leaseSeconds = try int("cluster.leaseSeconds", minimum: 3, maximum: 300) ?? 10
             settings.forward = try bool("cluster.forward") ?? true
-            guard !settings.forward else {
-                throw error("cluster.forward", "forwarding between daemons is not built yet (#19 is in progress): set cluster.forward: false, and requests for users another host owns get WrongHost")
+            settings.forwardTimeoutMilliseconds = try int("cluster.forwardTimeoutMilliseconds", minimum: 100, maximum: 3_600_000) ?? 30_000
+            if let listen = try string("cluster.listen") {
+                guard HostPort(listen) != nil else { throw error("cluster.listen", "must be host:port, e.g. 0.0.0.0:7001 (got \"\(listen)\")") }
+                settings.listen = listen
+            }
+            let tlsKeys = ["cluster.tls.certificate", "cluster.tls.key", "cluster.tls.ca"]
+            if tlsKeys.contains(where: present.contains) {
+                var files: [String] = []
+                for key in tlsKeys {
+                    guard present.contains(key) else { throw error(key, "is required with the other cluster.tls keys (PEM files: this host's certificate, its key, the cluster's CA)") }
+                    let file = try path(key, default: "")
+                    guard FileManager.default.isReadableFile(atPath: file) else { throw error(key, "cannot read \(file)") }
+                    files.append(file)
+                }
+                settings.tls = ClusterTLS(certificate: files[0], key: files[1], ca: files[2])
+            }
+            if settings.forward && settings.tls == nil {
+                throw error("cluster.forward", "forwarding to other daemons needs mutual TLS: set cluster.tls.certificate, cluster.tls.key and cluster.tls.ca (docs/cluster.md), or cluster.forward: false, and requests for users another host owns get WrongHost")
+            }
+            if present.contains("cluster.listen") && settings.tls == nil {
+                throw error("cluster.listen", "needs cluster.tls: other daemons reach this one only over mutual TLS")
             }
             return settings
         }

@@ -157,13 +157,56 @@ public struct ClusterSettings: Sendable, Equatable {
     /// The host lease's TTL (`cluster.leaseSeconds`, 3–300, default 10): a host that cannot
     /// renew it stops acknowledging writes within this time, and its buckets move after it.
     public var leaseSeconds: Int = 10
-    /// Whether requests for users owned elsewhere are forwarded (`cluster.forward`). Only
-    /// `false` is built so far: such requests get `WrongHost`.
-    public var forward: Bool = false
+    /// Whether `io.userstore.Store` calls for users another host owns are forwarded to it
+    /// (`cluster.forward`, default true; needs `cluster.tls`); false: they get `WrongHost`.
+    public var forward: Bool = true
+    /// Where this daemon listens for other daemons (`cluster.listen`, `host:port`; default
+    /// `cluster.address`). Only with `cluster.tls`.
+    public var listen: String
+    /// A forwarded call unanswered this long ends its link to the owner
+    /// (`cluster.forwardTimeoutMilliseconds`, default 30000): `HostUnreachable`.
+    public var forwardTimeoutMilliseconds: Int = 30_000
+    /// Mutual TLS between daemons (`cluster.tls.*`); nil: no listener, no forwarding.
+    public var tls: ClusterTLS?
 
     public init(host: String, etcd: [String], address: String) {
         self.host = host
         self.etcd = etcd
         self.address = address
+        self.listen = address
+    }
+}
+
+/// `cluster.tls.*`: PEM files for mutual TLS between daemons. Every daemon presents its
+/// certificate (`certificate`, `key`) and accepts only peers whose certificate the cluster's
+/// CA (`ca`) signed.
+public struct ClusterTLS: Sendable, Equatable {
+    /// This host's certificate chain (`cluster.tls.certificate`), PEM.
+    public var certificate: String
+    /// Its private key (`cluster.tls.key`), PEM.
+    public var key: String
+    /// The CA certificates a peer's certificate must chain to (`cluster.tls.ca`), PEM.
+    public var ca: String
+
+    public init(certificate: String, key: String, ca: String) {
+        self.certificate = certificate
+        self.key = key
+        self.ca = ca
+    }
+}
+
+/// A `host:port` address split in two (IPv6 hosts in brackets: `[::1]:7001`).
+public struct HostPort: Sendable, Equatable {
+    public var host: String
+    public var port: Int
+
+    /// Nil when `text` is not `host:port` with a port in 1–65535.
+    public init?(_ text: String) {
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (1...65535).contains(port) else { return nil }
+        var host = String(text[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty else { return nil }
+        self.host = host
+        self.port = port
     }
 }

@@ -15,6 +15,10 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     let controller: ClusterController
     let buckets: PrefixMirror<BucketRecord>
     let hosts: PrefixMirror<HostRecord>
+    /// Mutual TLS between daemons (`cluster.tls.*`); nil: no listener, no forwarding.
+    let tls: PeerTLS?
+    /// Forwards calls for users other hosts own (`cluster.forward` with `cluster.tls`).
+    let forwarder: Forwarder?
     private let logger: Logger
     private let keepAlive = Mutex<Task<Void, Never>?>(nil)
     /// The registry whose stores a moving bucket closes (set once it exists: it needs this
@@ -23,15 +27,20 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// Buckets this host released, by the draining epoch it released them at.
     private let released = Mutex<[Int: Int64]>([:])
 
-    init(settings: ClusterSettings, logger: Logger) {
+    init(settings: ClusterSettings, tls: PeerTLS?, logger: Logger) {
         self.settings = settings
+        self.tls = tls
         self.logger = logger
         etcd = EtcdClient(endpoints: settings.etcd)
         membership = HostMembership(etcd: etcd, host: settings.host, record: HostRecord(address: settings.address).json,
                                     ttlSeconds: settings.leaseSeconds, margin: .seconds(Double(settings.leaseSeconds) / 10), logger: logger)
         controller = ClusterController(etcd: etcd, membership: membership, logger: logger)
-        buckets = PrefixMirror(etcd: etcd, prefix: BucketRecord.prefix, logger: logger) { BucketRecord(json: $0.value) }
-        hosts = PrefixMirror(etcd: etcd, prefix: HostMembership.prefix, logger: logger) { HostRecord(json: $0.value) }
+        let buckets = PrefixMirror(etcd: etcd, prefix: BucketRecord.prefix, logger: logger) { BucketRecord(json: $0.value) }
+        let hosts = PrefixMirror(etcd: etcd, prefix: HostMembership.prefix, logger: logger) { HostRecord(json: $0.value) }
+        self.buckets = buckets
+        self.hosts = hosts
+        forwarder = settings.forward ? tls.map { Forwarder(host: settings.host, buckets: buckets, hosts: hosts, tls: $0.client,
+                                                           timeoutMilliseconds: settings.forwardTimeoutMilliseconds) } : nil
     }
 
     func bucket(of user: UserID) -> Int { Placement.bucket(for: user) }
@@ -62,7 +71,9 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The acknowledge rule for a durable write, once the replica has it: this host may still
     /// acknowledge (its lease deadline), and etcd — read now, linearizably — still names it the
     /// owner of the user's bucket, active, at `epoch` (the one its replica path carries).
-    func confirmOwnership(of user: UserID, epoch: Int64?) async throws(StoreError) {
+    /// Returns the epoch confirmed.
+    @discardableResult
+    func confirmOwnership(of user: UserID, epoch: Int64?) async throws(StoreError) -> Int64 {
         let bucket = Placement.bucket(for: user)
         let record: EtcdKeyValue?
         do {
@@ -77,6 +88,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         guard membership.mayAcknowledge else {
             throw .clusterUnavailable(user: user, message: "committed here and in the replica, but host \(settings.host) has not renewed its etcd lease in time")
         }
+        return record.modRevision
     }
 
     /// Joins (retrying until etcd answers), then keeps the controller and the copies of the

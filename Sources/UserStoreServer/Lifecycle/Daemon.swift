@@ -64,7 +64,17 @@ public enum Daemon {
         // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
         let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
         let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
-        let cluster = configuration.cluster.map { DaemonCluster(settings: $0, logger: logger) }
+        var peerTLS: PeerTLS?
+        if let tls = configuration.cluster?.tls {
+            do {
+                peerTLS = try PeerTLS(tls, configurationFile: configuration.sourcePath)
+            } catch {
+                logger.critical("configuration refused: \(error)", metadata: ["event": "daemon-failed"])
+                printError("userstored: configuration refused: \(error)")
+                return .configuration
+            }
+        }
+        let cluster = configuration.cluster.map { DaemonCluster(settings: $0, tls: peerTLS, logger: logger) }
         let replicator = configuration.replication.map { LitestreamReplicator(settings: $0, layout: layout, logger: logger, fencing: cluster) }
         var litestream: LitestreamProcess?
         if let settings = configuration.replication {
@@ -143,7 +153,16 @@ public enum Daemon {
             }
         }
         let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = replicator.map { [.init(service: ReplicationMonitor(replicator: $0))] } ?? []
-        let clusterServices: [ServiceGroupConfiguration.ServiceConfiguration] = cluster.map { [.init(service: $0)] } ?? []
+        var clusterServices: [ServiceGroupConfiguration.ServiceConfiguration] = cluster.map { [.init(service: $0)] } ?? []
+        if let settings = configuration.cluster, let peerTLS, let listen = HostPort(settings.listen) {
+            do {
+                clusterServices.append(.init(service: try await PeerListener.bind(listen, tls: peerTLS, server: server, logger: logger)))
+            } catch {
+                logger.critical("cannot listen for other daemons on \(settings.listen): \(error)", metadata: ["event": "daemon-failed"])
+                printError("userstored: cluster.listen \(settings.listen): \(error)")
+                return .unavailable
+            }
+        }
         let group = ServiceGroup(configuration: ServiceGroupConfiguration(
             services: metricsServices + replicationServices + clusterServices + [
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),

@@ -13,6 +13,15 @@ public struct PeerIdentity: Sendable, Equatable {
     public var gid: UInt32
     public var pid: Int32
     public var grant: AccessRules.Grant
+    /// Set on a connection from another daemon of the cluster (its address): the calls it
+    /// forwards are served here and never forwarded again.
+    public var forwardedFrom: String? = nil
+
+    /// Another daemon, authenticated by mutual TLS: `io.userstore.Store` only (its own client
+    /// passed that daemon's access rules), and not counted against any Unix user's connections.
+    static func forwarded(from peer: String) -> PeerIdentity {
+        PeerIdentity(uid: UInt32.max, gid: UInt32.max, pid: 0, grant: AccessRules.Grant(store: true, admin: false, onlyStore: nil), forwardedFrom: peer)
+    }
 }
 
 /// The settings a reload may change while the daemon runs.

@@ -67,6 +67,22 @@ enum Errors {
         VarlinkError("io.userstore.Store.ReplicationUnavailable", ["user": .string(user), "message": .string(message)])
     }
 
+    /// More than one host: a call forwarded to the owner of the user's bucket got no reply —
+    /// the owner could not be reached, refused the link, or did not answer in time.
+    /// `maybeApplied`: the call had reached the owner (its outcome is unknown); false: it was
+    /// never sent, nothing was done.
+    static func hostUnreachable(user: String, host: String, address: String, message: String, maybeApplied: Bool) -> VarlinkError {
+        VarlinkError("io.userstore.Store.HostUnreachable", [
+            "user": .string(user), "host": .string(host), "address": .string(address), "message": .string(message), "maybeApplied": .bool(maybeApplied),
+        ])
+    }
+
+    /// More than one host: the user's bucket is moving, or moved while the call was forwarded;
+    /// nothing was done.
+    static func retry(user: String, reason: String) -> VarlinkError {
+        VarlinkError("io.userstore.Store.Retry", ["user": .string(user), "reason": .string(reason)])
+    }
+
     /// Any error as a varlink error.
     static func from(_ error: any Error) -> VarlinkError {
         switch error {

@@ -31,6 +31,18 @@ extension DaemonContext {
         replicator?.settings.durableWrites == true || view.member("durable", of: call) != nil
     }
 
+    /// `reply` (`{"parameters":{…}}` and its NUL, as the daemon writes a reply that is not
+    /// streamed) with `fields` added to its parameters.
+    static func adding(_ fields: [String: JSONValue], to reply: [UInt8]) -> [UInt8] {
+        let close = reply.count - 3 // the parameters' closing brace, before "}" and the NUL
+        guard close > 0, reply[close] == UInt8(ascii: "}"), reply[close + 1] == UInt8(ascii: "}") else { return reply }
+        var writer = JSONWriter()
+        writer.write(.object(fields))
+        var inner = writer.bytes.dropFirst().dropLast() // without the object's own braces
+        if reply[close - 1] != UInt8(ascii: "{") { inner.insert(UInt8(ascii: ","), at: inner.startIndex) }
+        return Array(reply[..<close]) + inner + reply[close...]
+    }
+
     /// Waits until `user`'s committed transactions are in the replica, when `reply` (already
     /// encoded) is not an error; returns the reply, or `ReplicationUnavailable`'s (with more
     /// than one host, `ClusterUnavailable`'s when ownership cannot be confirmed after it).
@@ -40,8 +52,11 @@ extension DaemonContext {
             try await replicator.waitUntilReplicated(user)
             // More than one host: acknowledged only if this host still owns the user's bucket at
             // the epoch it replicates under (a linearizable read), and its lease is confirmed.
-            if let cluster { try await cluster.confirmOwnership(of: user, epoch: replicator.registeredEpoch(of: user)) }
-            return reply
+            guard let cluster else { return reply }
+            let epoch = try await cluster.confirmOwnership(of: user, epoch: replicator.registeredEpoch(of: user))
+            // Who acknowledged it, at which epoch: what a client (or the cluster harness's
+            // history checker) needs to tell one owner's acknowledgements from another's.
+            return Self.adding(["host": .string(cluster.settings.host), "epoch": .integer(epoch)], to: reply)
         } catch let error as StoreError {
             return VarlinkReply.encode(error.varlinkError)
         } catch {

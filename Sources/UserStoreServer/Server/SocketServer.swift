@@ -1,6 +1,7 @@
 import CUnixSocket
 import Logging
 import ServiceLifecycle
+import Synchronization
 import UserStoreCore
 import Varlink
 #if canImport(Glibc)
@@ -12,14 +13,18 @@ import Glibc
 final class SocketServer: Service {
     private let listener: Int32
     private let loops: [EventLoop]
+    private let shared: Connection.Shared
+    /// Round robin over the loops for adopted connections.
+    private let nextLoop = Atomic<Int>(0)
     private let acceptors: [Acceptor]
     private let context: DaemonContext
     private let onReady: @Sendable () -> Void
     private let onStopping: @Sendable () -> Void
 
-    private init(listener: Int32, loops: [EventLoop], acceptors: [Acceptor], context: DaemonContext,
+    private init(listener: Int32, loops: [EventLoop], acceptors: [Acceptor], shared: Connection.Shared, context: DaemonContext,
                  onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) {
         self.listener = listener
+        self.shared = shared
         self.loops = loops
         self.acceptors = acceptors
         self.context = context
@@ -41,7 +46,8 @@ final class SocketServer: Service {
             try SocketBinder.restrict(path, mode: context.configuration.socketMode, group: context.configuration.socketGroup)
         }
         let shared = Connection.Shared(context: context, fastPath: FastPath(context: context),
-                                       router: RequestRouter(context: context, logger: logger), logger: logger)
+                                       router: RequestRouter(context: context, logger: logger), logger: logger,
+                                       forwarder: context.cluster?.forwarder)
         let loops = try (0..<max(1, System.coreCount)).map { try EventLoop(name: "userstored-loop-\($0)") }
         let acceptors = loops.map { Acceptor(listener: listener, loop: $0, shared: shared) }
         for (loop, acceptor) in zip(loops, acceptors) {
@@ -51,7 +57,16 @@ final class SocketServer: Service {
                 sweep(loop)
             }
         }
-        return SocketServer(listener: listener, loops: loops, acceptors: acceptors, context: context, onReady: onReady, onStopping: onStopping)
+        return SocketServer(listener: listener, loops: loops, acceptors: acceptors, shared: shared, context: context, onReady: onReady, onStopping: onStopping)
+    }
+
+    /// Serves `descriptor`, a connected socket that did not come through the listener (a peer
+    /// daemon's connection, joined through a socket pair), as `peer`, on the next loop.
+    func adopt(_ descriptor: Int32, peer: PeerIdentity) {
+        _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
+        let loop = loops[nextLoop.add(1, ordering: .relaxed).oldValue % loops.count]
+        let shared = self.shared
+        loop.execute { Connection.start(descriptor, loop: loop, shared: shared, peer: peer) }
     }
 
     /// A non-blocking listening Unix socket bound to `path`.

@@ -36,6 +36,8 @@ final class Connection: EventHandler, @unchecked Sendable {
         let fastPath: FastPath
         let router: RequestRouter
         let logger: Logger
+        /// Sends calls for users another host owns to that host (`cluster.forward`).
+        let forwarder: Forwarder?
     }
 
     /// Replies waiting for an earlier one beyond this: stop reading the socket.
@@ -73,8 +75,8 @@ final class Connection: EventHandler, @unchecked Sendable {
     private var unsent: [UInt8] = []
     private var unsentStart = 0
     /// Replies behind one still being computed on a store's queue, in order.
-    private var pending: [Pending] = []
-    private struct Pending {
+    private(set) var pending: [Pending] = []
+    struct Pending {
         let queued: QueuedReply?
         var bytes: [UInt8]?
     }
@@ -83,7 +85,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// Since when a task's reply has waited for the client to read (nil: it is not waiting).
     private var sendBlockedSince: UInt64?
     /// A call runs in a task; nothing else starts until it ends.
-    private var taskRunning = false
+    var taskRunning = false
     /// Handle no more input (shutdown, an oversized message): close once started calls replied.
     private var stopping = false
     /// The client closed its side: answer what it sent, then close.
@@ -92,6 +94,9 @@ final class Connection: EventHandler, @unchecked Sendable {
     private(set) var closed = false
     /// This connection's interactive transaction (see Connection+Transactions.swift).
     var transaction: OpenTransaction?
+    /// This connection's links to the hosts it forwarded calls to, and the transactions open
+    /// there (created by its first forwarded call; see Connection+Forwarding.swift).
+    var forwarding: ForwardingLinks?
     /// When a byte last arrived (for `limits.idleConnectionSeconds`).
     private var lastActivity = StoreClock.now()
     /// Since when the input holds part of a message (for `limits.requestReadSeconds`).
@@ -109,17 +114,26 @@ final class Connection: EventHandler, @unchecked Sendable {
 
     /// Serves a connection just accepted on `loop` (on its thread): reads the peer's
     /// credentials, applies the access rules and the connection limit.
-    static func start(_ descriptor: Int32, loop: EventLoop, shared: Shared) {
-        var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
-        guard us_peer_credentials(descriptor, &pid, &uid, &gid) == 0 else {
-            close(descriptor)
-            return
-        }
+    /// A connection from another daemon (`forwarded`, joined by the ``PeerListener``) is
+    /// served as that `peer` instead; it counts against `limits.maxConnections` but no Unix
+    /// user's, and is never closed for idleness (its daemon closes it with its client's).
+    static func start(_ descriptor: Int32, loop: EventLoop, shared: Shared, peer forwarded: PeerIdentity? = nil) {
         let settings = shared.context.settings.withLock { $0 }
-        let groups = PeerCredentials.groups(of: uid, primary: gid)
-        let peer = PeerIdentity(uid: uid, gid: gid, pid: pid, grant: settings.access.grant(uid: uid, gid: gid, groups: groups))
+        let peer: PeerIdentity
+        if let forwarded {
+            peer = forwarded
+        } else {
+            var pid: pid_t = 0, uid: uid_t = 0, gid: gid_t = 0
+            guard us_peer_credentials(descriptor, &pid, &uid, &gid) == 0 else {
+                close(descriptor)
+                return
+            }
+            let groups = PeerCredentials.groups(of: uid, primary: gid)
+            peer = PeerIdentity(uid: uid, gid: gid, pid: pid, grant: settings.access.grant(uid: uid, gid: gid, groups: groups))
+        }
         let connection = Connection(descriptor: descriptor, loop: loop, shared: shared, peer: peer, settings: settings)
-        let admission = shared.context.connections.admit(connection, maximum: settings.limits.maxConnections, perUser: settings.limits.maxConnectionsPerUser)
+        let admission = shared.context.connections.admit(connection, maximum: settings.limits.maxConnections,
+                                                         perUser: forwarded == nil ? settings.limits.maxConnectionsPerUser : .max)
         switch admission {
         case .admitted:
             do {
@@ -282,6 +296,16 @@ final class Connection: EventHandler, @unchecked Sendable {
             shared.context.metrics?.requestHandles(method: "").record(outcome: "InvalidRequest", nanoseconds: 0)
             return true
         }
+        // Another host owns the user (or holds the transaction the call names): sent there.
+        if let forwarder = shared.forwarder, peer.forwardedFrom == nil,
+           let target = tape.withView(bytes, { forwarder.target(of: $0, peer: peer, transactions: forwarding?.transactions ?? [:]) }) {
+            descriptors.forEach { close($0) } // no io.userstore.Store call takes descriptors
+            if stopping { // a transaction open on another host ends with the link: rolled back there
+                appendReply(Errors.shuttingDown)
+                return true
+            }
+            return tape.withView(bytes) { forward($0, bytes, to: target) }
+        }
         if let kind = tape.withView(bytes, { Self.transactionCall($0) }) {
             descriptors.forEach { close($0) }
             tape.withView(bytes) { handleTransaction(kind, $0) }
@@ -369,7 +393,7 @@ final class Connection: EventHandler, @unchecked Sendable {
 
     /// A reply from a task: sent in order (the task runs alone), and the task waits while the
     /// client does not read (a long streamed reply never piles up in memory).
-    private func sendFromTask(_ bytes: [UInt8]) async throws {
+    func sendFromTask(_ bytes: [UInt8]) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             loop.execute { [self] in
                 guard !closed else { continuation.resume(throwing: TransportError.closed); return }
@@ -410,8 +434,9 @@ final class Connection: EventHandler, @unchecked Sendable {
             resume()
             return
         }
-        let idle = pending.isEmpty && !taskRunning && !holdsTransaction && inputEnd == inputStart
-        if idle, now - lastActivity > UInt64(limits.idleConnectionSeconds) * 1_000_000_000 {
+        forwarding?.sweep(now: now)
+        let idle = pending.isEmpty && !taskRunning && !holdsTransaction && inputEnd == inputStart && forwarding?.isIdle != false
+        if idle, peer.forwardedFrom == nil, now - lastActivity > UInt64(limits.idleConnectionSeconds) * 1_000_000_000 {
             closeNow()
         }
     }
@@ -434,7 +459,7 @@ final class Connection: EventHandler, @unchecked Sendable {
 
     /// After anything that may unblock progress: handles buffered calls, sends replies, reads
     /// again or stops reading, closes when done.
-    private func resume() {
+    func resume() {
         guard !closed else { return }
         processInput()
         flushOut()
@@ -456,7 +481,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     // MARK: Writing
 
     /// Appends `error` as the next reply.
-    private func appendReply(_ error: VarlinkError) {
+    func appendReply(_ error: VarlinkError) {
         if pending.isEmpty {
             VarlinkReply.encode(error, into: &out)
         } else {
@@ -465,7 +490,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     }
 
     /// Writes the ready replies (what the socket does not take now waits for EPOLLOUT).
-    private func flushOut() {
+    func flushOut() {
         guard !out.bytes.isEmpty, !closed else { return }
         if unsentStart == unsent.count {
             let written = out.bytes.withUnsafeBytes { write($0) }
@@ -535,6 +560,8 @@ final class Connection: EventHandler, @unchecked Sendable {
         guard !closed else { return }
         closed = true
         abandonTransaction()
+        forwarding?.closeAll()
+        forwarding = nil
         loop.unregister(descriptor, token: token)
         close(descriptor)
         for (_, passedDescriptor) in passed { close(passedDescriptor) }
