@@ -1,29 +1,43 @@
 #!/usr/bin/env python3
-"""The cluster harness (#19, docs/cluster.md): 3 etcd members and 3 userstored hosts on this
-machine, sharing a file:// replica, a workload of durable writes through all three, faults, and
-a history checker.
+"""The cluster harness (#19, docs/cluster.md): three etcd members and three userstored hosts on
+this machine, a workload through all three, faults, and a history checker.
 
-    python3 scripts/cluster-test.py [--users 300] [--scenarios kill-owner,pause-owner,...] [--json FILE]
+    python3 scripts/cluster-test.py [--users 300] [--seconds 8] [--scenarios kill-owner,...] [--json FILE]
 
-Each scenario starts a fresh cluster, runs the workload, injects its fault, heals it, and then
-checks the history:
-  - no lost acknowledged write: every durable INSERT that was acknowledged is in the user's
-    store as its owner serves it at the end (read after every host is back);
-  - migrations once: across the three daemons' logs, each (user, migration version) was applied
-    at most once (migration-step events), and every store ends at the latest version;
-It reports, per scenario, the recovery time: the longest time any user went without an
-acknowledged write after the fault.
+Topology. etcd members on 127.0.0.1 (peer traffic), each also listening for clients on
+127.0.0.2-4; host hK is a daemon whose cluster address is 127.0.0.(K+1) and which reaches etcd
+at its own address, so that an iptables rule on that address cuts that one host off from etcd
+and nothing else. The daemons share a file:// replica, forward to one another over mutual TLS
+(certificates from scripts/cluster-certs.sh), and hold leases of 3 s.
 
-Clients do not forward (cluster.forward is false): the workload follows WrongHost to the host it
-names, as a client library would. Needs the debug build (swift build) and
-scripts/install-deps.sh (etcd-server, Litestream). Bounded: every wait has a deadline; every
-process it starts is killed at the end.
+Workload. Worker threads, each a client of one host (its "local daemon": clients never change
+hosts), write to ~300 users: durable INSERTs, plain INSERTs and Opens, recording every call with
+its start, end, outcome and, for durable writes, the host and epoch that acknowledged it.
+Mid-run, before the fault, a migration is added to every host (SIGHUP reloads it).
+
+Each scenario starts a fresh cluster, rebalances the buckets over the three hosts, runs the
+workload, injects its fault, heals it, and checks the history:
+  - no acknowledged durable write lost: each is in its user's store at the end;
+  - one writer per bucket and epoch: no two hosts acknowledged durable writes for one bucket at
+    one epoch, and no acknowledgement names an epoch older than one acknowledged for that bucket
+    before it started;
+  - schema versions monotonic: no Open saw a lower version than an Open that ended before it;
+  - each migration applied once: every store ends at the latest version with exactly one row in
+    the harness migration's table (a second application would add a row; it has no IF NOT EXISTS).
+It reports per scenario: acknowledged writes, outcomes, recovery (the longest time a user whose
+writes were being acknowledged before the fault waited for the next one after it), and the
+non-durable writes lost with their window (how long before the fault the oldest lost one was
+acknowledged).
+
+Needs the debug build (swift build) and scripts/install-deps.sh (etcd-server, Litestream,
+iptables). Bounded: every wait has a deadline; every process it starts is killed and every
+iptables rule it adds is removed at the end.
 """
 import argparse
+import hashlib
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -33,16 +47,18 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(__file__))
-import varlink_client  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON = os.path.join(ROOT, ".build/debug/userstored")
 CTL = os.path.join(ROOT, ".build/debug/userstorectl")
 LITESTREAM = os.path.join(ROOT, ".build/testenv/bin/litestream")
 MIGRATIONS = os.path.join(ROOT, "config/migrations")
-LATEST = max(int(name[:4]) for name in os.listdir(MIGRATIONS) if name[:4].isdigit())
 LEASE = 3
+HARNESS_MIGRATION = 900  # added mid-run; its table counts how often it ran on a store
+HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4"}
+
+
+def bucket_of(user):
+    return int.from_bytes(hashlib.sha256(user.encode()).digest()[:8], "big") % 4096
 
 
 def free_ports(count):
@@ -60,8 +76,31 @@ def wait_for(condition, timeout, what):
     while time.monotonic() < deadline:
         if condition():
             return
-        time.sleep(0.05)  # polling external processes that give no notice
+        time.sleep(0.1)  # polling processes that give no notice
     raise TimeoutError(what)
+
+
+class Connection:
+    """A varlink connection to a daemon's Unix socket (one call at a time)."""
+
+    def __init__(self, path, timeout):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.buffer = b""
+
+    def call(self, method, **parameters):
+        self.sock.sendall(json.dumps({"method": method, "parameters": parameters}).encode() + b"\0")
+        while b"\0" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.buffer += chunk
+        message, _, self.buffer = self.buffer.partition(b"\0")
+        return json.loads(message)
+
+    def close(self):
+        self.sock.close()
 
 
 class Cluster:
@@ -70,70 +109,93 @@ class Cluster:
     def __init__(self, root):
         self.root = root
         self.replica = os.path.join(root, "replica")
+        self.migrations = os.path.join(root, "migrations")
         os.makedirs(self.replica)
-        ports = free_ports(6)
-        self.etcd = [{"name": f"e{i}", "client": f"http://127.0.0.1:{ports[2 * i]}", "peer": f"http://127.0.0.1:{ports[2 * i + 1]}", "proc": None}
-                     for i in range(3)]
-        self.hosts = {f"h{i}": {"dir": os.path.join(root, f"h{i}"), "proc": None, "log": os.path.join(root, f"h{i}.log")} for i in range(1, 4)}
-        for name, host in self.hosts.items():
-            os.makedirs(host["dir"])
-            host["socket"] = os.path.join(host["dir"], "userstore.sock")
-            with open(os.path.join(host["dir"], "userstored.yaml"), "w") as f:
+        shutil.copytree(MIGRATIONS, self.migrations)
+        self.certs = os.path.join(root, "certs")
+        subprocess.run(["bash", os.path.join(ROOT, "scripts/cluster-certs.sh"), self.certs] + [f"{h}={a}" for h, a in HOSTS.items()],
+                       check=True, capture_output=True)
+        ports = free_ports(7)
+        self.client_ports = ports[0:3]
+        self.etcd = [{"name": f"e{i}", "port": ports[i], "peer": f"http://127.0.0.1:{ports[3 + i]}", "proc": None} for i in range(3)]
+        self.cluster_port = ports[6]
+        self.rules = []
+        self.hosts = {}
+        for name, address in HOSTS.items():
+            directory = os.path.join(root, name)
+            os.makedirs(directory)
+            host = {"dir": directory, "address": address, "proc": None, "log": os.path.join(directory, "daemon.log"),
+                    "socket": os.path.join(directory, "userstore.sock")}
+            self.hosts[name] = host
+            with open(os.path.join(directory, "userstored.yaml"), "w") as f:
                 f.write(f"""appVersion: "2.0.0"
-dataDirectory: {host['dir']}/data
+dataDirectory: {directory}/data
 socketPath: {host['socket']}
-migrationsDirectory: {MIGRATIONS}
+migrationsDirectory: {self.migrations}
 logTarget: stderr
 replication:
   replica: file://{self.replica}
   litestream: {LITESTREAM}
 cluster:
   host: {name}
-  etcd: [{", ".join(m["client"] for m in self.etcd)}]
-  address: 127.0.0.{int(name[1:]) + 1}:7001
+  etcd: [{", ".join(f"http://{address}:{m['port']}" for m in self.etcd)}]
+  address: {address}:{self.cluster_port}
   leaseSeconds: {LEASE}
-  forward: false
+  forwardTimeoutMilliseconds: 2000
+  tls:
+    certificate: {self.certs}/{name}.pem
+    key: {self.certs}/{name}.key
+    ca: {self.certs}/ca.pem
 """)
+
+    # etcd
 
     def start_etcd(self, i):
         m = self.etcd[i]
         initial = ",".join(f"{x['name']}={x['peer']}" for x in self.etcd)
+        listen = ",".join(f"http://{a}:{m['port']}" for a in ["127.0.0.1", *HOSTS.values()])
+        state = "existing" if os.path.exists(os.path.join(self.root, m["name"])) else "new"
         m["proc"] = subprocess.Popen(
             ["/usr/bin/etcd", "--name", m["name"], "--data-dir", os.path.join(self.root, m["name"]),
-             "--listen-client-urls", m["client"], "--advertise-client-urls", m["client"],
+             "--listen-client-urls", listen, "--advertise-client-urls", f"http://127.0.0.1:{m['port']}",
              "--listen-peer-urls", m["peer"], "--initial-advertise-peer-urls", m["peer"],
-             "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", self.root,
+             "--initial-cluster", initial, "--initial-cluster-state", state, "--initial-cluster-token", self.root,
              "--heartbeat-interval", "100", "--election-timeout", "1000"],
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, m["name"] + ".log"), "ab"))
 
+    def etcd_status(self, i):
+        out = subprocess.run(["curl", "-s", "-f", "-m", "1", f"http://127.0.0.1:{self.etcd[i]['port']}/v3/maintenance/status", "-d", "{}"],
+                             capture_output=True, text=True).stdout
+        try:
+            return json.loads(out)
+        except ValueError:
+            return None
+
     def etcd_leader(self):
         for i, m in enumerate(self.etcd):
-            if m["proc"] is None:
-                continue
-            try:
-                out = subprocess.run(["curl", "-s", "-f", "-m", "1", m["client"] + "/v3/maintenance/status", "-d", "{}"],
-                                     capture_output=True, text=True).stdout
-                status = json.loads(out)
-                if status.get("leader") == status["header"]["member_id"]:
-                    return i
-            except (ValueError, KeyError):
-                continue
+            status = m["proc"] is not None and self.etcd_status(i)
+            if status and status.get("leader") == status["header"]["member_id"]:
+                return i
         return None
+
+    # daemons
 
     def start_host(self, name):
         host = self.hosts[name]
+        if os.path.exists(host["socket"]):
+            os.unlink(host["socket"])  # a killed daemon's
         host["proc"] = subprocess.Popen([DAEMON, "--config", os.path.join(host["dir"], "userstored.yaml")],
                                         stdout=subprocess.DEVNULL, stderr=open(host["log"], "ab"))
-        wait_for(lambda: os.path.exists(host["socket"]), 30, f"{name} listening")
+        wait_for(lambda: os.path.exists(host["socket"]), 60, f"{name} listening")
 
-    def stop_host(self, name, sig=signal.SIGTERM):
+    def signal_host(self, name, sig):
         proc = self.hosts[name]["proc"]
         if proc and proc.poll() is None:
             proc.send_signal(sig)
-            if sig in (signal.SIGTERM, signal.SIGKILL):
-                proc.wait(timeout=60)
-        if sig in (signal.SIGTERM, signal.SIGKILL):
+        if sig == signal.SIGKILL:
+            proc.wait(timeout=30)
             self.hosts[name]["proc"] = None
+            subprocess.run(["pkill", "-KILL", "-f", f"litestream replicate -config {self.hosts[name]['dir']}"], check=False)
 
     def start(self):
         for i in range(3):
@@ -141,11 +203,59 @@ cluster:
         wait_for(lambda: self.etcd_leader() is not None, 30, "an etcd leader")
         for name in self.hosts:
             self.start_host(name)
+        wait_for(lambda: all(h["live"] for h in self.status("h1").get("hosts", [])) and len(self.status("h1").get("hosts", [])) == 3
+                 and self.status("h1").get("unassignedBuckets") == 0, 60, "three hosts and every bucket assigned")
+        result = self.ctl("h1", "cluster", "rebalance")
+        if result.returncode != 0:
+            raise RuntimeError(f"rebalance failed: {result.stderr}")
+        self.settle()
+
+    def settle(self, timeout=90):
+        """Waits until every live host sees no moves under way and acknowledges."""
+        def settled():
+            for name, host in self.hosts.items():
+                if host["proc"] is None:
+                    continue
+                status = self.status(name)
+                if not status.get("mayAcknowledge") or status.get("movingBuckets") or status.get("requestedMoves") or status.get("unassignedBuckets"):
+                    return False
+                if any(h["buckets"] for h in status.get("hosts", []) if not h["live"]):
+                    return False
+            return True
+        wait_for(settled, timeout, "the cluster settled")
+
+    def status(self, name):
+        result = self.ctl(name, "cluster", "status", "--json")
+        try:
+            return json.loads(result.stdout)
+        except ValueError:
+            return {}
 
     def ctl(self, name, *args):
-        return subprocess.run([CTL, *args], capture_output=True, text=True, env={**os.environ, "USERSTORE_SOCKET": self.hosts[name]["socket"]})
+        return subprocess.run([CTL, *args], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "USERSTORE_SOCKET": self.hosts[name]["socket"]})
+
+    def add_migration(self):
+        with open(os.path.join(self.migrations, f"{HARNESS_MIGRATION:04d}_harness.sql"), "w") as f:
+            f.write("-- Up\nCREATE TABLE harness_once (applied_at TEXT NOT NULL);\nINSERT INTO harness_once VALUES (datetime('now'));\n")
+        for host in self.hosts.values():
+            if host["proc"] is not None:
+                host["proc"].send_signal(signal.SIGHUP)
+
+    # faults
+
+    def cut_from_etcd(self, name):
+        ports = ",".join(str(m["port"]) for m in self.etcd)
+        rule = ["INPUT", "-d", self.hosts[name]["address"], "-p", "tcp", "-m", "multiport", "--dports", ports, "-j", "DROP"]
+        subprocess.run(["iptables", "-I", *rule], check=True)
+        self.rules.append(rule)
+
+    def heal_network(self):
+        while self.rules:
+            subprocess.run(["iptables", "-D", *self.rules.pop()], check=False)
 
     def close(self):
+        self.heal_network()
         for host in self.hosts.values():
             if host["proc"] and host["proc"].poll() is None:
                 host["proc"].send_signal(signal.SIGCONT)
@@ -153,24 +263,22 @@ cluster:
                 host["proc"].wait()
         for m in self.etcd:
             if m["proc"] and m["proc"].poll() is None:
-                m["proc"].send_signal(signal.SIGCONT)
                 m["proc"].kill()
                 m["proc"].wait()
-        # Litestream children of killed daemons.
         subprocess.run(["pkill", "-KILL", "-f", f"litestream replicate -config {self.root}"], check=False)
 
 
 class Workload:
-    """Worker threads writing durably to random users, following WrongHost; a history of every call."""
+    """Worker threads, each a client of one host, writing and opening random users."""
 
-    def __init__(self, cluster, users, workers=6):
+    def __init__(self, cluster, users, workers):
         self.cluster = cluster
         self.users = users
-        self.owner = {}  # the host a user was last served by or named by WrongHost
         self.history = []
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.threads = [threading.Thread(target=self.run, args=(w,), daemon=True) for w in range(workers)]
+        hosts = list(cluster.hosts)
+        self.threads = [threading.Thread(target=self.run, args=(w, hosts[w % len(hosts)]), daemon=True) for w in range(workers)]
 
     def start(self):
         for t in self.threads:
@@ -181,105 +289,155 @@ class Workload:
         for t in self.threads:
             t.join(timeout=60)
 
-    def run(self, worker):
-        seq = 0
+    def run(self, worker, home):
         rng = random.Random(worker)
-        connections = {}
+        connection = None
+        seq = 0
         while not self.stopping.is_set():
             user = rng.choice(self.users)
             seq += 1
+            roll = rng.random()
+            kind = "durable" if roll < 0.5 else "write" if roll < 0.85 else "open"
             value = f"w{worker}-{seq}"
-            host = self.owner.get(user) or rng.choice(list(self.cluster.hosts))
-            for _ in range(4):  # follow WrongHost a few times
-                started = time.monotonic()
-                outcome, named = self.write(connections, host, user, value)
-                with self.lock:
-                    self.history.append({"user": user, "value": value, "host": host, "outcome": outcome, "start": started, "end": time.monotonic()})
-                if outcome == "wrong-host" and named:
-                    host = named
-                    continue
-                if outcome == "ok":
-                    self.owner[user] = host
-                break
-            if outcome not in ("ok",):
-                time.sleep(0.05)  # back off before the next write after a failure
+            entry = {"worker": worker, "home": home, "user": user, "kind": kind, "value": value, "start": time.monotonic()}
+            try:
+                if connection is None:
+                    connection = Connection(self.cluster.hosts[home]["socket"], timeout=30)
+                if kind == "open":
+                    reply = connection.call("io.userstore.Store.Open", user=user)
+                else:
+                    reply = connection.call("io.userstore.Store.Execute", user=user, durable=kind == "durable",
+                                            sql="INSERT INTO notes (title) VALUES (?)", parameters=[value])
+                entry["outcome"], entry["error"] = self.classify(reply)
+                parameters = reply.get("parameters", {})
+                if entry["outcome"] == "ok":
+                    entry["host"], entry["epoch"] = parameters.get("host"), parameters.get("epoch")
+                    entry["version"] = parameters.get("schemaVersion")
+            except (OSError, ConnectionError, ValueError) as error:
+                if connection is not None:
+                    connection.close()
+                connection = None
+                entry["outcome"], entry["error"] = "info", type(error).__name__
+            entry["end"] = time.monotonic()
+            with self.lock:
+                self.history.append(entry)
+            if entry["outcome"] != "ok":
+                time.sleep(0.05)  # back off after a failure, as a client would
 
-    def write(self, connections, host, user, value):
-        """One durable INSERT; returns (ok | wrong-host | fail | info, named host)."""
-        path = self.cluster.hosts[host]["socket"]
-        try:
-            sock = connections.get(host) or varlink_client.connect(path, timeout=0, call_timeout=15)
-            connections[host] = sock
-            reply = varlink_client.call(sock, "io.userstore.Store.Execute", user=user, durable=True,
-                                        sql="INSERT INTO notes (title) VALUES (?)", parameters=[value])
-        except (OSError, ConnectionError, ValueError):
-            connections.pop(host, None)
-            return "info", None  # unknown: it may have been applied
+    @staticmethod
+    def classify(reply):
+        """ok | fail (nothing was done) | info (unknown: it may have been applied)."""
         error = reply.get("error")
         if not error:
             return "ok", None
-        if error.endswith(".WrongHost"):
-            return "wrong-host", reply.get("parameters", {}).get("host")
-        if error.endswith((".Retry", ".InvalidUser", ".ShuttingDown")) or (error.endswith(".ClusterUnavailable") and "committed" not in json.dumps(reply)):
-            return "fail", None  # nothing was done
-        return "info", None  # committed here perhaps (ReplicationUnavailable, ClusterUnavailable after commit)
+        name = error.rsplit(".", 1)[-1]
+        parameters = reply.get("parameters", {})
+        if name in ("Retry", "ShuttingDown", "WrongHost"):
+            return "fail", name
+        if name == "HostUnreachable":
+            return ("info" if parameters.get("maybeApplied") else "fail"), name
+        if name == "ClusterUnavailable":
+            return ("info" if "committed" in parameters.get("message", "") else "fail"), name
+        return "info", name  # ReplicationUnavailable (committed here), anything unexpected
 
 
-def read_back(cluster, user):
-    """Every title in `user`'s store as its owner serves it now (following WrongHost)."""
-    host = next(iter(cluster.hosts))
-    for _ in range(20):
+def read_store(cluster, user):
+    """`user`'s titles and harness-migration rows as the cluster serves them now (any live host)."""
+    for attempt in range(100):
+        live = [h for h in cluster.hosts.values() if h["proc"] is not None]
+        host = live[attempt % len(live)]
         try:
-            reply = varlink_client.call_once(cluster.hosts[host]["socket"], "io.userstore.Store.Query", call_timeout=30, user=user, sql="SELECT title FROM notes")
-        except OSError:
-            host = random.choice(list(cluster.hosts))
+            connection = Connection(host["socket"], timeout=30)
+            try:
+                titles = connection.call("io.userstore.Store.Query", user=user, sql="SELECT title FROM notes")
+                once = connection.call("io.userstore.Store.Query", user=user, sql="SELECT count(*) FROM harness_once")
+                version = connection.call("io.userstore.Store.Open", user=user)
+            finally:
+                connection.close()
+        except (OSError, ConnectionError, ValueError):
+            time.sleep(0.2)
             continue
-        error = reply.get("error")
-        if not error:
-            return {row[0] for row in reply["parameters"]["rows"]}, host
-        if error.endswith(".WrongHost"):
-            host = reply["parameters"]["host"]
+        never = once.get("error", "").endswith(".SQLError")  # no harness_once table: the migration never ran
+        if any("error" in r for r in (titles, version)) or ("error" in once and not never):
+            time.sleep(0.2)  # Retry / ClusterUnavailable: the cluster is still settling
             continue
-        time.sleep(0.2)  # Retry / ClusterUnavailable: the cluster is settling
+        return ({row[0] for row in titles["parameters"]["rows"]}, 0 if never else once["parameters"]["rows"][0][0],
+                version["parameters"]["schemaVersion"])
     raise RuntimeError(f"cannot read {user}'s store")
 
 
 def check(cluster, workload, fault_at):
     problems = []
-    acked = {}
-    for entry in workload.history:
-        if entry["outcome"] == "ok":
-            acked.setdefault(entry["user"], set()).add(entry["value"])
+    history = sorted(workload.history, key=lambda e: e["start"])
+    acked = [e for e in history if e["outcome"] == "ok"]
+    lost_plain = []
     for user in workload.users:
-        titles, _ = read_back(cluster, user)
-        lost = acked.get(user, set()) - titles
-        if lost:
-            problems.append(f"{user}: {len(lost)} acknowledged writes lost, e.g. {sorted(lost)[:3]}")
-    applied = {}
-    for host in cluster.hosts.values():
-        with open(host["log"], errors="replace") as f:
-            for line in f:
-                if "event=migration-step" in line:
-                    user = re.search(r"user=(\S+)", line)
-                    version = re.search(r"version=(\d+)", line)
-                    if user and version:
-                        key = (user.group(1).rstrip("]"), int(version.group(1)))
-                        applied[key] = applied.get(key, 0) + 1
-    twice = [key for key, count in applied.items() if count > 1]
-    if twice:
-        problems.append(f"migrations applied more than once: {twice[:5]}")
-    # Recovery: per user, the longest gap between acknowledged writes that spans the fault.
+        titles, once, version = read_store(cluster, user)
+        mine = [e for e in acked if e["user"] == user and e["kind"] != "open"]
+        lost = [e for e in mine if e["value"] not in titles]
+        durable_lost = [e for e in lost if e["kind"] == "durable"]
+        if durable_lost:
+            problems.append(f"{user}: {len(durable_lost)} acknowledged durable writes lost, e.g. {durable_lost[0]}")
+        lost_plain += [e for e in lost if e["kind"] == "write"]
+        if version < HARNESS_MIGRATION or once != 1:
+            problems.append(f"{user}: schema version {version}, harness migration applied {once} times (want >= {HARNESS_MIGRATION} and once)")
+    # One writer per bucket and epoch; epochs never go back.
+    writers = {}
+    for e in acked:
+        if e["kind"] == "durable":
+            if e.get("epoch") is None or e.get("host") is None:
+                problems.append(f"durable acknowledgement without host and epoch: {e}")
+                continue
+            writers.setdefault((bucket_of(e["user"]), e["epoch"]), set()).add(e["host"])
+    for (bucket, epoch), hosts in writers.items():
+        if len(hosts) > 1:
+            problems.append(f"bucket {bucket}, epoch {epoch}: acknowledged by {sorted(hosts)}")
+    by_bucket = {}
+    for e in acked:
+        if e["kind"] == "durable" and e.get("epoch") is not None:
+            by_bucket.setdefault(bucket_of(e["user"]), []).append(e)
+    for bucket, entries in by_bucket.items():
+        newest_ended = (-1, None)  # the highest epoch acknowledged by a call that ended, as calls start
+        ends = sorted(entries, key=lambda e: e["end"])
+        j = 0
+        for e in sorted(entries, key=lambda e: e["start"]):
+            while j < len(ends) and ends[j]["end"] < e["start"]:
+                if ends[j]["epoch"] > newest_ended[0]:
+                    newest_ended = (ends[j]["epoch"], ends[j])
+                j += 1
+            if e["epoch"] < newest_ended[0]:
+                problems.append(f"bucket {bucket}: {e['host']} acknowledged at epoch {e['epoch']} after epoch {newest_ended[0]} was: {e} after {newest_ended[1]}")
+                break
+    # Schema versions seen by Opens never go back.
+    for user in workload.users:
+        opens = [e for e in acked if e["user"] == user and e["kind"] == "open"]
+        highest = -1
+        ends = sorted(opens, key=lambda e: e["end"])
+        j = 0
+        for e in sorted(opens, key=lambda e: e["start"]):
+            while j < len(ends) and ends[j]["end"] < e["start"]:
+                highest = max(highest, ends[j]["version"])
+                j += 1
+            if e["version"] < highest:
+                problems.append(f"{user}: an Open saw schema version {e['version']} after one had seen {highest}")
+                break
+    # Recovery: the longest wait, after the fault, for a user's next acknowledged write.
     recovery = 0.0
-    by_user = {}
-    for entry in sorted(workload.history, key=lambda e: e["end"]):
-        if entry["outcome"] == "ok":
-            by_user.setdefault(entry["user"], []).append(entry["end"])
-    for times in by_user.values():
-        before = [t for t in times if t <= fault_at]
-        after = [t for t in times if t > fault_at]
-        if before and after:
-            recovery = max(recovery, after[0] - fault_at)
-    return problems, recovery, sum(len(v) for v in acked.values())
+    last_before, first_after = {}, {}
+    for e in acked:
+        if e["kind"] == "open":
+            continue
+        if e["end"] <= fault_at:
+            last_before[e["user"]] = e["end"]
+        elif e["user"] not in first_after:
+            first_after[e["user"]] = e["end"]
+    for user in last_before:
+        if user in first_after:
+            recovery = max(recovery, first_after[user] - fault_at)
+    window = max((fault_at - e["end"] for e in lost_plain), default=0.0)
+    return problems, {"acknowledged_durable": sum(e["kind"] == "durable" for e in acked),
+                      "acknowledged_plain": sum(e["kind"] == "write" for e in acked), "opens": sum(e["kind"] == "open" for e in acked),
+                      "recovery_seconds": round(recovery, 2), "plain_lost": len(lost_plain), "plain_loss_window_seconds": round(window, 2)}
 
 
 SCENARIOS = {}
@@ -292,79 +450,96 @@ def scenario(name):
     return register
 
 
-def busiest_host(cluster):
-    status = json.loads(cluster.ctl("h1", "cluster", "status", "--json").stdout)
-    return max((h for h in status["hosts"] if h["live"]), key=lambda h: h["buckets"])["name"]
+def victim(cluster):
+    """The live host owning the most buckets (never the one the checker reads through last)."""
+    status = cluster.status("h1")
+    return max((h for h in status["hosts"] if h["live"]), key=lambda h: (h["buckets"], h["name"]))["name"]
 
 
 @scenario("kill-owner")
-def kill_owner(cluster):
-    victim = busiest_host(cluster)
-    cluster.stop_host(victim, signal.SIGKILL)
-    return lambda: cluster.start_host(victim)
+def kill_owner(cluster, seconds):
+    name = victim(cluster)
+    cluster.signal_host(name, signal.SIGKILL)
+    time.sleep(seconds)  # the fault lasts this long
+    return lambda: cluster.start_host(name)
 
 
 @scenario("pause-owner")
-def pause_owner(cluster):
-    victim = busiest_host(cluster)
-    cluster.stop_host(victim, signal.SIGSTOP)
-    time.sleep(2 * LEASE)  # the fault's duration: longer than the lease
-    return lambda: cluster.stop_host(victim, signal.SIGCONT)
+def pause_owner(cluster, seconds):
+    name = victim(cluster)
+    cluster.signal_host(name, signal.SIGSTOP)
+    time.sleep(max(seconds, 2 * LEASE))  # longer than the lease: its buckets move
+    return lambda: cluster.signal_host(name, signal.SIGCONT)
 
 
 @scenario("kill-etcd-leader")
-def kill_etcd_leader(cluster):
+def kill_etcd_leader(cluster, seconds):
     leader = cluster.etcd_leader()
     cluster.etcd[leader]["proc"].kill()
     cluster.etcd[leader]["proc"].wait()
     cluster.etcd[leader]["proc"] = None
+    time.sleep(seconds)
     return lambda: cluster.start_etcd(leader)
 
 
-@scenario("drain")
-def drain(cluster):
-    victim = busiest_host(cluster)
-    result = cluster.ctl("h1", "cluster", "drain", victim)
-    if result.returncode != 0:
-        raise RuntimeError(f"drain failed: {result.stderr}")
-    return lambda: None
+@scenario("partition-owner")
+def partition_owner(cluster, seconds):
+    name = victim(cluster)
+    cluster.cut_from_etcd(name)
+    time.sleep(max(seconds, 2 * LEASE))  # longer than the lease: its buckets move
+    return cluster.heal_network
 
 
 @scenario("move")
-def move(cluster):
-    status = json.loads(cluster.ctl("h1", "cluster", "status", "--json").stdout)
-    hosts = [h["name"] for h in status["hosts"] if h["live"]]
-    for bucket in range(0, 4096, 64):  # 64 buckets moved to the next host
-        result = cluster.ctl("h1", "cluster", "move", str(bucket), hosts[bucket % len(hosts)])
+def move(cluster, seconds):
+    status = cluster.status("h1")
+    hosts = sorted(h["name"] for h in status["hosts"] if h["live"])
+    for bucket in range(0, 4096, 32):  # 128 buckets, each to another host
+        result = cluster.ctl("h1", "cluster", "move", str(bucket), hosts[(bucket // 32) % len(hosts)])
         if result.returncode != 0:
             raise RuntimeError(f"move failed: {result.stderr}")
+    time.sleep(seconds)
     return lambda: None
 
 
-def run(name, users, seconds):
+@scenario("drain")
+def drain(cluster, seconds):
+    name = victim(cluster)
+    result = cluster.ctl("h1", "cluster", "drain", name)
+    if result.returncode != 0:
+        raise RuntimeError(f"drain failed: {result.stderr}")
+    time.sleep(seconds)
+    return lambda: None
+
+
+def run(name, users, seconds, workers):
     root = tempfile.mkdtemp(prefix="userstore-cluster-")
     cluster = Cluster(root)
     try:
         cluster.start()
         names = [f"u{i:04d}" for i in range(users)]
-        wait_for(lambda: cluster.ctl("h1", "cluster", "status").returncode == 0, 30, "every bucket assigned")
-        workload = Workload(cluster, names)
+        workload = Workload(cluster, names, workers)
         workload.start()
-        time.sleep(seconds)  # the workload's warm-up: the length of the run, not a synchronisation
+        time.sleep(seconds / 2)  # warm-up: the run's length, not a synchronisation
+        cluster.add_migration()
+        time.sleep(seconds / 2)
         fault_at = time.monotonic()
-        heal = SCENARIOS[name](cluster)
-        time.sleep(seconds)  # the workload runs on through the fault
+        heal = SCENARIOS[name](cluster, seconds)
         heal()
-        time.sleep(seconds)  # and after it is healed
+        healed_at = time.monotonic()
+        time.sleep(seconds)  # the workload goes on after the fault is healed
         workload.stop()
-        wait_for(lambda: all(cluster.ctl(h, "cluster", "status").returncode == 0 for h in cluster.hosts
-                             if cluster.hosts[h]["proc"] is not None), 60, "the cluster settled")
-        problems, recovery, acked = check(cluster, workload, fault_at)
+        cluster.settle()
+        problems, figures = check(cluster, workload, fault_at)
         outcomes = {}
         for entry in workload.history:
-            outcomes[entry["outcome"]] = outcomes.get(entry["outcome"], 0) + 1
-        return {"scenario": name, "users": users, "acknowledged": acked, "outcomes": outcomes,
-                "recovery_seconds": round(recovery, 2), "problems": problems}
+            key = entry["outcome"] + (f" {entry['error']}" if entry.get("error") else "")
+            outcomes[key] = outcomes.get(key, 0) + 1
+        return {"scenario": name, "users": users, "fault_seconds": round(healed_at - fault_at, 2), **figures,
+                "outcomes": outcomes, "problems": problems}
+    except Exception as error:  # the harness itself failed: report it as this scenario's problem
+        logs = {n: open(h["log"], errors="replace").read()[-3000:] for n, h in cluster.hosts.items() if os.path.exists(h["log"])}
+        return {"scenario": name, "users": users, "problems": [f"harness: {error!r}"], "logs": logs}
     finally:
         cluster.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -374,21 +549,26 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--users", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=8, help="workload time before, during and after each fault")
+    parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
+    if os.geteuid() != 0 and "partition-owner" in args.scenarios:
+        sys.exit("partition-owner needs root (iptables)")
     results = []
-    failed = False
     for name in args.scenarios.split(","):
-        result = run(name, args.users, args.seconds)
+        result = run(name, args.users, args.seconds, args.workers)
         results.append(result)
-        failed |= bool(result["problems"])
-        print(f"{name}: {result['acknowledged']} acknowledged durable writes, outcomes {result['outcomes']}, "
-              f"recovery {result['recovery_seconds']} s, {'OK' if not result['problems'] else 'FAILED: ' + '; '.join(result['problems'])}", flush=True)
+        verdict = "OK" if not result["problems"] else "FAILED: " + "; ".join(result["problems"][:5])
+        figures = {k: v for k, v in result.items() if k not in ("scenario", "problems", "logs")}
+        print(f"{name}: {json.dumps(figures)} {verdict}", flush=True)
+        if result.get("logs"):
+            for host, log in result["logs"].items():
+                print(f"--- {host}'s last lines\n{log}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-    sys.exit(1 if failed else 0)
+    sys.exit(1 if any(r["problems"] for r in results) else 0)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ files=(
     "$PREFIX/share/bash-completion/completions/userstorectl" "$PREFIX/share/zsh/site-functions/_userstorectl"
     "$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
     "$docdir/README.md" "$docdir/migrations.md" "$docdir/configuration.md" "$docdir/cli.md" "$docdir/design.md"
-    "$docdir/replication.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
+    "$docdir/replication.md" "$docdir/cluster.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
+    "$sharedir/userstored-cluster.conf" "$sharedir/cluster-certs.sh"
 )
 
 if [ "$action" = uninstall ]; then
@@ -78,7 +79,10 @@ install -m 0644 systemd/userstore.sysusers.conf "$DESTDIR$sysusersdir/userstore.
 install -m 0644 systemd/userstore.tmpfiles.conf "$DESTDIR$tmpfilesdir/userstore.conf"
 install -m 0644 systemd/userstored.catalog "$DESTDIR$catalogdir/userstored.catalog"
 install -m 0644 Sources/UserStoreServer/Interfaces/*.varlink "$DESTDIR$sharedir/varlink/"
-install -m 0644 README.md docs/migrations.md docs/configuration.md docs/cli.md docs/design.md docs/replication.md "$DESTDIR$docdir/"
+install -m 0644 README.md docs/migrations.md docs/configuration.md docs/cli.md docs/design.md docs/replication.md docs/cluster.md "$DESTDIR$docdir/"
+# More than one host (docs/cluster.md): the unit's network drop-in and the certificate maker.
+install -m 0644 systemd/userstored-cluster.conf "$DESTDIR$sharedir/userstored-cluster.conf"
+install -m 0755 scripts/cluster-certs.sh "$DESTDIR$sharedir/cluster-certs.sh"
 "$bin/userstorectl" --generate-completion-script bash > "$DESTDIR$PREFIX/share/bash-completion/completions/userstorectl"
 "$bin/userstorectl" --generate-completion-script zsh > "$DESTDIR$PREFIX/share/zsh/site-functions/_userstorectl"
 "$bin/userstorectl" --generate-completion-script fish > "$DESTDIR$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"

@@ -29,6 +29,12 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
     /// The daemon's error reply `name` (qualified or short) with its `parameters`, in words.
     static func from(name: String, parameters: [String: SQLValue], socket: String) -> CtlError {
         let short = name.split(separator: ".").last.map(String.init) ?? name
+        if short == "WrongHost", let host = parameters["host"] {
+            // An admin call acts on this host's stores only; the owner's daemon serves it.
+            let address = parameters["address"].map(text) ?? ""
+            return CtlError(.someFailed, "WrongHost: user \(parameters["user"].map(text) ?? "?") is on host \(text(host))"
+                            + (address.isEmpty ? "" : " (\(address))") + ", epoch \(parameters["epoch"].map(text) ?? "?"): run userstorectl there")
+        }
         let detail = ["message", "reason", "problems", "parameter", "user", "migration"].compactMap { key -> String? in
             guard let value = parameters[key] else { return nil }
             return "\(key): \(text(value))"

@@ -39,6 +39,8 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case clusterBucketsAssigned = "cluster-buckets-assigned"
     case clusterBadRecord = "cluster-bad-record"
     case clusterBucketReleased = "cluster-bucket-released"
+    case clusterListening = "cluster-listening"
+    case clusterPeerRefused = "cluster-peer-refused"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -80,6 +82,8 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .clusterBucketsAssigned: return "1d0f26aaed93409aae05697bb07f1919"
         case .clusterBadRecord: return "427e975f78274b9c9f35c41c63a467a4"
         case .clusterBucketReleased: return "949a21f231724316994015e5cbe04491"
+        case .clusterListening: return "22edc9823dcb4c8aa469a5343bc4c66a"
+        case .clusterPeerRefused: return "5a3936033e7040a99a22abe9fa944201"
         }
     }
 }

@@ -7,7 +7,7 @@ extension UserStoreCtlCommand {
         static let configuration = CommandConfiguration(
             abstract: "Work with a cluster of hosts (cluster.* in the daemon's configuration).",
             discussion: "See docs/cluster.md.",
-            subcommands: [Status.self, Move.self, Drain.self])
+            subcommands: [Status.self, Move.self, Drain.self, Rebalance.self])
 
         struct Move: ParsableCommand {
             static let configuration = CommandConfiguration(
@@ -47,6 +47,23 @@ extension UserStoreCtlCommand {
                 let result = try connection.client().call("io.userstore.Admin.DrainHost", ["host": .string(host)])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("draining \(host): \(Output.cell(result["buckets"])) buckets to move")
+                }
+            }
+        }
+
+        struct Rebalance: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Give every live host its share of the buckets (after hosts joined).",
+                discussion: """
+                    A host that joins takes no buckets by itself. This asks the controller to move each bucket                     whose owner is not its rendezvous owner among the live hosts not being drained, each as with                     `cluster move`; nothing else moves. Returns at once with the number of moves asked;                     `cluster status` shows them until they are done.
+                    """)
+
+            @OptionGroup var connection: ConnectionOptions
+
+            func run() throws {
+                let result = try connection.client().call("io.userstore.Admin.Rebalance", [:])
+                if connection.output.json { connection.output.jsonLine(.object(result)) } else {
+                    print("rebalancing: \(Output.cell(result["moves"])) buckets to move")
                 }
             }
         }

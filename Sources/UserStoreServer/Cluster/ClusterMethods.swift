@@ -1,15 +1,15 @@
 import UserStoreCluster
 import Varlink
 
-/// `io.userstore.Admin.Cluster`, `MoveBucket` and `DrainHost`: the cluster as this daemon sees
-/// it, and an operator's moves (carried out by the controller).
+/// `io.userstore.Admin.Cluster`, `MoveBucket`, `DrainHost` and `Rebalance`: the cluster as this
+/// daemon sees it, and an operator's moves (carried out by the controller).
 struct ClusterMethods {
     let context: DaemonContext
 
     /// Handles `request` if it is one of these methods; false otherwise.
     func handle(_ request: Request, send: @escaping ReplySink) async throws -> Bool {
         let member = request.call.member
-        guard ["Cluster", "MoveBucket", "DrainHost"].contains(member) else { return false }
+        guard ["Cluster", "MoveBucket", "DrainHost", "Rebalance"].contains(member) else { return false }
         guard let cluster = context.cluster else { throw VarlinkError("io.userstore.Admin.ClusterOff") }
         let parameters = CallParameters(request.call)
         switch member {
@@ -30,10 +30,31 @@ struct ClusterMethods {
             try await cluster.etcd.put(ClusterKeys.drain(host), "", lease: record.lease)
             let owned = cluster.buckets.all.values.filter { $0.value.owner == host }.count
             try await send(VarlinkReply.encode(["host": .string(host), "buckets": .integer(Int64(owned))]))
+        case "Rebalance":
+            try await send(VarlinkReply.encode(["moves": .integer(Int64(try await Self.rebalance(cluster)))]))
         default:
             try await send(VarlinkReply.encode(await Self.status(cluster)))
         }
         return true
+    }
+
+    /// Asks the controller to move every bucket whose owner is not its rendezvous owner among
+    /// the live hosts not being drained (a host that joined takes its share; nothing else
+    /// moves); returns how many moves were asked.
+    static func rebalance(_ cluster: DaemonCluster) async throws -> Int {
+        let drained = Set(try await cluster.etcd.list(prefix: ClusterKeys.drains).map { String($0.key.dropFirst(ClusterKeys.drains.count)) })
+        let eligible = Set(cluster.hosts.all.keys).subtracting(drained)
+        guard !eligible.isEmpty else { return 0 }
+        let records = cluster.buckets.all
+        let moves = (0..<Placement.bucketCount).compactMap { bucket -> (key: String, value: String)? in
+            guard let owner = records["\(bucket)"]?.value.owner, let target = Placement.rendezvousOwner(of: bucket, among: eligible),
+                  owner != target else { return nil }
+            return (ClusterKeys.move(bucket), MoveRequest(to: target).json)
+        }
+        for start in stride(from: 0, to: moves.count, by: 128) { // etcd's operations per transaction
+            try await cluster.etcd.write(puts: Array(moves[start..<min(start + 128, moves.count)]))
+        }
+        return moves.count
     }
 
     static func status(_ cluster: DaemonCluster) async -> [String: JSONValue] {
