@@ -121,6 +121,7 @@ class Cluster:
         self.cluster_port = ports[6]
         self.rules = []
         self.hosts = {}
+        self.fault_at, self.victim = None, None
         for name, address in HOSTS.items():
             directory = os.path.join(root, name)
             os.makedirs(directory)
@@ -244,6 +245,10 @@ cluster:
 
     # faults
 
+    def fault(self, victim):
+        """Records the fault's instant (now) and the host it strikes, if one."""
+        self.fault_at, self.victim = time.monotonic(), victim
+
     def cut_from_etcd(self, name):
         ports = ",".join(str(m["port"]) for m in self.etcd)
         rule = ["INPUT", "-d", self.hosts[name]["address"], "-p", "tcp", "-m", "multiport", "--dports", ports, "-j", "DROP"]
@@ -366,13 +371,20 @@ def read_store(cluster, user):
     raise RuntimeError(f"cannot read {user}'s store")
 
 
-def check(cluster, workload, fault_at):
+def check(cluster, workload, fault_at, victim):
+    """Reads every user's store as the cluster serves it now, then judges the history."""
+    final = {user: read_store(cluster, user) for user in workload.users}
+    return judge(workload.history, final, fault_at, victim)
+
+
+def judge(history, final, fault_at, victim):
+    """The checker proper: `history` (the workload's calls) against `final` (user → titles,
+    rows of the harness migration's table, schema version). Returns (problems, figures)."""
     problems = []
-    history = sorted(workload.history, key=lambda e: e["start"])
+    history = sorted(history, key=lambda e: e["start"])
     acked = [e for e in history if e["outcome"] == "ok"]
     lost_plain = []
-    for user in workload.users:
-        titles, once, version = read_store(cluster, user)
+    for user, (titles, once, version) in final.items():
         mine = [e for e in acked if e["user"] == user and e["kind"] != "open"]
         lost = [e for e in mine if e["value"] not in titles]
         durable_lost = [e for e in lost if e["kind"] == "durable"]
@@ -409,7 +421,7 @@ def check(cluster, workload, fault_at):
                 problems.append(f"bucket {bucket}: {e['host']} acknowledged at epoch {e['epoch']} after epoch {newest_ended[0]} was: {e} after {newest_ended[1]}")
                 break
     # Schema versions seen by Opens never go back.
-    for user in workload.users:
+    for user in final:
         opens = [e for e in acked if e["user"] == user and e["kind"] == "open"]
         highest = -1
         ends = sorted(opens, key=lambda e: e["end"])
@@ -421,22 +433,20 @@ def check(cluster, workload, fault_at):
             if e["version"] < highest:
                 problems.append(f"{user}: an Open saw schema version {e['version']} after one had seen {highest}")
                 break
-    # Recovery: the longest wait, after the fault, for a user's next acknowledged write.
-    recovery = 0.0
-    last_before, first_after = {}, {}
-    for e in acked:
-        if e["kind"] == "open":
-            continue
-        if e["end"] <= fault_at:
-            last_before[e["user"]] = e["end"]
-        elif e["user"] not in first_after:
-            first_after[e["user"]] = e["end"]
-    for user in last_before:
-        if user in first_after:
-            recovery = max(recovery, first_after[user] - fault_at)
+    # Recovery: from the fault to the end of the last failed call, as the clients of the hosts
+    # the fault did not strike see it (a struck host's own clients wait for it to come back):
+    # after it, every call of theirs succeeded.
+    failed_after = [e for e in history if e["outcome"] != "ok" and e["home"] != victim and e["start"] >= fault_at]
+    recovery = max((e["end"] - fault_at for e in failed_after), default=0.0)
     window = max((fault_at - e["end"] for e in lost_plain), default=0.0)
+
+    def percentile(kind, p):
+        times = sorted(e["end"] - e["start"] for e in acked if e["kind"] == kind)
+        return round(1000 * times[min(len(times) - 1, int(p * len(times)))], 1) if times else None
     return problems, {"acknowledged_durable": sum(e["kind"] == "durable" for e in acked),
                       "acknowledged_plain": sum(e["kind"] == "write" for e in acked), "opens": sum(e["kind"] == "open" for e in acked),
+                      "durable_ms_p50": percentile("durable", 0.5), "durable_ms_p99": percentile("durable", 0.99),
+                      "plain_ms_p50": percentile("write", 0.5), "failed_after_fault": len(failed_after),
                       "recovery_seconds": round(recovery, 2), "plain_lost": len(lost_plain), "plain_loss_window_seconds": round(window, 2)}
 
 
@@ -451,7 +461,7 @@ def scenario(name):
 
 
 def victim(cluster):
-    """The live host owning the most buckets (never the one the checker reads through last)."""
+    """The live host owning the most buckets."""
     status = cluster.status("h1")
     return max((h for h in status["hosts"] if h["live"]), key=lambda h: (h["buckets"], h["name"]))["name"]
 
@@ -459,6 +469,7 @@ def victim(cluster):
 @scenario("kill-owner")
 def kill_owner(cluster, seconds):
     name = victim(cluster)
+    cluster.fault(name)
     cluster.signal_host(name, signal.SIGKILL)
     time.sleep(seconds)  # the fault lasts this long
     return lambda: cluster.start_host(name)
@@ -467,6 +478,7 @@ def kill_owner(cluster, seconds):
 @scenario("pause-owner")
 def pause_owner(cluster, seconds):
     name = victim(cluster)
+    cluster.fault(name)
     cluster.signal_host(name, signal.SIGSTOP)
     time.sleep(max(seconds, 2 * LEASE))  # longer than the lease: its buckets move
     return lambda: cluster.signal_host(name, signal.SIGCONT)
@@ -475,6 +487,7 @@ def pause_owner(cluster, seconds):
 @scenario("kill-etcd-leader")
 def kill_etcd_leader(cluster, seconds):
     leader = cluster.etcd_leader()
+    cluster.fault(None)
     cluster.etcd[leader]["proc"].kill()
     cluster.etcd[leader]["proc"].wait()
     cluster.etcd[leader]["proc"] = None
@@ -485,6 +498,7 @@ def kill_etcd_leader(cluster, seconds):
 @scenario("partition-owner")
 def partition_owner(cluster, seconds):
     name = victim(cluster)
+    cluster.fault(name)
     cluster.cut_from_etcd(name)
     time.sleep(max(seconds, 2 * LEASE))  # longer than the lease: its buckets move
     return cluster.heal_network
@@ -494,10 +508,13 @@ def partition_owner(cluster, seconds):
 def move(cluster, seconds):
     status = cluster.status("h1")
     hosts = sorted(h["name"] for h in status["hosts"] if h["live"])
+    cluster.fault(None)
+    connection = Connection(cluster.hosts["h1"]["socket"], timeout=30)
     for bucket in range(0, 4096, 32):  # 128 buckets, each to another host
-        result = cluster.ctl("h1", "cluster", "move", str(bucket), hosts[(bucket // 32) % len(hosts)])
-        if result.returncode != 0:
-            raise RuntimeError(f"move failed: {result.stderr}")
+        reply = connection.call("io.userstore.Admin.MoveBucket", bucket=bucket, host=hosts[(bucket // 32) % len(hosts)])
+        if "error" in reply:
+            raise RuntimeError(f"move failed: {reply}")
+    connection.close()
     time.sleep(seconds)
     return lambda: None
 
@@ -505,6 +522,7 @@ def move(cluster, seconds):
 @scenario("drain")
 def drain(cluster, seconds):
     name = victim(cluster)
+    cluster.fault(name)
     result = cluster.ctl("h1", "cluster", "drain", name)
     if result.returncode != 0:
         raise RuntimeError(f"drain failed: {result.stderr}")
@@ -523,19 +541,18 @@ def run(name, users, seconds, workers):
         time.sleep(seconds / 2)  # warm-up: the run's length, not a synchronisation
         cluster.add_migration()
         time.sleep(seconds / 2)
-        fault_at = time.monotonic()
         heal = SCENARIOS[name](cluster, seconds)
         heal()
         healed_at = time.monotonic()
         time.sleep(seconds)  # the workload goes on after the fault is healed
         workload.stop()
         cluster.settle()
-        problems, figures = check(cluster, workload, fault_at)
+        problems, figures = check(cluster, workload, cluster.fault_at, cluster.victim)
         outcomes = {}
         for entry in workload.history:
             key = entry["outcome"] + (f" {entry['error']}" if entry.get("error") else "")
             outcomes[key] = outcomes.get(key, 0) + 1
-        return {"scenario": name, "users": users, "fault_seconds": round(healed_at - fault_at, 2), **figures,
+        return {"scenario": name, "users": users, "fault_seconds": round(healed_at - cluster.fault_at, 2), **figures,
                 "outcomes": outcomes, "problems": problems}
     except Exception as error:  # the harness itself failed: report it as this scenario's problem
         logs = {n: open(h["log"], errors="replace").read()[-3000:] for n, h in cluster.hosts.items() if os.path.exists(h["log"])}
@@ -545,6 +562,33 @@ def run(name, users, seconds, workers):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def self_test():
+    """The checker must catch what it claims to: fabricated histories, each with one violation
+    (and one without), judged without a cluster."""
+    def call(user, kind, start, end, value="", host=None, epoch=None, version=None, home="h1"):
+        return {"user": user, "kind": kind, "start": start, "end": end, "value": value, "outcome": "ok",
+                "host": host, "epoch": epoch, "version": version, "home": home}
+    u = "u0001"
+    good = [call(u, "durable", 0, 1, "a", "h1", 10), call(u, "durable", 2, 3, "b", "h2", 20), call(u, "open", 4, 5, version=HARNESS_MIGRATION)]
+    final = {u: ({"a", "b"}, 1, HARNESS_MIGRATION)}
+    cases = {
+        "clean": (good, final, 0),
+        "lost durable write": (good, {u: ({"a"}, 1, HARNESS_MIGRATION)}, 1),
+        "two hosts, one epoch": (good + [call(u, "durable", 6, 7, "c", "h3", 20)], {u: ({"a", "b", "c"}, 1, HARNESS_MIGRATION)}, 1),
+        "epoch went back": (good + [call(u, "durable", 6, 7, "c", "h1", 10)], {u: ({"a", "b", "c"}, 1, HARNESS_MIGRATION)}, 1),
+        "version went back": (good + [call(u, "open", 6, 7, version=HARNESS_MIGRATION - 1)], final, 1),
+        "migration applied twice": (good, {u: ({"a", "b"}, 2, HARNESS_MIGRATION)}, 1),
+        "concurrent calls may disagree": (good + [call(u, "durable", 2.5, 2.9, "c", "h1", 10)], {u: ({"a", "b", "c"}, 1, HARNESS_MIGRATION)}, 0),
+    }
+    failed = False
+    for name, (history, state, expected) in cases.items():
+        problems, _ = judge(history, state, 3.5, None)
+        ok = len(problems) == expected
+        failed |= not ok
+        print(f"self-test {name}: {'OK' if ok else 'FAILED'} ({problems})")
+    return not failed
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--users", type=int, default=300)
@@ -552,7 +596,12 @@ def main():
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--json", help="write the results here too")
+    parser.add_argument("--self-test", action="store_true", help="only check that the checker catches fabricated violations")
     args = parser.parse_args()
+    if not self_test():
+        sys.exit("the history checker missed a fabricated violation")
+    if args.self_test:
+        return
     if os.geteuid() != 0 and "partition-owner" in args.scenarios:
         sys.exit("partition-owner needs root (iptables)")
     results = []

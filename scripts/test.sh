@@ -15,6 +15,9 @@ if (($# == 0)); then
 else
     swift test --skip-build "$@"
 fi
+# The cluster harness, short (docs/cluster.md; `make cluster-test` runs it longer): three etcd
+# members, three daemons on 127.0.0.2-4, ~300 users, six faults, the history checker.
+if (($# == 0)); then python3 scripts/cluster-test.py --users 300 --seconds 4; fi
 # The client's tests again with three reply threads (a 2-core machine has one by default), so
 # that connections spread over several loops and tasks move between them.
 if (($# == 0)); then USERSTORE_CLIENT_THREADS=3 swift test --skip-build --filter 'UserStoreServerTests.ClientTests'; fi

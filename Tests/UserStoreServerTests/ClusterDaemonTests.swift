@@ -136,6 +136,13 @@ import Varlink
         }
         // Committed here all the same (as a durable write the replica cannot confirm).
         #expect(try client.call("io.userstore.Store.Query", ["user": "dora", "sql": "SELECT count(*) AS n FROM notes"])["rows"] == [[2]])
+        // The bucket is still a's, at the newer epoch: the store is closed and opens again under
+        // it, and durable writes are acknowledged again, naming that epoch.
+        let current = try #require(try await client2.get(key)).modRevision
+        #expect(ClusterDaemonTests.eventually {
+            let reply = try? client.call("io.userstore.Store.Execute", ["user": "dora", "sql": "INSERT INTO notes (title) VALUES ('three')", "durable": true])
+            return reply?["epoch"] == .integer(current) && reply?["host"] == "a"
+        }, "\(a.stderr.suffix(2000))")
         #expect(a.stop() == 0)
     }
 

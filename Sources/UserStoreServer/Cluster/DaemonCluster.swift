@@ -81,6 +81,14 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         } catch {
             throw .clusterUnavailable(user: user, message: "committed here and in the replica, but etcd could not confirm this host still owns bucket \(bucket): \(error)")
         }
+        if let record, let owner = BucketRecord(json: record.value), owner.owner == settings.host, owner.state == .active,
+           let epoch, record.modRevision > epoch {
+            // Still ours at a newer epoch (a move that was called off): the store replicates
+            // under an epoch nobody restores from any more. Closed once its requests are done
+            // (with its final sync), it opens again under the bucket's epoch.
+            let registry = self.registry.withLock { $0 }
+            Task { _ = await registry?.closeStores { $0 == user } }
+        }
         guard let record, let owner = BucketRecord(json: record.value), owner.owner == settings.host, owner.state == .active,
               epoch == nil || record.modRevision == epoch else {
             throw .clusterUnavailable(user: user, message: "committed here and in the replica under epoch \(epoch ?? 0), but bucket \(bucket) is now \(record.flatMap { BucketRecord(json: $0.value) }.map { "\($0.owner)'s (\($0.state.rawValue))" } ?? "unassigned") at epoch \(record?.modRevision ?? 0): the write may be lost")
