@@ -315,6 +315,8 @@ class Workload:
                                             sql="INSERT INTO notes (title) VALUES (?)", parameters=[value])
                 entry["outcome"], entry["error"] = self.classify(reply)
                 parameters = reply.get("parameters", {})
+                if entry["error"]:
+                    entry["message"] = parameters.get("message") or parameters.get("reason")
                 if entry["outcome"] == "ok":
                     entry["host"], entry["epoch"] = parameters.get("host"), parameters.get("epoch")
                     entry["version"] = parameters.get("schemaVersion")
@@ -443,7 +445,9 @@ def judge(history, final, fault_at, victim):
     def percentile(kind, p):
         times = sorted(e["end"] - e["start"] for e in acked if e["kind"] == kind)
         return round(1000 * times[min(len(times) - 1, int(p * len(times)))], 1) if times else None
-    return problems, {"acknowledged_durable": sum(e["kind"] == "durable" for e in acked),
+    last = sorted(failed_after, key=lambda e: e["end"])[-3:]
+    return problems, {"last_failures": [f"+{e['end'] - fault_at:.2f}s {e['home']} {e['error']}: {e.get('message')}" for e in last],
+                      "acknowledged_durable": sum(e["kind"] == "durable" for e in acked),
                       "acknowledged_plain": sum(e["kind"] == "write" for e in acked), "opens": sum(e["kind"] == "open" for e in acked),
                       "durable_ms_p50": percentile("durable", 0.5), "durable_ms_p99": percentile("durable", 0.99),
                       "plain_ms_p50": percentile("write", 0.5), "failed_after_fault": len(failed_after),
@@ -585,8 +589,30 @@ def self_test():
         problems, _ = judge(history, state, 3.5, None)
         ok = len(problems) == expected
         failed |= not ok
-        print(f"self-test {name}: {'OK' if ok else 'FAILED'} ({problems})")
+        if not ok:
+            print(f"self-test {name}: FAILED, expected {expected} problems, got {problems}")
     return not failed
+
+
+def serve():
+    """Three hosts to try by hand: started, rebalanced, then left running until Ctrl-C."""
+    root = tempfile.mkdtemp(prefix="userstore-cluster-")
+    cluster = Cluster(root)
+    try:
+        cluster.start()
+        print(f"three hosts up (data, logs and certificates under {root}); their sockets:")
+        for name, host in cluster.hosts.items():
+            print(f"  {name} ({host['address']}:{cluster.cluster_port}): {host['socket']}")
+        print(f"try: USERSTORE_SOCKET={cluster.hosts['h1']['socket']} {CTL} cluster status")
+        print("Ctrl-C stops them all", flush=True)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up as Ctrl-C does
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main():
@@ -597,9 +623,13 @@ def main():
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--self-test", action="store_true", help="only check that the checker catches fabricated violations")
+    parser.add_argument("--serve", action="store_true", help="start the three hosts, print their sockets and wait for Ctrl-C (no workload)")
     args = parser.parse_args()
+    if args.serve:
+        return serve()
     if not self_test():
         sys.exit("the history checker missed a fabricated violation")
+    print("history checker self-test: every fabricated violation caught", flush=True)
     if args.self_test:
         return
     if os.geteuid() != 0 and "partition-owner" in args.scenarios:
