@@ -228,11 +228,22 @@ final class LitestreamReplicator: StoreReplication {
         // after this point sets the flag again).
         let written = store.wal.take()
         do {
-            let reply = try await control.syncAndWait(path, timeoutSeconds: timeout)
-            // With `wait`, Litestream ships to the replica even when its local position did
-            // not move (`no_change`): either way the replica's position is the proof.
-            guard ["no_change", "synced"].contains(reply.status), reply.replicatedTXID >= reply.txid else {
-                throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID)")
+            let deadline = ContinuousClock.now + .seconds(timeout)
+            while true {
+                let reply = try await control.syncAndWait(path, timeoutSeconds: timeout)
+                // With `wait`, Litestream ships to the replica even when its local position did
+                // not move (`no_change`): either way the replica's position is the proof.
+                guard ["no_change", "synced"].contains(reply.status) else {
+                    throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID)")
+                }
+                if reply.replicatedTXID >= reply.txid { break }
+                // A sync that raced another one for the same store (the sync pass, a second
+                // durable write) can come back with the replica one transaction behind
+                // (measured under the cluster harness: "synced at txid 5, replica at 4"): ask
+                // again, within the same time limit.
+                guard ContinuousClock.now < deadline else {
+                    throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID), and did not catch up within \(timeout) s")
+                }
             }
         } catch {
             if written { store.wal.restore() }
