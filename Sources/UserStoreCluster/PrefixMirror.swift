@@ -43,15 +43,23 @@ public final class PrefixMirror<Value: Sendable>: Sendable {
     /// The store revision the copy is current to (0 before the first snapshot).
     public var revision: Int64 { state.withLock { $0.revision } }
 
-    /// Takes a snapshot now (also what ``run()`` starts with).
+    /// Takes a snapshot now (also what ``run()`` starts with). A watch may run meanwhile: a
+    /// snapshot older than what it already applied would undo those changes (a deleted key
+    /// back, a move forgotten) and the watch would not deliver them again, so such a snapshot
+    /// is taken again, up to 10 times; after that the copy stays as the watch keeps it.
     public func refresh() async throws {
-        let snapshot = try await etcd.snapshot(prefix: prefix)
-        var entries: [String: Entry] = [:]
-        for item in snapshot.keys { if let entry = entry(item) { entries[name(of: item)] = entry } }
-        state.withLock { state in
-            state.entries = entries
-            state.revision = max(state.revision, snapshot.revision)
-            state.snapshotRevision = snapshot.revision
+        for _ in 0..<10 {
+            let snapshot = try await etcd.snapshot(prefix: prefix)
+            var entries: [String: Entry] = [:]
+            for item in snapshot.keys { if let entry = entry(item) { entries[name(of: item)] = entry } }
+            let taken = state.withLock { state -> Bool in
+                guard state.revision <= snapshot.revision else { return false }
+                state.entries = entries
+                state.revision = snapshot.revision
+                state.snapshotRevision = snapshot.revision
+                return true
+            }
+            if taken { return }
         }
     }
 

@@ -113,6 +113,15 @@ import Varlink
                 #expect(reply.parameters["rows"] == [[.integer(Int64(index))]], "reply \(index): \(reply)")
             }
         }
+        // Oneway calls: one lands on a with no reply; one the owner answers anyway (a
+        // transaction's call may not be oneway) costs the calls behind it nothing.
+        try toB.send(VarlinkCall(method: "io.userstore.Store.Execute", parameters: ["user": "fwd-3", "sql": "INSERT INTO notes (title) VALUES ('oneway')"], oneway: true))
+        let open = try #require(try toB.call("io.userstore.Store.Begin", ["user": "fwd-4"])["transaction"])
+        try toB.send(VarlinkCall(method: "io.userstore.Store.Execute", parameters: ["transaction": open, "sql": "SELECT 1"], oneway: true))
+        #expect(try toB.call("io.userstore.Store.Query", ["user": "fwd-3", "sql": "SELECT 'first'"])["rows"] == [["first"]])
+        #expect(try toB.call("io.userstore.Store.Query", ["user": "fwd-3", "sql": "SELECT title FROM notes"])["rows"] == [["oneway"]])
+        _ = try toB.call("io.userstore.Store.Rollback", ["transaction": open])
+
         // b kept nothing of a's users.
         #expect(try run(["/usr/bin/find", b.dataDirectory, "-name", "fwd-*.sqlite"]).stdout.isEmpty)
         #expect(a.stop() == 0)

@@ -77,7 +77,10 @@ final class ForwardingLinks {
     /// The link to `host` (opened now if there is none), or nil for a transaction's host whose
     /// link has ended.
     func link(to host: String, address: String, maxReplyBytes: Int, closed: @escaping @Sendable (PeerLink) -> Void) -> PeerLink? {
-        if let link = links[host] { return link }
+        if let link = links[host] {
+            guard link.hasEnded else { return link }
+            ended(link) // its transactions with it; a new link for anything else
+        }
         guard !address.isEmpty else { return nil }
         let link = PeerLink(host: host, address: address, tls: forwarder.tls, maxReplyBytes: maxReplyBytes, closed: closed)
         links[host] = link

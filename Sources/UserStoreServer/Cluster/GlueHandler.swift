@@ -35,7 +35,9 @@ final class GlueHandler: ChannelDuplexHandler {
 
     func handlerRemoved(context: ChannelHandlerContext) {
         self.context = nil
+        partner?.partner = nil // it stops keeping what it reads for this side
         partner = nil
+        early.removeAll()
     }
 
     /// The partner is in its channel: it takes what arrived before it.
@@ -50,7 +52,8 @@ final class GlueHandler: ChannelDuplexHandler {
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        guard let partner, partner.context != nil else {
+        guard let partner else { return } // the partner is gone: nothing will take it
+        guard partner.context != nil else {
             early.append(data)
             return
         }

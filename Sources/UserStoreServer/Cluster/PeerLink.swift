@@ -51,6 +51,9 @@ final class PeerLink: Sendable {
         var progress: UInt64 = 0
         /// The TLS handshake completed: what was written may have reached the owner.
         var handshaken = false
+        /// A streamed reply's part is on its way to a client that reads slowly: waiting on the
+        /// client is not the owner's silence (the client's own connection has its limit).
+        var relaying = false
         /// Why the link ended, once it has.
         var ended: String?
     }
@@ -86,17 +89,22 @@ final class PeerLink: Sendable {
         if let refused, let waiter { Self.answer(waiter, Errors.hostUnreachable(user: waiter.user, host: host, address: address, message: refused, maybeApplied: false)) }
     }
 
+    /// The link has ended (its waiters are answered or about to be): no call goes over it.
+    var hasEnded: Bool { state.withLock { $0.ended != nil } }
+
     /// Nothing is waiting for a reply.
     var isIdle: Bool { state.withLock { $0.waiters.isEmpty } }
 
-    /// Ends the link when its oldest call has waited longer than `timeout` nanoseconds.
+    /// Ends the link when its oldest call has waited longer than `timeout` nanoseconds: every
+    /// waiter is answered now (not once the owner, which may be paused, lets the TLS close end).
     func sweep(now: UInt64, timeout: UInt64) {
-        let channel = state.withLock { state -> (any Channel)? in
-            guard !state.waiters.isEmpty, state.ended == nil, now > state.progress, now - state.progress > timeout else { return nil }
+        guard let channel = state.withLock({ state -> (any Channel)? in
+            guard !state.waiters.isEmpty, state.ended == nil, !state.relaying, now > state.progress, now - state.progress > timeout else { return nil }
             state.ended = "no reply from host \(host) within \(timeout / 1_000_000) ms (cluster.forwardTimeoutMilliseconds)"
             return state.channel
-        }
-        channel?.close(promise: nil)
+        }) else { return }
+        fail("")
+        channel.close(promise: nil)
     }
 
     /// Ends the link (its client went away): the owner rolls back a transaction open on it.
@@ -120,6 +128,7 @@ final class PeerLink: Sendable {
         do {
             link = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .channelOption(.tcpOption(.tcp_nodelay), value: 1)
+                .peerKeepalive()
                 .connectTimeout(.seconds(5))
                 .connect(host: target.host, port: target.port) { [self] channel in
                     channel.eventLoop.makeCompletedFuture {
@@ -158,31 +167,43 @@ final class PeerLink: Sendable {
     }
 
     /// Hands one reply to the oldest waiter; false when the link must end (a reply nobody
-    /// waits for, or a stream's client gone: the owner stops streaming once the link closes).
+    /// waits for, the link ended meanwhile, or a stream's client gone: the owner stops
+    /// streaming once the link closes).
     private func dispatch(_ reply: [UInt8], _ tape: inout JSONTape) async throws -> Bool {
         guard let waiter = state.withLock({ $0.waiters.first }) else {
-            state.withLock { $0.ended = "host \(host) sent a reply to no call" }
+            state.withLock { if $0.ended == nil { $0.ended = "host \(host) sent a reply to no call" } }
             return false
         }
+        var last = true
+        if case .stream = waiter { last = !Self.continues(reply, &tape) }
+        // Taken (or, for a stream's part, marked as being relayed) under the lock, unless the
+        // sweep ended the link and answered the waiter meanwhile.
+        let still = state.withLock { state -> Bool in
+            guard state.ended == nil, !state.waiters.isEmpty else { return false }
+            if last { _ = state.waiters.removeFirst() }
+            state.progress = StoreClock.now()
+            if case .stream = waiter { state.relaying = true }
+            return true
+        }
+        guard still else { return false }
         switch waiter {
         case .reply(_, let deliver):
-            state.withLock { state in
-                _ = state.waiters.removeFirst()
-                state.progress = StoreClock.now()
-            }
             deliver(reply)
         case .stream(_, let send, let end):
-            let last = !Self.continues(reply, &tape)
-            state.withLock { state in
-                if last { _ = state.waiters.removeFirst() }
-                state.progress = StoreClock.now()
-            }
             do {
                 try await send(reply)
             } catch {
-                if !last { state.withLock { state in _ = state.waiters.removeFirst(); state.ended = "the client stopped reading a streamed reply" } }
+                state.withLock { state in
+                    if !last, !state.waiters.isEmpty { _ = state.waiters.removeFirst() }
+                    if state.ended == nil { state.ended = "the client stopped reading a streamed reply" }
+                    state.relaying = false
+                }
                 end()
                 return false
+            }
+            state.withLock { state in
+                state.relaying = false
+                state.progress = StoreClock.now()
             }
             if last { end() }
         }
@@ -200,15 +221,17 @@ final class PeerLink: Sendable {
         }
     }
 
-    /// Answers every waiter left with `HostUnreachable`.
+    /// Answers every waiter left with `HostUnreachable` (the reason the link ended, or
+    /// `reason` if it has not).
     private func fail(_ reason: String) {
         let (waiters, reached) = state.withLock { state -> ([Waiter], Bool) in
             if state.ended == nil { state.ended = reason }
             defer { state.waiters.removeAll() }
             return (Array(state.waiters), state.handshaken)
         }
+        let message = state.withLock { $0.ended } ?? reason
         for waiter in waiters {
-            Self.answer(waiter, Errors.hostUnreachable(user: waiter.user, host: host, address: address, message: reason, maybeApplied: reached))
+            Self.answer(waiter, Errors.hostUnreachable(user: waiter.user, host: host, address: address, message: message, maybeApplied: reached))
         }
     }
 
@@ -255,6 +278,7 @@ struct NULFrameDecoder: ByteToMessageDecoder {
             if scanned > maximum { throw TooLong(maximum: maximum) }
             return .needMoreData
         }
+        guard found <= maximum else { throw TooLong(maximum: maximum) }
         scanned = 0
         context.fireChannelRead(wrapInboundOut(buffer.readSlice(length: found + 1)!))
         return .continue
@@ -281,5 +305,28 @@ enum SocketAddressCheck {
     static func isIPAddress(_ host: String) -> Bool {
         var v4 = in_addr(), v6 = in6_addr()
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
+    }
+}
+
+extension ClientBootstrap {
+    /// TCP keepalive on a link: a peer host that died or was cut off is noticed within about
+    /// 25 s (10 s idle, then 3 probes 5 s apart), and its connection closed.
+    func peerKeepalive() -> ClientBootstrap {
+        channelOption(.socketOption(.so_keepalive), value: 1)
+            .channelOption(.tcpOption(.init(rawValue: TCP_KEEPIDLE)), value: 10)
+            .channelOption(.tcpOption(.init(rawValue: TCP_KEEPINTVL)), value: 5)
+            .channelOption(.tcpOption(.init(rawValue: TCP_KEEPCNT)), value: 3)
+    }
+}
+
+extension ServerBootstrap {
+    /// TCP keepalive on a peer's connection (``ClientBootstrap/peerKeepalive()``): a forwarding
+    /// host that died or was cut off does not leave its connections here for good (they are
+    /// exempt from the idle time-out).
+    func peerKeepalive() -> ServerBootstrap {
+        childChannelOption(.socketOption(.so_keepalive), value: 1)
+            .childChannelOption(.tcpOption(.init(rawValue: TCP_KEEPIDLE)), value: 10)
+            .childChannelOption(.tcpOption(.init(rawValue: TCP_KEEPINTVL)), value: 5)
+            .childChannelOption(.tcpOption(.init(rawValue: TCP_KEEPCNT)), value: 3)
     }
 }

@@ -4,6 +4,7 @@ import NIOPosix
 import NIOSSL
 import NIOTLS
 import ServiceLifecycle
+import Synchronization
 import UserStoreConfiguration
 #if canImport(Glibc)
 import Glibc
@@ -24,17 +25,32 @@ final class PeerListener: Service {
         self.channel = channel
     }
 
+    /// Connections still in their TLS handshake, at most: more are closed at once (anyone who
+    /// can reach the port could otherwise hold descriptors the stores need).
+    static let maxHandshakes = 128
+    /// A handshake not done within this is ended.
+    static let handshakeTimeout = TimeAmount.seconds(10)
+
     static func bind(_ listen: HostPort, tls: PeerTLS, server: SocketServer, logger: Logger) async throws -> PeerListener {
         let context = tls.server
+        let handshaking = Handshakes()
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.backlog, value: 256)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .childChannelOption(.tcpOption(.tcp_nodelay), value: 1)
+            .peerKeepalive()
             .childChannelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture {
+                    guard handshaking.begin(maximum: maxHandshakes) else {
+                        logger.warning("refused a connection to the cluster port: \(maxHandshakes) handshakes already under way", metadata: [
+                            "event": "cluster-peer-refused", "peer": .string(channel.remoteAddress.map { "\($0)" } ?? "?"),
+                        ])
+                        channel.close(promise: nil)
+                        return
+                    }
                     let (network, local) = GlueHandler.pair()
                     try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
-                    try channel.pipeline.syncOperations.addHandler(PeerAdmission(server: server, local: local, logger: logger))
+                    try channel.pipeline.syncOperations.addHandler(PeerAdmission(server: server, local: local, handshaking: handshaking, logger: logger))
                     try channel.pipeline.syncOperations.addHandler(network)
                 }
             }
@@ -60,12 +76,33 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
 
     private let server: SocketServer
     private let local: GlueHandler
+    private let handshaking: Handshakes
     private let logger: Logger
+    private var timeout: Scheduled<Void>?
+    private var counted = true
 
-    init(server: SocketServer, local: GlueHandler, logger: Logger) {
+    init(server: SocketServer, local: GlueHandler, handshaking: Handshakes, logger: Logger) {
         self.server = server
         self.local = local
+        self.handshaking = handshaking
         self.logger = logger
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let channel = context.channel, logger = self.logger
+        timeout = context.eventLoop.scheduleTask(in: PeerListener.handshakeTimeout) {
+            logger.warning("refused a connection to the cluster port: no TLS handshake within \(PeerListener.handshakeTimeout.nanoseconds / 1_000_000_000) s",
+                           metadata: ["event": "cluster-peer-refused", "peer": .string(channel.remoteAddress.map { "\($0)" } ?? "?")])
+            channel.close(promise: nil)
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        timeout?.cancel()
+        if counted {
+            counted = false
+            handshaking.end()
+        }
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
@@ -91,17 +128,41 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
             return
         }
         let peer = context.channel.remoteAddress?.ipAddress ?? "peer"
-        let network = context.channel, local = self.local
-        server.adopt(pair[0], peer: PeerIdentity.forwarded(from: peer))
+        let network = context.channel, local = self.local, server = self.server
+        let served = pair[0]
         ClientBootstrap(group: context.eventLoop)
             .channelInitializer { channel in
                 channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(local) }
             }
             .withConnectedSocket(pair[1])
-            .whenFailure { [logger] error in
-                logger.error("cannot serve a peer daemon at \(peer): \(error)", metadata: ["event": "cluster-peer-refused"])
-                network.close(promise: nil)
+            .whenComplete { [logger] result in
+                switch result {
+                case .success:
+                    // Served only once its other end is joined: a failure leaves no connection
+                    // waiting for bytes that never come.
+                    server.adopt(served, peer: PeerIdentity.forwarded(from: peer))
+                case .failure(let error):
+                    logger.error("cannot serve a peer daemon at \(peer): \(error)", metadata: ["event": "cluster-peer-refused"])
+                    close(served)
+                    network.close(promise: nil)
+                }
             }
         context.pipeline.syncOperations.removeHandler(self, promise: nil)
     }
+}
+
+/// How many peer connections are in their TLS handshake.
+private final class Handshakes: Sendable {
+    private let count = Mutex(0)
+
+    /// Counts one more unless `maximum` are under way.
+    func begin(maximum: Int) -> Bool {
+        count.withLock { count in
+            guard count < maximum else { return false }
+            count += 1
+            return true
+        }
+    }
+
+    func end() { count.withLock { $0 -= 1 } }
 }

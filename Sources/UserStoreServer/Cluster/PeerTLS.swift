@@ -39,6 +39,8 @@ struct PeerTLS: Sendable {
         client.certificateChain = chain.map { .certificate($0) }
         client.privateKey = .privateKey(key)
         client.certificateVerification = .fullVerification
+        // A link is closed when its owner stops answering: do not wait long for its close_notify.
+        client.shutdownTimeout = .seconds(1)
 
         self.server = try load("cluster.tls.certificate", settings.certificate) { try NIOSSLContext(configuration: server) }
         self.client = try load("cluster.tls.certificate", settings.certificate) { try NIOSSLContext(configuration: client) }

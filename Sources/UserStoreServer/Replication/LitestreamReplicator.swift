@@ -230,7 +230,8 @@ final class LitestreamReplicator: StoreReplication {
         do {
             let deadline = ContinuousClock.now + .seconds(timeout)
             while true {
-                let reply = try await control.syncAndWait(path, timeoutSeconds: timeout)
+                let left = max(1, Int((deadline - ContinuousClock.now).components.seconds) + 1)
+                let reply = try await control.syncAndWait(path, timeoutSeconds: min(timeout, left))
                 // With `wait`, Litestream ships to the replica even when its local position did
                 // not move (`no_change`): either way the replica's position is the proof.
                 guard ["no_change", "synced"].contains(reply.status) else {
@@ -244,6 +245,7 @@ final class LitestreamReplicator: StoreReplication {
                 guard ContinuousClock.now < deadline else {
                     throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID), and did not catch up within \(timeout) s")
                 }
+                try await Task.sleep(for: .milliseconds(10)) // let the other sync finish before asking again
             }
         } catch {
             if written { store.wal.restore() }

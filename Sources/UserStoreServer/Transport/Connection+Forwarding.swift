@@ -2,22 +2,28 @@ import Varlink
 
 /// Calls forwarded to the host that owns their user (docs/cluster.md): each goes over this
 /// connection's link to that host and its reply takes its turn among the connection's replies,
-/// as a reply from a store's queue does. A streamed call (`more`) runs alone, like a task call:
-/// its parts are relayed as the client reads them.
+/// as a reply from a store's queue does. A streamed `Query` (`more`) runs alone, like a task
+/// call: its parts are relayed as the client reads them. A oneway call goes as an ordinary one
+/// (the owner may answer some oneway calls, an error for instance, and the link must see one
+/// reply per call), and its reply is dropped here.
 extension Connection {
     /// Forwards the call in `view` (`bytes`, without its NUL) as `target` says; false when it
     /// must wait until every earlier reply is out (a streamed call).
     func forward(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, to target: Forwarder.Target) -> Bool {
+        let oneway = view.member("oneway", of: 0).flatMap(view.bool) == true
         let user: String, host: String, address: String
         switch target {
         case .refused(let error):
-            appendReply(error)
+            if !oneway { appendReply(error) }
             return true
         case .host(let named, let owner, let reached):
             (user, host, address) = (named, owner, reached)
         }
-        let oneway = view.member("oneway", of: 0).flatMap(view.bool) == true
-        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true
+        let parameters = view.member("parameters", of: 0)
+        let transaction = parameters.flatMap { view.member("transaction", of: $0) }.flatMap { view.kind($0) == .string ? view.string($0) : nil }
+        // Only a Query outside a transaction streams (the owner answers any other call once).
+        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil
+            && view.member("method", of: 0).map { view.stringEquals($0, "io.userstore.Store.Query") } == true
         if streamed && !pending.isEmpty { return false }
         let links = forwarding ?? ForwardingLinks(forwarder: shared.forwarder!)
         forwarding = links
@@ -26,20 +32,27 @@ extension Connection {
         guard let link = links.link(to: host, address: address, maxReplyBytes: maxReplyBytes, closed: { [self] link in
             loop.execute { [self] in forwarding?.ended(link) }
         }) else {
-            // A transaction whose link ended between the lookup and now: its owner rolled it back.
-            appendReply(Errors.hostUnreachable(user: user, host: host, address: address, message: "the link to host \(host) ended", maybeApplied: true))
+            // A transaction whose link has ended: its owner rolled it back.
+            if !oneway { appendReply(Errors.noSuchTransaction(transaction ?? "")) }
             return true
         }
-        var message = Array(bytes)
-        message.append(0)
+        var message: [UInt8]
         if oneway {
-            link.send(message, waiter: nil)
-            return true
+            guard let call = try? VarlinkCall(message: view.value(0)) else { return true } // not a call: a oneway one gets no reply
+            var writer = JSONWriter()
+            writer.write(VarlinkCall(method: call.method, parameters: call.parameters).message)
+            message = writer.bytes
+        } else {
+            message = Array(bytes)
         }
+        message.append(0)
         if streamed {
             taskRunning = true
             flushOut() // earlier replies go first
-            link.send(message, waiter: .stream(user: user, send: { [self] bytes in try await sendFromTask(bytes) }, end: { [self] in
+            link.send(message, waiter: .stream(user: user, send: { [self] bytes in
+                // A stream refused before its first row may be a WrongHost: made Retry here too.
+                try await sendFromTask(Self.retryIfMoved(bytes, host: host, user: user))
+            }, end: { [self] in
                 loop.execute { [self] in
                     taskRunning = false
                     if !closed { resume() }
@@ -48,13 +61,15 @@ extension Connection {
             return true
         }
         let kind = Self.transactionCall(view)
-        let transaction = view.member("parameters", of: 0).flatMap { view.member("transaction", of: $0) }
-            .flatMap { view.kind($0) == .string ? view.string($0) : nil }
+        let begins = kind.map { if case .begin = $0 { true } else { false } } ?? false
+        let ends = kind.map { if case .end = $0 { true } else { false } } ?? false
+        // Every forwarded call takes a turn among the replies (a oneway one with no bytes): the
+        // client's reading pauses once too many wait, here as for local calls.
         let reply = makeQueuedReply()
         link.send(message, waiter: .reply(user: user, deliver: { [self] bytes in
             loop.execute { [self] in
-                settleForwarded(reply, bytes, host: host, user: user, begins: kind.map { if case .begin = $0 { true } else { false } } ?? false,
-                                transaction: transaction, ends: kind.map { if case .end = $0 { true } else { false } } ?? false)
+                settleForwarded(reply, oneway ? [] : bytes, host: host, user: user, begins: begins, transaction: transaction, ends: ends,
+                                outcome: oneway ? bytes : nil)
             }
         }))
         return true
@@ -63,14 +78,16 @@ extension Connection {
     /// Delivers a forwarded call's reply after noting what it says of transactions; a
     /// `WrongHost` from the host it went to (the bucket moved meanwhile) becomes `Retry`:
     /// nothing was done, and the next call goes where the records then say.
-    private func settleForwarded(_ reply: QueuedReply, _ bytes: [UInt8], host: String, user: String, begins: Bool, transaction: String?, ends: Bool) {
-        var bytes = bytes
-        let isError = bytes.starts(with: Self.errorPrefix)
+    /// `outcome`: the reply of a oneway call, which `bytes` (empty) does not carry to the client.
+    private func settleForwarded(_ reply: QueuedReply, _ bytes: [UInt8], host: String, user: String, begins: Bool, transaction: String?, ends: Bool,
+                                 outcome: [UInt8]? = nil) {
+        let received = outcome ?? bytes
+        let isError = received.starts(with: Self.errorPrefix)
         guard isError || begins || ends else { return deliver(reply, bytes) }
-        let (error, parameters) = Self.outcome(of: bytes)
+        let (error, parameters) = Self.outcome(of: received)
+        var bytes = bytes
         if error == "io.userstore.Store.WrongHost" {
-            let owner = parameters?["host"]?.stringValue ?? "another host"
-            bytes = VarlinkReply.encode(Errors.retry(user: user, reason: "the call was forwarded to \(host), which no longer owns the user's bucket (\(owner) does); nothing was done"))
+            if outcome == nil { bytes = Self.retryIfMoved(bytes, host: host, user: user) }
         } else if let forwarding {
             if begins, error == nil, let id = parameters?["transaction"]?.stringValue { forwarding.began(id, on: host, user: user) }
             if let transaction, ends || error == "io.userstore.Store.NoSuchTransaction" || error == "io.userstore.Store.TransactionExpired" {
@@ -78,6 +95,17 @@ extension Connection {
             }
         }
         deliver(reply, bytes)
+    }
+
+    /// `Retry` for a `WrongHost` from `host` (the bucket moved while the call travelled:
+    /// nothing was done, and the next call goes where the records then say); any other reply
+    /// as it is.
+    private static func retryIfMoved(_ bytes: [UInt8], host: String, user: String) -> [UInt8] {
+        guard bytes.starts(with: errorPrefix) else { return bytes }
+        let (error, parameters) = outcome(of: bytes)
+        guard error == "io.userstore.Store.WrongHost" else { return bytes }
+        let owner = parameters?["host"]?.stringValue ?? "another host"
+        return VarlinkReply.encode(Errors.retry(user: user, reason: "the call was forwarded to \(host), which no longer owns the user's bucket (\(owner) does); nothing was done"))
     }
 
     /// How every error reply starts (the daemon writes the name first).

@@ -299,12 +299,15 @@ final class Connection: EventHandler, @unchecked Sendable {
         // Another host owns the user (or holds the transaction the call names): sent there.
         if let forwarder = shared.forwarder, peer.forwardedFrom == nil,
            let target = tape.withView(bytes, { forwarder.target(of: $0, peer: peer, transactions: forwarding?.transactions ?? [:]) }) {
-            descriptors.forEach { close($0) } // no io.userstore.Store call takes descriptors
             if stopping { // a transaction open on another host ends with the link: rolled back there
+                descriptors.forEach { close($0) }
                 appendReply(Errors.shuttingDown)
                 return true
             }
-            return tape.withView(bytes) { forward($0, bytes, to: target) }
+            let handled = tape.withView(bytes) { forward($0, bytes, to: target) }
+            // No io.userstore.Store call takes descriptors; a call that waits keeps its own.
+            if handled { descriptors.forEach { close($0) } }
+            return handled
         }
         if let kind = tape.withView(bytes, { Self.transactionCall($0) }) {
             descriptors.forEach { close($0) }
