@@ -93,7 +93,7 @@ extension ConfigurationLoader {
                 idleTimeoutSeconds: try int("idleTimeoutSeconds", minimum: 1) ?? 300,
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
-                fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? 2 * ProcessInfo.processInfo.activeProcessorCount,
+                fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? DaemonConfiguration.defaultFleetParallelism,
                 sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica))
         }
 

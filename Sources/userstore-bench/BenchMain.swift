@@ -19,6 +19,18 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Only these scenarios (1-7), comma-separated.")
     var only: String = "1,2,3,4,5,6,7"
 
+    @Option(help: "Stores per fleet-migration run (scenario 4; default 10000, 2000 with --quick).")
+    var fleetStores: Int?
+
+    @Option(help: "The daemon's fleetParallelism for scenario 4 (default: the daemon's own default).")
+    var fleetParallelism: Int?
+
+    @Option(help: "Releases for scenario 4, comma-separated: additive, rebuild (default both).")
+    var fleetReleases = "additive,rebuild"
+
+    @Option(help: "File systems for scenario 4, comma-separated: root, ext4, xfs (default all three).")
+    var fileSystems = "root,ext4,xfs"
+
     @Option(help: "The repository (for config/migrations).")
     var repository = FileManager.default.currentDirectoryPath
 
@@ -29,7 +41,9 @@ struct BenchCommand: AsyncParsableCommand {
         chmod(root, 0o755)
         defer { try? FileManager.default.removeItem(atPath: root) }
         var scenarios = Scenarios(env: BenchEnvironment(root: root, binaries: binaries, repository: repository), seconds: quick ? 2 : seconds,
-                                  quick: quick, load: LoadGenerator.available(in: binaries))
+                                  quick: quick, load: LoadGenerator.available(in: binaries),
+                                  fleetStores: fleetStores, fleetParallelism: fleetParallelism,
+                                  fleetReleases: Set(fleetReleases.split(separator: ",").map(String.init)), fileSystems: Set(fileSystems.split(separator: ",").map(String.init)))
         let selected = Set(only.split(separator: ",").map(String.init))
         if selected.contains("1") { try await scenarios.pointQueries() }
         if selected.contains("2") { try await scenarios.durableWrites() }

@@ -14,6 +14,8 @@ extension Scenarios {
         let migrations: String
         /// The pending migrations as sqlite3 shell input, one transaction each.
         let loopScript: String
+        /// The pending migrations' Up SQL for userstore-fleet-floor, separated by `--;;` lines.
+        let floorScript: String
         /// `migrations.backupBeforeMigrating` for the daemon.
         let backups: MigrationPolicy.BackupMode
         /// fsyncs per store: the last commit's WAL sync, the checkpoint's WAL and database
@@ -25,7 +27,7 @@ extension Scenarios {
     /// on the root file system and on a journaled ext4 and an XFS made in loop images, each
     /// beside a shell loop of the sqlite3 CLI running the same SQL in the same file system.
     mutating func fleetMigration() async throws {
-        let count = quick ? 2000 : 10_000, sample = quick ? 200 : 1000
+        let count = fleetStores ?? (quick ? 2000 : 10_000), sample = min(count, quick ? 200 : 1000)
         log("4. fleet migration: \(count) stores x 100 rows, 3 pending migrations, per file system")
         let examples = try FileManager.default.contentsOfDirectory(atPath: env.exampleMigrations).sorted()
         let seedMigrations = try migrationFolder("fleet-seed-migrations", examples.prefix(3).map { ($0, try exampleText($0)) })
@@ -39,17 +41,17 @@ extension Scenarios {
         let releases = [
             FleetRelease(name: "additive", subject: "3 add-column migrations, backupBeforeMigrating auto (no copy)",
                          migrations: try migrationFolder("fleet-additive", examples.prefix(3).map { ($0, try exampleText($0)) } + additive),
-                         loopScript: try loopScript(additive), backups: .auto, fsyncsPerStore: 3),
+                         loopScript: try loopScript(additive), floorScript: try floorScript(additive), backups: .auto, fsyncsPerStore: 3),
             FleetRelease(name: "rebuild", subject: "index + data fix + table rebuild (0004-0006), backups forced on",
                          migrations: try migrationFolder("fleet-rebuild", examples.map { ($0, try exampleText($0)) }),
-                         loopScript: try loopScript(rebuild), backups: .always, fsyncsPerStore: 5),
+                         loopScript: try loopScript(rebuild), floorScript: try floorScript(rebuild), backups: .always, fsyncsPerStore: 5),
         ]
 
         let seedBytes = (try? FileManager.default.attributesOfItem(atPath: seed)[.size] as? Int) ?? 65_536
         // Stores, their WALs while open, the copies and the loop's sample, with room to spare.
         let imageBytes = max(1 << 30, seedBytes * (count + sample) * 4 + (512 << 20))
-        var systems = [ScratchFileSystem.root(env.root + "/fleet-root")]
-        for type in ["ext4", "xfs"] {
+        var systems = fileSystems.contains("root") ? [ScratchFileSystem.root(env.root + "/fleet-root")] : []
+        for type in ["ext4", "xfs"] where fileSystems.contains(type) {
             if let system = ScratchFileSystem.mounted(type, bytes: imageBytes, under: env.root) { systems.append(system) }
         }
         defer { for system in systems { system.remove() } }
@@ -57,13 +59,17 @@ extension Scenarios {
         var results: [String: (rate: Double, loop: Double)] = [:]
         for system in systems {
             let fsync = system.fsyncLatency()
-            for release in releases {
+            for release in releases where fleetReleases.contains(release.name) {
                 let (rate, note) = try runFleet(release, on: system, seed: seed, count: count)
                 let loop = try runLoop(release, on: system, seed: seed, sample: sample)
                 results[system.label + release.name] = (rate, loop)
                 let scenario = "4. fleet migration, \(system.label)"
                 measurements.append(Measurement(scenario: scenario, subject: "userstorectl migrate --all: \(release.subject)",
                                                 value: rate, unit: "stores/s", note: note))
+                if let (floor, floorNote) = try runFloor(release, on: system, seed: seed, count: count) {
+                    measurements.append(Measurement(scenario: scenario, subject: "SQLite alone: the same statements per store from C, \(parallelism) threads, no copies (userstore-fleet-floor)",
+                                                    value: floor, unit: "stores/s", note: floorNote + String(format: "; userstored reaches %.0f%% of it", 100 * rate / floor)))
+                }
                 measurements.append(Measurement(scenario: scenario, subject: "shell loop of sqlite3, same SQL (\(sample)-store sample)",
                                                 value: loop, unit: "stores/s", note: String(format: "userstored / loop = %.1f×", rate / loop)))
                 // One at a time; journal commits batch concurrent fsyncs, so parallel runs can pass it.
@@ -74,7 +80,7 @@ extension Scenarios {
         }
 
         // The targets are set on a journaled ext4 (the root file system when none could be made).
-        let reference = systems.first { $0.label.hasPrefix("ext4") } ?? systems[0]
+        guard let reference = systems.first(where: { $0.label.hasPrefix("ext4") }) ?? systems.first else { return }
         let additiveResult = results[reference.label + "additive"] ?? (0, 1)
         let rebuildResult = results[reference.label + "rebuild"] ?? (0, 1)
         targets.append(TargetCheck(target: "fleet migration ≥ 1,000 stores/s, additive, auto (\(reference.label))",
@@ -91,7 +97,8 @@ extension Scenarios {
         let data = system.directory + "/fleet-\(release.name)-data"
         try env.clone(seed, into: data, users: users(count))
         shell("sync")
-        let (daemon, socket) = try env.startDaemon(name: "fleet-\(release.name)", data: data, migrations: release.migrations, backups: release.backups)
+        let (daemon, socket) = try env.startDaemon(name: "fleet-\(release.name)", data: data, migrations: release.migrations, backups: release.backups,
+                                                   extra: fleetParallelism.map { "fleetParallelism: \($0)" } ?? "")
         let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
         let started = nanoseconds()
         let output = env.root + "/fleet-\(release.name).jsonl"
@@ -104,6 +111,34 @@ extension Scenarios {
         shell("rm -rf \(data)")
         let note = "exit \(status), \(migrated) migrated in \(format(seconds)) s, \(copies) copies; daemon CPU \(format(cpu / Double(count))) µs/store"
         return (Double(count) / seconds, note)
+    }
+
+    /// The daemon's parallelism in these runs (its default: 8 per core, at most 64).
+    private var parallelism: Int { fleetParallelism ?? min(64, 8 * ProcessInfo.processInfo.activeProcessorCount) }
+
+    /// `bench/userstore-fleet-floor.c` over `count` clones of the seed in `system`: the
+    /// statements userstored runs per store, from C, at the daemon's parallelism — what SQLite
+    /// and the file system allow before anything of ours runs. Nil when it was not built.
+    private func runFloor(_ release: FleetRelease, on system: ScratchFileSystem, seed: String, count: Int) throws -> (Double, String)? {
+        let binary = env.binaries + "/userstore-fleet-floor"
+        guard FileManager.default.isExecutableFile(atPath: binary) else { return nil }
+        let data = system.directory + "/fleet-\(release.name)-floor"
+        let ids = users(count)
+        try env.clone(seed, into: data, users: ids)
+        let layout = StoreLayout(dataDirectory: data)
+        let list = env.root + "/fleet-floor-paths", script = env.root + "/fleet-floor-\(release.name).sql"
+        try ids.map { layout.storePath(for: try UserID($0)) }.joined(separator: "\n").write(toFile: list, atomically: true, encoding: .utf8)
+        try release.floorScript.write(toFile: script, atomically: true, encoding: .utf8)
+        shell("sync")
+        let (status, output) = shell("\(binary) \(list) \(script) \(parallelism)")
+        shell("rm -rf \(data)")
+        guard status == 0, let line = output.split(separator: "\n").last,
+              let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+              let seconds = object["seconds"] as? Double, let cpu = object["cpuMicrosecondsPerStore"] as? Double, seconds > 0 else {
+            log("userstore-fleet-floor failed (\(status)): \(output)")
+            return nil
+        }
+        return (Double(count) / seconds, "\(count) stores in \(format(seconds)) s; CPU \(format(cpu)) µs/store")
     }
 
     /// The sqlite3 CLI over `sample` copies of the seed in `system`, one process per store.
@@ -131,6 +166,13 @@ extension Scenarios {
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
         for (file, text) in files { try text.write(toFile: folder + "/" + file, atomically: true, encoding: .utf8) }
         return folder
+    }
+
+    /// `files`' Up sections for userstore-fleet-floor: one migration per part, `--;;` between.
+    private func floorScript(_ files: [(String, String)]) throws -> String {
+        try files.map { file, text in
+            try MigrationFileParser.parse(version: 1, name: file, fileName: file, contents: text).up.joined(separator: ";\n")
+        }.joined(separator: "\n--;;\n")
     }
 
     /// `files` as the sqlite3 shell's input: foreign keys off, one transaction per migration.

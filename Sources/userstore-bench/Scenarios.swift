@@ -10,6 +10,11 @@ struct Scenarios {
     let quick: Bool
     /// The C load generator (nil when it was not built: its rows say so).
     let load: LoadGenerator?
+    /// Scenario 4's stores per run (nil: its default) and file systems (`root`, `ext4`, `xfs`).
+    var fleetStores: Int?
+    var fleetParallelism: Int?
+    var fleetReleases: Set<String> = ["additive", "rebuild"]
+    var fileSystems: Set<String> = ["root", "ext4", "xfs"]
     var measurements: [Measurement] = []
     var targets: [TargetCheck] = []
 

@@ -88,8 +88,8 @@ import Testing
         #expect(openStoreFiles(under: directory.path) == 0)
     }
 
-    /// A fleet migration opens stores nobody uses; they go first when room is needed, so the
-    /// stores clients use stay open.
+    /// A fleet migration opens stores nobody uses and closes each once migrated, so the stores
+    /// clients use stay open (and the open files do not pile up).
     @Test func aFleetMigrationDoesNotPushStoresInUseOutOfTheLRU() async throws {
         let directory = try TemporaryDirectory()
         let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), maxOpenStores: 3)
@@ -108,7 +108,7 @@ import Testing
         }
         #expect(closedHot == 0, "a store in use was closed to make room for the fleet migration")
         #expect(closedCold >= 4 + 3, "the fleet's stores made room for each other")
-        #expect(harness.registry.statistics.openStores <= 3)
+        #expect(harness.registry.statistics.openStores == 2, "only the stores in use stay open")
     }
 
     @Test func idleStoresAreClosedAndReopenTransparently() async throws {

@@ -30,7 +30,7 @@ extension StoreRegistry {
             }
             let wasOpen = isOpen(user)
             let report = try await migrate(user)
-            if !wasOpen { makeLeastRecentlyUsed(user) }
+            if !wasOpen { await closeUnlessUsed(user) }
             return FleetOutcome(user: user, state: report.migrated ? .migrated : .current, fromVersion: report.fromVersion, toVersion: report.toVersion)
         } catch {
             return FleetOutcome(user: user, state: .failed, error: Self.storeError(error, user: user))
@@ -42,14 +42,23 @@ extension StoreRegistry {
         state.withLock { $0.entries[user] != nil }
     }
 
-    /// Puts `user`'s store first in line for closing, unless a request holds it. A fleet
-    /// migration opens thousands of stores nobody is using: without this each would push a
-    /// store clients use out of the LRU, and under load their requests would pay a reopen
-    /// (the soak saw read p99 go from 1 to 20 ms during a fleet run).
-    func makeLeastRecentlyUsed(_ user: UserID) {
+    /// Closes `user`'s store now, unless a request holds it or it is being prepared. A fleet
+    /// migration opens thousands of stores nobody is using: kept open, each would push a store
+    /// clients use out of the LRU (under load their requests would pay a reopen: the soak saw
+    /// read p99 go from 1 to 20 ms during a fleet run), and every file SQLite opens looks
+    /// through a process-wide list of the open ones (`unixOpen`), which grows with them.
+    func closeUnlessUsed(_ user: UserID) async {
+        let store: Store? = state.withLock { state in
+            guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
+                  case .ready = state.entries.values[index].phase else { return nil }
+            return state.entries.remove(at: index).value.store
+        }
+        guard let store else { return }
+        observer.record(.storeClosed(user: user, idle: true))
+        await close(store)
         state.withLock { state in
-            guard let index = state.entries.index(forKey: user), state.entries.values[index].leases == 0 else { return }
-            state.entries.values[index].tick = 0
+            state.holding -= 1
+            state.wakeWaiters()
         }
     }
 

@@ -8,9 +8,10 @@ import Foundation
 /// parallelism 2 and 298 at 8 with GCD on a journaled ext4). Jobs here run first come, first
 /// served on a fixed set of threads started with the pool.
 final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are only touched under `condition`
-    /// The daemon's pool: 4 threads per core, at least 16 (a fleet run's parallelism plus the
-    /// stores that requests open meanwhile).
-    static let shared = BlockingPool(threads: max(16, 4 * ProcessInfo.processInfo.activeProcessorCount))
+    /// The daemon's pool: 12 threads per core, at least 32 and at most 96 — a fleet run at its
+    /// default parallelism (8 per core, at most 64) plus room for the stores requests open
+    /// meanwhile, so that a fleet run never makes them wait for a thread.
+    static let shared = BlockingPool(threads: min(96, max(32, 12 * ProcessInfo.processInfo.activeProcessorCount)))
 
     private let condition = NSCondition()
     private var jobs: [@Sendable () -> Void] = []

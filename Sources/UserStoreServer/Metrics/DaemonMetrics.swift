@@ -193,7 +193,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_stores": "Open stores by replication state: registered with Litestream, or unregistered (served, not replicated).",
         "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
-        "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores) or because they were idle.",
+        "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
         "userstore_stores": "Stores by state (the fleet index): current, pending (behind the migrations), failed, too_new.",
         "userstore_transactions_open": "Interactive transactions open now (each holds its user's store).",

@@ -1,0 +1,100 @@
+/* What SQLite itself allows a fleet migration on this machine: the statements userstored runs
+ * per store (docs/migrations.md "Applying"), from C on N threads, with no daemon around them.
+ *
+ *   userstore-fleet-floor PATHS MIGRATIONS THREADS
+ *
+ * PATHS: a file naming one store per line. MIGRATIONS: the pending migrations' Up SQL, separated
+ * by lines of "--;;". Per store: open, exclusive locking, foreign keys off; per migration
+ * BEGIN IMMEDIATE, the SQL, PRAGMA foreign_key_check, a schema_migrations row, user_version and
+ * the app_version row, COMMIT (synchronous=NORMAL for all but the last commit, FULL for it, as
+ * userstored); close (its checkpoint). Prints one JSON line: stores, seconds, CPU per store. */
+#include <sqlite3.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+static char **paths, *migrations[64];
+static int store_count, migration_count;
+static atomic_int next_store, failures;
+
+static int run(sqlite3 *db, const char *sql) {
+    char *error = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &error) == SQLITE_OK) return 0;
+    fprintf(stderr, "%s: %s\n", sql, error ? error : "?");
+    sqlite3_free(error);
+    return -1;
+}
+
+static int migrate(const char *path) {
+    sqlite3 *db;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK) { sqlite3_close(db); return -1; }
+    int failed = run(db, "PRAGMA locking_mode = EXCLUSIVE; PRAGMA synchronous = FULL; PRAGMA foreign_keys = OFF");
+    char sql[512];
+    for (int m = 0; m < migration_count && !failed; m++) {
+        int version = 1000 + m;
+        snprintf(sql, sizeof sql, "PRAGMA synchronous = %s", m + 1 < migration_count ? "NORMAL" : "FULL");
+        failed = run(db, sql) || run(db, "BEGIN IMMEDIATE") || run(db, migrations[m]) || run(db, "PRAGMA foreign_key_check");
+        snprintf(sql, sizeof sql,
+                 "INSERT INTO schema_migrations (version, name, checksum, applied_at, duration_usec, app_version) "
+                 "VALUES (%d, 'm', 'c', strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now'), 1, '2.0.0'); PRAGMA user_version = %d; "
+                 "UPDATE app_version SET schema_version = %d, updated_at = strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now') WHERE id = 1; COMMIT",
+                 version, version, version);
+        failed = failed || run(db, sql);
+    }
+    failed = failed || run(db, "PRAGMA foreign_keys = ON");
+    return sqlite3_close(db) != SQLITE_OK || failed ? -1 : 0;
+}
+
+static void *worker(void *unused) {
+    (void)unused;
+    for (int i; (i = atomic_fetch_add(&next_store, 1)) < store_count;)
+        if (migrate(paths[i])) atomic_fetch_add(&failures, 1);
+    return NULL;
+}
+
+static char *slurp(const char *file) {
+    FILE *f = fopen(file, "r");
+    if (!f) { perror(file); exit(2); }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    rewind(f);
+    char *text = calloc(1, size + 1);
+    if (fread(text, 1, size, f) != (size_t)size) { perror(file); exit(2); }
+    fclose(f);
+    return text;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) { fprintf(stderr, "usage: %s PATHS MIGRATIONS THREADS\n", argv[0]); return 2; }
+    /* As userstored (SQLiteProcessSettings): no process-wide memory count, no bulk page caches. */
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+    sqlite3_config(SQLITE_CONFIG_PAGECACHE, NULL, 0, 0);
+    char *list = slurp(argv[1]);
+    paths = calloc(strlen(list) + 1, sizeof *paths);
+    for (char *line = strtok(list, "\n"); line; line = strtok(NULL, "\n")) paths[store_count++] = line;
+    char *text = slurp(argv[2]);
+    migrations[migration_count++] = text;
+    for (char *mark; (mark = strstr(text, "\n--;;\n")) && migration_count < 64; text = mark + 6) {
+        *mark = 0;
+        migrations[migration_count++] = mark + 6;
+    }
+    int threads = atoi(argv[3]);
+    if (threads < 1 || threads > 256) threads = 1;
+    pthread_t ids[256];
+    struct timespec start, end;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (int t = 0; t < threads; t++) pthread_create(&ids[t], NULL, worker, NULL);
+    for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double seconds = (end.tv_sec - start.tv_sec) + (end.tv_nsec - start.tv_nsec) / 1e9;
+    double cpu = usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+    printf("{\"stores\": %d, \"failures\": %d, \"seconds\": %.3f, \"cpuMicrosecondsPerStore\": %.0f}\n",
+           store_count, atomic_load(&failures), seconds, store_count ? cpu * 1e6 / store_count : 0);
+    return atomic_load(&failures) ? 1 : 0;
+}
