@@ -18,8 +18,9 @@ extension Scenarios {
         let floorScript: String
         /// `migrations.backupBeforeMigrating` for the daemon.
         let backups: MigrationPolicy.BackupMode
-        /// fsyncs per store: the last commit's WAL sync, the checkpoint's WAL and database
-        /// syncs when the store closes, and a copy's file and folder syncs.
+        /// fsyncs per store, counted with strace (the floor program does the same): SQLite with
+        /// synchronous=FULL syncs a new WAL's header and its directory, the last commit, and
+        /// when the store closes the checkpoint's WAL and database; a copy adds its file and folder.
         let fsyncsPerStore: Double
     }
 
@@ -41,10 +42,10 @@ extension Scenarios {
         let releases = [
             FleetRelease(name: "additive", subject: "3 add-column migrations, backupBeforeMigrating auto (no copy)",
                          migrations: try migrationFolder("fleet-additive", examples.prefix(3).map { ($0, try exampleText($0)) } + additive),
-                         loopScript: try loopScript(additive), floorScript: try floorScript(additive), backups: .auto, fsyncsPerStore: 3),
+                         loopScript: try loopScript(additive), floorScript: try floorScript(additive), backups: .auto, fsyncsPerStore: 5),
             FleetRelease(name: "rebuild", subject: "index + data fix + table rebuild (0004-0006), backups forced on",
                          migrations: try migrationFolder("fleet-rebuild", examples.map { ($0, try exampleText($0)) }),
-                         loopScript: try loopScript(rebuild), floorScript: try floorScript(rebuild), backups: .always, fsyncsPerStore: 5),
+                         loopScript: try loopScript(rebuild), floorScript: try floorScript(rebuild), backups: .always, fsyncsPerStore: 7),
         ]
 
         let seedBytes = (try? FileManager.default.attributesOfItem(atPath: seed)[.size] as? Int) ?? 65_536
