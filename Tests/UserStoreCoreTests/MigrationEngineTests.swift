@@ -32,6 +32,35 @@ import Testing
         #expect(harness.layout.allUsers() == [user("alice")])
     }
 
+    /// `.checkpoint` (a fleet run's stores) commits without fsync and ends with a checkpoint:
+    /// once the run returns, its changes are in the database file itself, not only in the WAL.
+    /// `.lastCommit` leaves them in the WAL (durable there) until a later checkpoint.
+    @Test func aCheckpointedRunLeavesItsChangesInTheDatabaseFileItself() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_log.sql", "CREATE TABLE log (step INTEGER);")
+        do {
+            let harness = try Harness(directory: directory, migrations: try folder.load())
+            for name in ["lastcommit", "checkpoint"] { #expect(try await harness.registry.info(user(name)).schemaVersion == 1) }
+            await harness.registry.shutdown()
+        }
+        for step in 2...4 { try folder.write("000\(step)_step\(step).sql", "INSERT INTO log VALUES (\(step));") }
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        for (name, durability) in [("lastcommit", Migrator.Durability.lastCommit), ("checkpoint", .checkpoint)] {
+            let path = harness.layout.storePath(for: user(name))
+            let queue = try DatabaseQueue(path: path)
+            let migrator = harness.registry.makeMigrator(user(name), migrations: try folder.load(), durability: durability)
+            let report = try await queue.writeWithoutTransaction { db in try migrator.migrate(db, created: false) }
+            #expect(report.applied == [2, 3, 4])
+            #expect(try await queue.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") } == 2, "back to FULL")
+            // The database file alone, without its WAL, while the connection is still open.
+            let copy = directory.path + "/\(name)-main-file.sqlite"
+            try FileManager.default.copyItem(atPath: path, toPath: copy)
+            let inFile = try await DatabaseQueue(path: copy).read { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") }
+            #expect(inFile == (durability == .checkpoint ? 4 : 1), "\(name): the database file holds version \(inFile ?? -1)")
+            try queue.close()
+        }
+    }
+
     @Test func storeSeveralVersionsBehindIsBroughtUpInOrderInOneGo() async throws {
         let directory = try TemporaryDirectory()
         let folder = try MigrationFolder(directory)

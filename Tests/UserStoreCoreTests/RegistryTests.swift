@@ -111,6 +111,43 @@ import Testing
         #expect(harness.registry.statistics.openStores == 2, "only the stores in use stay open")
     }
 
+    /// A fleet run opens, migrates and closes a store nobody had open in one job; requests for
+    /// it meanwhile wait for that job, then open it again. Whatever the interleaving, every
+    /// store is migrated exactly once and every request sees it migrated.
+    @Test func requestsDuringAFleetRunsOneJobWaitForItAndReopenTheStore() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+        let users = (0..<24).map { user("racer\($0)") }
+        do {
+            let seeding = try Harness(directory: directory, migrations: try folder.load())
+            for id in users { _ = try await seeding.registry.info(id) }
+            await seeding.registry.shutdown()
+        }
+        try folder.write("0002_count.sql", "INSERT INTO runs VALUES ('once');")
+        let harness = try Harness(directory: directory, migrations: try folder.load(), maxOpenStores: 64)
+        let (fleet, versions) = try await withThrowingTaskGroup(of: (FleetOutcome?, Int64?).self) { group in
+            for id in users {
+                group.addTask { (await harness.registry.fleetMigrate(id, dryRun: false), nil) }
+                for _ in 0..<3 { group.addTask { (nil, try await harness.registry.info(id).schemaVersion) } }
+            }
+            var fleet: [FleetOutcome] = [], versions: [Int64] = []
+            for try await (outcome, version) in group {
+                if let outcome { fleet.append(outcome) }
+                if let version { versions.append(version) }
+            }
+            return (fleet, versions)
+        }
+        #expect(fleet.count == users.count && fleet.allSatisfy { $0.state == .migrated || $0.state == .current })
+        #expect(fleet.allSatisfy { $0.toVersion == 2 }, "\(fleet.map { ($0.user.rawValue, $0.state, $0.toVersion ?? -1) })")
+        #expect(versions.count == 3 * users.count && versions.allSatisfy { $0 == 2 })
+        let started = harness.recorder.count { if case .migrationStarted = $0 { true } else { false } }
+        #expect(started == users.count, "each store migrated once, not \(started) runs for \(users.count) stores")
+        await harness.registry.shutdown()
+        for id in users {
+            #expect(try harness.inspect(id.rawValue) { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM runs") } == 1)
+        }
+    }
+
     @Test func idleStoresAreClosedAndReopenTransparently() async throws {
         let directory = try TemporaryDirectory()
         let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), idleTimeout: .seconds(60))

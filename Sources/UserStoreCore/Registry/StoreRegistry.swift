@@ -149,7 +149,7 @@ public final class StoreRegistry: Sendable {
                 return Lease(store: store, report: report, failure: failure)
             case .wait(let task):
                 switch await task.value {
-                case .prepared(let outcome): report = outcome ?? report
+                case .prepared(let outcome), .closed(let outcome): report = outcome ?? report
                 case .openFailed(let error): throw error
                 }
             case .evict(let store):
@@ -251,19 +251,25 @@ public final class StoreRegistry: Sendable {
         /// The store is open; its phase says whether it is ready or failed. Carries what the
         /// migration run did, if one ran.
         case prepared(MigrationReport?)
+        /// Migrated and closed again (``prepare``'s `closeAfter`): the entry is gone.
+        case closed(MigrationReport?)
         /// The file could not be opened at all; the entry is gone.
         case openFailed(StoreError)
     }
 
     /// Opens (if `existing` is nil) and migrates `user`'s store in a task of its own, so that a
     /// client that disconnects never cancels a migration half-way. Without `migrate`, only opens
-    /// an existing file (the entry is then stale: the next request migrates it).
-    private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
-                         template: StoreTemplate? = nil, migrate: Bool = true) -> Task<PreparationOutcome, Never> {
+    /// an existing file (the entry is then stale: the next request migrates it). With
+    /// `closeAfter` (a fleet run's store that was not open), a store whose migration succeeds
+    /// is closed in the same job and its entry removed; requests that waited open it again.
+    func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
+                 template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
         Task {
-            let migrator = makeMigrator(user, migrations: migrations)
+            let closeAfter = closeAfter && existing == nil && migrate
+            let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter && !opener.sharedFiles ? .checkpoint : .lastCommit)
             let store: Store
             let migration: Result<MigrationReport?, any Error>
+            var closed = false
             if let existing {
                 store = existing
                 do {
@@ -273,9 +279,9 @@ public final class StoreRegistry: Sendable {
                 }
             } else {
                 switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrate ? migrator : nil,
-                                                 observer: observer, replication: replication) {
+                                                 observer: observer, replication: replication, closeAfter: closeAfter) {
                 case .success(let opened):
-                    (store, migration) = opened
+                    (store, migration, closed) = opened
                 case .failure(let failure):
                     observer.record(.storeRefused(user: user, error: failure))
                     state.withLock { state in
@@ -285,6 +291,15 @@ public final class StoreRegistry: Sendable {
                     }
                     return .openFailed(failure)
                 }
+            }
+            if closed, case .success(let report) = migration {
+                state.withLock { state in
+                    if report?.migrated == true { state.migrationRuns += 1 }
+                    state.entries[user] = nil
+                    state.holding -= 1
+                    state.wakeWaiters()
+                }
+                return .closed(report)
             }
             let phase: RegistryEntry.Phase
             var report: MigrationReport?
@@ -310,14 +325,15 @@ public final class StoreRegistry: Sendable {
     }
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
-    /// yet, on one dispatch thread without hops. Fails only when the file cannot be opened.
-    /// Without a `migrator`, only opens an existing file.
+    /// yet, on one blocking-pool thread without hops. Fails only when the file cannot be opened.
+    /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store in
+    /// the same job once its migration succeeded (`closed` in the result).
     ///
     /// With `replication`, a store missing here is first restored from the replica if it has
     /// one, and the store is registered before anything writes to it (the migration).
     private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator?,
-                                       observer: any StoreObserver,
-                                       replication: (any StoreReplication)?) async -> Result<(Store, Result<MigrationReport?, any Error>), StoreError> {
+                                       observer: any StoreObserver, replication: (any StoreReplication)?,
+                                       closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
         do {
             return .success(try await offThread {
                 var template = template
@@ -344,10 +360,10 @@ public final class StoreRegistry: Sendable {
                 // Registered before anything writes to it (the migration included).
                 replication?.storeOpened(store)
                 if !created && !restored { observer.record(.storeOpened(user: user)) }
-                guard let migrator else { return (store, .success(nil)) }
+                guard let migrator else { return (store, .success(nil), false) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
                 let copied = created ? template : nil
-                return (store, Result { () throws -> MigrationReport? in
+                let migration = Result { () throws -> MigrationReport? in
                     try store.writeBlocking { db in
                         var report = try migrator.migrate(db, created: created)
                         if let copied {
@@ -357,7 +373,11 @@ public final class StoreRegistry: Sendable {
                         }
                         return report
                     }
-                })
+                }
+                guard closeAfter, case .success = migration else { return (store, migration, false) }
+                observer.record(.storeClosed(user: user, idle: true))
+                closeNow(store, replication: replication)
+                return (store, migration, true)
             })
         } catch {
             return .failure(storeError(error, user: user))
@@ -369,7 +389,7 @@ public final class StoreRegistry: Sendable {
     /// The template for the current generation if new stores are to be copied from one and it
     /// is built; otherwise nil, and a build is started if none was for this generation
     /// (meanwhile new stores are migrated step by step).
-    private func templateForNewStore(_ state: inout RegistryState) -> StoreTemplate? {
+    func templateForNewStore(_ state: inout RegistryState) -> StoreTemplate? {
         guard configuration.policy.newStoresFromTemplate else { return nil }
         if let template = state.template, template.generation == state.generation { return template }
         if state.templateAttempted != state.generation {
@@ -399,11 +419,14 @@ public final class StoreRegistry: Sendable {
 
     /// The migrator for `user`; a `simulating` one (for plans run on a copy) takes no backups
     /// and reports no events.
-    func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false) -> Migrator {
+    func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false,
+                      durability: Migrator.Durability = .lastCommit) -> Migrator {
         var policy = configuration.policy
         if simulating { policy.backupBeforeMigrating = .never }
-        return Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
-                        observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
+        var migrator = Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
+                                observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
+        migrator.durability = durability
+        return migrator
     }
 
     /// Marks `user`'s open store as needing a fresh preparation on its next use, or records
@@ -491,13 +514,17 @@ public final class StoreRegistry: Sendable {
     /// A replicated store is synced and unregistered first, once the work queued on it is done.
     func close(_ store: Store) async {
         let replication = self.replication
-        await Self.offThread {
-            if let replication {
-                store.finishQueuedWork()
-                replication.storeClosing(store)
-            }
-            store.close()
+        await Self.offThread { Self.closeNow(store, replication: replication) }
+    }
+
+    /// Closes `store` on this thread (it blocks on the disk), letting the replicator take its
+    /// last changes first.
+    private static func closeNow(_ store: Store, replication: (any StoreReplication)?) {
+        if let replication {
+            store.finishQueuedWork()
+            replication.storeClosing(store)
         }
+        store.close()
     }
 
     /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.

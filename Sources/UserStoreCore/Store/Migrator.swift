@@ -19,6 +19,15 @@ struct Migrator: Sendable {
     let policy: MigrationPolicy
     let observer: any StoreObserver
     let backups: BackupKeeper
+    /// How the run's commits become durable. `.lastCommit`: the last commit is written with
+    /// `synchronous=FULL`. `.checkpoint`: every commit is `NORMAL` and the run ends with a
+    /// checkpoint, which syncs the WAL and then the database file — the same two fsyncs the
+    /// close's checkpoint would pay anyway, with the last commit's fsync saved. For a store the
+    /// caller closes right after (a fleet run), and only where no other connection can hold
+    /// the WAL back from a full checkpoint (exclusive locking: no replicator).
+    var durability: Durability = .lastCommit
+
+    enum Durability: Sendable { case lastCommit, checkpoint }
 
     // MARK: Planning
 
@@ -141,8 +150,9 @@ struct Migrator: Sendable {
 
         // One fsync for the whole run: every commit before the last is written with
         // synchronous=NORMAL, the last with FULL, whose fsync of the WAL covers the earlier
-        // frames too. WAL commits stay atomic either way, so a power cut mid-run leaves the
-        // store at some earlier version, never in between (the rule above still holds).
+        // frames too (or, with `.checkpoint`, all with NORMAL and the closing checkpoint's
+        // fsync covers them). WAL commits stay atomic either way, so a power cut mid-run leaves
+        // the store at some earlier version, never in between (the rule above still holds).
         let reconciles = plan.reconcile && reconciling && migrations.schema != nil
         let recordsAppVersionOnly = plan.steps.isEmpty && plan.appVersionChanged
         let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0) + (recordsAppVersionOnly ? 1 : 0)
@@ -151,11 +161,12 @@ struct Migrator: Sendable {
         func beforeCommit() throws {
             committed += 1
             // Set only when it changes: each PRAGMA is parsed anew.
-            guard commits > 1, normal != (committed < commits) else { return }
-            normal.toggle()
+            let wantsNormal = durability == .checkpoint || committed < commits
+            guard normal != wantsNormal else { return }
+            normal = wantsNormal
             try db.execute(sql: normal ? "PRAGMA synchronous = NORMAL" : "PRAGMA synchronous = FULL")
         }
-        defer { if commits > 1, committed < commits { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
+        defer { if normal { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
 
         if plan.isNewStore {
             try beforeCommit()
@@ -209,6 +220,7 @@ struct Migrator: Sendable {
                 return .commit
             }
         }
+        if durability == .checkpoint, committed > 0 { try checkpoint(db) }
         report.appVersion = appVersion.text
         report.durationMicroseconds = Self.microseconds(since: started)
         if totalSteps > 0 {
@@ -339,6 +351,17 @@ struct Migrator: Sendable {
     }
 
     // MARK: Helpers
+
+    /// Copies the WAL into the database file, syncing both (`synchronous=NORMAL` still syncs
+    /// a checkpoint): what makes a `.checkpoint` run's commits durable. Throws if any frame
+    /// is left behind, which exclusive locking rules out (no reader to wait for).
+    private func checkpoint(_ db: Database) throws {
+        guard let row = try Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(PASSIVE)") else { return }
+        let busy: Int = row[0], frames: Int = row[1], copied: Int = row[2]
+        guard busy == 0, copied == frames else {
+            throw StoreError.storageFailure(user: user, message: "the checkpoint after migrating copied \(copied) of \(frames) WAL frames")
+        }
+    }
 
     private func ensureWAL(_ db: Database) throws {
         let mode = try String.fetchOne(db, sql: "PRAGMA journal_mode")
