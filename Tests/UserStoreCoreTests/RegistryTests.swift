@@ -143,9 +143,36 @@ import Testing
         let started = harness.recorder.count { if case .migrationStarted = $0 { true } else { false } }
         #expect(started == users.count, "each store migrated once, not \(started) runs for \(users.count) stores")
         await harness.registry.shutdown()
+        #expect(harness.registry.statistics.openStores == 0, "every store the jobs closed was counted out")
         for id in users {
             #expect(try harness.inspect(id.rawValue) { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM runs") } == 1)
         }
+    }
+
+    /// A store whose migration fails in a fleet run's job is reported failed with the
+    /// migration's error, tried once (not again at once), and stays open as failed, refused to
+    /// clients like after a request's failed migration.
+    @Test func aFleetRunsFailedJobReportsTheErrorOnceAndKeepsTheStoreFailed() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+        do {
+            let seeding = try Harness(directory: directory, migrations: try folder.load())
+            _ = try await seeding.registry.info(user("broken"))
+            await seeding.registry.shutdown()
+        }
+        try folder.write("0002_bad.sql", "INSERT INTO no_such_table VALUES (1);")
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        let outcome = await harness.registry.fleetMigrate(user("broken"), dryRun: false)
+        #expect(outcome.state == .failed)
+        guard case .migrationFailed(_, let version, _, _, _, let schemaVersion)? = outcome.error else {
+            Issue.record("expected MigrationFailed, got \(String(describing: outcome.error))")
+            return
+        }
+        #expect(version == 2 && schemaVersion == 1)
+        let failures = harness.recorder.count { if case .migrationFailed = $0 { true } else { false } }
+        #expect(failures == 1, "tried \(failures) times")
+        #expect(harness.registry.statistics.failedStores == 1)
+        await #expect(throws: StoreError.self) { try await harness.registry.info(user("broken")) }
     }
 
     @Test func idleStoresAreClosedAndReopenTransparently() async throws {

@@ -28,11 +28,12 @@ extension StoreRegistry {
                 let current = plan.steps.isEmpty && !plan.isNewStore && !plan.reconcile
                 return FleetOutcome(user: user, state: current ? .current : .planned, fromVersion: plan.fromVersion, toVersion: plan.toVersion)
             }
+            let wasOpen = isOpen(user)
             let report: MigrationReport
             if let migrated = try await migrateUnopened(user) {
                 report = migrated
             } else {
-                let wasOpen = isOpen(user)
+                // Open already (a request holds it, or there was no room for one more).
                 report = try await migrate(user)
                 if !wasOpen { await closeUnlessUsed(user) }
             }
@@ -48,10 +49,11 @@ extension StoreRegistry {
     }
 
     /// Opens, migrates and closes `user`'s store in one blocking job, when nothing has it open
-    /// and there is room for one more open store; nil (nothing done) otherwise, and whenever
-    /// the migration fails (the store then stays open, failed, as a request would leave it,
-    /// and ``migrate(_:)`` retries it and throws its error). Requests for the user meanwhile
-    /// wait for the job, as for any preparation, then open the store again.
+    /// and there is room for one more open store; nil (nothing done) otherwise. Throws what
+    /// failed; the store then stays open, failed, as a request would leave it. Not retried
+    /// here: a failed checkpoint's retry would find nothing to migrate and report the store
+    /// current while its commits may not be durable yet. Requests for the user meanwhile wait
+    /// for the job, as for any preparation, then open the store again.
     ///
     /// What this saves per store (docs/performance.md): a second trip through the blocking pool
     /// for the close, and the last commit's fsync (``Migrator/Durability/checkpoint``).
@@ -74,7 +76,11 @@ extension StoreRegistry {
         case .closed(let report?):
             return report
         case .closed(nil), .prepared:
-            // Still open: the migration failed (the entry says why).
+            // Still open: the job failed (the entry says why).
+            let failure: StoreError? = state.withLock { state in
+                if case .failed(let error, _) = state.entries[user]?.phase { error } else { nil }
+            }
+            if let failure { throw failure }
             return nil
         }
     }

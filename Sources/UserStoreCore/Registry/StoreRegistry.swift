@@ -149,7 +149,10 @@ public final class StoreRegistry: Sendable {
                 return Lease(store: store, report: report, failure: failure)
             case .wait(let task):
                 switch await task.value {
-                case .prepared(let outcome), .closed(let outcome): report = outcome ?? report
+                case .prepared(let outcome), .closed(let outcome):
+                    // A store closed by a fleet run's job is opened again (the next turn), with
+                    // nothing left to apply: the job's report is the one that says what happened.
+                    if let outcome, report == nil || outcome.migrated { report = outcome }
                 case .openFailed(let error): throw error
                 }
             case .evict(let store):
