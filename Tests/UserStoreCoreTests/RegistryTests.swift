@@ -118,11 +118,7 @@ import Testing
         let directory = try TemporaryDirectory()
         let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
         let users = (0..<24).map { user("racer\($0)") }
-        do {
-            let seeding = try Harness(directory: directory, migrations: try folder.load())
-            for id in users { _ = try await seeding.registry.info(id) }
-            await seeding.registry.shutdown()
-        }
+        try await Harness.seed(users, in: directory, migrations: try folder.load())
         try folder.write("0002_count.sql", "INSERT INTO runs VALUES ('once');")
         let harness = try Harness(directory: directory, migrations: try folder.load(), maxOpenStores: 64)
         let (fleet, versions) = try await withThrowingTaskGroup(of: (FleetOutcome?, Int64?).self) { group in
@@ -155,11 +151,7 @@ import Testing
     @Test func aFleetRunsFailedJobReportsTheErrorOnceAndKeepsTheStoreFailed() async throws {
         let directory = try TemporaryDirectory()
         let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
-        do {
-            let seeding = try Harness(directory: directory, migrations: try folder.load())
-            _ = try await seeding.registry.info(user("broken"))
-            await seeding.registry.shutdown()
-        }
+        try await Harness.seed([user("broken")], in: directory, migrations: try folder.load())
         try folder.write("0002_bad.sql", "INSERT INTO no_such_table VALUES (1);")
         let harness = try Harness(directory: directory, migrations: try folder.load())
         let outcome = await harness.registry.fleetMigrate(user("broken"), dryRun: false)

@@ -61,21 +61,16 @@ extension StoreRegistry {
         try placement?.admit(user)
         let task: Task<PreparationOutcome, Never>? = state.withLock { state in
             guard state.entries[user] == nil, state.holding < configuration.maxOpenStores else { return nil }
-            state.holding += 1
-            state.peak = max(state.peak, state.holding)
             state.tick += 1
-            let task = prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
-                               template: templateForNewStore(&state), closeAfter: true)
-            state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
-            return task
+            return startOpening(&state, user, migrate: true, closeAfter: true)
         }
         guard let task else { return nil }
         switch await task.value {
         case .openFailed(let error):
             throw error
-        case .closed(let report?):
+        case .closed(let report):
             return report
-        case .closed(nil), .prepared:
+        case .prepared:
             // Still open: the job failed (the entry says why).
             let failure: StoreError? = state.withLock { state in
                 if case .failed(let error, _) = state.entries[user]?.phase { error } else { nil }

@@ -149,10 +149,12 @@ public final class StoreRegistry: Sendable {
                 return Lease(store: store, report: report, failure: failure)
             case .wait(let task):
                 switch await task.value {
-                case .prepared(let outcome), .closed(let outcome):
-                    // A store closed by a fleet run's job is opened again (the next turn), with
-                    // nothing left to apply: the job's report is the one that says what happened.
+                case .prepared(let outcome):
+                    // After a fleet run's job (below) the store is opened again with nothing
+                    // left to apply: the job's report is the one that says what happened.
                     if let outcome, report == nil || outcome.migrated { report = outcome }
+                case .closed(let outcome):
+                    report = outcome
                 case .openFailed(let error): throw error
                 }
             case .evict(let store):
@@ -218,19 +220,27 @@ public final class StoreRegistry: Sendable {
         }
         if mode == .asIs && !exists { return .fail(.noSuchStore(user: user)) }
         if state.holding < configuration.maxOpenStores {
-            state.holding += 1
-            state.peak = max(state.peak, state.holding)
-            let task = mode == .asIs
-                ? prepare(user, existing: nil, generation: -1, migrations: state.migrations, migrate: false)
-                : prepare(user, existing: nil, generation: state.generation, migrations: state.migrations, template: templateForNewStore(&state))
-            state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
-            return .wait(task)
+            return .wait(startOpening(&state, user, migrate: mode == .migrate))
         }
         if let victim = state.idleVictim() {
             let entry = state.entries.removeValue(forKey: victim)!
             return .evict(entry.store!)
         }
         return .waitForCapacity
+    }
+
+    /// Starts opening (and, with `migrate`, migrating) `user`'s store, which has no entry and
+    /// for which there is room: counts it among the open stores and enters it as being
+    /// prepared, so requests for it wait for the task. `closeAfter`: see ``prepare``.
+    func startOpening(_ state: inout RegistryState, _ user: UserID, migrate: Bool, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
+        state.holding += 1
+        state.peak = max(state.peak, state.holding)
+        let task = migrate
+            ? prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
+                      template: templateForNewStore(&state), closeAfter: closeAfter)
+            : prepare(user, existing: nil, generation: -1, migrations: state.migrations, migrate: false)
+        state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
+        return task
     }
 
     /// Ends a lease taken by ``leaseIfReady(_:)`` (``withStore(_:access:_:)`` ends its own).
@@ -255,7 +265,7 @@ public final class StoreRegistry: Sendable {
         /// migration run did, if one ran.
         case prepared(MigrationReport?)
         /// Migrated and closed again (``prepare``'s `closeAfter`): the entry is gone.
-        case closed(MigrationReport?)
+        case closed(MigrationReport)
         /// The file could not be opened at all; the entry is gone.
         case openFailed(StoreError)
     }
@@ -265,10 +275,9 @@ public final class StoreRegistry: Sendable {
     /// an existing file (the entry is then stale: the next request migrates it). With
     /// `closeAfter` (a fleet run's store that was not open), a store whose migration succeeds
     /// is closed in the same job and its entry removed; requests that waited open it again.
-    func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
-                 template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
+    private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
+                         template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
         Task {
-            let closeAfter = closeAfter && existing == nil && migrate
             let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter && !opener.sharedFiles ? .checkpoint : .lastCommit)
             let store: Store
             let migration: Result<MigrationReport?, any Error>
@@ -295,9 +304,9 @@ public final class StoreRegistry: Sendable {
                     return .openFailed(failure)
                 }
             }
-            if closed, case .success(let report) = migration {
+            if closed, case .success(let report?) = migration {
                 state.withLock { state in
-                    if report?.migrated == true { state.migrationRuns += 1 }
+                    if report.migrated { state.migrationRuns += 1 }
                     state.entries[user] = nil
                     state.holding -= 1
                     state.wakeWaiters()
@@ -392,7 +401,7 @@ public final class StoreRegistry: Sendable {
     /// The template for the current generation if new stores are to be copied from one and it
     /// is built; otherwise nil, and a build is started if none was for this generation
     /// (meanwhile new stores are migrated step by step).
-    func templateForNewStore(_ state: inout RegistryState) -> StoreTemplate? {
+    private func templateForNewStore(_ state: inout RegistryState) -> StoreTemplate? {
         guard configuration.policy.newStoresFromTemplate else { return nil }
         if let template = state.template, template.generation == state.generation { return template }
         if state.templateAttempted != state.generation {

@@ -82,6 +82,14 @@ struct Harness {
             migrations: migrations, lock: lock, observer: recorder)
     }
 
+    /// Creates `users`' stores at `migrations` through a registry of their own, then closes
+    /// them: a data directory for a test to start from.
+    static func seed(_ users: [UserID], in directory: TemporaryDirectory, migrations: MigrationSet) async throws {
+        let harness = try Harness(directory: directory, migrations: migrations)
+        for id in users { _ = try await harness.registry.info(id) }
+        await harness.registry.shutdown()
+    }
+
     /// Opens `user`'s file directly (not through the registry) to inspect it.
     func inspect<T>(_ user: String, _ body: (Database) throws -> T) throws -> T {
         let queue = try DatabaseQueue(path: layout.storePath(for: try UserID(user)))
