@@ -321,7 +321,9 @@ final class Connection: EventHandler, @unchecked Sendable {
         }
         if transaction != nil, let error = tape.withView(bytes, { waitsForOwnTransaction($0) }) {
             descriptors.forEach { close($0) }
-            appendReply(error)
+            // Shutdown may have begun before this connection's loop got to quiesce it
+            // (`stopping`): the call would be refused for that anyway, as the router does.
+            appendReply(shared.context.isShuttingDown ? Errors.shuttingDown : error)
             return true
         }
         let outcome: FastPath.Outcome
