@@ -34,10 +34,13 @@ let package = Package(
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 "CSQLiteSettings",
+                "CSyncFS",
             ]
         ),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
+        // syncfs(2) (glibc declares it only under _GNU_SOURCE): a fleet run's group commit.
+        .systemLibrary(name: "CSyncFS"),
         // The varlink protocol: exact JSON, framing, messages, the epoll event loop daemon and client share.
         .target(name: "Varlink", dependencies: ["CUnixSocket"]),
         // The Swift client applications import: a pipelining connection pool on the daemon's own

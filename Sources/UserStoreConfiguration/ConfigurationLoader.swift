@@ -16,7 +16,7 @@ public enum ConfigurationLoader {
         "maxOpenStores", "idleTimeoutSeconds", "logTarget", "slowRequestMilliseconds", "fleetParallelism",
         "migrations.allowOutOfOrder", "migrations.checksumMismatch", "migrations.onFailure",
         "migrations.backupBeforeMigrating", "migrations.backupRetentionSeconds", "migrations.allowDestructiveSchemaChanges",
-        "migrations.newStoresFromTemplate",
+        "migrations.newStoresFromTemplate", "migrations.fleetSyncMethod",
         "access.clientUsers", "access.clientGroups", "access.adminUsers", "access.adminGroups", "access.perUnixUserStores",
         "limits.maxRequestBytes", "limits.maxResponseBytes", "limits.statementTimeoutMilliseconds",
         "limits.maxBatchStatements", "limits.maxConnections", "limits.maxJSONDepth",

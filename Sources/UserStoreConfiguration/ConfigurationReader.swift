@@ -36,6 +36,12 @@ extension ConfigurationLoader {
             policy.backupRetentionSeconds = try int("migrations.backupRetentionSeconds", minimum: 0) ?? 86_400
             policy.allowDestructiveSchemaChanges = try bool("migrations.allowDestructiveSchemaChanges") ?? false
             policy.newStoresFromTemplate = try bool("migrations.newStoresFromTemplate") ?? false
+            if let method = try string("migrations.fleetSyncMethod") {
+                guard let value = MigrationPolicy.FleetSyncMethod(rawValue: method) else {
+                    throw error("migrations.fleetSyncMethod", "must be syncfs or fsync (got \"\(method)\")")
+                }
+                policy.fleetSyncMethod = value
+            }
 
             var access = AccessRules()
             access.clientUsers = try ids("access.clientUsers", resolve: AccessRules.resolveUser)

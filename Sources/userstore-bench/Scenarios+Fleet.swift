@@ -18,9 +18,11 @@ extension Scenarios {
         let floorScript: String
         /// `migrations.backupBeforeMigrating` for the daemon.
         let backups: MigrationPolicy.BackupMode
-        /// fsyncs per store, counted with strace (the floor program does the same): SQLite syncs
-        /// a new WAL's header and its directory, then the run's closing checkpoint syncs the WAL
-        /// and the database (its commits are NORMAL); a copy adds its file and folder.
+        /// fsyncs per store with `migrations.fleetSyncMethod: fsync`, counted with strace:
+        /// SQLite syncs a new WAL's header and its directory, then the run's closing checkpoint
+        /// syncs the WAL and the database (its commits are NORMAL); a copy adds its file and
+        /// folder. With `syncfs` (the default, which the runs here use) only a copy's 2 remain,
+        /// and the stores waiting at one moment share each syncfs.
         let fsyncsPerStore: Double
     }
 
@@ -68,15 +70,16 @@ extension Scenarios {
                 measurements.append(Measurement(scenario: scenario, subject: "userstorectl migrate --all: \(release.subject)",
                                                 value: rate, unit: "stores/s", note: note))
                 if let (floor, floorNote) = try runFloor(release, on: system, seed: seed, count: count) {
-                    measurements.append(Measurement(scenario: scenario, subject: "SQLite alone: the same statements per store from C, \(parallelism) threads, no copies (userstore-fleet-floor)",
+                    measurements.append(Measurement(scenario: scenario, subject: "SQLite alone: the same statements and syncs per store from C, \(parallelism) threads, no copies (userstore-fleet-floor)",
                                                     value: floor, unit: "stores/s", note: floorNote + String(format: "; userstored reaches %.0f%% of it", 100 * rate / floor)))
                 }
                 measurements.append(Measurement(scenario: scenario, subject: "shell loop of sqlite3, same SQL (\(sample)-store sample)",
                                                 value: loop, unit: "stores/s", note: String(format: "userstored / loop = %.1f×", rate / loop)))
-                // One at a time; journal commits batch concurrent fsyncs, so parallel runs can pass it.
-                measurements.append(Measurement(scenario: scenario, subject: "fsync-bound limit of \(release.name), serial: 1 / (\(Int(release.fsyncsPerStore)) fsyncs × \(format(fsync)) µs)",
+                // One at a time; journal commits batch concurrent fsyncs, so parallel runs can pass
+                // it, and the default group commit (syncfs) shares its syncs among stores.
+                measurements.append(Measurement(scenario: scenario, subject: "fsync-bound limit of \(release.name) synced file by file (fleetSyncMethod: fsync), serial: 1 / (\(Int(release.fsyncsPerStore)) fsyncs × \(format(fsync)) µs)",
                                                 value: 1e6 / (release.fsyncsPerStore * fsync), unit: "stores/s",
-                                                note: "fdatasync of 4 KiB measured in this file system"))
+                                                note: "fdatasync of 4 KiB measured in this file system; the runs above use fleetSyncMethod: syncfs"))
             }
         }
 
@@ -135,11 +138,12 @@ extension Scenarios {
         shell("rm -rf \(data)")
         guard status == 0, let line = output.split(separator: "\n").last,
               let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
-              let seconds = object["seconds"] as? Double, let cpu = object["cpuMicrosecondsPerStore"] as? Double, seconds > 0 else {
+              let seconds = object["seconds"] as? Double, let cpu = object["cpuMicrosecondsPerStore"] as? Double, seconds > 0,
+              let syncs = object["syncfsCalls"] as? Int else {
             log("userstore-fleet-floor failed (\(status)): \(output)")
             return nil
         }
-        return (Double(count) / seconds, "\(count) stores in \(format(seconds)) s; CPU \(format(cpu)) µs/store")
+        return (Double(count) / seconds, "\(count) stores in \(format(seconds)) s; CPU \(format(cpu)) µs/store; \(syncs) syncfs (group commit, as the daemon)")
     }
 
     /// The sqlite3 CLI over `sample` copies of the seed in `system`, one process per store.

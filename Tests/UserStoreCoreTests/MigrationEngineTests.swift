@@ -32,16 +32,18 @@ import Testing
         #expect(harness.layout.allUsers() == [user("alice")])
     }
 
-    /// `.checkpoint` (a fleet run's stores) commits without fsync and ends with a checkpoint:
-    /// once the run returns, its changes are in the database file itself, not only in the WAL.
-    /// `.lastCommit` leaves them in the WAL (durable there) until a later checkpoint.
+    /// `.checkpoint` and `.shared` (a fleet run's stores) commit without fsync and end with a
+    /// checkpoint: once the run returns, its changes are in the database file itself, not only
+    /// in the WAL. `.lastCommit` leaves them in the WAL (durable there) until a later checkpoint.
     @Test func aCheckpointedRunLeavesItsChangesInTheDatabaseFileItself() async throws {
         let directory = try TemporaryDirectory()
         let folder = try MigrationFolder(directory).write("0001_log.sql", "CREATE TABLE log (step INTEGER);")
-        try await Harness.seed([user("lastcommit"), user("checkpoint")], in: directory, migrations: try folder.load())
+        try await Harness.seed([user("lastcommit"), user("checkpoint"), user("shared")], in: directory, migrations: try folder.load())
         for step in 2...4 { try folder.write("000\(step)_step\(step).sql", "INSERT INTO log VALUES (\(step));") }
         let harness = try Harness(directory: directory, migrations: try folder.load())
-        for (name, durability) in [("lastcommit", Migrator.Durability.lastCommit), ("checkpoint", .checkpoint)] {
+        let fileSystem = FileSystemSync(directory: directory.path)
+        let runs: [(String, Migrator.Durability, Int64)] = [("lastcommit", .lastCommit, 1), ("checkpoint", .checkpoint, 4), ("shared", .shared(fileSystem), 4)]
+        for (name, durability, expected) in runs {
             let path = harness.layout.storePath(for: user(name))
             let queue = try DatabaseQueue(path: path)
             let migrator = harness.registry.makeMigrator(user(name), migrations: try folder.load(), durability: durability)
@@ -52,9 +54,11 @@ import Testing
             let copy = directory.path + "/\(name)-main-file.sqlite"
             try FileManager.default.copyItem(atPath: path, toPath: copy)
             let inFile = try await DatabaseQueue(path: copy).read { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") }
-            #expect(inFile == (durability == .checkpoint ? 4 : 1), "\(name): the database file holds version \(inFile ?? -1)")
+            #expect(inFile == expected, "\(name): the database file holds version \(inFile ?? -1)")
             try queue.close()
         }
+        // Before the checkpoint and after it.
+        #expect(fileSystem.statistics.syncs == 2)
     }
 
     @Test func storeSeveralVersionsBehindIsBroughtUpInOrderInOneGo() async throws {

@@ -145,6 +145,38 @@ import Testing
         }
     }
 
+    /// `migrations.fleetSyncMethod`: with `syncfs` a fleet run's stores share file-system syncs
+    /// (at most two per store, fewer when they wait together); with `fsync` none is made, each
+    /// store syncing its own files. Either way every store ends migrated, in its database file.
+    @Test(arguments: [MigrationPolicy.FleetSyncMethod.syncfs, .fsync])
+    func fleetSyncMethodDecidesHowAFleetRunsStoresAreMadeDurable(_ method: MigrationPolicy.FleetSyncMethod) async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+        let users = (0..<16).map { user("synced\($0)") }
+        try await Harness.seed(users, in: directory, migrations: try folder.load())
+        try folder.write("0002_more.sql", "ALTER TABLE runs ADD COLUMN note TEXT;")
+        var policy = MigrationPolicy()
+        policy.fleetSyncMethod = method
+        let harness = try Harness(directory: directory, migrations: try folder.load(), policy: policy)
+        let outcomes = await withTaskGroup(of: FleetOutcome.self) { group in
+            for id in users { group.addTask { await harness.registry.fleetMigrate(id, dryRun: false) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(outcomes.allSatisfy { $0.state == .migrated && $0.toVersion == 2 }, "\(outcomes.map { ($0.user.rawValue, $0.state) })")
+        let syncs = harness.registry.fleetFileSystemSyncs
+        if method == .syncfs {
+            #expect(syncs >= 2 && syncs <= UInt64(2 * users.count), "\(syncs) syncfs for \(users.count) stores")
+        } else {
+            #expect(syncs == 0)
+        }
+        await harness.registry.shutdown()
+        for id in users {
+            let path = harness.layout.storePath(for: id)
+            #expect(!FileManager.default.fileExists(atPath: path + "-wal"), "closed after its checkpoint")
+            #expect(try harness.inspect(id.rawValue) { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") } == 2)
+        }
+    }
+
     /// A store whose migration fails in a fleet run's job is reported failed with the
     /// migration's error, tried once (not again at once), and stays open as failed, refused to
     /// clients like after a request's failed migration.

@@ -160,6 +160,7 @@ import Varlink
         ("socketMode: \"0666\"", "socketMode"),
         ("migrations:\n  onFailure: ignore", "migrations.onFailure"),
         ("migrations:\n  backupBeforeMigrating: sometimes", "migrations.backupBeforeMigrating"),
+        ("migrations:\n  fleetSyncMethod: fdatasync", "migrations.fleetSyncMethod"),
         ("access:\n  adminGroups: [no-such-group-here]", "access.adminGroups"),
     ])
     func aBadConfigurationRefusesToStartNamingTheKey(_ line: String, _ key: String) throws {

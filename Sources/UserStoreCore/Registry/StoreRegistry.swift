@@ -29,6 +29,8 @@ public final class StoreRegistry: Sendable {
     public let placement: (any StorePlacement)?
     private let lock: DataDirectoryLock
     private let opener: StoreOpener
+    /// The group commit of fleet runs (``MigrationPolicy/FleetSyncMethod/syncfs``).
+    private let fleetSync: FileSystemSync
     let state: Mutex<RegistryState>
 
     /// A registry over `configuration.layout`, which `lock` must be the lock of.
@@ -47,6 +49,7 @@ public final class StoreRegistry: Sendable {
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
         opener.sharedFiles = replication != nil
         self.opener = opener
+        self.fleetSync = FileSystemSync(directory: configuration.layout.storesDirectory)
         self.state = Mutex(RegistryState(migrations: migrations))
     }
 
@@ -278,7 +281,7 @@ public final class StoreRegistry: Sendable {
     private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
                          template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
         Task {
-            let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter && !opener.sharedFiles ? .checkpoint : .lastCommit)
+            let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter ? fleetDurability : .lastCommit)
             let store: Store
             let migration: Result<MigrationReport?, any Error>
             var closed = false
@@ -428,6 +431,16 @@ public final class StoreRegistry: Sendable {
             if state.generation == generation { state.template = template }
         }
     }
+
+    /// How a fleet run's job makes a store it closes right after durable: not while a
+    /// replicator's connection can hold the WAL back from a full checkpoint.
+    private var fleetDurability: Migrator.Durability {
+        if opener.sharedFiles { return .lastCommit }
+        return configuration.policy.fleetSyncMethod == .syncfs ? .shared(fleetSync) : .checkpoint
+    }
+
+    /// `syncfs` calls fleet runs have made so far (for tests).
+    var fleetFileSystemSyncs: UInt64 { fleetSync.statistics.syncs }
 
     /// The migrator for `user`; a `simulating` one (for plans run on a copy) takes no backups
     /// and reports no events.

@@ -20,6 +20,17 @@ public struct MigrationPolicy: Sendable, Equatable {
         case never = "false"
     }
 
+    /// How a fleet run makes the stores it migrates durable (`fleetSyncMethod`; the raw values
+    /// are the configuration's words). Stores requests hold are always synced file by file.
+    public enum FleetSyncMethod: String, Sendable, Equatable, CaseIterable {
+        /// One `syncfs(2)` of the stores' file system shared by every store waiting for it
+        /// (``FileSystemSync``): few journal commits, but it also writes back other programs'
+        /// dirty data on that file system.
+        case syncfs
+        /// fsync of each store's WAL, folder and database file: touches nothing else.
+        case fsync
+    }
+
     /// Apply never-applied migrations numbered below the store's latest applied one
     /// (otherwise they are an ``StoreError/outOfOrderMigration(user:version:migration:latestApplied:)``).
     public var allowOutOfOrder: Bool
@@ -38,11 +49,13 @@ public struct MigrationPolicy: Sendable, Equatable {
     /// and two fsyncs instead of a transaction per migration). Such a store's journal shows
     /// one "created from the template" entry instead of one entry per migration step.
     public var newStoresFromTemplate: Bool
+    /// How a fleet run makes its stores durable.
+    public var fleetSyncMethod: FleetSyncMethod
 
     public init(allowOutOfOrder: Bool = false, checksumMismatch: ChecksumMismatch = .refuse,
                 servePreviousVersionOnFailure: Bool = false, backupBeforeMigrating: BackupMode = .auto,
                 backupRetentionSeconds: Int = 86_400, allowDestructiveSchemaChanges: Bool = false,
-                newStoresFromTemplate: Bool = false) {
+                newStoresFromTemplate: Bool = false, fleetSyncMethod: FleetSyncMethod = .syncfs) {
         self.allowOutOfOrder = allowOutOfOrder
         self.checksumMismatch = checksumMismatch
         self.servePreviousVersionOnFailure = servePreviousVersionOnFailure
@@ -50,5 +63,6 @@ public struct MigrationPolicy: Sendable, Equatable {
         self.backupRetentionSeconds = backupRetentionSeconds
         self.allowDestructiveSchemaChanges = allowDestructiveSchemaChanges
         self.newStoresFromTemplate = newStoresFromTemplate
+        self.fleetSyncMethod = fleetSyncMethod
     }
 }

@@ -22,12 +22,21 @@ struct Migrator: Sendable {
     /// How the run's commits become durable. `.lastCommit`: the last commit is written with
     /// `synchronous=FULL`. `.checkpoint`: every commit is `NORMAL` and the run ends with a
     /// checkpoint, which syncs the WAL and then the database file — the same two fsyncs the
-    /// close's checkpoint would pay anyway, with the last commit's fsync saved. For a store the
-    /// caller closes right after (a fleet run), and only where no other connection can hold
-    /// the WAL back from a full checkpoint (exclusive locking: no replicator).
+    /// close's checkpoint would pay anyway, with the last commit's fsync saved. `.shared`: every
+    /// commit and the closing checkpoint write without fsync (`synchronous=OFF`), and a shared
+    /// file-system sync runs before the checkpoint (the WAL is durable before the database file
+    /// changes) and after it. The last two are for a store the caller closes right after (a
+    /// fleet run), and only where no other connection can hold the WAL back from a full
+    /// checkpoint (exclusive locking: no replicator).
     var durability: Durability = .lastCommit
 
-    enum Durability: Sendable { case lastCommit, checkpoint }
+    enum Durability: Sendable {
+        case lastCommit, checkpoint
+        case shared(FileSystemSync)
+
+        /// Every commit is written without the FULL sync of the last.
+        var defersSync: Bool { if case .lastCommit = self { false } else { true } }
+    }
 
     // MARK: Planning
 
@@ -158,13 +167,14 @@ struct Migrator: Sendable {
         let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0) + (recordsAppVersionOnly ? 1 : 0)
         var committed = 0
         var normal = false // the connection's setting is FULL (StoreOpener)
+        let relaxed = if case .shared = durability { "PRAGMA synchronous = OFF" } else { "PRAGMA synchronous = NORMAL" }
         func beforeCommit() throws {
             committed += 1
             // Set only when it changes: each PRAGMA is parsed anew.
-            let wantsNormal = durability == .checkpoint || committed < commits
+            let wantsNormal = durability.defersSync || committed < commits
             guard normal != wantsNormal else { return }
             normal = wantsNormal
-            try db.execute(sql: normal ? "PRAGMA synchronous = NORMAL" : "PRAGMA synchronous = FULL")
+            try db.execute(sql: normal ? relaxed : "PRAGMA synchronous = FULL")
         }
         defer { if normal { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
 
@@ -220,7 +230,7 @@ struct Migrator: Sendable {
                 return .commit
             }
         }
-        if durability == .checkpoint, committed > 0 { try checkpoint(db) }
+        if committed > 0 { try makeDurable(db) }
         report.appVersion = appVersion.text
         report.durationMicroseconds = Self.microseconds(since: started)
         if totalSteps > 0 {
@@ -355,6 +365,24 @@ struct Migrator: Sendable {
     /// Copies the WAL into the database file, syncing both (`synchronous=NORMAL` still syncs
     /// a checkpoint): what makes a `.checkpoint` run's commits durable. Throws if any frame
     /// is left behind, which exclusive locking rules out (no reader to wait for).
+    /// Ends a run whose commits deferred their sync (``Durability``); nothing for `.lastCommit`.
+    private func makeDurable(_ db: Database) throws {
+        switch durability {
+        case .lastCommit:
+            return
+        case .checkpoint:
+            try checkpoint(db)
+        case .shared(let fileSystem):
+            do {
+                try fileSystem.sync() // the WAL, before the checkpoint overwrites database pages
+                try checkpoint(db)
+                try fileSystem.sync() // the database file
+            } catch let failure as FileSystemSync.Failure {
+                throw StoreError.storageFailure(user: user, message: failure.description)
+            }
+        }
+    }
+
     private func checkpoint(_ db: Database) throws {
         guard let row = try Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(PASSIVE)") else { return }
         let busy: Int = row[0], frames: Int = row[1], copied: Int = row[2]
