@@ -44,7 +44,7 @@ cluster-test: build
 soak:
 	bash scripts/soak.sh
 
-## The parsers' fuzzers for an hour each (make test runs them for 30 s).
+## The parsers' fuzzers for an hour each (make test runs them for 15 s).
 fuzz:
 	bash scripts/fuzz.sh --seconds 3600
 

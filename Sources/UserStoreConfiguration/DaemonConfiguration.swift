@@ -34,11 +34,12 @@ public struct DaemonConfiguration: Sendable {
     public var slowRequestMilliseconds: Int
     /// Default parallelism of fleet migrations (`fleetParallelism`).
     public var fleetParallelism: Int
-    /// `fleetParallelism` when not configured: 8 stores per core, at most 64. A store being
-    /// migrated spends most of its time waiting on fsyncs, and a journaling file system commits
-    /// concurrent syncs together: on 2 cores and a journaled ext4, 4 / 8 / 16 at a time gave
-    /// 315 / 394 / 437 stores/s (docs/performance.md).
-    public static let defaultFleetParallelism = min(64, 8 * ProcessInfo.processInfo.activeProcessorCount)
+    /// `fleetParallelism` when not configured: 16 stores per core, at most 64. A store being
+    /// migrated spends much of its time waiting for a sync, and the more stores wait at once,
+    /// the more one `syncfs` serves (``MigrationPolicy/FleetSyncMethod/syncfs``): on 2 cores
+    /// and a journaled ext4, 16 / 32 / 64 at a time gave 590 / 689 / 646 stores/s (10,000
+    /// stores; docs/performance.md).
+    public static let defaultFleetParallelism = min(64, 16 * ProcessInfo.processInfo.activeProcessorCount)
     /// The file this was read from.
     public var sourcePath: String
     /// Where Prometheus metrics are served (`metrics.listen`); nil: not served.

@@ -11,7 +11,7 @@ struct BenchEnvironment {
     var exampleMigrations: String { repository + "/config/migrations" }
 
     /// A started userstored on `data` with `migrations` (`backups`: backupBeforeMigrating's
-    /// value; fleetParallelism is left at its default, 8 per core); returns its process and socket.
+    /// value; fleetParallelism is left at its default, 16 per core); returns its process and socket.
     func startDaemon(name: String, data: String, migrations: String, maxOpenStores: Int = 1024, backups: MigrationPolicy.BackupMode = .always,
                      template: Bool = false, metrics: Bool = false, extra: String = "") throws -> (Process, String) {
         let directory = root + "/" + name

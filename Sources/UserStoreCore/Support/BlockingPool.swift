@@ -8,10 +8,10 @@ import Foundation
 /// parallelism 2 and 298 at 8 with GCD on a journaled ext4). Jobs here run first come, first
 /// served on a fixed set of threads started with the pool.
 final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are only touched under `condition`
-    /// The daemon's pool: 12 threads per core, at least 32 and at most 96 — a fleet run at its
-    /// default parallelism (8 per core, at most 64) plus room for the stores requests open
-    /// meanwhile, so that a fleet run never makes them wait for a thread.
-    static let shared = BlockingPool(threads: min(96, max(32, 12 * ProcessInfo.processInfo.activeProcessorCount)))
+    /// The daemon's pool: 16 threads per core and 16 more, at least 48 and at most 128 — a fleet
+    /// run at its default parallelism (16 per core, at most 64) plus room for the stores
+    /// requests open meanwhile, so that a fleet run never makes them wait for a thread.
+    static let shared = BlockingPool(threads: min(128, max(48, 16 * ProcessInfo.processInfo.activeProcessorCount + 16)))
 
     private let condition = NSCondition()
     private var jobs: [@Sendable () -> Void] = []
