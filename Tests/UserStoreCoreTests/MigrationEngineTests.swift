@@ -1,4 +1,6 @@
+import CSyncFS
 import Foundation
+import Synchronization
 import GRDB
 import Testing
 @testable import UserStoreCore
@@ -41,7 +43,17 @@ import Testing
         try await Harness.seed([user("lastcommit"), user("checkpoint"), user("shared")], in: directory, migrations: try folder.load())
         for step in 2...4 { try folder.write("000\(step)_step\(step).sql", "INSERT INTO log VALUES (\(step));") }
         let harness = try Harness(directory: directory, migrations: try folder.load())
-        let fileSystem = FileSystemSync(directory: directory.path)
+        // What the database file alone holds at each shared sync: the first must come before the
+        // checkpoint (the WAL made durable while the file still holds version 1), the second after.
+        let sharedPath = harness.layout.storePath(for: user("shared"))
+        let seen = Mutex<[Int64]>([])
+        let fileSystem = FileSystemSync(directory: directory.path) { descriptor in
+            seen.withLock { seen in
+                let copy = directory.path + "/at-sync-\(seen.count).sqlite"
+                seen.append(Self.versionInMainFile(sharedPath, copyTo: copy))
+            }
+            return syncfs(descriptor)
+        }
         let runs: [(String, Migrator.Durability, Int64)] = [("lastcommit", .lastCommit, 1), ("checkpoint", .checkpoint, 4), ("shared", .shared(fileSystem), 4)]
         for (name, durability, expected) in runs {
             let path = harness.layout.storePath(for: user(name))
@@ -51,14 +63,55 @@ import Testing
             #expect(report.fromVersion == 1 && report.applied == [2, 3, 4])
             #expect(try await queue.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") } == 2, "back to FULL")
             // The database file alone, without its WAL, while the connection is still open.
-            let copy = directory.path + "/\(name)-main-file.sqlite"
-            try FileManager.default.copyItem(atPath: path, toPath: copy)
-            let inFile = try await DatabaseQueue(path: copy).read { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") }
-            #expect(inFile == expected, "\(name): the database file holds version \(inFile ?? -1)")
+            let inFile = Self.versionInMainFile(path, copyTo: directory.path + "/\(name)-main-file.sqlite")
+            #expect(inFile == expected, "\(name): the database file holds version \(inFile)")
             try queue.close()
         }
-        // Before the checkpoint and after it.
-        #expect(fileSystem.statistics.syncs == 2)
+        #expect(seen.withLock { $0 } == [1, 4], "the database file at the shared syncs")
+    }
+
+    /// A `.shared` run writes nothing to the database file before its first shared sync, even
+    /// when its migration fills more of the WAL than SQLite's automatic checkpoint allows
+    /// (1,000 pages): under synchronous=OFF that checkpoint would copy unsynced frames into the
+    /// file. The file is byte for byte as before at the first sync; migrated after the run.
+    @Test func aSharedRunLeavesTheDatabaseFileAloneUntilItsFirstSync() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_log.sql", "CREATE TABLE log (step INTEGER);")
+        try await Harness.seed([user("big")], in: directory, migrations: try folder.load())
+        // ~8 MB of rows: 2,000 pages of WAL, twice the automatic checkpoint's threshold.
+        try folder.write("0002_fill.sql", """
+            CREATE TABLE blobs (data BLOB);
+            WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000) INSERT INTO blobs SELECT randomblob(4000) FROM n;
+            """)
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        let path = harness.layout.storePath(for: user("big"))
+        let before = try Data(contentsOf: URL(fileURLWithPath: path))
+        let unchangedAtFirstSync = Mutex<Bool?>(nil)
+        let fileSystem = FileSystemSync(directory: directory.path) { descriptor in
+            unchangedAtFirstSync.withLock { seen in
+                if seen == nil { seen = (try? Data(contentsOf: URL(fileURLWithPath: path))) == before }
+            }
+            return syncfs(descriptor)
+        }
+        let queue = try DatabaseQueue(path: path)
+        let migrator = harness.registry.makeMigrator(user("big"), migrations: try folder.load(), durability: .shared(fileSystem))
+        let report = try await queue.writeWithoutTransaction { db in try migrator.migrate(db, created: false) }
+        #expect(report.applied == [2])
+        #expect(unchangedAtFirstSync.withLock { $0 } == true, "the database file changed before the first sync")
+        #expect(try await queue.read { db in try Int.fetchOne(db, sql: "PRAGMA wal_autocheckpoint") } == 1000, "restored after the run")
+        try queue.close()
+        #expect(Self.versionInMainFile(path, copyTo: directory.path + "/big-copy.sqlite") == 2)
+    }
+
+    /// `PRAGMA user_version` of a copy of `path`'s main file alone (no WAL); -1 if unreadable.
+    private static func versionInMainFile(_ path: String, copyTo copy: String) -> Int64 {
+        do {
+            try? FileManager.default.removeItem(atPath: copy)
+            try FileManager.default.copyItem(atPath: path, toPath: copy)
+            return try DatabaseQueue(path: copy).read { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") } ?? -1
+        } catch {
+            return -1
+        }
     }
 
     @Test func storeSeveralVersionsBehindIsBroughtUpInOrderInOneGo() async throws {

@@ -177,6 +177,32 @@ import Testing
         }
     }
 
+    /// A fleet run's store whose shared sync fails may hold commits that are not on disk: it is
+    /// reported failed with a storage failure, refused to clients, and a second fleet run does
+    /// not call it current (its plan, read from the connection, would find nothing to do).
+    @Test func aStoreWhoseSharedSyncFailedIsRefusedAndNeverCalledCurrent() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+        try await Harness.seed([user("unsynced")], in: directory, migrations: try folder.load())
+        try folder.write("0002_more.sql", "ALTER TABLE runs ADD COLUMN note TEXT;")
+        let layout = StoreLayout(dataDirectory: directory.path + "/data")
+        let lock = try DataDirectoryLock(layout: layout)
+        let failing = FileSystemSync(directory: layout.dataDirectory) { _ in
+            errno = EIO
+            return -1
+        }
+        let registry = StoreRegistry(configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion("1.0.0"), maxOpenStores: 8),
+                                     migrations: try folder.load(), lock: lock, observer: NoStoreObserver(), replication: nil,
+                                     placement: nil, fleetSync: failing)
+        let first = await registry.fleetMigrate(user("unsynced"), dryRun: false)
+        #expect(first.state == .failed)
+        #expect(first.error?.description.contains("may not be on disk") == true, "\(String(describing: first.error))")
+        await #expect(throws: StoreError.self) { _ = try await registry.info(user("unsynced")) }
+        let second = await registry.fleetMigrate(user("unsynced"), dryRun: false)
+        #expect(second.state == .failed, "a store whose commits may not be on disk is not current: \(second.state)")
+        await registry.shutdown()
+    }
+
     /// A store whose migration fails in a fleet run's job is reported failed with the
     /// migration's error, tried once (not again at once), and stays open as failed, refused to
     /// clients like after a request's failed migration.

@@ -18,6 +18,7 @@ check "systemd-analyze verify prints nothing" '[ -z "$verify" ]'
 exposure=$(systemd-analyze security --no-pager userstored.service | tail -1 | grep -o 'level for userstored.service: [0-9.]*' | grep -o '[0-9.]*$')
 echo "exposure: $exposure"
 check "systemd-analyze security exposure <= 2.0" "python3 -c 'import sys; sys.exit(0 if float(\"$exposure\") <= 2.0 else 1)'"
+check "journald's rate limit is raised for fleet runs (LogRateLimitBurst=150000 per 30 s)" '[ "$(systemctl show -p LogRateLimitBurst --value userstored.service)" = 150000 ] && [ "$(systemctl show -p LogRateLimitIntervalUSec --value userstored.service)" = 30s ]'
 check "the userstore user and groups exist (sysusers.d)" 'getent passwd userstore >/dev/null && getent group userstore-clients >/dev/null'
 
 echo "== socket activation"

@@ -47,6 +47,9 @@ extension StoreRegistry {
         let lease = try await acquire(user, access: .admin, mode: .migrate)
         defer { release(user) }
         if let report = lease.report { return report }
+        // A store whose last commits may not be on disk (a failed shared sync) or that SQLite
+        // found corrupt: finding nothing to migrate would call it current.
+        if let damage = lease.store.damaged { throw StoreError.storeDamaged(user: user, message: damage) }
         let migrator = makeMigrator(user, migrations: migrations)
         do {
             let report = try await lease.store.write { db in try migrator.migrate(db, created: false) }

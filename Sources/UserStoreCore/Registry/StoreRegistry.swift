@@ -37,9 +37,17 @@ public final class StoreRegistry: Sendable {
     /// With `replication`, every store is restored from the replica when it is missing here,
     /// replicated while it is open, and its replica follows deletions and replacements. With
     /// `placement`, only the users it admits are served.
-    public init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
+    public convenience init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
                 observer: any StoreObserver = NoStoreObserver(), replication: (any StoreReplication)? = nil,
                 placement: (any StorePlacement)? = nil) {
+        self.init(configuration: configuration, migrations: migrations, lock: lock, observer: observer,
+                  replication: replication, placement: placement, fleetSync: nil)
+    }
+
+    /// As above; `fleetSync`: the group commit of fleet runs (tests pass one that fails).
+    init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
+         observer: any StoreObserver, replication: (any StoreReplication)?, placement: (any StorePlacement)?,
+         fleetSync: FileSystemSync?) {
         precondition(lock.path == configuration.layout.lockPath, "the lock must be the data directory's own")
         self.configuration = configuration
         self.placement = placement
@@ -49,7 +57,7 @@ public final class StoreRegistry: Sendable {
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
         opener.sharedFiles = replication != nil
         self.opener = opener
-        self.fleetSync = FileSystemSync(directory: configuration.layout.storesDirectory)
+        self.fleetSync = fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory)
         self.state = Mutex(RegistryState(migrations: migrations))
     }
 
@@ -388,6 +396,11 @@ public final class StoreRegistry: Sendable {
                         }
                         return report
                     }
+                }.mapError { error -> any Error in
+                    // What this connection shows may not be on disk: never served from it.
+                    guard let notDurable = error as? Migrator.NotDurable else { return error }
+                    store.markDamaged(notDurable.failure.description)
+                    return notDurable.failure
                 }
                 guard closeAfter, case .success = migration else { return (store, migration, false) }
                 observer.record(.storeClosed(user: user, idle: true))
@@ -436,7 +449,9 @@ public final class StoreRegistry: Sendable {
     /// replicator's connection can hold the WAL back from a full checkpoint.
     private var fleetDurability: Migrator.Durability {
         if opener.sharedFiles { return .lastCommit }
-        return configuration.policy.fleetSyncMethod == .syncfs ? .shared(fleetSync) : .checkpoint
+        // Before Linux 5.8, syncfs does not report write-back errors: sync file by file there.
+        let shared = configuration.policy.fleetSyncMethod == .syncfs && FileSystemSync.reportsWriteBackErrors
+        return shared ? .shared(fleetSync) : .checkpoint
     }
 
     /// `syncfs` calls fleet runs have made so far (for tests).

@@ -38,6 +38,11 @@ struct Migrator: Sendable {
         var defersSync: Bool { if case .lastCommit = self { false } else { true } }
     }
 
+    /// A `.shared` run whose file-system sync failed: its commits may not be on disk although
+    /// this connection (and the kernel's cache) shows them, so the store must not be served
+    /// from it (``StoreRegistry`` marks it damaged); `failure` is what to report.
+    struct NotDurable: Error { let failure: StoreError }
+
     // MARK: Planning
 
     /// What ``migrate(_:)`` would do. Costs one `PRAGMA user_version` and one row of
@@ -160,8 +165,10 @@ struct Migrator: Sendable {
         // One fsync for the whole run: every commit before the last is written with
         // synchronous=NORMAL, the last with FULL, whose fsync of the WAL covers the earlier
         // frames too (or, with `.checkpoint`, all with NORMAL and the closing checkpoint's
-        // fsync covers them). WAL commits stay atomic either way, so a power cut mid-run leaves
-        // the store at some earlier version, never in between (the rule above still holds).
+        // fsync covers them; with `.shared`, all with OFF and shared file-system syncs before
+        // and after the closing checkpoint). WAL commits stay atomic either way, so a power cut
+        // mid-run leaves the store at some earlier version, never in between (the rule above
+        // still holds).
         let reconciles = plan.reconcile && reconciling && migrations.schema != nil
         let recordsAppVersionOnly = plan.steps.isEmpty && plan.appVersionChanged
         let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0) + (recordsAppVersionOnly ? 1 : 0)
@@ -177,6 +184,17 @@ struct Migrator: Sendable {
             try db.execute(sql: normal ? relaxed : "PRAGMA synchronous = FULL")
         }
         defer { if normal { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
+        // `.shared`: nothing may reach the database file before the first shared sync. SQLite's
+        // automatic checkpoint would, under synchronous=OFF, copy frames into it before the WAL
+        // is synced, and the next commit could then restart the WAL over them: off for the run.
+        var sharedMark: FileSystemSync.Mark?
+        var automaticCheckpoint: Int?
+        if case .shared(let fileSystem) = durability {
+            sharedMark = fileSystem.mark()
+            automaticCheckpoint = try Int.fetchOne(db, sql: "PRAGMA wal_autocheckpoint")
+            try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+        }
+        defer { if let automaticCheckpoint { try? db.execute(sql: "PRAGMA wal_autocheckpoint = \(automaticCheckpoint)") } }
 
         if plan.isNewStore {
             try beforeCommit()
@@ -230,7 +248,7 @@ struct Migrator: Sendable {
                 return .commit
             }
         }
-        if committed > 0 { try makeDurable(db) }
+        if committed > 0 { try makeDurable(db, since: sharedMark) }
         report.appVersion = appVersion.text
         report.durationMicroseconds = Self.microseconds(since: started)
         if totalSteps > 0 {
@@ -362,27 +380,30 @@ struct Migrator: Sendable {
 
     // MARK: Helpers
 
-    /// Copies the WAL into the database file, syncing both (`synchronous=NORMAL` still syncs
-    /// a checkpoint): what makes a `.checkpoint` run's commits durable. Throws if any frame
-    /// is left behind, which exclusive locking rules out (no reader to wait for).
     /// Ends a run whose commits deferred their sync (``Durability``); nothing for `.lastCommit`.
-    private func makeDurable(_ db: Database) throws {
+    /// `mark`: taken before the run's first write, for `.shared`.
+    private func makeDurable(_ db: Database, since mark: FileSystemSync.Mark?) throws {
         switch durability {
         case .lastCommit:
             return
         case .checkpoint:
             try checkpoint(db)
         case .shared(let fileSystem):
+            guard let mark else { return }
             do {
-                try fileSystem.sync() // the WAL, before the checkpoint overwrites database pages
+                try fileSystem.sync(since: mark) // the WAL, before the checkpoint overwrites database pages
                 try checkpoint(db)
-                try fileSystem.sync() // the database file
+                try fileSystem.sync(since: mark) // the database file
             } catch let failure as FileSystemSync.Failure {
-                throw StoreError.storageFailure(user: user, message: failure.description)
+                throw NotDurable(failure: .storageFailure(user: user, message: "\(failure): the migration's commits may not be on disk; the store is refused (check the disk, then the store: userstorectl verify)"))
             }
         }
     }
 
+    /// Copies the WAL into the database file: what makes a `.checkpoint` run's commits durable
+    /// (`synchronous=NORMAL` syncs the WAL and the database file around it; under `.shared`'s
+    /// OFF it syncs nothing, and the shared syncs do). Throws if any frame is left behind,
+    /// which exclusive locking rules out (no reader to wait for).
     private func checkpoint(_ db: Database) throws {
         guard let row = try Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(PASSIVE)") else { return }
         let busy: Int = row[0], frames: Int = row[1], copied: Int = row[2]
