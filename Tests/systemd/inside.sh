@@ -69,6 +69,12 @@ check "systemctl stop exits cleanly" '[ "$(show Result)" = success ] && [ "$(sho
 check "data written before the stop is there after the next activation" \
   'call io.userstore.Store.Query "{\"user\":\"alice\",\"sql\":\"SELECT title FROM notes\"}" | grep -q "survives restarts"'
 
+echo "== a fleet run over stores nobody has open: shared syncfs under the unit's system-call filter"
+printf -- '-- Up\nCREATE TABLE extra2 (x);\n-- Down\nDROP TABLE extra2;\n' > /etc/userstore/migrations/0008_extra2.sql
+systemctl restart userstored.service
+check "userstorectl migrate --all migrates the 5 stores, none of them open (group commit: syncfs)" 'userstorectl migrate --all | grep -q "5 migrated"'
+check "... and they serve version 8" '[ "$(call io.userstore.Store.Open "{\"user\":\"bob\"}" | field "[\"parameters\"][\"schemaVersion\"]")" = 8 ]'
+
 echo "== access"
 useradd --system --no-create-home --groups userstore-clients app
 clients=$(getent group userstore-clients | cut -d: -f3)
