@@ -1,7 +1,8 @@
 #!/bin/bash
 # make bench: builds in release mode and runs every scenario against its baseline in the same
 # run (installs PostgreSQL 15 and sqlite3 from Debian). Prints a markdown table; writes JSON to
-# docs/bench/latest.json. Usage: bash scripts/bench.sh [--quick] [--only 1,4] [--seconds 5]
+# docs/bench/latest.json (a narrowed run: .build/bench-partial.json; --json FILE to choose).
+# Usage: bash scripts/bench.sh [--quick] [--only 1,4] [--seconds 5] [--json FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"

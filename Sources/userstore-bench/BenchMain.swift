@@ -13,11 +13,13 @@ struct BenchCommand: AsyncParsableCommand {
     @Flag(help: "Smaller fleets and shorter runs (a smoke test of the benchmark itself).")
     var quick = false
 
-    @Option(help: "Where the JSON results go.")
-    var json = "docs/bench/latest.json"
+    @Option(help: "Where the JSON results go (default: docs/bench/latest.json for a full run; .build/bench-partial.json when --quick, --only or a fleet option narrows it, so that a partial run never replaces the full run's record).")
+    var json: String?
 
     @Option(help: "Only these scenarios (1-7), comma-separated.")
-    var only: String = "1,2,3,4,5,6,7"
+    var only: String = Self.allScenarios
+
+    static let allScenarios = "1,2,3,4,5,6,7"
 
     @Option(help: "Stores per fleet-migration run (scenario 4; default 10000, 2000 with --quick).")
     var fleetStores: Int?
@@ -68,6 +70,9 @@ struct BenchCommand: AsyncParsableCommand {
             "measurements": scenarios.measurements.map(\.json),
             "targets": scenarios.targets.map { ["target": $0.target, "measured": $0.measured, "met": $0.met] },
         ]
+        let narrowed = quick || only != Self.allScenarios || fleetStores != nil || fleetParallelism != nil
+            || fleetReleases != "additive,rebuild" || fileSystems != "root,ext4,xfs"
+        let json = self.json ?? (narrowed ? ".build/bench-partial.json" : "docs/bench/latest.json")
         try FileManager.default.createDirectory(atPath: URL(fileURLWithPath: json).deletingLastPathComponent().path, withIntermediateDirectories: true)
         try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: json))
         log("results written to \(json)")
