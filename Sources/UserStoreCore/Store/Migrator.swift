@@ -186,15 +186,17 @@ struct Migrator: Sendable {
         defer { if normal { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
         // `.shared`: nothing may reach the database file before the first shared sync. SQLite's
         // automatic checkpoint would, under synchronous=OFF, copy frames into it before the WAL
-        // is synced, and the next commit could then restart the WAL over them: off for the run.
-        var sharedMark: FileSystemSync.Mark?
-        var automaticCheckpoint: Int?
+        // is synced, and the next commit could then restart the WAL over them: off for the run,
+        // then back to SQLite's default, which is what every store `.shared` runs on has
+        // (StoreOpener sets none; replicated stores, whose WALHook replaces it, never run it).
+        let sharedMark: FileSystemSync.Mark?
         if case .shared(let fileSystem) = durability {
             sharedMark = fileSystem.mark()
-            automaticCheckpoint = try Int.fetchOne(db, sql: "PRAGMA wal_autocheckpoint")
             try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
+        } else {
+            sharedMark = nil
         }
-        defer { if let automaticCheckpoint { try? db.execute(sql: "PRAGMA wal_autocheckpoint = \(automaticCheckpoint)") } }
+        defer { if sharedMark != nil { try? db.execute(sql: "PRAGMA wal_autocheckpoint = \(WALHook.checkpointPages)") } }
 
         if plan.isNewStore {
             try beforeCommit()
@@ -389,7 +391,7 @@ struct Migrator: Sendable {
         case .checkpoint:
             try checkpoint(db)
         case .shared(let fileSystem):
-            guard let mark else { return }
+            guard let mark else { preconditionFailure("a .shared run takes its mark before its first write") }
             do {
                 try fileSystem.sync(since: mark) // the WAL, before the checkpoint overwrites database pages
                 try checkpoint(db)
