@@ -140,7 +140,7 @@ let package = Package(
         .executableTarget(
             name: "userstore-bench",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreClient",
+                "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]

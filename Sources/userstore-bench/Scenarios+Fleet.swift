@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreConfiguration
 import UserStoreCore
 
 extension Scenarios {
@@ -117,8 +118,8 @@ extension Scenarios {
         return (Double(count) / seconds, note)
     }
 
-    /// The daemon's parallelism in these runs (its default: 16 per core, at most 64).
-    private var parallelism: Int { fleetParallelism ?? min(64, 16 * ProcessInfo.processInfo.activeProcessorCount) }
+    /// The daemon's parallelism in these runs (its default unless --fleet-parallelism).
+    private var parallelism: Int { fleetParallelism ?? DaemonConfiguration.defaultFleetParallelism }
 
     /// `bench/userstore-fleet-floor.c` over `count` clones of the seed in `system`: the
     /// statements userstored runs per store, from C, at the daemon's parallelism — what SQLite

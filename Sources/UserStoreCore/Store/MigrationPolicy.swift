@@ -23,7 +23,7 @@ public struct MigrationPolicy: Sendable, Equatable {
     /// How a fleet run makes the stores it migrates durable (`fleetSyncMethod`; the raw values
     /// are the configuration's words). Stores requests hold are always synced file by file.
     public enum FleetSyncMethod: String, Sendable, Equatable, CaseIterable {
-        /// One `syncfs(2)` of the stores' file system shared by every store waiting for it
+        /// One `syncfs(2)` of the data directory's file system shared by every store waiting for it
         /// (``FileSystemSync``): few journal commits, but it also writes back other programs'
         /// dirty data on that file system.
         case syncfs
