@@ -185,15 +185,12 @@ import Testing
         let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
         try await Harness.seed([user("unsynced")], in: directory, migrations: try folder.load())
         try folder.write("0002_more.sql", "ALTER TABLE runs ADD COLUMN note TEXT;")
-        let layout = StoreLayout(dataDirectory: directory.path + "/data")
-        let lock = try DataDirectoryLock(layout: layout)
-        let failing = FileSystemSync(directory: layout.dataDirectory) { _ in
+        let failing = FileSystemSync(directory: directory.path) { _ in
             errno = EIO
             return -1
         }
-        let registry = StoreRegistry(configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion("1.0.0"), maxOpenStores: 8),
-                                     migrations: try folder.load(), lock: lock, observer: NoStoreObserver(), replication: nil,
-                                     placement: nil, fleetSync: failing)
+        let harness = try Harness(directory: directory, migrations: try folder.load(), fleetSync: failing)
+        let registry = harness.registry
         let first = await registry.fleetMigrate(user("unsynced"), dryRun: false)
         #expect(first.state == .failed)
         #expect(first.error?.description.contains("may not be on disk") == true, "\(String(describing: first.error))")
