@@ -60,14 +60,9 @@ final class FileSystemSync: @unchecked Sendable { // the counters are touched un
     }
 
     /// Whether this kernel's `syncfs` reports write-back errors (Linux 5.8 and later).
-    static let reportsWriteBackErrors: Bool = {
-        var name = utsname()
-        guard uname(&name) == 0 else { return false }
-        let release = withUnsafeBytes(of: &name.release) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-        let numbers = release.split(whereSeparator: { !$0.isNumber }).prefix(2).compactMap { Int($0) }
-        guard numbers.count == 2 else { return false }
-        return (numbers[0], numbers[1]) >= (5, 8)
-    }()
+    /// (Foundation's operating-system version is the kernel's release on Linux.)
+    static let reportsWriteBackErrors = ProcessInfo.processInfo.isOperatingSystemAtLeast(
+        OperatingSystemVersion(majorVersion: 5, minorVersion: 8, patchVersion: 0))
 
     /// Taken before a caller's first unsynced write: ``sync(since:)`` then fails if any sync
     /// failed after it.
