@@ -92,7 +92,11 @@ struct BackupKeeper: Sendable {
     /// The one listing behind pruning, listing and deleting a store.
     func files(of user: UserID) -> [(path: String, name: String, partial: Bool)] {
         layout.backupDirectories(for: user).flatMap { directory in
-            ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted().compactMap { entry in
+            // Most stores have no copies (every store a fleet run migrates without one looks):
+            // a missing folder costs one stat here, not a thrown and discarded NSError.
+            var status = stat()
+            guard stat(directory, &status) == 0 else { return [(path: String, name: String, partial: Bool)]() }
+            return ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted().compactMap { entry in
                 let partial = entry.hasSuffix(Self.partialSuffix)
                 let name = partial ? String(entry.dropLast(Self.partialSuffix.count)) : entry
                 return Self.isBackup(name, of: user) ? (directory + "/" + entry, name, partial) : nil

@@ -17,14 +17,15 @@ public enum StoreFileInspector {
     /// crash) may hold a newer one and only SQLite can tell. -1 when the file is not a readable
     /// store.
     public static func headerVersion(of path: String) -> Int64? {
-        if let size = (try? FileManager.default.attributesOfItem(atPath: path + "-wal"))?[.size] as? Int, size > 0 { return nil }
-        guard let handle = FileHandle(forReadingAtPath: path) else { return -1 }
-        defer { try? handle.close() }
-        guard let header = try? handle.read(upToCount: 100) else { return -1 }
+        if let size = FileHead.size(of: path + "-wal"), size > 0 { return nil }
+        guard let head = FileHead(path: path, count: 100) else { return -1 }
+        let header = head.bytes
         if header.isEmpty { return 0 } // created, nothing written yet
-        guard header.count == 100, header.starts(with: Array("SQLite format 3\u{0}".utf8)) else { return -1 }
-        return header[header.startIndex + 60..<header.startIndex + 64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
+        guard header.count == 100, header.starts(with: sqliteMagic) else { return -1 }
+        return header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
     }
+
+    private static let sqliteMagic = Array("SQLite format 3\u{0}".utf8)
 }
 
 extension StoreFileInspector {
@@ -37,14 +38,11 @@ extension StoreFileInspector {
     /// count says (truncated), and a WAL whose 32-byte header is not a WAL header (magic,
     /// format, page size, checksum). Damage inside a page is found when SQLite reads it.
     public static func damage(of path: String) -> String? {
-        guard let file = FileHandle(forReadingAtPath: path) else { return nil }
-        defer { try? file.close() }
-        let size = (try? file.seekToEnd()) ?? 0
+        guard let head = FileHead(path: path, count: 100) else { return nil }
+        let size = head.size, bytes = head.bytes
         guard size > 0 else { return nil } // created, nothing written yet
-        try? file.seek(toOffset: 0)
-        guard let header = try? file.read(upToCount: 100), header.count == 100 else { return "truncated: \(size) bytes, shorter than the 100-byte header" }
-        let bytes = [UInt8](header)
-        guard bytes.starts(with: Array("SQLite format 3\u{0}".utf8)) else { return "not a SQLite database (no SQLite header)" }
+        guard bytes.count == 100 else { return "truncated: \(size) bytes, shorter than the 100-byte header" }
+        guard bytes.starts(with: sqliteMagic) else { return "not a SQLite database (no SQLite header)" }
         func be32(_ offset: Int) -> UInt32 { bytes[offset..<offset + 4].reduce(0) { $0 << 8 | UInt32($1) } }
         let rawPageSize = Int(bytes[16]) << 8 | Int(bytes[17])
         let pageSize = rawPageSize == 1 ? 65_536 : rawPageSize
@@ -59,10 +57,7 @@ extension StoreFileInspector {
 
     /// Why a non-empty WAL is not one (see ``damage(of:)``).
     static func walDamage(_ path: String, pageSize: Int) -> String? {
-        guard let file = FileHandle(forReadingAtPath: path) else { return nil }
-        defer { try? file.close() }
-        guard let data = try? file.read(upToCount: 32), !data.isEmpty else { return nil }
-        let bytes = [UInt8](data)
+        guard let bytes = FileHead(path: path, count: 32)?.bytes, !bytes.isEmpty else { return nil }
         guard bytes.count == 32 else { return "the WAL is shorter than its 32-byte header" }
         func be32(_ offset: Int) -> UInt32 { bytes[offset..<offset + 4].reduce(0) { $0 << 8 | UInt32($1) } }
         let magic = be32(0)
