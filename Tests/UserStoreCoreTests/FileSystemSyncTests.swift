@@ -132,4 +132,15 @@ import Testing
     @Test func thisKernelReportsWriteBackErrorsThroughSyncfs() {
         #expect(FileSystemSync.reportsWriteBackErrors)
     }
+
+    /// A path is covered when it — or, while it does not exist, its nearest existing folder —
+    /// is on the synced directory's file system; /proc never is.
+    @Test func coversOnlyWhatIsOnItsFileSystem() throws {
+        let directory = try TemporaryDirectory()
+        let fileSystem = FileSystemSync(directory: directory.path)
+        #expect(fileSystem.covers(directory.path))
+        #expect(fileSystem.covers(directory.path + "/stores/ab/cd/not-yet.sqlite"))
+        #expect(!fileSystem.covers("/proc/self/status"))
+        #expect(!fileSystem.covers("/proc/no-such-file"))
+    }
 }

@@ -200,6 +200,37 @@ import Testing
         await registry.shutdown()
     }
 
+    /// A store in a folder mounted inside the data directory (another file system) is not
+    /// written back by the data directory's `syncfs`: its fleet job syncs it file by file and
+    /// waits for no shared sync, while a store beside it on the data directory's file system
+    /// still shares them. Needs root (mounts a tmpfs).
+    @Test(.enabled(if: getuid() == 0, "mounts a tmpfs"))
+    func aStoreOnAnotherFileSystemIsSyncedFileByFile() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+        let (mounted, local) = (user("mounted"), user("local"))
+        try await Harness.seed([mounted, local], in: directory, migrations: try folder.load())
+        try folder.write("0002_more.sql", "ALTER TABLE runs ADD COLUMN note TEXT;")
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        #expect(harness.layout.storeDirectory(for: mounted) != harness.layout.storeDirectory(for: local))
+        // The store moves onto a tmpfs mounted over its own folder.
+        let path = harness.layout.storePath(for: mounted)
+        let contents = try Data(contentsOf: URL(fileURLWithPath: path))
+        let mountPoint = harness.layout.storeDirectory(for: mounted)
+        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, nil) == 0, "mount: \(String(cString: strerror(errno)))")
+        defer { _ = umount2(mountPoint, Int32(MNT_DETACH)); _ = directory }
+        try contents.write(to: URL(fileURLWithPath: path))
+
+        let onTmpfs = await harness.registry.fleetMigrate(mounted, dryRun: false)
+        #expect(onTmpfs.state == .migrated && onTmpfs.toVersion == 2)
+        #expect(harness.registry.fleetFileSystemSyncs == 0, "the data directory's syncfs does not cover a tmpfs")
+        let beside = await harness.registry.fleetMigrate(local, dryRun: false)
+        #expect(beside.state == .migrated && beside.toVersion == 2)
+        #expect(harness.registry.fleetFileSystemSyncs >= 2)
+        await harness.registry.shutdown()
+        #expect(try harness.inspect(mounted.rawValue) { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") } == 2)
+    }
+
     /// A store whose migration fails in a fleet run's job is reported failed with the
     /// migration's error, tried once (not again at once), and stays open as failed, refused to
     /// clients like after a request's failed migration.

@@ -289,7 +289,7 @@ public final class StoreRegistry: Sendable {
     private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
                          template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
         Task {
-            let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter ? fleetDurability : .lastCommit)
+            let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter ? fleetDurability(for: user) : .lastCommit)
             let store: Store
             let migration: Result<MigrationReport?, any Error>
             var closed = false
@@ -445,12 +445,15 @@ public final class StoreRegistry: Sendable {
         }
     }
 
-    /// How a fleet run's job makes a store it closes right after durable: not while a
-    /// replicator's connection can hold the WAL back from a full checkpoint.
-    private var fleetDurability: Migrator.Durability {
+    /// How a fleet run's job makes `user`'s store, which it closes right after, durable: not
+    /// while a replicator's connection can hold the WAL back from a full checkpoint.
+    private func fleetDurability(for user: UserID) -> Migrator.Durability {
         if opener.sharedFiles { return .lastCommit }
-        // Before Linux 5.8, syncfs does not report write-back errors: sync file by file there.
+        // Before Linux 5.8, syncfs does not report write-back errors: sync file by file there,
+        // and for a store on another file system than the data directory's (a folder mounted
+        // inside it), which the shared syncfs would not write back.
         let shared = configuration.policy.fleetSyncMethod == .syncfs && FileSystemSync.reportsWriteBackErrors
+            && fleetSync.covers(opener.layout.storePath(for: user))
         return shared ? .shared(fleetSync) : .checkpoint
     }
 

@@ -15,8 +15,9 @@ import Foundation
 /// syncfs`): `syncfs` also writes back other programs' dirty data on that file system, which
 /// `migrations.fleetSyncMethod: fsync` avoids.
 ///
-/// The data directory is taken to be one file system (the daemon owns its layout; nothing is
-/// mounted inside it). `syncfs` reports write-back errors only since Linux 5.8
+/// A store on another file system than the data directory's (a folder mounted inside it) is
+/// not covered: the registry asks ``covers(_:)`` per store and syncs such stores file by file.
+/// `syncfs` reports write-back errors only since Linux 5.8
 /// (``reportsWriteBackErrors``); the registry syncs file by file on older kernels.
 final class FileSystemSync: @unchecked Sendable { // the counters are touched under `condition` only
     /// Why a sync failed: the file system reported a write-back error, or the directory could
@@ -34,6 +35,8 @@ final class FileSystemSync: @unchecked Sendable { // the counters are touched un
     /// it happened, so one opened later could miss it. Only the caller running a sync uses it.
     private let descriptor: Int32
     private let openFailure: Failure?
+    /// The file system `descriptor` is on; nil when it could not be opened.
+    private let device: dev_t?
     private let condition = NSCondition()
     /// Syncs started and finished so far; one runs at a time.
     private var started: UInt64 = 0
@@ -53,6 +56,23 @@ final class FileSystemSync: @unchecked Sendable { // the counters are touched un
         descriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         openFailure = descriptor < 0
             ? Failure(description: "cannot open \(directory) to sync its file system: \(String(cString: strerror(errno)))") : nil
+        var status = stat()
+        device = descriptor >= 0 && fstat(descriptor, &status) == 0 ? status.st_dev : nil
+    }
+
+    /// Whether a `syncfs` here makes `path` durable: whether it — or, while it does not exist
+    /// yet, its nearest existing folder — is on this file system. A folder someone mounted
+    /// inside the data directory is not; its stores are then synced file by file. True when
+    /// the directory could not be opened (every sync fails then anyway).
+    func covers(_ path: String) -> Bool {
+        guard let device else { return true }
+        var candidate = path
+        var status = stat()
+        while stat(candidate, &status) != 0 {
+            guard errno == ENOENT, let slash = candidate.lastIndex(of: "/"), slash > candidate.startIndex else { return false }
+            candidate = String(candidate[..<slash])
+        }
+        return status.st_dev == device
     }
 
     deinit {
