@@ -200,6 +200,35 @@ import Testing
         await registry.shutdown()
     }
 
+    /// A damaged store stays refused after it is closed to make room (the LRU): opened again, it
+    /// would be served from what the kernel's cache holds. An administrator may still open it as
+    /// it is; replacing it (here: deleting it) lifts the refusal.
+    @Test func aDamagedStoreStaysRefusedAfterItIsClosedUntilItIsReplaced() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
+        try await Harness.seed([user("unsynced")], in: directory, migrations: try folder.load())
+        try folder.write("0002_more.sql", "ALTER TABLE runs ADD COLUMN note TEXT;")
+        let failing = FileSystemSync(directory: directory.path) { _ in
+            errno = EIO
+            return -1
+        }
+        let harness = try Harness(directory: directory, migrations: try folder.load(), maxOpenStores: 1, fleetSync: failing)
+        let registry = harness.registry
+        #expect(await registry.fleetMigrate(user("unsynced"), dryRun: false).state == .failed)
+        // The only slot goes to another user: the failed store is closed.
+        _ = try await registry.info(user("other"))
+        #expect(!registry.isOpen(user("unsynced")))
+        func isDamaged(_ error: any Error) -> Bool { if case .storeDamaged? = error as? StoreError { true } else { false } }
+        await #expect(performing: { _ = try await registry.info(user("unsynced")) }, throws: isDamaged)
+        let again = await registry.fleetMigrate(user("unsynced"), dryRun: false)
+        #expect(again.state == .failed && again.error.map(isDamaged) == true, "\(again.state) \(String(describing: again.error))")
+        #expect(try await registry.withExistingStore(user("unsynced")) { _ in true }, "an administrator opens it as it is")
+        await #expect(performing: { _ = try await registry.info(user("unsynced")) }, throws: isDamaged)
+        _ = try await registry.delete(user("unsynced"), keepBackups: true)
+        #expect(try await registry.info(user("unsynced")).schemaVersion == 2, "a new store once the damaged one is gone")
+        await registry.shutdown()
+    }
+
     /// A store in a folder mounted inside the data directory (another file system) is not
     /// written back by the data directory's `syncfs`: its fleet job syncs it file by file and
     /// waits for no shared sync, while a store beside it on the data directory's file system

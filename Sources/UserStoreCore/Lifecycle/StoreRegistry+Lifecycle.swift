@@ -12,8 +12,12 @@ extension StoreRegistry {
     /// (a checkpoint: no WAL is left), and afterwards the next request opens the files as
     /// `operation` left them — migrating them as usual.
     ///
+    /// `replacingFiles`: `operation` replaces or removes the store's files, so a damage found in
+    /// the old ones no longer counts once it succeeds (``RegistryState/damaged``).
+    ///
     /// The caller must not hold a lease on the store itself.
-    func withStoreClosed<T: Sendable>(_ user: UserID, _ operation: @escaping @Sendable () throws -> T) async throws -> T {
+    func withStoreClosed<T: Sendable>(_ user: UserID, replacingFiles: Bool = false,
+                                      _ operation: @escaping @Sendable () throws -> T) async throws -> T {
         let outcome = ResultBox<T>()
         while true {
             let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
@@ -28,6 +32,7 @@ extension StoreRegistry {
                     outcome.set(result)
                     self.state.withLock { state in
                         state.entries[user] = nil
+                        if replacingFiles, case .success = result { state.damaged[user] = nil } else { state.rememberDamage(user, of: store) }
                         if store != nil { state.holding -= 1 }
                         state.wakeWaiters()
                     }
@@ -94,7 +99,7 @@ extension StoreRegistry {
     public func delete(_ user: UserID, keepBackups: Bool) async throws -> DeletionReport {
         let files = StoreFiles(layout: configuration.layout)
         let replication = self.replication, path = configuration.layout.storePath(for: user)
-        let report = try await withStoreClosed(user) {
+        let report = try await withStoreClosed(user, replacingFiles: true) {
             // The replica first: one that cannot be deleted refuses the whole deletion, rather
             // than leave a copy the next request would restore.
             try replication?.storeReplaced(user, path: path, deleteReplica: true)
@@ -127,7 +132,7 @@ extension StoreRegistry {
             return try importer.prepare(staged, requested: requested)
         }.get()
         let layout = configuration.layout
-        let report = try await withStoreClosed(user) { () throws -> ImportReport in
+        let report = try await withStoreClosed(user, replacingFiles: true) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.observer) : nil
@@ -200,7 +205,7 @@ extension StoreRegistry {
     /// Returns the live store's copy.
     private func replaceClosedStore(_ user: UserID, with staged: String) async throws -> String? {
         let layout = configuration.layout, files = StoreFiles(layout: layout)
-        return try await withStoreClosed(user) { () throws -> String? in
+        return try await withStoreClosed(user, replacingFiles: true) { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
             try files.publish(staged, as: user)

@@ -13,6 +13,11 @@ struct RegistryState: ~Copyable {
     var template: StoreTemplate?
     /// The generation a template build was last started for (built or failed).
     var templateAttempted: Int?
+    /// Why stores that were found damaged — by SQLite while serving, or by a fleet run's failed
+    /// shared sync — were, once they were closed: opened again, a connection would serve what
+    /// the kernel's cache holds as if it were sound. They stay refused (to clients, and to
+    /// migrations) until the daemon restarts or the store is replaced (delete, import, restore).
+    var damaged: [UserID: String] = [:]
 
     init(migrations: MigrationSet) {
         self.migrations = migrations
@@ -34,6 +39,11 @@ struct RegistryState: ~Copyable {
             entries.formIndex(after: &index)
         }
         return best.map { entries.keys[$0] }
+    }
+
+    /// Remembers why `user`'s `store`, being closed, was damaged (if it was).
+    mutating func rememberDamage(_ user: UserID, of store: Store?) {
+        if let damage = store?.damaged { damaged[user] = damage }
     }
 
     /// Lets every request waiting for capacity look again.

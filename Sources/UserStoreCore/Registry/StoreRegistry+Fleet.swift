@@ -59,6 +59,7 @@ extension StoreRegistry {
     /// for the close, and the last commit's fsync (``Migrator/Durability/checkpoint``).
     func migrateUnopened(_ user: UserID) async throws(StoreError) -> MigrationReport? {
         try placement?.admit(user)
+        if let damage = state.withLock({ $0.damaged[user] }) { throw .storeDamaged(user: user, message: damage) }
         let task: Task<PreparationOutcome, Never>? = state.withLock { state in
             guard state.entries[user] == nil, state.holding < configuration.maxOpenStores else { return nil }
             state.tick += 1
@@ -89,7 +90,9 @@ extension StoreRegistry {
         let store: Store? = state.withLock { state in
             guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
                   case .ready = state.entries.values[index].phase else { return nil }
-            return state.entries.remove(at: index).value.store
+            let store = state.entries.remove(at: index).value.store
+            state.rememberDamage(user, of: store)
+            return store
         }
         guard let store else { return }
         observer.record(.storeClosed(user: user, idle: true))

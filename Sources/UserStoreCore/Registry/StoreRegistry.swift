@@ -222,6 +222,10 @@ public final class StoreRegistry: Sendable {
                 state.entries[user] = entry
                 return .use(entry.store!, error)
             default:
+                // Opened as it is by an administrator although found damaged before: not migrated, not served.
+                if let damage = entry.store?.damaged ?? state.damaged[user] {
+                    return .fail(.storeDamaged(user: user, message: damage))
+                }
                 // Opened under an older migration set: bring it up to date before use.
                 let task = prepare(user, existing: entry.store, generation: state.generation, migrations: state.migrations)
                 entry.phase = .preparing(task)
@@ -230,11 +234,17 @@ public final class StoreRegistry: Sendable {
             }
         }
         if mode == .asIs && !exists { return .fail(.noSuchStore(user: user)) }
+        // Found damaged and closed since: an administrator may still open it as it is (verify,
+        // snapshot), nobody may serve or migrate it.
+        if let damage = state.damaged[user], access != .admin || mode == .migrate {
+            return .fail(.storeDamaged(user: user, message: damage))
+        }
         if state.holding < configuration.maxOpenStores {
             return .wait(startOpening(&state, user, migrate: mode == .migrate))
         }
         if let victim = state.idleVictim() {
             let entry = state.entries.removeValue(forKey: victim)!
+            state.rememberDamage(victim, of: entry.store)
             return .evict(entry.store!)
         }
         return .waitForCapacity
@@ -510,7 +520,10 @@ public final class StoreRegistry: Sendable {
                 guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
                 return entry.lastUsed + configuration.idleTimeout <= now
             }
-            for user in expired.keys { state.entries[user] = nil }
+            for (user, entry) in expired {
+                state.rememberDamage(user, of: entry.store)
+                state.entries[user] = nil
+            }
             return expired.values.map { $0.store! }
         }
         for store in idle {
