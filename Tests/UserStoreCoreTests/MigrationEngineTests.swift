@@ -103,6 +103,29 @@ import Testing
         #expect(Self.versionInMainFile(path, copyTo: directory.path + "/big-copy.sqlite") == 2)
     }
 
+    /// A `.shared` run that creates a store switches it to WAL before it stops syncing: that
+    /// switch writes the new file's page 1 through a rollback journal, which under
+    /// synchronous=OFF a power cut could leave torn (the store then refused as damaged).
+    @Test func aSharedRunSwitchesANewStoreToWALWhileStillSyncing() async throws {
+        let directory = try TemporaryDirectory()
+        let folder = try MigrationFolder(directory).write("0001_log.sql", "CREATE TABLE log (step INTEGER);")
+        let harness = try Harness(directory: directory, migrations: try folder.load())
+        let queue = try DatabaseQueue(path: directory.path + "/new.sqlite")
+        let statements = Mutex<[String]>([])
+        let migrator = harness.registry.makeMigrator(user("new"), migrations: try folder.load(),
+                                                     durability: .shared(FileSystemSync(directory: directory.path)))
+        let report = try await queue.writeWithoutTransaction { db in
+            db.trace { event in statements.withLock { $0.append("\(event)") } }
+            return try migrator.migrate(db, created: true)
+        }
+        #expect(report.applied == [1])
+        let trace = statements.withLock { $0 }
+        let walSwitch = try #require(trace.firstIndex(of: "PRAGMA journal_mode = WAL"), "\(trace)")
+        let syncOff = try #require(trace.firstIndex(of: "PRAGMA synchronous = OFF"), "\(trace)")
+        #expect(walSwitch < syncOff, "\(trace)")
+        try queue.close()
+    }
+
     /// `PRAGMA user_version` of a copy of `path`'s main file alone (no WAL); -1 if unreadable.
     private static func versionInMainFile(_ path: String, copyTo copy: String) -> Int64 {
         do {

@@ -199,8 +199,16 @@ struct Migrator: Sendable {
         defer { if sharedMark != nil { try? db.execute(sql: "PRAGMA wal_autocheckpoint = \(WALHook.checkpointPages)") } }
 
         if plan.isNewStore {
-            try beforeCommit()
-            try db.execute(sql: "PRAGMA journal_mode = WAL")
+            if case .shared = durability {
+                // Switched while the connection still syncs: under `.shared`'s OFF, the switch's
+                // write of the new file's page 1 (a rollback-journal transaction) is not synced,
+                // and a power cut could leave a torn header that refuses the store as damaged.
+                try db.execute(sql: "PRAGMA journal_mode = WAL")
+                try beforeCommit()
+            } else {
+                try beforeCommit()
+                try db.execute(sql: "PRAGMA journal_mode = WAL")
+            }
             try db.inTransaction(.immediate) {
                 if try !Bookkeeping.exists(db) { try Bookkeeping.initialise(db, appVersion: appVersion) }
                 return .commit
