@@ -31,8 +31,8 @@ extension StoreRegistry {
                     let result = await Self.offThreadResult(operation)
                     outcome.set(result)
                     self.state.withLock { state in
-                        state.entries[user] = nil
-                        if replacingFiles, case .success = result { state.damaged[user] = nil } else { state.rememberDamage(user, of: store) }
+                        state.removeForClosing(user)
+                        if replacingFiles, case .success = result { state.damaged[user] = nil }
                         if store != nil { state.holding -= 1 }
                         state.wakeWaiters()
                     }

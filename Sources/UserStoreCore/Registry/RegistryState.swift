@@ -41,9 +41,13 @@ struct RegistryState: ~Copyable {
         return best.map { entries.keys[$0] }
     }
 
-    /// Remembers why `user`'s `store`, being closed, was damaged (if it was).
-    mutating func rememberDamage(_ user: UserID, of store: Store?) {
-        if let damage = store?.damaged { damaged[user] = damage }
+    /// Takes `user`'s entry out so that its store can be closed, remembering the store's
+    /// damage, if any (``damaged``). Every path that closes a store it removes goes through here.
+    @discardableResult
+    mutating func removeForClosing(_ user: UserID) -> RegistryEntry? {
+        let entry = entries.removeValue(forKey: user)
+        if let damage = entry?.store?.damaged { damaged[user] = damage }
+        return entry
     }
 
     /// Lets every request waiting for capacity look again.

@@ -59,13 +59,13 @@ extension StoreRegistry {
     /// for the close, and the last commit's fsync (``Migrator/Durability/checkpoint``).
     func migrateUnopened(_ user: UserID) async throws(StoreError) -> MigrationReport? {
         try placement?.admit(user)
-        if let damage = state.withLock({ $0.damaged[user] }) { throw .storeDamaged(user: user, message: damage) }
-        let task: Task<PreparationOutcome, Never>? = state.withLock { state in
-            guard state.entries[user] == nil, state.holding < configuration.maxOpenStores else { return nil }
+        let started: Result<Task<PreparationOutcome, Never>?, StoreError> = state.withLock { state in
+            if let damage = state.damaged[user] { return .failure(.storeDamaged(user: user, message: damage)) }
+            guard state.entries[user] == nil, state.holding < configuration.maxOpenStores else { return .success(nil) }
             state.tick += 1
-            return startOpening(&state, user, migrate: true, closeAfter: true)
+            return .success(startOpening(&state, user, migrate: true, closeAfter: true))
         }
-        guard let task else { return nil }
+        guard let task = try started.get() else { return nil }
         switch await task.value {
         case .openFailed(let error):
             throw error
@@ -90,9 +90,7 @@ extension StoreRegistry {
         let store: Store? = state.withLock { state in
             guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
                   case .ready = state.entries.values[index].phase else { return nil }
-            let store = state.entries.remove(at: index).value.store
-            state.rememberDamage(user, of: store)
-            return store
+            return state.removeForClosing(user)?.store
         }
         guard let store else { return }
         observer.record(.storeClosed(user: user, idle: true))

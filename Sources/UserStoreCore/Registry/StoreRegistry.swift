@@ -243,8 +243,7 @@ public final class StoreRegistry: Sendable {
             return .wait(startOpening(&state, user, migrate: mode == .migrate))
         }
         if let victim = state.idleVictim() {
-            let entry = state.entries.removeValue(forKey: victim)!
-            state.rememberDamage(victim, of: entry.store)
+            let entry = state.removeForClosing(victim)!
             return .evict(entry.store!)
         }
         return .waitForCapacity
@@ -520,10 +519,7 @@ public final class StoreRegistry: Sendable {
                 guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
                 return entry.lastUsed + configuration.idleTimeout <= now
             }
-            for (user, entry) in expired {
-                state.rememberDamage(user, of: entry.store)
-                state.entries[user] = nil
-            }
+            for user in expired.keys { state.removeForClosing(user) }
             return expired.values.map { $0.store! }
         }
         for store in idle {
