@@ -94,8 +94,7 @@ struct BackupKeeper: Sendable {
         layout.backupDirectories(for: user).flatMap { directory in
             // Most stores have no copies (every store a fleet run migrates without one looks):
             // a missing folder costs one stat here, not a thrown and discarded NSError.
-            var status = stat()
-            guard stat(directory, &status) == 0 else { return [(path: String, name: String, partial: Bool)]() }
+            guard FileManager.default.fileExists(atPath: directory) else { return [(path: String, name: String, partial: Bool)]() }
             return ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted().compactMap { entry in
                 let partial = entry.hasSuffix(Self.partialSuffix)
                 let name = partial ? String(entry.dropLast(Self.partialSuffix.count)) : entry
