@@ -20,6 +20,8 @@ struct BenchCommand: AsyncParsableCommand {
     var only: String = Self.allScenarios
 
     static let allScenarios = "1,2,3,4,5,6,7"
+    static let allReleases = "additive,rebuild"
+    static let allFileSystems = "root,ext4,xfs"
 
     @Option(help: "Stores per fleet-migration run (scenario 4; default 10000, 2000 with --quick).")
     var fleetStores: Int?
@@ -28,10 +30,10 @@ struct BenchCommand: AsyncParsableCommand {
     var fleetParallelism: Int?
 
     @Option(help: "Releases for scenario 4, comma-separated: additive, rebuild (default both).")
-    var fleetReleases = "additive,rebuild"
+    var fleetReleases = Self.allReleases
 
     @Option(help: "File systems for scenario 4, comma-separated: root, ext4, xfs (default all three).")
-    var fileSystems = "root,ext4,xfs"
+    var fileSystems = Self.allFileSystems
 
     @Option(help: "The repository (for config/migrations).")
     var repository = FileManager.default.currentDirectoryPath
@@ -71,7 +73,7 @@ struct BenchCommand: AsyncParsableCommand {
             "targets": scenarios.targets.map { ["target": $0.target, "measured": $0.measured, "met": $0.met] },
         ]
         let narrowed = quick || only != Self.allScenarios || fleetStores != nil || fleetParallelism != nil
-            || fleetReleases != "additive,rebuild" || fileSystems != "root,ext4,xfs"
+            || fleetReleases != Self.allReleases || fileSystems != Self.allFileSystems
         let json = self.json ?? (narrowed ? ".build/bench-partial.json" : "docs/bench/latest.json")
         try FileManager.default.createDirectory(atPath: URL(fileURLWithPath: json).deletingLastPathComponent().path, withIntermediateDirectories: true)
         try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys]).write(to: URL(fileURLWithPath: json))
