@@ -177,10 +177,9 @@ import Testing
         }
     }
 
-    /// A fleet run's store whose shared sync fails may hold commits that are not on disk: it is
-    /// reported failed with a storage failure, refused to clients, and a second fleet run does
-    /// not call it current (its plan, read from the connection, would find nothing to do).
-    @Test func aStoreWhoseSharedSyncFailedIsRefusedAndNeverCalledCurrent() async throws {
+    /// A registry whose every shared sync fails (EIO), over one store, "unsynced", at version 1
+    /// with a migration to version 2 pending.
+    func unsyncedStore(maxOpenStores: Int = 64) async throws -> Harness {
         let directory = try TemporaryDirectory()
         let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
         try await Harness.seed([user("unsynced")], in: directory, migrations: try folder.load())
@@ -189,7 +188,14 @@ import Testing
             errno = EIO
             return -1
         }
-        let harness = try Harness(directory: directory, migrations: try folder.load(), fleetSync: failing)
+        return try Harness(directory: directory, migrations: try folder.load(), maxOpenStores: maxOpenStores, fleetSync: failing)
+    }
+
+    /// A fleet run's store whose shared sync fails may hold commits that are not on disk: it is
+    /// reported failed with a storage failure, refused to clients, and a second fleet run does
+    /// not call it current (its plan, read from the connection, would find nothing to do).
+    @Test func aStoreWhoseSharedSyncFailedIsRefusedAndNeverCalledCurrent() async throws {
+        let harness = try await unsyncedStore()
         let registry = harness.registry
         let first = await registry.fleetMigrate(user("unsynced"), dryRun: false)
         #expect(first.state == .failed)
@@ -204,15 +210,7 @@ import Testing
     /// would be served from what the kernel's cache holds. An administrator may still open it as
     /// it is; replacing it (here: deleting it) lifts the refusal.
     @Test func aDamagedStoreStaysRefusedAfterItIsClosedUntilItIsReplaced() async throws {
-        let directory = try TemporaryDirectory()
-        let folder = try MigrationFolder(directory).write("0001_runs.sql", "CREATE TABLE runs (at TEXT);")
-        try await Harness.seed([user("unsynced")], in: directory, migrations: try folder.load())
-        try folder.write("0002_more.sql", "ALTER TABLE runs ADD COLUMN note TEXT;")
-        let failing = FileSystemSync(directory: directory.path) { _ in
-            errno = EIO
-            return -1
-        }
-        let harness = try Harness(directory: directory, migrations: try folder.load(), maxOpenStores: 1, fleetSync: failing)
+        let harness = try await unsyncedStore(maxOpenStores: 1)
         let registry = harness.registry
         #expect(await registry.fleetMigrate(user("unsynced"), dryRun: false).state == .failed)
         // The only slot goes to another user: the failed store is closed.
