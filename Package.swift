@@ -57,6 +57,9 @@ let package = Package(
         ),
         // recvmsg/sendmsg with SCM_RIGHTS, SO_PEERCRED and epoll (C macros and packed structs Swift cannot use).
         .target(name: "CUnixSocket"),
+        // Child processes that die with the daemon (vfork, PR_SET_PDEATHSIG, execve: no Swift API
+        // runs code between fork and exec), and waiting for any process's end (pidfd).
+        .target(name: "CChildProcess"),
         // libsystemd: sd_notify, sd_listen_fds, sd_journal_sendv.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // Structured events to the systemd journal (sd_journal_sendv) or stderr.
@@ -80,7 +83,7 @@ let package = Package(
             name: "UserStoreServer",
             dependencies: [
                 "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
-                "UserStoreCluster",
+                "UserStoreCluster", "CChildProcess",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -164,7 +167,7 @@ let package = Package(
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
         .testTarget(
             name: "UserStoreServerTests",
-            dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
+            dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
                            "UserStoreCluster", "ClusterTestSupport"]
         ),

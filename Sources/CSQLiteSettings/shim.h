@@ -18,6 +18,13 @@ static inline int userstore_memory_statistics_off(void) {
     return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
 }
 
+/// sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL): closing the connection
+/// leaves the WAL as it is, even as the last connection, instead of checkpointing it into the
+/// database and removing it (variadic, hence wrapped).
+static inline int userstore_keep_wal_on_close(sqlite3 *db) {
+    return sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)0);
+}
+
 /// mallopt(M_ARENA_MAX, count): glibc's malloc.h is not part of Swift's Glibc module.
 static inline int userstore_limit_malloc_arenas(int count) {
     return mallopt(M_ARENA_MAX, count);

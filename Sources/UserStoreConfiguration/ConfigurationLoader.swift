@@ -25,7 +25,7 @@ public enum ConfigurationLoader {
         "metrics.listen",
         "replication.replica", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores",
         "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
-        "replication.litestream", "replication.startLitestream",
+        "replication.litestream", "replication.startLitestream", "replication.restartUnresponsiveSeconds",
         "cluster.host", "cluster.etcd", "cluster.address", "cluster.leaseSeconds", "cluster.forward",
         "cluster.listen", "cluster.forwardTimeoutMilliseconds", "cluster.tls.certificate", "cluster.tls.key", "cluster.tls.ca",
     ]

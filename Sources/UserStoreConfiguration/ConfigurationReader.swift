@@ -188,6 +188,7 @@ extension ConfigurationLoader {
             settings.litestream = try string("replication.litestream") ?? "litestream"
             if settings.litestream.contains("/") { settings.litestream = try path("replication.litestream", default: "") }
             settings.startLitestream = try bool("replication.startLitestream") ?? true
+            settings.restartUnresponsiveSeconds = try int("replication.restartUnresponsiveSeconds", minimum: 0, maximum: 86_400) ?? 60
             return settings
         }
 

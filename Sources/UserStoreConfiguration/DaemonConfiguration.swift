@@ -81,8 +81,13 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// Every Execute, Batch and Commit waits until its transaction is in the replica
     /// (`replication.durableWrites`; a call can ask with `durable: true`).
     public var durableWrites: Bool = false
-    /// How long a durable write waits for the replica (`replication.durableTimeoutMilliseconds`).
+    /// How long a durable write waits for the replica, from its commit to its reply
+    /// (`replication.durableTimeoutMilliseconds`).
     public var durableTimeoutMilliseconds: Int = 10_000
+    /// A Litestream child that has not answered its control socket for this long is killed and
+    /// started again (`replication.restartUnresponsiveSeconds`; 0: never). While it lives it holds
+    /// its stores' WAL positions, which the daemon therefore never resets.
+    public var restartUnresponsiveSeconds: Int = 60
     /// The litestream binary (`replication.litestream`): restores, and the child process.
     public var litestream: String = "litestream"
     /// The daemon runs `litestream replicate` as its child (`replication.startLitestream`);

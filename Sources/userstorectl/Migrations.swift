@@ -6,7 +6,7 @@ extension UserStoreCtlCommand {
     struct Migrations: ParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Work with migration files.", subcommands: [Check.self])
 
-        struct Check: ParsableCommand {
+        struct Check: ParsableCommand, DaemonlessCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Lint a migrations directory offline.",
                 discussion: """

@@ -13,6 +13,9 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
             status, verify and migrate also work --offline on the data directory while the \
             daemon is stopped.
 
+            The shared options --socket, --json, --offline and --config may come before the \
+            subcommand's name as well as after it: `userstorectl --socket PATH cluster status`.
+
             Exit codes: 0 all good; 1 some stores failed (or problems found); 2 usage; \
             3 daemon unreachable, permission denied, or (offline) the daemon holds the data \
             directory; 130 interrupted.
@@ -49,9 +52,11 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
     }
 }
 
-/// `userstorectl --socket S --json status` is accepted like `userstorectl status --socket S
-/// --json`: shared options given before the subcommand are moved behind its name.
-func hoistSharedOptions(_ arguments: [String]) -> [String] {
+/// `userstorectl --socket S --json cluster status` is accepted like `userstorectl cluster status
+/// --socket S --json`: shared options given before the subcommand are moved behind its whole name
+/// (nested ones included, found in the command tree). `--socket` before a command that does not
+/// talk to the daemon (``DaemonlessCommand``) is accepted and has nothing to do.
+func hoistSharedOptions(_ arguments: [String], root: any ParsableCommand.Type = UserStoreCtlCommand.self) -> [String] {
     var leading: [String] = []
     var rest = arguments[...]
     while let first = rest.first, first.hasPrefix("--") {
@@ -65,16 +70,30 @@ func hoistSharedOptions(_ arguments: [String]) -> [String] {
             break
         }
     }
-    guard !leading.isEmpty, let subcommand = rest.first else { return arguments }
-    var result = [subcommand]
-    // A nested subcommand ("migrations check") keeps its own name first.
-    var tail = rest.dropFirst()
-    if subcommand == "migrations", let nested = tail.first, !nested.hasPrefix("-") {
-        result.append(nested)
-        tail = tail.dropFirst()
+    guard !leading.isEmpty, !rest.isEmpty else { return arguments }
+    var path: [String] = []
+    var command = root
+    while let name = rest.first, let sub = command.configuration.subcommands.first(where: { $0._commandName == name }) {
+        path.append(name)
+        command = sub
+        rest = rest.dropFirst()
     }
-    return result + leading + tail
+    if command is any DaemonlessCommand.Type {
+        var kept: [String] = []
+        var index = leading.startIndex
+        while index < leading.endIndex {
+            if leading[index] == "--socket" { index += 2; continue }
+            if !leading[index].hasPrefix("--socket=") { kept.append(leading[index]) }
+            index += 1
+        }
+        leading = kept
+    }
+    return path + leading + rest
 }
+
+/// A command that never talks to the daemon (`migrations check`): a `--socket` given before it
+/// is accepted and ignored, like before any other command.
+protocol DaemonlessCommand {}
 
 /// Options every command that talks to the daemon shares.
 struct ConnectionOptions: ParsableArguments {

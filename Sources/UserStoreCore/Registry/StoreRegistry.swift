@@ -581,9 +581,7 @@ public final class StoreRegistry: Sendable {
 
     /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.
     static func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            BlockingPool.shared.submit { continuation.resume(with: Result { try work() }) }
-        }
+        try await BlockingPool.run(work)
     }
 
     static func offThread(_ work: @escaping @Sendable () -> Void) async {

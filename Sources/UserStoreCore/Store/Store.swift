@@ -1,3 +1,4 @@
+import CSQLiteSettings
 import GRDB
 import GRDBSQLite
 import Synchronization
@@ -209,6 +210,31 @@ public final class Store: Sendable {
         return false
     }
 
+    /// Keys of ``whileHeld(_:)``: from the top half of the range, which transaction keys (counted
+    /// up from 1) never reach.
+    private static let nextHoldKey = Atomic<UInt64>(1 << 63)
+
+    /// Runs `body` while nothing else runs on the store: after the work already submitted, and
+    /// before anything submitted meanwhile, which waits in order until `body` returns — like an
+    /// interactive transaction, but without one, and without the connection: `body` runs off the
+    /// store's queue (it may wait on another process without blocking that queue's thread). A
+    /// replica check uses it to see the store unchanged between a sync and a read.
+    ///
+    /// The caller must keep the store open meanwhile (a registry lease).
+    public func whileHeld<T: Sendable>(_ body: @Sendable () async throws -> T) async throws -> T {
+        let key = TransactionKey(Self.nextHoldKey.add(1, ordering: .relaxed).newValue)
+        await withCheckedContinuation { (held: CheckedContinuation<Void, Never>) in
+            submit(Work(transaction: nil) { [self] _ in
+                schedule.withLock { $0.owner = key }
+                queued.add(1, ordering: .relaxed) // held: nothing runs inline until the end
+                return { held.resume() }
+            })
+        }
+        // Released by work of its own, so that the drain goes on with what waited meanwhile.
+        defer { submit(Work(transaction: key) { [self] _ in release(key); return {} }) }
+        return try await body()
+    }
+
     /// Ends `key`'s hold on the store (its transaction is over).
     private func release(_ key: TransactionKey) {
         let held = schedule.withLock { schedule -> Bool in
@@ -222,6 +248,13 @@ public final class Store: Sendable {
     /// Waits for the work already submitted (blocking; on a ``BlockingPool`` thread).
     func finishQueuedWork() {
         queue.writeWithoutTransaction { _ in }
+    }
+
+    /// Makes ``close()`` leave the WAL as it is: a replicator that may still read it from where
+    /// it stopped (it did not confirm it let go) must find every frame it has not read yet.
+    /// Call it when no work runs (the store is being closed).
+    public func keepsWALOnClose() {
+        queue.inDatabase { db in _ = userstore_keep_wal_on_close(db.sqliteConnection) }
     }
 
     /// Closes the connection after the work already submitted.

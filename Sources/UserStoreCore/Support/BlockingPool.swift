@@ -7,7 +7,7 @@ import Foundation
 /// migrated 2 at a time and left the cores idle during every sync (241 stores/s at
 /// parallelism 2 and 298 at 8 with GCD on a journaled ext4). Jobs here run first come, first
 /// served on a fixed set of threads started with the pool.
-final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are only touched under `condition`
+public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are only touched under `condition`
     /// The daemon's pool: 16 threads per core and 16 more, at least 48 and at most 128 — a fleet
     /// run at its default parallelism (16 per core, at most 64) plus room for the stores
     /// requests open meanwhile, so that a fleet run never makes them wait for a thread.
@@ -22,6 +22,14 @@ final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are only to
             let thread = Thread { [unowned self] in self.work() }
             thread.name = "userstore-io-\(index)"
             thread.start()
+        }
+    }
+
+    /// Runs `work` on one of the daemon's pool's threads and returns what it returned: for work
+    /// that blocks on the disk or waits for another process, off the cooperative pool.
+    public static func run<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            shared.submit { continuation.resume(with: Result { try work() }) }
         }
     }
 

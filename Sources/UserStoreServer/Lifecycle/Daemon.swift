@@ -78,7 +78,7 @@ public enum Daemon {
         let replicator = configuration.replication.map { LitestreamReplicator(settings: $0, layout: layout, logger: logger, fencing: cluster) }
         var litestream: LitestreamProcess?
         if let settings = configuration.replication {
-            guard access(LitestreamReplicator.resolve(settings.litestream), X_OK) == 0 else {
+            guard access(LitestreamCommand.resolve(settings.litestream), X_OK) == 0 else {
                 logger.critical("replication is on but \(settings.litestream) is not an executable (replication.litestream)", metadata: ["event": "daemon-failed"])
                 printError("userstored: replication.litestream: \(settings.litestream) is not an executable; install Litestream 0.5.17 (scripts/install-deps.sh)")
                 return .unavailable
@@ -152,7 +152,7 @@ public enum Daemon {
                 return .unavailable
             }
         }
-        let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = replicator.map { [.init(service: ReplicationMonitor(replicator: $0))] } ?? []
+        let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = replicator.map { [.init(service: ReplicationMonitor(replicator: $0, registry: registry, litestream: litestream))] } ?? []
         var clusterServices: [ServiceGroupConfiguration.ServiceConfiguration] = cluster.map { [.init(service: $0)] } ?? []
         if let settings = configuration.cluster, let peerTLS, let listen = HostPort(settings.listen) {
             do {

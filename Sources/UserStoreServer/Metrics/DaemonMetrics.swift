@@ -161,6 +161,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
             "replication.registered": gauge("userstore_replication_stores", [("state", "registered")]),
             "replication.unregistered": gauge("userstore_replication_stores", [("state", "unregistered")]),
             "replication.lag": gauge("userstore_replication_max_lag_seconds"),
+            "replication.pass": gauge("userstore_replication_sync_pass_seconds"),
+            "replication.diverged": gauge("userstore_replication_diverged_replicas"),
         ]
         for state in ["current", "pending", "failed", "too_new"] {
             gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
@@ -192,6 +194,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_degraded": "1 while replication is degraded (Litestream unreachable or open stores unregistered), else 0 (also when replication is off).",
         "userstore_replication_stores": "Open stores by replication state: registered with Litestream, or unregistered (served, not replicated).",
         "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
+        "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while this stays under three quarters of it.",
+        "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
@@ -248,6 +252,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.registered"]?.set(replication.registered)
             gauges["replication.unregistered"]?.set(replication.unregistered)
             gauges["replication.lag"]?.set(replication.maxLagSeconds)
+            gauges["replication.pass"]?.set(replication.lastSyncPassSeconds)
+            gauges["replication.diverged"]?.set(replication.diverged)
         }
         let fleet = context.counters.withLock { $0.fleet }
         gauges["fleet.done"]?.set(fleet?.done ?? 0)

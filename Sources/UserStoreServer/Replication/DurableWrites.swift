@@ -49,7 +49,8 @@ extension DaemonContext {
     func replyWhenReplicated(_ user: UserID, _ reply: [UInt8]) async -> [UInt8] {
         guard let replicator, DaemonMetrics.outcome(of: reply[...]) == nil else { return reply }
         do {
-            try await replicator.waitUntilReplicated(user)
+            // The time-out bounds the whole wait, from the commit to the reply.
+            try await replicator.waitUntilReplicated(user, until: replicator.durableDeadline)
             // More than one host: acknowledged only if this host still owns the user's bucket at
             // the epoch it replicates under (a linearizable read), and its lease is confirmed.
             guard let cluster else { return reply }

@@ -16,33 +16,59 @@ struct LitestreamControl: Sendable {
     /// A failed request: no connection, a timeout, or Litestream's error reply.
     struct Failure: Error, CustomStringConvertible {
         let description: String
+        /// Whether the request may have reached Litestream (false: the connection itself failed,
+        /// so no Litestream acted on it).
+        var delivered = true
     }
 
-    /// `POST /register`: replicate the database at `path` to `replicaURL`.
+    /// `POST /register`: replicate the database at `path` to `replicaURL` (blocking).
     func register(_ path: String, replicaURL: String) throws {
-        _ = try post("/register", ["path": path, "replica_url": replicaURL], timeout: .seconds(10))
+        _ = try call(.POST, "/register", ["path": path, "replica_url": replicaURL], timeout: .seconds(10))
+    }
+
+    /// ``register(_:replicaURL:)`` without blocking a thread.
+    func register(_ path: String, replicaURL: String) async throws {
+        _ = try await call(.POST, "/register", ["path": path, "replica_url": replicaURL], timeout: .seconds(10))
     }
 
     /// `POST /unregister`: a final sync, then stop replicating `path` and close Litestream's
-    /// connection to it.
-    func unregister(_ path: String, timeoutSeconds: Int = 30) throws {
-        _ = try post("/unregister", ["path": path, "timeout": timeoutSeconds], timeout: .seconds(Int64(timeoutSeconds + 5)))
+    /// connection to it; answered by `until` at the latest (blocking).
+    func unregister(_ path: String, until deadline: ContinuousClock.Instant) throws {
+        _ = try call(.POST, "/unregister", ["path": path, "timeout": Self.seconds(until: deadline)], timeout: Self.left(until: deadline))
+    }
+
+    /// ``unregister(_:until:)`` without blocking a thread.
+    func unregister(_ path: String, until deadline: ContinuousClock.Instant) async throws {
+        _ = try await call(.POST, "/unregister", ["path": path, "timeout": Self.seconds(until: deadline)], timeout: Self.left(until: deadline))
     }
 
     /// `POST /sync` with `wait`: returns once every transaction committed before the call is in
-    /// the replica (`replicated_txid`), or throws.
-    func syncAndWait(_ path: String, timeoutSeconds: Int) throws -> SyncReply {
-        SyncReply(try post("/sync", Self.syncBody(path, timeoutSeconds), timeout: .seconds(Int64(timeoutSeconds + 5))))
+    /// the replica (`replicated_txid`), or throws — by `until` at the latest (blocking).
+    func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) throws -> SyncReply {
+        SyncReply(try call(.POST, "/sync", Self.syncBody(path, deadline), timeout: Self.left(until: deadline)))
     }
 
-    /// ``syncAndWait(_:timeoutSeconds:)`` without blocking a thread (durable writes wait here).
-    func syncAndWait(_ path: String, timeoutSeconds: Int) async throws -> SyncReply {
-        let body = try JSONSerialization.data(withJSONObject: Self.syncBody(path, timeoutSeconds))
-        return SyncReply(try Self.decode("/sync", try await exchange(.POST, "/sync", body: body, timeout: .seconds(Int64(timeoutSeconds + 5))).get()))
+    /// ``syncAndWait(_:until:)`` without blocking a thread (durable writes wait here).
+    func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) async throws -> SyncReply {
+        SyncReply(try await call(.POST, "/sync", Self.syncBody(path, deadline), timeout: Self.left(until: deadline)))
     }
 
-    private static func syncBody(_ path: String, _ timeoutSeconds: Int) -> [String: Any] {
-        ["path": path, "wait": true, "timeout": timeoutSeconds]
+    private static func syncBody(_ path: String, _ deadline: ContinuousClock.Instant) -> [String: Any] {
+        ["path": path, "wait": true, "timeout": seconds(until: deadline)]
+    }
+
+    /// The time left until `deadline` (at least a millisecond): how long the daemon waits for a reply.
+    private static func left(until deadline: ContinuousClock.Instant) -> TimeAmount {
+        let left = deadline - .now
+        let nanoseconds = left.components.seconds * 1_000_000_000 + left.components.attoseconds / 1_000_000_000
+        return .nanoseconds(max(1_000_000, nanoseconds))
+    }
+
+    /// Litestream's own time-out for a request, in the whole seconds it takes, rounded up: it
+    /// gives up no earlier than the daemon, which stops waiting at the deadline itself.
+    private static func seconds(until deadline: ContinuousClock.Instant) -> Int {
+        let left = deadline - .now
+        return max(1, Int(left.components.seconds) + (left.components.attoseconds > 0 ? 1 : 0))
     }
 
     /// What `/sync` answered: `synced`, `synced_local` or `no_change`, and the positions.
@@ -56,11 +82,15 @@ struct LitestreamControl: Sendable {
             txid = (reply["txid"] as? NSNumber)?.int64Value ?? 0
             replicatedTXID = (reply["replicated_txid"] as? NSNumber)?.int64Value ?? 0
         }
+
+        /// Whether the replica holds everything the sync covered (`no_change` too: with `wait`,
+        /// Litestream ships to the replica even when its local position did not move).
+        var isReplicated: Bool { ["no_change", "synced"].contains(status) && replicatedTXID >= txid }
     }
 
     /// `GET /list`: every registered database and its state.
-    func list() throws -> [ListedDatabase] {
-        let reply = try request(.GET, "/list", body: nil, timeout: .seconds(5))
+    func list() async throws -> [ListedDatabase] {
+        let reply = try await call(.GET, "/list", nil, timeout: .seconds(5))
         return (reply["databases"] as? [[String: Any]] ?? []).map { entry in
             ListedDatabase(path: entry["path"] as? String ?? "", status: entry["status"] as? String ?? "",
                            lastSyncAt: (entry["last_sync_at"] as? String).flatMap(RFC3339.parse))
@@ -75,30 +105,33 @@ struct LitestreamControl: Sendable {
         let lastSyncAt: Date?
     }
 
-    /// `GET /info`: Litestream's version and pid (throws when it does not answer).
-    func info() throws -> (version: String, pid: Int) {
-        Self.info(try request(.GET, "/info", body: nil, timeout: .seconds(5)))
+    /// Which Litestream answers: its pid and when it started (`GET /info`).
+    struct Instance: Equatable {
+        let pid: Int32
+        let startedAt: String
+        let version: String
     }
 
-    /// ``info()`` without blocking a thread (start-up waits on it from async code).
-    func info() async throws -> (version: String, pid: Int) {
-        Self.info(try Self.decode("/info", try await exchange(.GET, "/info", body: nil, timeout: .seconds(5)).get()))
-    }
-
-    private static func info(_ reply: [String: Any]) -> (version: String, pid: Int) {
-        (reply["version"] as? String ?? "", (reply["pid"] as? NSNumber)?.intValue ?? 0)
+    /// `GET /info`: which Litestream answers (throws when none does within 5 s).
+    func info() async throws -> Instance {
+        let reply = try await call(.GET, "/info", nil, timeout: .seconds(5))
+        return Instance(pid: (reply["pid"] as? NSNumber)?.int32Value ?? 0, startedAt: reply["started_at"] as? String ?? "",
+                        version: reply["version"] as? String ?? "")
     }
 
     // MARK: HTTP
 
-    private func post(_ route: String, _ body: [String: Any], timeout: TimeAmount) throws -> [String: Any] {
-        try Self.decode(route, try exchange(.POST, route, body: try JSONSerialization.data(withJSONObject: body), timeout: timeout).wait())
+    /// One request, blocking its thread until the reply: its JSON object, or the error.
+    private func call(_ method: HTTPMethod, _ route: String, _ body: [String: Any]?, timeout: TimeAmount) throws -> [String: Any] {
+        let data = try body.map { try JSONSerialization.data(withJSONObject: $0) }
+        return try Self.decode(route, try exchange(method, route, body: data, timeout: timeout).wait())
     }
 
-    private func request(_ method: HTTPMethod, _ route: String, body: Data?, timeout: TimeAmount) throws -> [String: Any] {
-        try Self.decode(route, try exchange(method, route, body: body, timeout: timeout).wait())
+    /// ``call(_:_:_:timeout:)`` without blocking a thread.
+    private func call(_ method: HTTPMethod, _ route: String, _ body: [String: Any]?, timeout: TimeAmount) async throws -> [String: Any] {
+        let data = try body.map { try JSONSerialization.data(withJSONObject: $0) }
+        return try Self.decode(route, try await exchange(method, route, body: data, timeout: timeout).get())
     }
-
 
     /// The reply's JSON object, or the error Litestream named.
     private static func decode(_ route: String, _ reply: (HTTPResponseStatus, ByteBuffer)) throws -> [String: Any] {
@@ -119,7 +152,7 @@ struct LitestreamControl: Sendable {
         let promise = loop.makePromise(of: (HTTPResponseStatus, ByteBuffer).self)
         let socketPath = self.socketPath
         let deadline = loop.scheduleTask(in: timeout) {
-            promise.fail(Failure(description: "Litestream did not answer \(route) within \(timeout.nanoseconds / 1_000_000_000) s"))
+            promise.fail(Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s"))
         }
         var head = HTTPRequestHead(version: .http1_1, method: method, uri: route)
         head.headers.add(name: "Host", value: "litestream")
@@ -140,7 +173,7 @@ struct LitestreamControl: Sendable {
             .whenComplete { result in
                 switch result {
                 case .failure(let error):
-                    promise.fail(Failure(description: "cannot connect to Litestream's control socket \(socketPath): \(error)"))
+                    promise.fail(Failure(description: "cannot connect to Litestream's control socket \(socketPath): \(error)", delivered: false))
                 case .success(let channel):
                     channel.write(HTTPClientRequestPart.head(request), promise: nil)
                     if let body { channel.write(HTTPClientRequestPart.body(.byteBuffer(ByteBuffer(bytes: body))), promise: nil) }

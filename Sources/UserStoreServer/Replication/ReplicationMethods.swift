@@ -50,6 +50,8 @@ struct ReplicationMethods {
             "restoredStores": .integer(Int64(snapshot.restored)),
             "litestreamPid": .integer(Int64(snapshot.litestreamPID)),
             "litestreamVersion": .string(snapshot.litestreamVersion),
+            "syncPassSeconds": .real((snapshot.lastSyncPassSeconds * 1000).rounded() / 1000),
+            "divergedReplicas": .integer(Int64(snapshot.diverged)),
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         return .object(fields)

@@ -1,0 +1,85 @@
+import CChildProcess
+import Foundation
+
+/// The litestream binary, run by the daemon: one-shot commands (`restore`) and the long-running
+/// `replicate` child (``LitestreamProcess``).
+///
+/// Every run starts with `us_spawn_tied`: the kernel kills the process (SIGKILL) when the thread
+/// that started it ends. The threads that start Litestream — the blocking pool's and the
+/// supervisor's — end only with the daemon, so no Litestream outlives its daemon, however the
+/// daemon ends (SIGKILL included; docs/replication.md "Running Litestream"). The process stays in
+/// the daemon's process group and gets none of its descriptors.
+struct LitestreamCommand: Sendable {
+    /// The binary's path (posix spawning needs a path, not a name to look up).
+    let executable: String
+
+    /// A run that could not start, did not end in time, or could not be waited for.
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    init(_ binary: String) {
+        executable = Self.resolve(binary)
+    }
+
+    /// Starts `litestream arguments`, its stdout and stderr on `output` (the daemon's stderr when
+    /// -1), and returns its pid. Call it from a thread that lives as long as the daemon.
+    func spawn(_ arguments: [String], output: Int32 = -1) throws(Failure) -> pid_t {
+        let argv = ([executable] + arguments).map { strdup($0) } + [nil]
+        defer { for pointer in argv { free(pointer) } }
+        let environment = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { for pointer in environment { free(pointer) } }
+        let pid = us_spawn_tied(executable, argv, environment, output)
+        guard pid > 0 else { throw Failure(description: "cannot run \(executable): \(String(cString: strerror(errno)))") }
+        return pid
+    }
+
+    /// Runs `litestream arguments` to its end and returns its exit status (128 + the signal when
+    /// a signal ended it) and its output (stdout and stderr). A run longer than `limit` is killed.
+    ///
+    /// Output goes to a temporary file, not a pipe: a pipe's write end inherited by a process
+    /// started at the same moment would keep the read from ending.
+    func run(_ arguments: [String], limit: Duration) throws(Failure) -> (status: Int32, output: String) {
+        let outputPath = NSTemporaryDirectory() + "userstored-litestream-\(UUID().uuidString).log"
+        let output = open(outputPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard output >= 0 else {
+            throw Failure(description: "cannot create \(outputPath) for litestream's output: \(String(cString: strerror(errno)))")
+        }
+        defer {
+            close(output)
+            unlink(outputPath)
+        }
+        let pid = try spawn(arguments, output: output)
+        let milliseconds = Int32(clamping: limit.components.seconds * 1000 + limit.components.attoseconds / 1_000_000_000_000_000)
+        if us_wait_for_exit(pid, milliseconds) == 0 {
+            kill(pid, SIGKILL)
+            _ = Self.reap(pid)
+            throw Failure(description: "litestream \(arguments.first ?? "") did not finish within \(limit)")
+        }
+        guard let status = Self.reap(pid) else {
+            throw Failure(description: "waiting for litestream: \(String(cString: strerror(errno)))")
+        }
+        return (status, (try? String(contentsOfFile: outputPath, encoding: .utf8)) ?? "")
+    }
+
+    /// Waits for child `pid` to end (blocking) and returns its exit status (128 + the signal
+    /// when a signal ended it); nil when it cannot be waited for.
+    static func reap(_ pid: pid_t) -> Int32? {
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 {
+            if errno != EINTR { return nil }
+        }
+        // WIFEXITED / WEXITSTATUS are macros: exit status in bits 8-15 when the low 7 bits are 0.
+        return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
+    }
+
+    /// `name` found in `$PATH`, or `name` itself.
+    static func resolve(_ name: String) -> String {
+        guard !name.contains("/") else { return name }
+        for folder in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin").split(separator: ":") {
+            let candidate = "\(folder)/\(name)"
+            if access(candidate, X_OK) == 0 { return candidate }
+        }
+        return name
+    }
+}

@@ -1,0 +1,130 @@
+import Foundation
+import UserStoreCore
+
+/// The health check: which Litestream answers, what it replicates, and registering again what
+/// it lacks after a fault.
+extension LitestreamReplicator {
+    /// Checks Litestream (`/info`, `/list`) and registers the open stores it lacks (opened while
+    /// it did not answer, or every store after it restarted). Returns the stores it replicates
+    /// again after a fault: each counts as registered only once ``ReplicaCheck`` compared its
+    /// replica with it (``verified(_:)``).
+    func checkHealth() async -> [Store] {
+        let instance: LitestreamControl.Instance
+        let listed: [LitestreamControl.ListedDatabase]
+        let asked = ContinuousClock.now
+        do {
+            instance = try await control.info()
+            listed = try await control.list()
+        } catch {
+            unanswered(error)
+            return []
+        }
+        let (regained, missing, letGo) = answered(instance, listed, asked: asked)
+        // Closed stores it still replicates (it did not answer their unregistration): its final
+        // sync ships what they kept in their WAL, then it lets go of them.
+        for path in letGo {
+            do {
+                try await control.unregister(path, until: durableDeadline)
+                state.withLock { _ = $0.unconfirmed.remove(path) }
+            } catch {
+                failed("unregister \(path)", error)
+            }
+        }
+        var replicating = regained
+        for store in missing where await registerAfterFault(store) { replicating.append(store) }
+        return replicating
+    }
+
+    /// `store` was compared with its replica after a fault and they match: it counts as
+    /// registered again.
+    func verified(_ store: Store) {
+        state.withLock { state in
+            if state.open[store.path]?.store === store { state.open[store.path]!.registered = true }
+        }
+        updateCheckpointing()
+    }
+
+    /// Whether every open store is registered and Litestream answers: the outage is over.
+    var everyStoreRegistered: Bool {
+        state.withLock { $0.unansweredSince == nil && $0.open.values.allSatisfy(\.registered) }
+    }
+
+    /// Since when no Litestream has answered the health check (nil while one answers).
+    var unansweredSince: ContinuousClock.Instant? { state.withLock { $0.unansweredSince } }
+
+    /// No Litestream answered: every open store stops counting as registered (durable writes
+    /// fail; each is compared with its replica before it counts again). If the Litestream that
+    /// last answered has ended, nothing holds their WAL positions any more; if it lives (paused,
+    /// hung), it does, and their WALs are kept until it answers or ends.
+    private func unanswered(_ error: any Error) {
+        state.withLock { state in
+            if state.unansweredSince == nil { state.unansweredSince = .now }
+            for path in state.open.keys { state.open[path]!.registered = false }
+            if let pid = state.litestream?.pid, Self.hasEnded(pid) {
+                for path in state.open.keys { state.open[path]!.heldSince = nil }
+                state.unconfirmed = []
+            }
+        }
+        updateCheckpointing()
+        failed("health check", error)
+    }
+
+    /// A Litestream answered with what it replicates (`listed`, asked for at `asked`). Returns
+    /// the open stores it replicates that do not count as registered (after a fault: to be
+    /// compared with their replica), those it lacks (to register), and the closed stores it
+    /// still holds (to unregister).
+    private func answered(_ instance: LitestreamControl.Instance, _ listed: [LitestreamControl.ListedDatabase],
+                          asked: ContinuousClock.Instant) -> (regained: [Store], missing: [Store], letGo: [String]) {
+        let known = Set(listed.map(\.path))
+        let replicating = Set(listed.filter { $0.status == "replicating" }.map(\.path))
+        let result = state.withLock { state -> ([Store], [Store], [String]) in
+            state.unansweredSince = nil
+            if let previous = state.litestream, previous != instance, Self.hasEnded(previous.pid) {
+                // A new Litestream: the old one's positions ended with it.
+                for path in state.open.keys { state.open[path]!.heldSince = nil }
+                state.unconfirmed = []
+            }
+            state.litestream = instance
+            for database in listed { state.lastSync[database.path] = database.lastSyncAt }
+            var regained: [Store] = [], missing: [Store] = []
+            for (path, entry) in state.open {
+                // Registered before this /list was asked for, and not in it: Litestream does not
+                // hold it (it restarted, or a late unregistration reached it).
+                if let since = entry.heldSince, since < asked, !known.contains(path) {
+                    state.open[path]!.heldSince = nil
+                    state.open[path]!.registered = false
+                }
+                guard !replicating.contains(path) else {
+                    if !entry.registered { regained.append(entry.store) }
+                    continue
+                }
+                if entry.heldSince.map({ $0 < asked }) ?? true {
+                    state.open[path]!.registered = false
+                    missing.append(entry.store)
+                }
+            }
+            state.unconfirmed.formIntersection(known)
+            return (regained, missing, Array(state.unconfirmed))
+        }
+        updateCheckpointing()
+        return result
+    }
+
+    /// Registers `store` again after a fault (it does not count as registered until checked).
+    private func registerAfterFault(_ store: Store) async -> Bool {
+        guard state.withLock({ state -> Bool in
+            guard state.open[store.path]?.store === store else { return false }
+            state.open[store.path]!.heldSince = .now
+            return true
+        }) else { return false }
+        updateCheckpointing()
+        do {
+            let url = try prepareRegistration(store)
+            try await control.register(store.path, replicaURL: url)
+            return true
+        } catch {
+            notRegistered(store, error)
+            return false
+        }
+    }
+}

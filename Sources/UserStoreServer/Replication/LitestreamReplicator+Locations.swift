@@ -1,0 +1,57 @@
+import Foundation
+import UserStoreCore
+
+/// Where each user's copy lives in the replica, and the files kept beside a store.
+extension LitestreamReplicator {
+    /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>`; with more than one
+    /// host `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now). Any query
+    /// (`s3://b/p?endpoint=…`) is kept at the end.
+    func replicaURL(for user: UserID) -> String {
+        guard let fencing else { return withSuffix(userFolderSuffix(user)) }
+        return withSuffix(userFolderSuffix(user) + "/e\(fencing.epoch(of: user) ?? 0)")
+    }
+
+    /// The folder holding everything replicated for `user` (every epoch, with more than one host).
+    func userFolderSuffix(_ user: UserID) -> String {
+        guard let fencing else { return "/" + StoreLayout.hashPrefix(of: user) + "/" + user.rawValue }
+        return "/\(fencing.bucket(of: user))/" + user.rawValue
+    }
+
+    /// Where a restore of `user` reads: the replica URL; with more than one host the newest
+    /// epoch folder that holds data (a host that lost the bucket may still ship to an older
+    /// one, which is then never read again once the new owner has written).
+    func restoreURL(for user: UserID) -> String {
+        guard let epoch = newestEpochWithData(user) else { return replicaURL(for: user) }
+        return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
+    }
+
+    /// The newest epoch folder of `user` in a file:// replica that holds data (more than one host).
+    func newestEpochWithData(_ user: UserID) -> Int64? {
+        guard fencing != nil, settings.replica.hasPrefix("file://") else { return nil }
+        let folder = String(withSuffix(userFolderSuffix(user)).dropFirst(7))
+        let epochs = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [])
+            .compactMap { name -> Int64? in name.hasPrefix("e") ? Int64(name.dropFirst()) : nil }
+            .sorted(by: >)
+        return epochs.first { !(FileManager.default.subpaths(atPath: "\(folder)/e\($0)") ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
+    }
+
+    func withSuffix(_ suffix: String) -> String {
+        guard let query = settings.replica.firstIndex(of: "?") else { return settings.replica + suffix }
+        var base = String(settings.replica[..<query])
+        if base.hasSuffix("/") { base.removeLast() }
+        return base + suffix + String(settings.replica[query...])
+    }
+
+    /// Litestream's state folder beside a store (`.<name>-litestream`).
+    static func sidecar(of path: String) -> String {
+        let url = URL(fileURLWithPath: path)
+        return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-litestream"
+    }
+
+    /// The epoch this host last replicated the store at `path` under (more than one host),
+    /// beside the store: a later open compares it with the replica's newest epoch.
+    static func epochFile(of path: String) -> String {
+        let url = URL(fileURLWithPath: path)
+        return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-epoch"
+    }
+}

@@ -1,0 +1,144 @@
+import Foundation
+import Logging
+import UserStoreCore
+
+/// Proves, after a replication fault, that a store's replica holds what the store holds, instead
+/// of trusting that Litestream picked up where it left off (docs/replication.md "The durable
+/// rule").
+///
+/// With the store held (nothing else runs on it), a read transaction on a connection of its own
+/// fixes the store's contents and a `/sync` with `wait` brings the replica to the same point (its
+/// txid T). The store is released at once; then the replica is restored as of T into the staging
+/// folder and both are compared with ``StoreDigest`` (rows and schema, SQLite's `dbhash` idea).
+/// A difference is logged (`replica-diverged`) and repaired: Litestream lets go of the store, the
+/// daemon empties its WAL (no Litestream holds a position in it any more), and registering it
+/// again makes Litestream ship a full snapshot — which is compared once more.
+struct ReplicaCheck: Sendable {
+    let replicator: LitestreamReplicator
+    let registry: StoreRegistry
+
+    /// What one comparison found.
+    enum Outcome: Equatable {
+        /// The replica as of the sync equals the store.
+        case matches
+        /// They differ, in these tables (or the schema).
+        case differs([String])
+        /// Could not compare now (the store is busy being opened or closed, the replica or
+        /// Litestream did not answer): tried again at the next health check.
+        case notNow(String)
+    }
+
+    /// Compares `store` with its replica and repairs a replica that differs. Returns whether the
+    /// store now counts as registered.
+    func run(_ store: Store) async -> Bool {
+        // Leased for the whole check: the store stays open, and is the one the check started on.
+        guard let leased = registry.leaseIfReady(store.user) else { return false }
+        defer { registry.release(store.user) }
+        guard leased === store else { return false }
+        switch await compare(store) {
+        case .matches:
+            return true
+        case .notNow(let reason):
+            replicator.failed("comparing \(store.user) with its replica", ReplicaCheckFailure(description: reason))
+            return false
+        case .differs(let differences):
+            let outcome: Outcome
+            do {
+                try await resnapshot(store)
+                outcome = await compare(store)
+            } catch {
+                outcome = .notNow("\(error)")
+            }
+            replicator.logDivergence(store.user, differences: differences, afterSnapshot: outcome)
+            return outcome == .matches
+        }
+    }
+
+    /// Compares `store` (leased by the caller) with its replica as of one sync.
+    func compare(_ store: Store) async -> Outcome {
+        let deadline = replicator.durableDeadline
+        do {
+            let reader = try StoreDigest.Reader(path: store.path)
+            defer { reader.close() }
+            let control = replicator.control
+            let reply = try await store.whileHeld {
+                try reader.pin()
+                return try await control.syncAndWait(store.path, until: deadline)
+            }
+            guard reply.isReplicated else {
+                return .notNow("the sync ended \(reply.status) at txid \(reply.txid) with the replica at \(reply.replicatedTXID)")
+            }
+            let live = try await BlockingPool.run { try reader.digest() }
+            let copy = try await BlockingPool.run { [replicator] in try replicator.digestOfReplica(store.user, txid: reply.txid) }
+            let differences = live.differences(from: copy)
+            return differences.isEmpty ? .matches : .differs(differences)
+        } catch {
+            return .notNow("\(error)")
+        }
+    }
+
+    /// Makes Litestream ship `store` (leased by the caller) whole again: it lets go of it, the
+    /// daemon empties the WAL, and a new registration finds its last position gone, so its next
+    /// sync is a snapshot.
+    private func resnapshot(_ store: Store) async throws {
+        try await replicator.letGo(store)
+        try await store.write { db in _ = try db.checkpoint(.truncate) }
+        try await replicator.registerAgain(store)
+    }
+}
+
+/// A comparison that could not be made.
+struct ReplicaCheckFailure: Error, CustomStringConvertible {
+    let description: String
+}
+
+extension LitestreamReplicator {
+    /// The digest of `user`'s replica as of `txid`, restored into the staging folder and removed
+    /// again (blocking).
+    func digestOfReplica(_ user: UserID, txid: Int64) throws -> StoreDigest {
+        try FileManager.default.createDirectory(atPath: layout.stagingDirectory, withIntermediateDirectories: true)
+        let scratch = layout.stagingDirectory + "/replica-check-\(UUID().uuidString).sqlite"
+        guard let copy = try restoreCopy(user, from: replicaURL(for: user), arguments: ["-txid", String(format: "%016llx", txid)], beside: scratch) else {
+            throw ReplicaCheckFailure(description: "the replica holds nothing for \(user)")
+        }
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(copy + suffix) } }
+        return try StoreDigest.read(path: copy)
+    }
+
+    /// Has Litestream let go of `store` (confirmed): from then on nothing holds its WAL position.
+    func letGo(_ store: Store) async throws {
+        state.withLock { state in
+            if state.open[store.path]?.store === store { state.open[store.path]!.registered = false }
+        }
+        try await control.unregister(store.path, until: durableDeadline)
+        state.withLock { state in
+            if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = nil }
+        }
+        updateCheckpointing()
+    }
+
+    /// Registers `store` again (it counts as registered once compared).
+    func registerAgain(_ store: Store) async throws {
+        state.withLock { state in
+            if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = .now }
+        }
+        updateCheckpointing()
+        try await control.register(store.path, replicaURL: try prepareRegistration(store))
+    }
+
+    /// Logs a replica that differed from its store (`replica-diverged`) and what its new
+    /// snapshot showed.
+    func logDivergence(_ user: UserID, differences: [String], afterSnapshot: ReplicaCheck.Outcome) {
+        state.withLock { $0.diverged += 1 }
+        let found = differences.joined(separator: "; ")
+        let metadata: Logger.Metadata = ["event": "replica-diverged", "user": .string(user.rawValue), "differences": .string(found)]
+        switch afterSnapshot {
+        case .matches:
+            logger.error("the replica of store '\(user)' differed from the store after a replication fault (\(found)); a new snapshot was shipped and matches", metadata: metadata)
+        case .differs(let still):
+            logger.critical("the replica of store '\(user)' differed from the store after a replication fault (\(found)); a new snapshot still differs (\(still.joined(separator: "; "))); durable writes stay refused", metadata: metadata)
+        case .notNow(let reason):
+            logger.error("the replica of store '\(user)' differed from the store after a replication fault (\(found)); shipping a new snapshot failed (\(reason)); tried again at the next check", metadata: metadata)
+        }
+    }
+}
