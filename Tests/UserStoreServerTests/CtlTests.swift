@@ -142,6 +142,46 @@ import Varlink
         #expect(usage.status == 2)
     }
 
+    /// The shared options come before any subcommand, nested ones included: every command of
+    /// the tree (read from the binary's own `--experimental-dump-help`) is run with `--socket`
+    /// and `--json` first and must use that socket (exit 3, naming it) — not refuse the option
+    /// (exit 2). A command added later without a row here fails the test.
+    @Test func sharedOptionsComeBeforeEverySubcommand() throws {
+        let minimalArguments: [String: [String]] = [
+            "status": [], "list": [], "migrate": ["--all"], "plan": ["ann"], "verify": ["--all"],
+            "rollback": ["ann", "--to", "1"], "backup": ["ann"], "backups": ["ann"], "restore": ["ann", "--from-replica"],
+            "export": ["ann"], "import": ["ann", "/nonexistent/ann.sqlite"], "delete": ["ann", "--yes"], "top": [],
+            "sql": ["ann", "SELECT 1"], "accept-checksums": ["ann"], "replication": [],
+            "cluster status": [], "cluster move": ["1", "host-b"], "cluster drain": ["host-b"], "cluster rebalance": [],
+        ]
+        let daemonless: [String: [String]] = ["migrations check": [repositoryRoot + "/config/migrations"]]
+        let tree = try JSONParser().parse(try ctl(["--experimental-dump-help"]).stdout)
+        func leaves(_ command: JSONValue, _ path: [String]) -> [[String]] {
+            let children = command["subcommands"]?.arrayValue ?? []
+            if children.isEmpty { return [path] }
+            return children.flatMap { leaves($0, path + [$0["commandName"]?.stringValue ?? ""]) }
+        }
+        let commands = leaves(tree["command"] ?? .null, []).filter { $0 != ["help"] }
+        #expect(commands.count == minimalArguments.count + daemonless.count)
+        let socket = "/nonexistent/shared-options.sock"
+        for command in commands {
+            let name = command.joined(separator: " ")
+            if let arguments = daemonless[name] {
+                let result = try ctl(["--socket", socket, "--json"] + command + arguments)
+                #expect(result.status == 0, "\(name): \(result.stderr)")
+                continue
+            }
+            guard let arguments = minimalArguments[name] else {
+                Issue.record("no row for `userstorectl \(name)`: add its minimal arguments")
+                continue
+            }
+            for leading in [["--socket", socket, "--json"], ["--json", "--socket=\(socket)"]] {
+                let result = try ctl(leading + command + arguments)
+                #expect(result.status == 3 && result.stderr.contains(socket), "userstorectl \((leading + command + arguments).joined(separator: " ")): exit \(result.status): \(result.stderr)")
+            }
+        }
+    }
+
     @Test func migrationsCheckCatchesProblemsAndPassesTheExample() throws {
         let directory = try TemporaryDirectory()
         func fixture(_ name: String, _ files: [String: String]) throws -> String {

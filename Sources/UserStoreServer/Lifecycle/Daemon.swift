@@ -94,6 +94,8 @@ public enum Daemon {
                 litestream = child
             }
         }
+        // Which Litestream answers, before the first store opens (Status shows it from the start).
+        _ = await replicator?.checkHealth()
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
                                      observer: observer, replication: replicator, placement: cluster)
         cluster?.attach(registry)

@@ -194,7 +194,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_degraded": "1 while replication is degraded (Litestream unreachable or open stores unregistered), else 0 (also when replication is off).",
         "userstore_replication_stores": "Open stores by replication state: registered with Litestream, or unregistered (served, not replicated).",
         "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
-        "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while this stays under three quarters of it.",
+        "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while every pass stays within half of it.",
         "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",

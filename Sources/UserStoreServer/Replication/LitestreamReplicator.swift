@@ -150,11 +150,13 @@ final class LitestreamReplicator: StoreReplication {
 
     func storeOpened(_ store: Store) {
         let register = state.withLock { state -> Bool in
-            state.open[store.path] = OpenStore(store: store)
-            // Not while no Litestream answers (the health check registers it once one does,
-            // instead of this open waiting for a time-out), nor while the running one may still
-            // hold the store from before it was closed: the health check settles that first.
-            return state.unansweredSince == nil && !state.unconfirmed.contains(store.path)
+            // The running Litestream may still hold the store from before it was closed (it did
+            // not confirm the unregistration): held as it is, and the health check settles it.
+            let held = state.unconfirmed.remove(store.path) != nil
+            state.open[store.path] = OpenStore(store: store, heldSince: held ? .now : nil)
+            // Not registered here while no Litestream answers either: the health check registers
+            // it once one does, instead of this open waiting for a time-out.
+            return state.unansweredSince == nil && !held
         }
         if register { _ = self.register(store) } else { updateCheckpointing() }
     }

@@ -37,9 +37,19 @@ struct ReplicationMonitor: Service {
                 }
             }
             group.addTask {
+                // The loss window is at most the sync interval while every pass takes at most half
+                // of it (a write waits for the next pass's start, then for that pass).
+                let budget = Duration.milliseconds(replicator.settings.syncIntervalMilliseconds / 2)
+                var warned: ContinuousClock.Instant?
                 while !Task.isShuttingDownGracefully && !Task.isCancelled {
                     let started = ContinuousClock.now
-                    await replicator.syncWrittenStores()
+                    let took = await replicator.syncWrittenStores()
+                    if took > budget, warned.map({ ContinuousClock.now - $0 > .seconds(60) }) ?? true {
+                        warned = .now
+                        replicator.logger.warning("a sync pass took \(took), more than half of replication.syncIntervalMilliseconds: plain writes acknowledged up to \(took * 2) ago may not be in the replica yet", metadata: [
+                            "event": "replication-sync-slow", "duration_usec": .stringConvertible(took.wholeMicroseconds),
+                        ])
+                    }
                     try? await Task.sleep(until: started + period)
                 }
             }
