@@ -17,7 +17,13 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
 
             Every configuration key can be overridden by an environment variable: USERSTORED_ \
             followed by the key in upper snake case (USERSTORED_DATA_DIRECTORY, \
-            USERSTORED_LIMITS_MAX_CONNECTIONS).
+            USERSTORED_LIMITS_MAX_CONNECTIONS). Every key is described in docs/configuration.md \
+            and in the commented /etc/userstore/userstored.yaml (config/userstored.yaml).
+
+            With replication on, Litestream runs as this process's child unless \
+            replication.startLitestream is false: it dies with the daemon (however the daemon \
+            ends) and is killed and restarted after replication.restartUnresponsiveSeconds \
+            without an answer on its control socket.
             """,
         version: DaemonInfo.version)
 

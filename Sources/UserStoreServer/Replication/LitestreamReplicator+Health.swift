@@ -41,7 +41,7 @@ extension LitestreamReplicator {
         state.withLock { state in
             if state.open[store.path]?.store === store { state.open[store.path]!.registered = true }
         }
-        updateCheckpointing()
+        updateCheckpointing(of: store)
     }
 
     /// Whether every open store is registered and Litestream answers: the outage is over.
@@ -93,6 +93,8 @@ extension LitestreamReplicator {
                 if let since = entry.heldSince, since < asked, !known.contains(path) {
                     state.open[path]!.heldSince = nil
                     state.open[path]!.registered = false
+                } else if entry.heldSince == nil, known.contains(path) {
+                    state.open[path]!.heldSince = asked // it does hold it: let go of it at close
                 }
                 guard !replicating.contains(path) else {
                     if !entry.registered { regained.append(entry.store) }
@@ -117,7 +119,7 @@ extension LitestreamReplicator {
             state.open[store.path]!.heldSince = .now
             return true
         }) else { return false }
-        updateCheckpointing()
+        updateCheckpointing(of: store)
         do {
             let url = try prepareRegistration(store)
             try await control.register(store.path, replicaURL: url)

@@ -158,7 +158,7 @@ final class LitestreamReplicator: StoreReplication {
             // it once one does, instead of this open waiting for a time-out.
             return state.unansweredSince == nil && !held
         }
-        if register { _ = self.register(store) } else { updateCheckpointing() }
+        if register { _ = self.register(store) } else { updateCheckpointing(of: store) }
     }
 
     func storeClosing(_ store: Store) {
@@ -232,7 +232,7 @@ final class LitestreamReplicator: StoreReplication {
             state.open[store.path]!.heldSince = .now
             return true
         }) else { return false }
-        updateCheckpointing()
+        updateCheckpointing(of: store)
         do {
             let url = try prepareRegistration(store)
             try control.register(store.path, replicaURL: url)
@@ -273,18 +273,19 @@ final class LitestreamReplicator: StoreReplication {
                 if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = nil }
             }
         }
-        updateCheckpointing()
+        updateCheckpointing(of: store)
         failed("register \(store.user)", error)
     }
 
-    /// Sets each open store's own checkpointing: on for a store Litestream does not replicate
-    /// (nobody else checkpoints it, and its WAL would grow without end) — unless a running
-    /// Litestream may hold a position in its WAL (the WAL rule above).
-    func updateCheckpointing() {
-        let (stores, gone) = state.withLock { state in
-            (Array(state.open.values), state.litestream.map { Self.hasEnded($0.pid) } ?? false)
+    /// Sets each open store's own checkpointing (only `store`'s, when given): on for a store
+    /// Litestream does not replicate (nobody else checkpoints it, and its WAL would grow without
+    /// end) — unless a running Litestream may hold a position in its WAL (the WAL rule above).
+    func updateCheckpointing(of store: Store? = nil) {
+        let (entries, gone) = state.withLock { state in
+            let entries = store.map { store in state.open[store.path].map { [$0] } ?? [] } ?? Array(state.open.values)
+            return (entries, state.litestream.map { Self.hasEnded($0.pid) } ?? false)
         }
-        for entry in stores {
+        for entry in entries {
             entry.store.wal.checkpointsItself = !entry.registered && (entry.heldSince == nil || gone)
         }
     }

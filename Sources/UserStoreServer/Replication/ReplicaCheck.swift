@@ -98,11 +98,18 @@ extension LitestreamReplicator {
     func digestOfReplica(_ user: UserID, txid: Int64) throws -> StoreDigest {
         try FileManager.default.createDirectory(atPath: layout.stagingDirectory, withIntermediateDirectories: true)
         let scratch = layout.stagingDirectory + "/replica-check-\(UUID().uuidString).sqlite"
-        guard let copy = try restoreCopy(user, from: replicaURL(for: user), arguments: ["-txid", String(format: "%016llx", txid)], beside: scratch) else {
+        guard let copy = try restoreCopy(user, from: registeredURL(for: user), arguments: ["-txid", String(format: "%016llx", txid)], beside: scratch) else {
             throw ReplicaCheckFailure(description: "the replica holds nothing for \(user)")
         }
         defer { for suffix in ["", "-wal", "-shm"] { unlink(copy + suffix) } }
         return try StoreDigest.read(path: copy)
+    }
+
+    /// The replica URL `user`'s open store is registered under (with more than one host, at the
+    /// epoch it was registered with, which a bucket move may have passed since).
+    func registeredURL(for user: UserID) -> String {
+        guard let epoch = registeredEpoch(of: user) else { return replicaURL(for: user) }
+        return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
     }
 
     /// Has Litestream let go of `store` (confirmed): from then on nothing holds its WAL position.
@@ -114,7 +121,7 @@ extension LitestreamReplicator {
         state.withLock { state in
             if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = nil }
         }
-        updateCheckpointing()
+        updateCheckpointing(of: store)
     }
 
     /// Registers `store` again (it counts as registered once compared).
@@ -122,7 +129,7 @@ extension LitestreamReplicator {
         state.withLock { state in
             if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = .now }
         }
-        updateCheckpointing()
+        updateCheckpointing(of: store)
         try await control.register(store.path, replicaURL: try prepareRegistration(store))
     }
 
