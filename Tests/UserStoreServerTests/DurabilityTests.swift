@@ -77,6 +77,23 @@ import Varlink
                 sourceLocation: sourceLocation)
     }
 
+    /// A table `blobs` in `user`'s store and one random blob of `bytes` in it (plain writes).
+    static func writeBlob(_ bytes: Int, for user: String, on client: VarlinkConnection) throws {
+        try execute("CREATE TABLE blobs (b BLOB)", for: user, on: client)
+        try execute("INSERT INTO blobs VALUES (randomblob(\(bytes)))", for: user, on: client)
+    }
+
+    /// The end of every fault: a durable write acknowledged, then the host lost — and the store
+    /// restored on the next host must hold what the live one held at that acknowledgement.
+    static func acknowledgeThenLoseTheHost(_ user: String, _ daemon: DaemonHarness, _ client: VarlinkConnection,
+                                           _ sourceLocation: SourceLocation = #_sourceLocation) throws {
+        try execute("INSERT INTO notes (title) VALUES ('after')", for: user, on: client, durable: true)
+        let live = try contents(try storePath(user, daemon))
+        #expect(live.contains("CREATE TABLE blobs"), sourceLocation: sourceLocation)
+        expectSame(try loseHostAndRestore(user, daemon, client), live, sourceLocation)
+        daemon.stop()
+    }
+
     /// The scenario: Litestream paused (SIGSTOP) while small and large transactions
     /// commit — a 5 MB one, a durable write that fails, plain writes for 9 s — then resumed; a
     /// durable write acknowledged afterwards means the 5 MB transaction is in the replica too.
@@ -87,8 +104,7 @@ import Varlink
         kill(litestream, SIGSTOP)
         defer { kill(litestream, SIGCONT) }
         for index in 0..<5 { try Self.execute("INSERT INTO notes (title) VALUES ('plain \(index)')", for: "ann", on: client) }
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "ann", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(5242880))", for: "ann", on: client)
+        try Self.writeBlob(5242880, for: "ann", on: client)
         #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
             try Self.execute("INSERT INTO notes (title) VALUES ('durable while paused')", for: "ann", on: client, durable: true)
         })
@@ -118,8 +134,7 @@ import Varlink
         let litestream = try ReplicationTests.litestreamPID(client)
         kill(litestream, SIGSTOP)
         defer { kill(litestream, SIGCONT) }
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "bea", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(5242880))", for: "bea", on: client)
+        try Self.writeBlob(5242880, for: "bea", on: client)
         #expect(try Self.waitForReplication(client) { $0["unregisteredStores"] == 1 })
         try Self.execute("INSERT INTO notes (title) VALUES ('small')", for: "bea", on: client)
         let wal = try Self.storePath("bea", daemon) + "-wal"
@@ -127,10 +142,7 @@ import Varlink
         #expect(walSize > 5_242_880, "the WAL was reset behind the paused Litestream (\(walSize) bytes left)")
         kill(litestream, SIGCONT)
         #expect(try Self.waitUntilHealthy(client))
-        try Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "bea", on: client, durable: true)
-        let live = try Self.contents(try Self.storePath("bea", daemon))
-        Self.expectSame(try Self.loseHostAndRestore("bea", daemon, client), live)
-        daemon.stop()
+        try Self.acknowledgeThenLoseTheHost("bea", daemon, client)
     }
 
     /// A WAL reset the daemon cannot prevent — another process checkpoints the store while
@@ -144,8 +156,7 @@ import Varlink
         let litestream = try ReplicationTests.litestreamPID(client)
         kill(litestream, SIGSTOP)
         defer { kill(litestream, SIGCONT) }
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "cal", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(3000000))", for: "cal", on: client)
+        try Self.writeBlob(3000000, for: "cal", on: client)
         #expect(try Self.waitForReplication(client) { $0["unregisteredStores"] == 1 })
         let path = try Self.storePath("cal", daemon)
         let checkpoint = try run(["/usr/bin/sqlite3", "-cmd", ".timeout 5000", path, "PRAGMA wal_checkpoint(TRUNCATE);"])
@@ -155,10 +166,7 @@ import Varlink
         #expect(try Self.waitUntilHealthy(client))
         #expect(daemon.stderr.contains("event=replica-diverged"), "the broken replica went unnoticed")
         #expect(try client.call("io.userstore.Admin.Status")["replication"]?["divergedReplicas"] == 1)
-        try Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "cal", on: client, durable: true)
-        let live = try Self.contents(path)
-        Self.expectSame(try Self.loseHostAndRestore("cal", daemon, client), live)
-        daemon.stop()
+        try Self.acknowledgeThenLoseTheHost("cal", daemon, client)
     }
 
     /// Litestream killed while a large and small transactions commit: the daemon starts a new
@@ -169,14 +177,10 @@ import Varlink
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "dan", on: client, durable: true)
         let first = try ReplicationTests.litestreamPID(client)
         kill(first, SIGKILL)
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "dan", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(5242880))", for: "dan", on: client)
+        try Self.writeBlob(5242880, for: "dan", on: client)
         for index in 0..<20 { try Self.execute("INSERT INTO notes (title) VALUES ('while down \(index)')", for: "dan", on: client) }
         #expect(try Self.waitForReplication(client) { $0["state"] == "ok" && $0["unregisteredStores"] == 0 && $0["litestreamPid"]?.integerValue != Int64(first) })
-        try Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "dan", on: client, durable: true)
-        let live = try Self.contents(try Self.storePath("dan", daemon))
-        Self.expectSame(try Self.loseHostAndRestore("dan", daemon, client), live)
-        daemon.stop()
+        try Self.acknowledgeThenLoseTheHost("dan", daemon, client)
     }
 
     /// A Litestream child that stops answering is killed after
@@ -187,15 +191,11 @@ import Varlink
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "eve", on: client, durable: true)
         let first = try ReplicationTests.litestreamPID(client)
         kill(first, SIGSTOP)
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "eve", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(5242880))", for: "eve", on: client)
+        try Self.writeBlob(5242880, for: "eve", on: client)
         #expect(try Self.waitForReplication(client) { $0["state"] == "ok" && $0["unregisteredStores"] == 0 && $0["litestreamPid"]?.integerValue != Int64(first) })
         #expect(daemon.stderr.contains("event=litestream-unresponsive"))
         #expect(us_wait_for_exit(first, 0) == 1, "the paused Litestream is still there")
-        try Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "eve", on: client, durable: true)
-        let live = try Self.contents(try Self.storePath("eve", daemon))
-        Self.expectSame(try Self.loseHostAndRestore("eve", daemon, client), live)
-        daemon.stop()
+        try Self.acknowledgeThenLoseTheHost("eve", daemon, client)
     }
 
     /// A store evicted while Litestream is paused: its final sync and unregistration time out,
@@ -208,8 +208,7 @@ import Varlink
         let litestream = try ReplicationTests.litestreamPID(client)
         kill(litestream, SIGSTOP)
         defer { kill(litestream, SIGCONT) }
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "fay", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(5242880))", for: "fay", on: client)
+        try Self.writeBlob(5242880, for: "fay", on: client)
         // Two other users: fay, least recently used, is closed.
         _ = try client.call("io.userstore.Store.Open", ["user": "gil"])
         _ = try client.call("io.userstore.Store.Open", ["user": "hal"])
@@ -220,11 +219,7 @@ import Varlink
         kill(litestream, SIGCONT)
         try Self.execute("INSERT INTO notes (title) VALUES ('reopened')", for: "fay", on: client)
         #expect(try Self.waitUntilHealthy(client))
-        try Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "fay", on: client, durable: true)
-        let live = try Self.contents(try Self.storePath("fay", daemon))
-        #expect(live.contains("CREATE TABLE blobs"))
-        Self.expectSame(try Self.loseHostAndRestore("fay", daemon, client), live)
-        daemon.stop()
+        try Self.acknowledgeThenLoseTheHost("fay", daemon, client)
     }
 
     /// A replica on a file system that stalls (`fsfreeze` on a loop-mounted ext4): Litestream
@@ -249,8 +244,7 @@ import Varlink
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "ida", on: client, durable: true)
         #expect(try run(["/sbin/fsfreeze", "-f", mountPoint]).status == 0)
         frozen = true
-        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "ida", on: client)
-        try Self.execute("INSERT INTO blobs VALUES (randomblob(2000000))", for: "ida", on: client)
+        try Self.writeBlob(2000000, for: "ida", on: client)
         let started = ContinuousClock.now
         #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
             try Self.execute("INSERT INTO notes (title) VALUES ('durable while stalled')", for: "ida", on: client, durable: true)
@@ -260,16 +254,15 @@ import Varlink
         for index in 0..<20 { try Self.execute("INSERT INTO notes (title) VALUES ('stalled \(index)')", for: "ida", on: client) }
         #expect(try run(["/sbin/fsfreeze", "-u", mountPoint]).status == 0)
         frozen = false
-        // Litestream catches up; the first durable write to confirm it covers everything.
-        var acknowledged = false
+        // Litestream catches up: durable writes are acknowledged again once it has.
+        #expect(try Self.waitForReplication(client) { $0["state"] == "ok" && $0["unregisteredStores"] == 0 })
+        var caughtUp = false
         let deadline = ContinuousClock.now + .seconds(60)
-        while !acknowledged && ContinuousClock.now < deadline {
-            acknowledged = (try? Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "ida", on: client, durable: true)) != nil
+        while !caughtUp && ContinuousClock.now < deadline {
+            caughtUp = (try? Self.execute("INSERT INTO notes (title) VALUES ('caught up')", for: "ida", on: client, durable: true)) != nil
         }
-        #expect(acknowledged)
-        let live = try Self.contents(try Self.storePath("ida", daemon))
-        Self.expectSame(try Self.loseHostAndRestore("ida", daemon, client), live)
-        daemon.stop()
+        #expect(caughtUp)
+        try Self.acknowledgeThenLoseTheHost("ida", daemon, client)
     }
 
     /// `durableTimeoutMilliseconds` bounds a durable write from end to end: with Litestream

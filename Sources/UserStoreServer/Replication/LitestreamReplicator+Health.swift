@@ -114,12 +114,7 @@ extension LitestreamReplicator {
 
     /// Registers `store` again after a fault (it does not count as registered until checked).
     private func registerAfterFault(_ store: Store) async -> Bool {
-        guard state.withLock({ state -> Bool in
-            guard state.open[store.path]?.store === store else { return false }
-            state.open[store.path]!.heldSince = .now
-            return true
-        }) else { return false }
-        updateCheckpointing(of: store)
+        guard holdForRegistration(store) else { return false }
         do {
             let url = try prepareRegistration(store)
             try await control.register(store.path, replicaURL: url)

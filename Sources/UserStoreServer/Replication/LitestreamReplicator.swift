@@ -226,13 +226,7 @@ final class LitestreamReplicator: StoreReplication {
     /// once Litestream answers.
     @discardableResult
     func register(_ store: Store) -> Bool {
-        // Held before the request goes out: a checkpoint of ours must not race its first sync.
-        guard state.withLock({ state -> Bool in
-            guard state.open[store.path]?.store === store else { return false }
-            state.open[store.path]!.heldSince = .now
-            return true
-        }) else { return false }
-        updateCheckpointing(of: store)
+        guard holdForRegistration(store) else { return false }
         do {
             let url = try prepareRegistration(store)
             try control.register(store.path, replicaURL: url)
@@ -241,6 +235,18 @@ final class LitestreamReplicator: StoreReplication {
             notRegistered(store, error)
             return false
         }
+    }
+
+    /// Marks `store` held before its registration goes out (a checkpoint of ours must not race
+    /// Litestream's first sync of it); false when it was closed meanwhile.
+    func holdForRegistration(_ store: Store) -> Bool {
+        guard state.withLock({ state -> Bool in
+            guard state.open[store.path]?.store === store else { return false }
+            state.open[store.path]!.heldSince = .now
+            return true
+        }) else { return false }
+        updateCheckpointing(of: store)
+        return true
     }
 
     /// The replica URL to register `store` under; with more than one host, records its epoch

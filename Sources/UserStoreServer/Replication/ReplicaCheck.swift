@@ -126,10 +126,7 @@ extension LitestreamReplicator {
 
     /// Registers `store` again (it counts as registered once compared).
     func registerAgain(_ store: Store) async throws {
-        state.withLock { state in
-            if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = .now }
-        }
-        updateCheckpointing(of: store)
+        guard holdForRegistration(store) else { throw ReplicaCheckFailure(description: "the store was closed") }
         try await control.register(store.path, replicaURL: try prepareRegistration(store))
     }
 
