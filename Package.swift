@@ -83,7 +83,7 @@ let package = Package(
             name: "UserStoreServer",
             dependencies: [
                 "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
-                "UserStoreCluster", "CChildProcess",
+                "UserStoreCluster", "CChildProcess", "UserStoreS3",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -123,6 +123,21 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // The S3 calls userstored makes itself (a user's erase, the newest epoch's copy, the
+        // bucket's health): SigV4 over AsyncHTTPClient; Litestream does the replication.
+        .target(
+            name: "UserStoreS3",
+            dependencies: [
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOFoundationCompat", package: "swift-nio"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ]
+        ),
+        .testTarget(name: "UserStoreS3Tests", dependencies: ["UserStoreS3", "ClusterTestSupport"]),
         // More than one host (#19): bucket placement, and etcd through its v3 JSON gateway.
         .target(
             name: "UserStoreCluster",

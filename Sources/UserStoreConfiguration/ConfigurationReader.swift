@@ -177,6 +177,12 @@ extension ConfigurationLoader {
             }
             var settings = ReplicationSettings(replica: replica.hasSuffix("/") ? String(replica.dropLast()) : replica,
                                                socket: dataDirectory + "/litestream.sock")
+            if scheme == "s3" {
+                settings.s3 = try s3Settings(replica)
+                settings.replica = settings.s3!.url
+            } else if let key = ConfigurationLoader.knownKeys.first(where: { $0.hasPrefix("replication.s3.") && present.contains($0) }) {
+                throw error(key, "is only for an s3:// replication.replica")
+            }
             settings.syncIntervalMilliseconds = try int("replication.syncIntervalMilliseconds", minimum: 100, maximum: 3_600_000) ?? 1000
             settings.maxRegisteredStores = try int("replication.maxRegisteredStores", minimum: 1, maximum: 100_000) ?? 2000
             settings.durableWrites = try bool("replication.durableWrites") ?? false
@@ -189,6 +195,51 @@ extension ConfigurationLoader {
             if settings.litestream.contains("/") { settings.litestream = try path("replication.litestream", default: "") }
             settings.startLitestream = try bool("replication.startLitestream") ?? true
             settings.restartUnresponsiveSeconds = try int("replication.restartUnresponsiveSeconds", minimum: 0, maximum: 86_400) ?? 60
+            return settings
+        }
+
+        /// `replication.s3.*` for the `s3://BUCKET/PREFIX[?endpoint=…&region=…&forcePathStyle=…]`
+        /// replica: the section's keys win over the URL's query.
+        private func s3Settings(_ replica: String) throws(ConfigurationError) -> S3ReplicaSettings {
+            let withoutScheme = replica.dropFirst(5)
+            let (location, queryText) = withoutScheme.firstIndex(of: "?").map { (withoutScheme[..<$0], String(withoutScheme[withoutScheme.index(after: $0)...])) }
+                ?? (withoutScheme, "")
+            let parts = location.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false)
+            let bucket = String(parts[0])
+            guard !bucket.isEmpty, bucket.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "." || $0 == "_" }) else {
+                throw error("replication.replica", "an s3:// replica names a bucket first: s3://BUCKET/PREFIX (got \"\(replica)\")")
+            }
+            var settings = S3ReplicaSettings(bucket: bucket, prefix: parts.count > 1 ? parts[1].split(separator: "/").joined(separator: "/") : "")
+            var query: [String: String] = [:]
+            for pair in queryText.split(separator: "&") {
+                let halves = pair.split(separator: "=", maxSplits: 1)
+                query[String(halves[0])] = halves.count > 1 ? String(halves[1]).removingPercentEncoding ?? String(halves[1]) : ""
+            }
+            settings.endpoint = try string("replication.s3.endpoint") ?? query["endpoint"]
+            if let endpoint = settings.endpoint {
+                guard let url = URLComponents(string: endpoint), ["http", "https"].contains(url.scheme), url.host?.isEmpty == false,
+                      url.path.isEmpty || url.path == "/" else {
+                    throw error("replication.s3.endpoint", "must be an http://host[:port] or https://host[:port] URL without a path (got \"\(endpoint)\")")
+                }
+                settings.endpoint = endpoint.hasSuffix("/") ? String(endpoint.dropLast()) : endpoint
+            }
+            settings.region = try string("replication.s3.region") ?? query["region"] ?? "us-east-1"
+            let urlPathStyle = (query["forcePathStyle"] ?? query["force-path-style"]).map { $0 == "true" || $0 == "1" }
+            settings.forcePathStyle = try bool("replication.s3.forcePathStyle") ?? urlPathStyle ?? (settings.endpoint != nil)
+            if try string("replication.s3.credentialsFile") != nil {
+                let file = try path("replication.s3.credentialsFile", default: "")
+                guard FileManager.default.isReadableFile(atPath: file) else { throw error("replication.s3.credentialsFile", "cannot read \(file)") }
+                settings.credentialsFile = file
+            }
+            if let name = try string("replication.s3.credential") {
+                guard !name.isEmpty, !name.contains("/") else { throw error("replication.s3.credential", "must be a systemd credential's name (LoadCredential=NAME:…), got \"\(name)\"") }
+                settings.credential = name
+            }
+            if try string("replication.s3.caFile") != nil {
+                let file = try path("replication.s3.caFile", default: "")
+                guard FileManager.default.isReadableFile(atPath: file) else { throw error("replication.s3.caFile", "cannot read \(file)") }
+                settings.caFile = file
+            }
             return settings
         }
 

@@ -94,9 +94,48 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// false: a separate unit (userstore-replicate.service) serves the socket.
     public var startLitestream: Bool = true
 
+    /// With an `s3://` replica: where its bucket is served and how to sign in (`replication.s3.*`,
+    /// merged with the replica URL's own `endpoint`, `region` and `forcePathStyle`).
+    public var s3: S3ReplicaSettings?
+
     public init(replica: String, socket: String) {
         self.replica = replica
         self.socket = socket
+    }
+}
+
+/// `replication.s3.*`: an `s3://` replica's endpoint and credentials (docs/replication.md,
+/// "Running on S3").
+public struct S3ReplicaSettings: Sendable, Equatable {
+    /// The bucket, from `s3://BUCKET/prefix`.
+    public var bucket: String
+    /// The key prefix every user's folder goes under (no leading or trailing `/`; may be empty).
+    public var prefix: String
+    /// `http(s)://host[:port]` of an S3-compatible server; nil: AWS's endpoint for the region.
+    public var endpoint: String?
+    public var region: String = "us-east-1"
+    /// Path-style addressing (`host/bucket/key`): true with an `endpoint` unless set, false for AWS.
+    public var forcePathStyle: Bool = false
+    /// An AWS shared-credentials file (or `NAME=value` lines) with the access key.
+    public var credentialsFile: String?
+    /// A systemd credential (`LoadCredential=NAME:…`) holding the same, read from
+    /// `$CREDENTIALS_DIRECTORY/NAME`.
+    public var credential: String?
+    /// PEM file of the CAs that sign a TLS endpoint (nil: the system's).
+    public var caFile: String?
+
+    public init(bucket: String, prefix: String) {
+        self.bucket = bucket
+        self.prefix = prefix
+    }
+
+    /// The replica URL as Litestream and outside tools take it: `s3://BUCKET/PREFIX` with the
+    /// endpoint, region and addressing style in its query.
+    public var url: String {
+        var query = ["region=\(region)"]
+        if let endpoint { query.insert("endpoint=\(endpoint)", at: 0) }
+        query.append("forcePathStyle=\(forcePathStyle)")
+        return "s3://\(bucket)" + (prefix.isEmpty ? "" : "/" + prefix) + "?" + query.joined(separator: "&")
     }
 }
 

@@ -4,6 +4,7 @@ import Logging
 import ServiceLifecycle
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreS3
 
 /// `userstored`: loads the configuration and migrations, takes the data directory's lock,
 /// serves the socket until SIGTERM/SIGINT, then drains and closes every store.
@@ -75,7 +76,7 @@ public enum Daemon {
             }
         }
         let cluster = configuration.cluster.map { DaemonCluster(settings: $0, tls: peerTLS, logger: logger) }
-        let replicator = configuration.replication.map { LitestreamReplicator(settings: $0, layout: layout, logger: logger, fencing: cluster) }
+        var replicator: LitestreamReplicator?
         var litestream: LitestreamProcess?
         if let settings = configuration.replication {
             guard access(LitestreamCommand.resolve(settings.litestream), X_OK) == 0 else {
@@ -83,8 +84,29 @@ public enum Daemon {
                 printError("userstored: replication.litestream: \(settings.litestream) is not an executable; install Litestream 0.5.17 (scripts/install-deps.sh)")
                 return .unavailable
             }
+            let storage: ReplicaStorage
+            do {
+                storage = try ReplicaStorage(settings)
+            } catch {
+                logger.critical("replication refused: \(error)", metadata: ["event": "daemon-failed"])
+                printError("userstored: replication: \(error)")
+                return .configuration
+            }
+            do {
+                try await storage.check()
+            } catch let error as S3Error where error.isMisconfiguration {
+                // A bucket that is not there or refuses the credentials will not fix itself:
+                // serving on would create new users' stores unreplicated and refuse every restore.
+                logger.critical("replication refused: \(error) (replication.replica, replication.s3.*)", metadata: ["event": "daemon-failed", "error": .string(error.name)])
+                printError("userstored: replication: \(error)")
+                return .configuration
+            } catch {
+                // Unreachable for now: served degraded; the monitor checks it again.
+                logger.error("replication degraded: \(error); serving on, the replica is checked again every few seconds", metadata: ["event": "replication-degraded", "error": .string("\(error)")])
+            }
+            replicator = LitestreamReplicator(settings: settings, storage: storage, layout: layout, logger: logger, fencing: cluster)
             if settings.startLitestream {
-                let child = LitestreamProcess(settings: settings, runtimeDirectory: configuration.dataDirectory, logger: logger)
+                let child = LitestreamProcess(settings: settings, environment: storage.litestreamEnvironment, runtimeDirectory: configuration.dataDirectory, logger: logger)
                 do {
                     try await child.start()
                 } catch {

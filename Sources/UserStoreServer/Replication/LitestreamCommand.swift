@@ -12,14 +12,18 @@ import Foundation
 struct LitestreamCommand: Sendable {
     /// The binary's path (posix spawning needs a path, not a name to look up).
     let executable: String
+    /// Its whole environment (nothing of the daemon's is inherited: a variable such as
+    /// `AWS_CA_BUNDLE` breaks Litestream's S3 client).
+    let environment: [String: String]
 
     /// A run that could not start, did not end in time, or could not be waited for.
     struct Failure: Error, CustomStringConvertible {
         let description: String
     }
 
-    init(_ binary: String) {
+    init(_ binary: String, environment: [String: String]) {
         executable = Self.resolve(binary)
+        self.environment = environment
     }
 
     /// Starts `litestream arguments`, its stdout and stderr on `output` (the daemon's stderr when
@@ -27,9 +31,9 @@ struct LitestreamCommand: Sendable {
     func spawn(_ arguments: [String], output: Int32 = -1) throws(Failure) -> pid_t {
         let argv = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for pointer in argv { free(pointer) } }
-        let environment = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
-        defer { for pointer in environment { free(pointer) } }
-        let pid = us_spawn_tied(executable, argv, environment, output)
+        let variables = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { for pointer in variables { free(pointer) } }
+        let pid = us_spawn_tied(executable, argv, variables, output)
         guard pid > 0 else { throw Failure(description: "cannot run \(executable): \(String(cString: strerror(errno)))") }
         return pid
     }

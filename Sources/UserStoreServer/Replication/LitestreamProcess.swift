@@ -25,11 +25,11 @@ final class LitestreamProcess: Sendable {
         var supervisorRunning = false
     }
 
-    init(settings: ReplicationSettings, runtimeDirectory: String, logger: Logger) {
+    init(settings: ReplicationSettings, environment: [String: String], runtimeDirectory: String, logger: Logger) {
         self.settings = settings
         self.configurationPath = runtimeDirectory + "/litestream.yml"
         self.logger = logger
-        self.command = LitestreamCommand(settings.litestream)
+        self.command = LitestreamCommand(settings.litestream, environment: environment)
     }
 
     /// Writes the configuration, ends a Litestream a previous daemon left on the socket, and

@@ -44,9 +44,23 @@ extension LitestreamReplicator {
         updateCheckpointing(of: store)
     }
 
-    /// Whether every open store is registered and Litestream answers: the outage is over.
+    /// Whether every open store is registered, Litestream answers and the replica does: the
+    /// outage is over.
     var everyStoreRegistered: Bool {
-        state.withLock { $0.unansweredSince == nil && $0.open.values.allSatisfy(\.registered) }
+        state.withLock { $0.unansweredSince == nil && $0.replicaProblem == nil && $0.open.values.allSatisfy(\.registered) }
+    }
+
+    /// Checks the replica itself — the bucket answers and takes the credentials, the folder is
+    /// there — so that health says what reaches the replica, not only whether Litestream's
+    /// socket answers.
+    func checkReplica() async {
+        do {
+            try await storage.check()
+            state.withLock { $0.replicaProblem = nil }
+        } catch {
+            state.withLock { $0.replicaProblem = "\(error)" }
+            failed("the replica", error)
+        }
     }
 
     /// Since when no Litestream has answered the health check (nil while one answers).

@@ -25,14 +25,10 @@ extension LitestreamReplicator {
         return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
     }
 
-    /// The newest epoch folder of `user` in a file:// replica that holds data (more than one host).
+    /// The newest epoch folder of `user` in the replica that holds data (more than one host).
     func newestEpochWithData(_ user: UserID) -> Int64? {
-        guard fencing != nil, settings.replica.hasPrefix("file://") else { return nil }
-        let folder = String(withSuffix(userFolderSuffix(user)).dropFirst(7))
-        let epochs = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [])
-            .compactMap { name -> Int64? in name.hasPrefix("e") ? Int64(name.dropFirst()) : nil }
-            .sorted(by: >)
-        return epochs.first { !(FileManager.default.subpaths(atPath: "\(folder)/e\($0)") ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
+        guard fencing != nil else { return nil }
+        return storage.newestEpochWithData(userFolderSuffix(user))
     }
 
     func withSuffix(_ suffix: String) -> String {

@@ -31,9 +31,19 @@ extension LitestreamReplicator {
             }
         } catch {
             if written { store.wal.restore() }
-            failed("sync \(user)", error)
+            syncFailed(store, error)
             throw StoreError.replicationUnavailable(user: user, message: "\(error)")
         }
+    }
+
+    /// A sync of `store` failed (Litestream, or the replica behind it, did not confirm it): the
+    /// store no longer counts as replicated — durable writes to it fail at once instead of each
+    /// waiting out its time-out — until the health check has compared it with its replica.
+    func syncFailed(_ store: Store, _ error: any Error) {
+        state.withLock { state in
+            if state.open[store.path]?.store === store { state.open[store.path]!.registered = false }
+        }
+        failed("sync \(store.user)", error)
     }
 
     /// Syncs every registered store written since the last pass to the replica, waiting for
@@ -65,7 +75,7 @@ extension LitestreamReplicator {
                         // Closed meanwhile: its final sync covered it (not an outage).
                         guard self.isRegistered(store) else { return }
                         store.wal.restore()
-                        self.failed("sync \(store.user)", error)
+                        self.syncFailed(store, error)
                     }
                 }
             }

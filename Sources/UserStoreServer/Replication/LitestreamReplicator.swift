@@ -55,6 +55,8 @@ final class LitestreamReplicator: StoreReplication {
         var diverged = 0
         /// How long the last sync pass took.
         var lastPass: Duration = .zero
+        /// What the last check of the replica itself found wrong (its named error), while it lasts.
+        var replicaProblem: String?
     }
 
     /// One open store, as replication sees it.
@@ -70,13 +72,16 @@ final class LitestreamReplicator: StoreReplication {
 
     /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
     let fencing: (any ReplicaFencing)?
+    /// The replica itself, for what the daemon does there (erase, find epochs, check).
+    let storage: ReplicaStorage
 
-    init(settings: ReplicationSettings, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil) {
+    init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil) {
         self.settings = settings
+        self.storage = storage
         self.layout = layout
         self.fencing = fencing
         self.control = LitestreamControl(socketPath: settings.socket)
-        self.command = LitestreamCommand(settings.litestream)
+        self.command = LitestreamCommand(settings.litestream, environment: storage.litestreamEnvironment)
         self.logger = logger
     }
 
@@ -209,14 +214,13 @@ final class LitestreamReplicator: StoreReplication {
         try? FileManager.default.removeItem(atPath: Self.epochFile(of: path))
         guard deleteReplica else { return }
         let url = withSuffix(userFolderSuffix(user))
-        guard url.hasPrefix("file://") else {
-            throw StoreError.replicationUnavailable(user: user, message: "userstored deletes only file:// replicas; delete \(url) with the storage's own tools, then delete the store")
+        guard storage.canErase else {
+            throw StoreError.replicationUnavailable(user: user, message: "userstored erases only file:// and s3:// replicas; delete \(url) with the storage's own tools, then delete the store")
         }
-        let folder = String(url.dropFirst(7))
         do {
-            if FileManager.default.fileExists(atPath: folder) { try FileManager.default.removeItem(atPath: folder) }
+            try storage.erase(userFolderSuffix(user))
         } catch {
-            throw StoreError.replicationUnavailable(user: user, message: "deleting the replica \(folder): \(error)")
+            throw StoreError.replicationUnavailable(user: user, message: "erasing the replica \(url) (every epoch and its history): \(error); nothing was deleted here, retry")
         }
     }
 
@@ -313,9 +317,10 @@ final class LitestreamReplicator: StoreReplication {
         var restored: Int
         var diverged: Int
         var lastSyncPassSeconds: Double
+        var replicaProblem: String?
         /// Per open store: its user, whether it is registered, its last sync.
         var stores: [(user: String, registered: Bool, lastSync: Date?)]
-        var degraded: Bool { unregistered > 0 || lastError != nil }
+        var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil }
         /// The longest time since Litestream last synced an open, registered store.
         var maxLagSeconds: Double {
             let now = Date()
@@ -330,6 +335,7 @@ final class LitestreamReplicator: StoreReplication {
                             lastError: state.lastError, litestreamPID: Int(state.litestream?.pid ?? 0),
                             litestreamVersion: state.litestream?.version ?? "", restored: state.restored, diverged: state.diverged,
                             lastSyncPassSeconds: Double(state.lastPass.components.seconds) + Double(state.lastPass.components.attoseconds) / 1e18,
+                            replicaProblem: state.replicaProblem,
                             stores: stores.sorted { $0.user < $1.user })
         }
     }

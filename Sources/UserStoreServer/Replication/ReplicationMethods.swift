@@ -54,6 +54,7 @@ struct ReplicationMethods {
             "divergedReplicas": .integer(Int64(snapshot.diverged)),
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
+        if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
         return .object(fields)
     }
 

@@ -25,7 +25,11 @@ struct ReplicationMonitor: Service {
             group.addTask {
                 var checked = 0
                 var killed: pid_t = 0
+                var round = 0
                 while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                    // The replica itself every 5 s (a request to the bucket), every second while it fails.
+                    if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
+                    round += 1
                     let replicating = await replicator.checkHealth()
                     checked += await compare(replicating)
                     if replicator.everyStoreRegistered {

@@ -1,0 +1,175 @@
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+import NIOPosix
+import NIOSSL
+import Synchronization
+
+/// The few S3 calls userstored makes itself — checking a bucket, listing a prefix, deleting what
+/// is under it — signed with SigV4 over AsyncHTTPClient. Litestream does the replication; this
+/// client erases a user's replica (`DeleteStore`), finds the newest epoch holding a user's copy
+/// (more than one host) and checks that the bucket answers.
+public final class S3Client: Sendable {
+    /// Where the bucket is served.
+    public struct Endpoint: Sendable, Equatable {
+        /// `http://host:port` or `https://host` (no path).
+        public var url: String
+        public var region: String
+        /// Path-style addressing (`host/bucket/key`) instead of virtual hosts (`bucket.host/key`);
+        /// what every S3-compatible server but AWS wants.
+        public var pathStyle: Bool
+        /// A PEM file of the CA certificates that sign a TLS endpoint (nil: the system's).
+        public var caFile: String?
+
+        public init(url: String, region: String, pathStyle: Bool, caFile: String? = nil) {
+            self.url = url.hasSuffix("/") ? String(url.dropLast()) : url
+            self.region = region
+            self.pathStyle = pathStyle
+            self.caFile = caFile
+        }
+
+        /// AWS's own endpoint for `region` (virtual-hosted).
+        public static func aws(region: String) -> Endpoint {
+            Endpoint(url: "https://s3.\(region).amazonaws.com", region: region, pathStyle: false)
+        }
+    }
+
+    public let endpoint: Endpoint
+    private let signer: SigV4
+    private let http: HTTPClient
+    private let timeout: TimeAmount
+
+    public init(endpoint: Endpoint, credentials: S3Credentials, timeout: Duration = .seconds(30)) throws {
+        self.endpoint = endpoint
+        self.signer = SigV4(credentials: credentials, region: endpoint.region)
+        self.http = try Self.httpClient(caFile: endpoint.caFile)
+        self.timeout = .nanoseconds(Int64(timeout.components.seconds) * 1_000_000_000 + timeout.components.attoseconds / 1_000_000_000)
+    }
+
+    // MARK: Calls
+
+    /// Whether `bucket` exists and these credentials may use it (`HEAD` the bucket).
+    public func checkBucket(_ bucket: String) async throws(S3Error) {
+        _ = try await send("HEAD", bucket: bucket, key: "", query: [], body: nil)
+    }
+
+    /// Every key under `prefix` (all pages); with a `delimiter`, also the common prefixes (the
+    /// "folders" one level down) instead of the keys below them.
+    public func list(bucket: String, prefix: String, delimiter: String? = nil, pageSize: Int? = nil) async throws(S3Error) -> (keys: [String], prefixes: [String]) {
+        var keys: [String] = [], prefixes: [String] = []
+        var token: String?
+        repeat {
+            // No empty `prefix=`: SeaweedFS then signs a query other than the one sent.
+            var query = [("list-type", "2"), ("encoding-type", "url")]
+            if !prefix.isEmpty { query.append(("prefix", prefix)) }
+            if let pageSize { query.append(("max-keys", String(pageSize))) }
+            if let delimiter { query.append(("delimiter", delimiter)) }
+            if let token { query.append(("continuation-token", token)) }
+            let page = ListPage(try await send("GET", bucket: bucket, key: "", query: query, body: nil))
+            keys += page.keys
+            prefixes += page.prefixes
+            token = page.nextToken
+        } while token != nil
+        return (keys, prefixes)
+    }
+
+    /// Deletes `keys` (`DeleteObjects`, 1,000 per request); throws when any was not deleted.
+    public func delete(bucket: String, keys: [String]) async throws(S3Error) {
+        for start in stride(from: 0, to: keys.count, by: 1000) {
+            let batch = keys[start..<min(keys.count, start + 1000)]
+            let body = "<Delete><Quiet>true</Quiet>" + batch.map { "<Object><Key>\(ListPage.escape($0))</Key></Object>" }.joined() + "</Delete>"
+            let reply = try await send("POST", bucket: bucket, key: "", query: [("delete", "")], body: Data(body.utf8))
+            if let failure = ListPage.errors(in: reply).first {
+                throw .failed(status: 200, code: failure.code, message: "deleting \(failure.key): \(failure.message)")
+            }
+        }
+    }
+
+    /// Deletes every object under `prefix`, listing again until nothing is left; returns how
+    /// many it deleted.
+    @discardableResult
+    public func deleteAll(bucket: String, prefix: String) async throws(S3Error) -> Int {
+        var deleted = 0
+        while true {
+            let keys = try await list(bucket: bucket, prefix: prefix).keys
+            if keys.isEmpty { return deleted }
+            try await delete(bucket: bucket, keys: keys)
+            deleted += keys.count
+        }
+    }
+
+    // MARK: HTTP
+
+    /// One signed request; returns the reply's body, or throws the error it names.
+    private func send(_ method: String, bucket: String, key: String, query: [(String, String)], body: Data?) async throws(S3Error) -> Data {
+        guard let base = URLComponents(string: endpoint.url), let scheme = base.scheme, let hostName = base.host else {
+            throw .failed(status: 0, code: "InvalidEndpoint", message: "not a URL: \(endpoint.url)")
+        }
+        let port = base.port.map { ":\($0)" } ?? ""
+        let host = endpoint.pathStyle ? hostName + port : "\(bucket).\(hostName)\(port)"
+        let objectPath = key.isEmpty ? "" : "/" + SigV4.encode(key, keepingSlash: true)
+        let path = (endpoint.pathStyle ? "/" + SigV4.encode(bucket) : "") + (objectPath.isEmpty && !endpoint.pathStyle ? "/" : objectPath)
+        let queryString = SigV4.canonicalQuery(query)
+        var request = HTTPClientRequest(url: "\(scheme)://\(host)\(path)" + (queryString.isEmpty ? "" : "?" + queryString))
+        request.method = HTTPMethod(rawValue: method)
+        var signedHeaders = [("host", host)]
+        if let body {
+            signedHeaders.append(("content-md5", Data(Insecure.MD5.hash(data: body)).base64EncodedString()))
+            signedHeaders.append(("content-type", "application/xml"))
+            request.body = .bytes(ByteBuffer(bytes: body))
+        }
+        let payloadHash = body.map { SigV4.hex(SHA256.hash(data: $0)) } ?? SigV4.emptyPayloadHash
+        for (name, value) in signedHeaders { request.headers.add(name: name, value: value) }
+        for (name, value) in signer.headers(method: method, path: path, query: query, headers: signedHeaders, payloadHash: payloadHash, date: Date()) {
+            request.headers.add(name: name, value: value)
+        }
+        let status: Int
+        let reply: Data
+        do {
+            let response = try await http.execute(request, timeout: timeout)
+            status = Int(response.status.code)
+            var body = try await response.body.collect(upTo: 64 << 20)
+            reply = body.readData(length: body.readableBytes) ?? Data()
+        } catch {
+            throw .unreachable("\(endpoint.url): \(error)")
+        }
+        guard (200..<300).contains(status) else { throw Self.error(status: status, body: reply, bucket: bucket) }
+        return reply
+    }
+
+    /// The error an error reply names (a HEAD's has no body: its status says it).
+    private static func error(status: Int, body: Data, bucket: String) -> S3Error {
+        let code = ListPage.text(of: "Code", in: body) ?? (status == 404 ? "NoSuchBucket" : status == 403 ? "AccessDenied" : "HTTP\(status)")
+        let message = ListPage.text(of: "Message", in: body) ?? HTTPResponseStatus(statusCode: status).reasonPhrase
+        switch code {
+        case "NoSuchBucket": return .noSuchBucket(bucket)
+        case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "AccountProblem":
+            return .accessDenied("\(code): \(message)")
+        default: return .failed(status: status, code: code, message: message)
+        }
+    }
+
+    /// One HTTP client per CA file, for the life of the process (AsyncHTTPClient wants a client
+    /// shut down before it goes; the daemon's live as long as it does).
+    private static let clients = Mutex<[String: HTTPClient]>([:])
+
+    private static func httpClient(caFile: String?) throws -> HTTPClient {
+        try clients.withLock { clients in
+            if let client = clients[caFile ?? ""] { return client }
+            var configuration = HTTPClient.Configuration()
+            configuration.connectionPool.retryConnectionEstablishment = false
+            configuration.timeout.connect = .seconds(5)
+            if let caFile {
+                var tls = TLSConfiguration.makeClientConfiguration()
+                tls.trustRoots = .certificates(try NIOSSLCertificate.fromPEMFile(caFile))
+                configuration.tlsConfiguration = tls
+            }
+            let client = HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
+            clients[caFile ?? ""] = client
+            return client
+        }
+    }
+}

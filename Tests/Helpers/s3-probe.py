@@ -1,0 +1,25 @@
+"""The tests' own S3 client (boto3, independent of userstored's): make buckets and look into them.
+
+usage: s3-probe.py ENDPOINT ready | create-bucket NAME | list BUCKET [PREFIX] | put BUCKET KEY...
+Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY."""
+import sys
+
+import boto3
+from botocore.config import Config
+
+endpoint, command, *rest = sys.argv[1:]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                  config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10))
+if command == "ready":
+    s3.list_buckets()
+elif command == "create-bucket":
+    s3.create_bucket(Bucket=rest[0])
+elif command == "list":
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=rest[0], Prefix=rest[1] if len(rest) > 1 else ""):
+        for item in page.get("Contents", []):
+            print(item["Key"])
+elif command == "put":
+    for key in rest[1:]:
+        s3.put_object(Bucket=rest[0], Key=key, Body=key.encode())
+else:
+    sys.exit(f"unknown command {command}")
