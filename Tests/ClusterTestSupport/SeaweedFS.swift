@@ -42,9 +42,13 @@ public final class SeaweedFS: @unchecked Sendable { // `process` is only touched
         ["AWS_ACCESS_KEY_ID": Self.accessKey, "AWS_SECRET_ACCESS_KEY": Self.secretKey]
     }
 
-    /// An `s3://` replica URL for `bucket` and `prefix` in the form outside tools use.
-    public func replicaURL(bucket: String, prefix: String) -> String {
-        "s3://\(bucket)/\(prefix)?endpoint=\(endpoint)&region=us-east-1&forcePathStyle=true"
+    /// The S3 API's port.
+    public var port: Int { ports[6] }
+
+    /// An `s3://` replica URL for `bucket` and `prefix` in the form outside tools use (through
+    /// `endpoint`, when another one — a proxy — stands in front).
+    public func replicaURL(bucket: String, prefix: String, endpoint: String? = nil) -> String {
+        "s3://\(bucket)/\(prefix)?endpoint=\(endpoint ?? self.endpoint)&region=us-east-1&forcePathStyle=true"
     }
 
     /// Starts the server (again, on the same ports and data) and waits until S3 answers.
@@ -103,10 +107,14 @@ public final class SeaweedFS: @unchecked Sendable { // `process` is only touched
             """.write(toFile: directory + "/identities.json", atomically: true, encoding: .utf8)
     }
 
-    /// A new bucket (boto3).
+    /// A new bucket (boto3), with one object written to it: SeaweedFS grows volumes for a
+    /// bucket on its first write, which takes seconds, and a test's first durable write must not
+    /// pay for that.
     public func createBucket(_ name: String) throws {
-        let result = try probe(["create-bucket", name])
-        guard result.status == 0 else { throw NSError(domain: "SeaweedFS", code: 2, userInfo: [NSLocalizedDescriptionKey: result.output]) }
+        for arguments in [["create-bucket", name], ["put", name, "warm-up"]] {
+            let result = try probe(arguments)
+            guard result.status == 0 else { throw NSError(domain: "SeaweedFS", code: 2, userInfo: [NSLocalizedDescriptionKey: result.output]) }
+        }
     }
 
     /// Every key in `bucket` under `prefix` (boto3).
@@ -139,4 +147,36 @@ public final class SeaweedFS: @unchecked Sendable { // `process` is only touched
         process.waitUntilExit()
         return (process.terminationStatus, String(decoding: data, as: UTF8.self))
     }
+}
+
+/// A TCP proxy a test can cut like a network (Tests/Helpers/tcp-proxy.py): cut, connections
+/// are accepted and nothing is answered; mended, the held ones are dropped and new ones pass.
+public final class CuttableProxy: @unchecked Sendable { // `process` is owned by one test
+    public let port: Int
+    private let process: Process
+
+    /// A proxy from a free port on 127.0.0.1 to `targetPort`, listening when this returns.
+    public init(to targetPort: Int) throws {
+        port = try EtcdCluster.freePorts(1)[0]
+        process = Process()
+        process.executableURL = URL(fileURLWithPath: SeaweedFS.testenvPath + "/bin/python3")
+        let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/Helpers/tcp-proxy.py"
+        process.arguments = [script, "\(port)", "\(targetPort)"]
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        // It says "ready" once it listens.
+        let line = output.fileHandleForReading.availableData
+        guard String(decoding: line, as: UTF8.self).hasPrefix("ready") else {
+            throw NSError(domain: "CuttableProxy", code: 1, userInfo: [NSLocalizedDescriptionKey: "the proxy did not start"])
+        }
+    }
+
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL); process.waitUntilExit() }
+    }
+
+    public func cut() { kill(process.processIdentifier, SIGUSR1) }
+    public func mend() { kill(process.processIdentifier, SIGUSR2) }
 }

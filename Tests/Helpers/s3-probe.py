@@ -6,12 +6,21 @@ import sys
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 endpoint, command, *rest = sys.argv[1:]
 s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
                   config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10))
 if command == "ready":
-    s3.list_buckets()
+    # Answering and writable (a restarted SeaweedFS lists before its volumes take writes); a
+    # refusal of the credentials is an answer too (a test revoked them).
+    try:
+        if "ready" not in [bucket["Name"] for bucket in s3.list_buckets().get("Buckets", [])]:
+            s3.create_bucket(Bucket="ready")
+        s3.put_object(Bucket="ready", Key="probe", Body=b"")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") not in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+            raise
 elif command == "create-bucket":
     s3.create_bucket(Bucket=rest[0])
 elif command == "list":

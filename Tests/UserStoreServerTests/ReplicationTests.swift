@@ -11,13 +11,17 @@ import Varlink
 
     /// A daemon replicating to `replica` (a folder), with Litestream as its child.
     static func daemon(replica: String, extra: String = "") throws -> DaemonHarness {
-        let daemon = try DaemonHarness(extraConfig: """
+        try daemon(replicaURL: "file://" + replica, extra: extra)
+    }
+
+    /// A daemon replicating to `replicaURL` (`file://…`, `s3://…`), with Litestream as its child.
+    static func daemon(replicaURL: String, extra: String = "") throws -> DaemonHarness {
+        try DaemonHarness(extraConfig: """
             replication:
-              replica: file://\(replica)
+              replica: "\(replicaURL)"
               litestream: \(litestream)
             \(extra)
             """)
-        return daemon
     }
 
     /// A started replicating daemon, its replica folder and a connection to it.
@@ -81,7 +85,7 @@ import Varlink
         let replica = try TemporaryDirectory()
         let daemon = try Self.daemon(replica: replica.path)
         do {
-            try disaster(daemon, replica: replica, userCount: users)
+            try disaster(daemon, userCount: users)
         } catch {
             // What the daemon and its Litestream were doing when a call failed or hung.
             let processes = (try? run(["/bin/ps", "-eLo", "pid,ppid,tid,stat,wchan:24,etime,comm,args"]).stdout) ?? ""
@@ -91,8 +95,8 @@ import Varlink
         }
     }
 
-    private func disaster(_ daemon: DaemonHarness, replica: TemporaryDirectory, userCount: Int) throws {
-        try daemon.start()
+    func disaster(_ daemon: DaemonHarness, userCount: Int, environment: [String: String] = [:]) throws {
+        try daemon.start(environment: environment)
         let client = try daemon.connect()
         let users = (0..<userCount).map { "user\($0)" }
         // New stores: each is first looked up in the replica (nothing there), then created.
@@ -133,7 +137,7 @@ import Varlink
         daemon.waitForExit()
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
 
-        try daemon.start()
+        try daemon.start(environment: environment)
         let fresh = try daemon.connect()
         var restoreMicroseconds: [Int64] = []
         var lossWindow: Int64 = 0
@@ -156,7 +160,7 @@ import Varlink
         restoreMicroseconds.sort()
         let writes = acknowledged.values.map(\.count).reduce(0, +)
         #expect(writes > users.count)
-        print("replication disaster: \(users.count) users, new store \(String(format: "%.1f", creationSeconds * 1000)) ms each, durable write \(String(format: "%.1f", durableSeconds * 1000)) ms each; "
+        print("replication disaster (\(try fresh.call("io.userstore.Admin.Status")["replication"]?["replica"]?.stringValue?.prefix(5) ?? "")): \(users.count) users, new store \(String(format: "%.1f", creationSeconds * 1000)) ms each, durable write \(String(format: "%.1f", durableSeconds * 1000)) ms each; "
               + "\(writes) ordinary writes, \(lostTotal) lost, loss window \(lossWindow) ms (longest sync pass seen \(Int(longestPass * 1000)) ms); "
               + "restore on first request p50 \(restoreMicroseconds[users.count / 2] / 1000) ms, p99 \(restoreMicroseconds[users.count * 99 / 100] / 1000) ms, "
               + "max \(restoreMicroseconds.last! / 1000) ms")

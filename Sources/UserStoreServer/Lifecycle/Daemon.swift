@@ -92,6 +92,7 @@ public enum Daemon {
                 printError("userstored: replication: \(error)")
                 return .configuration
             }
+            var unreachable: (any Error)?
             do {
                 try await storage.check()
             } catch let error as S3Error where error.isMisconfiguration {
@@ -101,10 +102,10 @@ public enum Daemon {
                 printError("userstored: replication: \(error)")
                 return .configuration
             } catch {
-                // Unreachable for now: served degraded; the monitor checks it again.
-                logger.error("replication degraded: \(error); serving on, the replica is checked again every few seconds", metadata: ["event": "replication-degraded", "error": .string("\(error)")])
+                unreachable = error // served degraded; the monitor checks it again
             }
             replicator = LitestreamReplicator(settings: settings, storage: storage, layout: layout, logger: logger, fencing: cluster)
+            if let unreachable { replicator?.replicaFailed(unreachable) }
             if settings.startLitestream {
                 let child = LitestreamProcess(settings: settings, environment: storage.litestreamEnvironment, runtimeDirectory: configuration.dataDirectory, logger: logger)
                 do {

@@ -58,9 +58,15 @@ extension LitestreamReplicator {
             try await storage.check()
             state.withLock { $0.replicaProblem = nil }
         } catch {
-            state.withLock { $0.replicaProblem = "\(error)" }
-            failed("the replica", error)
+            replicaFailed(error)
         }
+    }
+
+    /// The replica itself could not be reached or used (`error` names why): degraded until a
+    /// check of it succeeds.
+    func replicaFailed(_ error: any Error) {
+        state.withLock { $0.replicaProblem = "\(error)" }
+        failed("the replica", error)
     }
 
     /// Since when no Litestream has answered the health check (nil while one answers).

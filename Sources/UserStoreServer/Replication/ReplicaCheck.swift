@@ -29,7 +29,7 @@ struct ReplicaCheck: Sendable {
     }
 
     /// Compares `store` with its replica and repairs a replica that differs. Returns whether the
-    /// store now counts as registered.
+    /// store now counts as registered (its replica matches it).
     func run(_ store: Store) async -> Bool {
         // Leased for the whole check: the store stays open, and is the one the check started on.
         guard let leased = registry.leaseIfReady(store.user) else { return false }
@@ -56,11 +56,18 @@ struct ReplicaCheck: Sendable {
 
     /// Compares `store` (leased by the caller) with its replica as of one sync.
     func compare(_ store: Store) async -> Outcome {
-        let deadline = replicator.durableDeadline
         do {
+            let control = replicator.control
+            // First a sync that holds nothing: the replica catches up while requests go on, and a
+            // replica still out of reach fails here without stopping the store's writes.
+            let caughtUp = try await control.syncAndWait(store.path, until: replicator.durableDeadline)
+            guard caughtUp.isReplicated else {
+                return .notNow("the sync ended \(caughtUp.status) at txid \(caughtUp.txid) with the replica at \(caughtUp.replicatedTXID)")
+            }
+            let deadline = replicator.durableDeadline
             let reader = try StoreDigest.Reader(path: store.path)
             defer { reader.close() }
-            let control = replicator.control
+            // Then the one that fixes the point compared, with the store held: little to ship.
             let reply = try await store.whileHeld {
                 try reader.pin()
                 return try await control.syncAndWait(store.path, until: deadline)

@@ -36,7 +36,10 @@ struct ReplicaStorage: Sendable {
             let endpoint = s3.endpoint.map { S3Client.Endpoint(url: $0, region: s3.region, pathStyle: s3.forcePathStyle, caFile: s3.caFile) }
                 ?? S3Client.Endpoint(url: "https://s3.\(s3.region).amazonaws.com", region: s3.region, pathStyle: s3.forcePathStyle, caFile: s3.caFile)
             do {
-                kind = .bucket(try S3Client(endpoint: endpoint, credentials: credentials), bucket: s3.bucket, prefix: s3.prefix)
+                // The daemon's own requests give up like a durable write does (at least 5 s):
+                // a bucket that hangs must not hold an erase or a health check for long.
+                let timeout = Duration.milliseconds(max(5000, settings.durableTimeoutMilliseconds))
+                kind = .bucket(try S3Client(endpoint: endpoint, credentials: credentials, timeout: timeout), bucket: s3.bucket, prefix: s3.prefix)
             } catch {
                 throw Misconfigured(description: "replication.s3.caFile: \(error)")
             }

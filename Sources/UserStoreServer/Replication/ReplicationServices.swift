@@ -31,7 +31,8 @@ struct ReplicationMonitor: Service {
                     if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
                     round += 1
                     let replicating = await replicator.checkHealth()
-                    checked += await compare(replicating)
+                    // Not while the replica itself is out of reach: every comparison would fail.
+                    if replicator.snapshot.replicaProblem == nil { checked += await compare(replicating) }
                     if replicator.everyStoreRegistered {
                         replicator.recovered(checked: checked)
                         checked = 0
@@ -61,18 +62,22 @@ struct ReplicationMonitor: Service {
     }
 
     /// Compares the stores registered again after a fault with their replicas, four at a time;
-    /// each that matches counts as registered again. Returns how many were compared.
+    /// each that matches counts as registered again. Returns how many matched.
     private func compare(_ stores: [Store]) async -> Int {
         let check = ReplicaCheck(replicator: replicator, registry: registry)
-        await withTaskGroup(of: Void.self) { group in
+        return await withTaskGroup(of: Bool.self) { group in
+            var matched = 0
             for (index, store) in stores.enumerated() {
-                if index >= 4 { await group.next() }
+                if index >= 4, let done = await group.next(), done { matched += 1 }
                 group.addTask {
-                    if await check.run(store) { replicator.verified(store) }
+                    guard await check.run(store) else { return false }
+                    replicator.verified(store)
+                    return true
                 }
             }
+            for await done in group where done { matched += 1 }
+            return matched
         }
-        return stores.count
     }
 
     /// Kills the child when it has not answered for the configured time; returns the pid killed

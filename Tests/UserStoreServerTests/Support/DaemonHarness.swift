@@ -13,6 +13,8 @@ final class DaemonHarness {
     let notify: NotifySocket
     private(set) var process: Process?
     private(set) var stderrPath: String
+    /// Variables every start adds to the daemon's environment (S3 credentials, say).
+    var environment: [String: String] = [:]
 
     /// Writes the migrations and a configuration (`extraConfig` is appended YAML).
     init(migrations: [String: String]? = nil, extraConfig: String = "", appVersion: String = "2.0.0") throws {
@@ -64,6 +66,7 @@ final class DaemonHarness {
         process.arguments = Array(command.dropFirst())
         var env = ProcessInfo.processInfo.environment
         env["NOTIFY_SOCKET"] = notify.path
+        for (key, value) in self.environment { env[key] = value }
         for (key, value) in environment { env[key] = value }
         process.environment = env
         FileManager.default.createFile(atPath: stderrPath, contents: nil)

@@ -1,0 +1,184 @@
+import ClusterTestSupport
+import Foundation
+import Testing
+import Varlink
+
+/// Replication to a real S3 API — SeaweedFS on 127.0.0.1, a bucket, nothing else shared — looked
+/// into with boto3 (Tests/Helpers/s3-probe.py), never with the project's own S3 client: the
+/// disaster, a user's erase, Litestream's environment, misconfigurations, and the bucket going
+/// away (killed, cut off for 30 s, refusing the credentials) while writes go on.
+@Suite(.serialized) struct ObjectStoreTests {
+    /// A daemon replicating to `bucket` (made here) on `server`, through `endpoint` when a proxy
+    /// stands in front; its environment carries the server's credentials.
+    static func daemon(_ server: SeaweedFS, bucket: String, endpoint: String? = nil, extra: String = "") throws -> DaemonHarness {
+        try server.createBucket(bucket)
+        let daemon = try ReplicationTests.daemon(replicaURL: server.replicaURL(bucket: bucket, prefix: "users", endpoint: endpoint),
+                                                 extra: "  durableTimeoutMilliseconds: 3000\n" + extra)
+        daemon.environment = server.environment
+        return daemon
+    }
+
+    /// `user`'s folder in the bucket (the store's own hash folders under the prefix).
+    static func folder(of user: String, _ daemon: DaemonHarness) throws -> String {
+        let url = try daemon.connect().call("io.userstore.Admin.Replication", ["user": .string(user)])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? ""
+        // s3://bucket/users/ab/cd/user?endpoint=… → users/ab/cd/user/
+        let path = url.dropFirst("s3://".count).split(separator: "?").first ?? ""
+        return path.split(separator: "/").dropFirst().joined(separator: "/") + "/"
+    }
+
+    /// 200 users, SIGKILL of the daemon and Litestream, the data directory deleted, a new daemon
+    /// on the same bucket: every durable write back, plain writes within the loss window.
+    @Test func everyUserComesBackFromTheBucket() throws {
+        let server = try SeaweedFS()
+        let daemon = try Self.daemon(server, bucket: "disaster")
+        try ReplicationTests().disaster(daemon, userCount: 200)
+        #expect(try server.keys("disaster", prefix: "users/").contains { $0.hasSuffix(".ltx") })
+    }
+
+    /// `DeleteStore` removes every object of the user — every LTX file of its history — before it
+    /// answers, and nothing of a user whose name starts the same; a new daemon on an empty disk
+    /// then starts the user empty. With the bucket cut off the erase is refused, nothing deleted.
+    @Test func anEraseLeavesNothingOfTheUserInTheBucket() throws {
+        let server = try SeaweedFS()
+        let proxy = try CuttableProxy(to: server.port)
+        let daemon = try Self.daemon(server, bucket: "erase", endpoint: "http://127.0.0.1:\(proxy.port)")
+        try daemon.start()
+        let client = try daemon.connect()
+        for user in ["ann", "anna"] {
+            for index in 0..<3 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(index)')", for: user, on: client, durable: true) }
+        }
+        let ann = try Self.folder(of: "ann", daemon), anna = try Self.folder(of: "anna", daemon)
+        #expect(try server.keys("erase", prefix: ann).count > 1, "ann's history is not in the bucket")
+
+        proxy.cut()
+        #expect(ReplicationTests.isError("io.userstore.Admin.ReplicationUnavailable") {
+            try client.call("io.userstore.Admin.DeleteStore", ["user": "ann"])
+        } || ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
+            try client.call("io.userstore.Admin.DeleteStore", ["user": "ann"])
+        })
+        proxy.mend()
+        #expect(try server.keys("erase", prefix: ann).count > 1, "a refused erase deleted objects")
+        #expect(try client.call("io.userstore.Store.Query", ["user": "ann", "sql": "SELECT count(*) FROM notes"])["rows"] == [[3]])
+
+        _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "ann"])
+        let left = try server.keys("erase", prefix: ann)
+        #expect(left.isEmpty, "objects of the erased user are left: \(left)")
+        #expect(try !server.keys("erase", prefix: anna).isEmpty, "the erase reached another user")
+
+        daemon.stop()
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        let fresh = try daemon.connect()
+        #expect(try fresh.call("io.userstore.Store.Open", ["user": "ann"])["created"] == true)
+        #expect(try fresh.call("io.userstore.Store.Query", ["user": "ann", "sql": "SELECT count(*) FROM notes"])["rows"] == [[0]])
+        #expect(try fresh.call("io.userstore.Store.Open", ["user": "anna"])["created"] == false)
+        daemon.stop()
+    }
+
+    /// Litestream's S3 client fails at once when `AWS_CA_BUNDLE` is set; the daemon starts it
+    /// with an environment of its own, so a host that sets it replicates all the same.
+    @Test func aHostsAWSCABundleDoesNotReachLitestream() throws {
+        let server = try SeaweedFS()
+        let daemon = try Self.daemon(server, bucket: "cabundle")
+        let bundle = daemon.directory.path + "/ca.pem"
+        try "not a certificate\n".write(toFile: bundle, atomically: true, encoding: .utf8)
+        daemon.environment["AWS_CA_BUNDLE"] = bundle
+        try daemon.start()
+        let client = try daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable')", for: "cy", on: client, durable: true)
+        #expect(try server.keys("cabundle").contains { $0.hasSuffix(".ltx") })
+        daemon.stop()
+    }
+
+    /// A wrong secret or a missing bucket stops the daemon at start (78) with the error's name;
+    /// an endpoint nobody serves is served degraded, and says so by name in Status and in
+    /// `userstorectl replication`; no credentials at all is a configuration error.
+    @Test func misconfigurationsAreNamed() throws {
+        let server = try SeaweedFS()
+        try server.createBucket("present")
+        func refused(_ daemon: DaemonHarness) throws -> (status: Int32, stderr: String) {
+            try daemon.start(waitForReady: false)
+            return (daemon.waitForExit(), daemon.stderr)
+        }
+        let wrongSecret = try ReplicationTests.daemon(replicaURL: server.replicaURL(bucket: "present", prefix: "u"))
+        wrongSecret.environment = ["AWS_ACCESS_KEY_ID": SeaweedFS.accessKey, "AWS_SECRET_ACCESS_KEY": "not-the-secret"]
+        let denied = try refused(wrongSecret)
+        #expect(denied.status == 78 && denied.stderr.contains("ReplicaAccessDenied"), "\(denied)")
+
+        let noBucket = try ReplicationTests.daemon(replicaURL: server.replicaURL(bucket: "absent", prefix: "u"))
+        noBucket.environment = server.environment
+        let missing = try refused(noBucket)
+        #expect(missing.status == 78 && missing.stderr.contains("ReplicaBucketMissing"), "\(missing)")
+
+        let noCredentials = try ReplicationTests.daemon(replicaURL: server.replicaURL(bucket: "present", prefix: "u"))
+        noCredentials.environment = ["AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "LITESTREAM_ACCESS_KEY_ID": "", "LITESTREAM_SECRET_ACCESS_KEY": ""]
+        let anonymous = try refused(noCredentials)
+        #expect(anonymous.status == 78 && anonymous.stderr.contains("needs credentials"), "\(anonymous)")
+
+        let port = try EtcdCluster.freePorts(1)[0]
+        let nobody = try ReplicationTests.daemon(replicaURL: server.replicaURL(bucket: "present", prefix: "u", endpoint: "http://127.0.0.1:\(port)"))
+        nobody.environment = server.environment
+        try nobody.start()
+        let status = try nobody.connect().call("io.userstore.Admin.Status")["replication"]
+        #expect(status?["state"] == "degraded" && status?["replicaProblem"]?.stringValue?.contains("ReplicaUnreachable") == true, "\(String(describing: status))")
+        let ctl = try run([CtlTests.ctl, "replication"], environment: ["USERSTORE_SOCKET": nobody.socketPath])
+        #expect(ctl.status == 1 && ctl.stdout.contains("ReplicaUnreachable"), "\(ctl)")
+        nobody.stop()
+    }
+
+    /// The bucket gone while writes go on — SeaweedFS killed, then started again; the endpoint
+    /// cut off for 30 s; the access key revoked, then restored: plain writes are served, durable
+    /// ones fail with ReplicationUnavailable within their time-out, Status names the problem;
+    /// once the bucket is back, a durable write is acknowledged within 30 s (each store compared
+    /// with its replica first), and after a host loss the restored store equals the live one.
+    @Test(arguments: ["killed", "cut off", "credentials revoked"])
+    func theBucketGoesAwayAndComesBack(fault: String) throws {
+        let server = try SeaweedFS()
+        let proxy = try CuttableProxy(to: server.port)
+        let daemon = try Self.daemon(server, bucket: "faults", endpoint: "http://127.0.0.1:\(proxy.port)")
+        try daemon.start()
+        let client = try daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "flo", on: client, durable: true)
+        try DurabilityTests.writeBlob(2_000_000, for: "flo", on: client)
+        let expected: String
+        switch fault {
+        case "killed": server.stop(); expected = "ReplicaUnreachable"
+        case "cut off": proxy.cut(); expected = "ReplicaUnreachable"
+        default: try server.setAccessKey(allowed: false); expected = "ReplicaAccessDenied"
+        }
+        let faultStarted = ContinuousClock.now
+        var written = 0
+        var durableWaits: [Duration] = []
+        let until = ContinuousClock.now + .seconds(fault == "cut off" ? 30 : 10)
+        while ContinuousClock.now < until {
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during \(written)')", for: "flo", on: client)
+            written += 1
+            if written % 20 == 0 {
+                let started = ContinuousClock.now
+                #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
+                    try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable during')", for: "flo", on: client, durable: true)
+                })
+                durableWaits.append(ContinuousClock.now - started)
+            }
+        }
+        #expect(durableWaits.allSatisfy { $0 <= .milliseconds(3300) }, "durable writes waited \(durableWaits.max()!) against a 3 s time-out")
+        let status = try client.call("io.userstore.Admin.Status")["replication"]
+        #expect(status?["state"] == "degraded", "\(String(describing: status))")
+        #expect([status?["replicaProblem"], status?["lastError"]].contains { $0?.stringValue?.contains(expected) == true }, "\(String(describing: status))")
+
+        switch fault {
+        case "killed": try server.start()
+        case "cut off": proxy.mend()
+        default: try server.setAccessKey(allowed: true)
+        }
+        let back = ContinuousClock.now
+        var acknowledged = false
+        while !acknowledged && ContinuousClock.now - back < .seconds(30) {
+            acknowledged = (try? DurabilityTests.execute("INSERT INTO notes (title) VALUES ('caught up')", for: "flo", on: client, durable: true)) != nil
+        }
+        #expect(acknowledged, "no durable write acknowledged within 30 s of the bucket's return")
+        print("object store \(fault): \(written) plain writes during \(ContinuousClock.now - faultStarted - (ContinuousClock.now - back)), durable waits up to \(durableWaits.max() ?? .zero), acknowledged again \(ContinuousClock.now - back) after the return")
+        #expect(try DurabilityTests.waitUntilHealthy(client))
+        try DurabilityTests.acknowledgeThenLoseTheHost("flo", daemon, client)
+    }
+}
