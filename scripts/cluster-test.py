@@ -7,7 +7,8 @@ this machine, a workload through all three, faults, and a history checker.
 Topology. etcd members on 127.0.0.1 (peer traffic), each also listening for clients on
 127.0.0.2-4; host hK is a daemon whose cluster address is 127.0.0.(K+1) and which reaches etcd
 at its own address, so that an iptables rule on that address cuts that one host off from etcd
-and nothing else. The daemons share a file:// replica, forward to one another over mutual TLS
+and nothing else. The hosts share nothing but etcd and an S3 bucket: SeaweedFS (`weed server
+-s3`, .build/testenv) on 127.0.0.1 is their replica; they forward to one another over mutual TLS
 (certificates from scripts/cluster-certs.sh), and hold leases of 3 s.
 
 Workload. Worker threads, each a client of one host (its "local daemon": clients never change
@@ -30,7 +31,7 @@ non-durable writes lost with their window (how long before the fault the oldest 
 acknowledged).
 
 Needs the debug build (swift build) and scripts/install-deps.sh (etcd-server, Litestream,
-iptables). Bounded: every wait has a deadline; every process it starts is killed and every
+SeaweedFS and boto3 in .build/testenv, iptables). Bounded: every wait has a deadline; every process it starts is killed and every
 iptables rule it adds is removed at the end.
 """
 import argparse
@@ -51,6 +52,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DAEMON = os.path.join(ROOT, ".build/debug/userstored")
 CTL = os.path.join(ROOT, ".build/debug/userstorectl")
 LITESTREAM = os.path.join(ROOT, ".build/testenv/bin/litestream")
+WEED = os.path.join(ROOT, ".build/testenv/bin/weed")
+TESTENV_PYTHON = os.path.join(ROOT, ".build/testenv/bin/python3")
+S3_PROBE = os.path.join(ROOT, "Tests/Helpers/s3-probe.py")
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster-harness", "AWS_SECRET_ACCESS_KEY": "cluster-harness-secret"}
 MIGRATIONS = os.path.join(ROOT, "config/migrations")
 LEASE = 3
 HARNESS_MIGRATION = 900  # added mid-run; its table counts how often it ran on a store
@@ -108,10 +113,10 @@ class Cluster:
 
     def __init__(self, root):
         self.root = root
-        self.replica = os.path.join(root, "replica")
         self.migrations = os.path.join(root, "migrations")
-        os.makedirs(self.replica)
         shutil.copytree(MIGRATIONS, self.migrations)
+        self.s3_ports = free_ports(8)
+        self.s3 = None
         self.certs = os.path.join(root, "certs")
         subprocess.run(["bash", os.path.join(ROOT, "scripts/cluster-certs.sh"), self.certs] + [f"{h}={a}" for h, a in HOSTS.items()],
                        check=True, capture_output=True)
@@ -135,7 +140,7 @@ socketPath: {host['socket']}
 migrationsDirectory: {self.migrations}
 logTarget: stderr
 replication:
-  replica: file://{self.replica}
+  replica: "s3://cluster/users?endpoint=http://127.0.0.1:{self.s3_ports[6]}&region=us-east-1&forcePathStyle=true"
   litestream: {LITESTREAM}
 cluster:
   host: {name}
@@ -181,12 +186,38 @@ cluster:
 
     # daemons
 
+    # the bucket
+
+    def start_s3(self):
+        """SeaweedFS on 127.0.0.1 with one access key and the bucket `cluster` (made with boto3)."""
+        directory = os.path.join(self.root, "s3")
+        os.makedirs(os.path.join(directory, "data"))
+        with open(os.path.join(directory, "identities.json"), "w") as f:
+            json.dump({"identities": [{"name": "harness", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                                       "credentials": [{"accessKey": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                                        "secretKey": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}]}]}, f)
+        p = self.s3_ports
+        self.s3 = subprocess.Popen(
+            [WEED, "server", f"-dir={directory}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             f"-master.port={p[0]}", f"-master.port.grpc={p[1]}", f"-volume.port={p[2]}", f"-volume.port.grpc={p[3]}",
+             "-filer", f"-filer.port={p[4]}", f"-filer.port.grpc={p[5]}",
+             "-s3", f"-s3.port={p[6]}", f"-s3.port.grpc={p[7]}", f"-s3.config={directory}/identities.json",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=0"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(directory, "weed.log"), "ab"))
+        endpoint = f"http://127.0.0.1:{p[6]}"
+        probe = lambda *args: subprocess.run([TESTENV_PYTHON, S3_PROBE, endpoint, *args], capture_output=True,
+                                             env={**os.environ, **S3_CREDENTIALS}).returncode == 0
+        wait_for(lambda: probe("ready"), 60, "SeaweedFS answering S3")
+        if not (probe("create-bucket", "cluster") and probe("put", "cluster", "warm-up")):
+            raise RuntimeError("cannot make the bucket")
+
     def start_host(self, name):
         host = self.hosts[name]
         if os.path.exists(host["socket"]):
             os.unlink(host["socket"])  # a killed daemon's
         host["proc"] = subprocess.Popen([DAEMON, "--config", os.path.join(host["dir"], "userstored.yaml")],
-                                        stdout=subprocess.DEVNULL, stderr=open(host["log"], "ab"))
+                                        stdout=subprocess.DEVNULL, stderr=open(host["log"], "ab"),
+                                        env={**os.environ, **S3_CREDENTIALS})
         wait_for(lambda: os.path.exists(host["socket"]), 60, f"{name} listening")
 
     def signal_host(self, name, sig):
@@ -199,6 +230,7 @@ cluster:
             subprocess.run(["pkill", "-KILL", "-f", f"litestream replicate -config {self.hosts[name]['dir']}"], check=False)
 
     def start(self):
+        self.start_s3()
         for i in range(3):
             self.start_etcd(i)
         wait_for(lambda: self.etcd_leader() is not None, 30, "an etcd leader")
@@ -271,6 +303,9 @@ cluster:
                 m["proc"].kill()
                 m["proc"].wait()
         subprocess.run(["pkill", "-KILL", "-f", f"litestream replicate -config {self.root}"], check=False)
+        if self.s3 and self.s3.poll() is None:
+            self.s3.kill()
+            self.s3.wait()
 
 
 class Workload:

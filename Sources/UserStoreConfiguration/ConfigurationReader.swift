@@ -127,10 +127,10 @@ extension ConfigurationLoader {
             guard let replica else {
                 throw error("cluster.host", "a cluster needs replication.replica (one replica all hosts reach): it is how a user's store reaches the next host that owns it")
             }
-            // A restore reads the newest epoch folder that holds data, which only a file://
-            // replica can list here (Litestream's CLI lists no s3/sftp folders).
-            guard replica.hasPrefix("file://") else {
-                throw error("cluster.host", "a cluster needs a file:// replica for now (a folder every host mounts); s3:// and sftp:// are not supported with cluster.* yet")
+            // A restore reads the newest epoch folder that holds data, which the daemon lists
+            // itself: a file:// folder or an s3:// bucket, not an sftp:// server.
+            guard replica.hasPrefix("file://") || replica.hasPrefix("s3://") else {
+                throw error("cluster.host", "a cluster needs an s3:// replica (a bucket every host reaches) or a file:// one (a folder every host mounts); sftp:// is not supported with cluster.*")
             }
             var settings = ClusterSettings(host: host, etcd: etcd, address: address)
             settings.leaseSeconds = try int("cluster.leaseSeconds", minimum: 3, maximum: 300) ?? 10

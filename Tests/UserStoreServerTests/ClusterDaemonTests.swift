@@ -9,10 +9,25 @@ import Varlink
 /// users of its buckets and answers WrongHost, naming the owner, for the others; when one
 /// leaves, the other takes its buckets.
 @Suite(.serialized) struct ClusterDaemonTests {
-    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, replica: String) throws -> DaemonHarness {
-        try DaemonHarness(extraConfig: """
+    /// The only thing the test's hosts share besides etcd: a bucket on an S3 API of the test's
+    /// own (SeaweedFS).
+    static func objectStore() throws -> SeaweedFS {
+        let server = try SeaweedFS()
+        try server.createBucket("cluster")
+        return server
+    }
+
+    /// `server`'s keys under `user`'s folder (`users/<bucket>/<user>/`): which epochs hold its copy.
+    static func epochs(of user: String, in server: SeaweedFS) throws -> [Int64] {
+        let folder = "users/\(Placement.bucket(for: try UserID(user)))/\(user)/"
+        let names = try server.keys("cluster", prefix: folder).compactMap { $0.dropFirst(folder.count).split(separator: "/").first }
+        return Set(names.compactMap { $0.hasPrefix("e") ? Int64($0.dropFirst()) : nil }).sorted()
+    }
+
+    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS) throws -> DaemonHarness {
+        let daemon = try DaemonHarness(extraConfig: """
             replication:
-              replica: file://\(replica)
+              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
               litestream: \(ReplicationTests.litestream)
             cluster:
               host: \(host)
@@ -21,6 +36,8 @@ import Varlink
               leaseSeconds: 3
               forward: false
             """)
+        daemon.environment = store.environment
+        return daemon
     }
 
     /// Who serves `user` according to `daemon`: "here", the owner WrongHost names (with its
@@ -52,8 +69,8 @@ import Varlink
     /// move only when a host leaves or an operator moves them); a leaves and b takes them all.
     @Test func aDaemonServesItsBucketsNamesTheOwnerOfOthersAndTakesOverWhenItLeaves() throws {
         let etcd = try EtcdCluster(size: 1)
-        let replica = try TemporaryDirectory()
-        let a = try Self.daemon("a", port: 7101, etcd: etcd, replica: replica.path), b = try Self.daemon("b", port: 7102, etcd: etcd, replica: replica.path)
+        let store = try Self.objectStore()
+        let a = try Self.daemon("a", port: 7101, etcd: etcd, store: store), b = try Self.daemon("b", port: 7102, etcd: etcd, store: store)
         try a.start()
         let toA = try a.connect()
         let users = (0..<40).map { "user-\($0)" }
@@ -86,8 +103,7 @@ import Varlink
         #expect(b.stderr.contains("event=store-restored"))
         // Each owner replicated under its own epoch: a's folder, then b's (newer) once b wrote.
         _ = try toB.call("io.userstore.Store.Execute", ["user": "user-0", "sql": "INSERT INTO notes (title) VALUES ('on b')", "durable": true])
-        let folder = replica.path + "/\(Placement.bucket(for: try UserID("user-0")))/user-0"
-        let epochs = try FileManager.default.contentsOfDirectory(atPath: folder).compactMap { Int64($0.dropFirst()) }.sorted()
+        let epochs = try Self.epochs(of: "user-0", in: store)
         #expect(epochs.count == 2 && epochs[0] < epochs[1] && epochs[0] <= epoch, "\(epochs), a's epoch \(epoch)")
         #expect(a.stderr.contains("event=cluster-joined") && a.stderr.contains("event=cluster-left"))
         #expect(b.stderr.contains("event=cluster-controller"))
@@ -116,8 +132,8 @@ import Varlink
     /// names this host the owner at the epoch it replicates under.
     @Test func aDurableWriteIsNotAcknowledgedOnceTheBucketsEpochMoved() async throws {
         let etcd = try EtcdCluster(size: 1)
-        let replica = try TemporaryDirectory()
-        let a = try Self.daemon("a", port: 7103, etcd: etcd, replica: replica.path)
+        let store = try Self.objectStore()
+        let a = try Self.daemon("a", port: 7103, etcd: etcd, store: store)
         try a.start()
         let client = try a.connect()
         #expect(Self.eventually { Self.answer(client, "dora").0 == "here" })
@@ -151,8 +167,8 @@ import Varlink
     /// drain moves everything else.
     @Test func aMoveWaitsForItsStoresAndLosesNothingAndADrainEmptiesAHost() throws {
         let etcd = try EtcdCluster(size: 1)
-        let replica = try TemporaryDirectory()
-        let a = try Self.daemon("a", port: 7105, etcd: etcd, replica: replica.path), b = try Self.daemon("b", port: 7106, etcd: etcd, replica: replica.path)
+        let store = try Self.objectStore()
+        let a = try Self.daemon("a", port: 7105, etcd: etcd, store: store), b = try Self.daemon("b", port: 7106, etcd: etcd, store: store)
         try a.start()
         let toA = try a.connect()
         let users = (0..<20).map { "mover-\($0)" }

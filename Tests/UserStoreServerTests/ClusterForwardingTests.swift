@@ -10,11 +10,11 @@ import Varlink
 /// to that host over mutual TLS — single calls, pipelined calls, interactive transactions and
 /// streamed replies alike. Real etcd, real daemons, certificates made with openssl.
 @Suite(.serialized) struct ClusterForwardingTests {
-    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, replica: String, certificates: ClusterCertificates,
+    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, certificates: ClusterCertificates,
                        timeoutMilliseconds: Int = 30_000) throws -> DaemonHarness {
-        try DaemonHarness(extraConfig: """
+        let daemon = try DaemonHarness(extraConfig: """
             replication:
-              replica: file://\(replica)
+              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
               litestream: \(ReplicationTests.litestream)
             cluster:
               host: \(host)
@@ -24,6 +24,8 @@ import Varlink
               forwardTimeoutMilliseconds: \(timeoutMilliseconds)
             \(certificates.tls(for: host))
             """)
+        daemon.environment = store.environment
+        return daemon
     }
 
     /// The peer probe's outcome against `port` with these files (no certificate: nil).
@@ -43,10 +45,10 @@ import Varlink
     /// a owns every bucket (it starts alone); b's clients reach a's users through b.
     @Test func everyKindOfStoreCallGoesToTheOwnerAndBackInOrder() async throws {
         let etcd = try EtcdCluster(size: 1)
-        let replica = try TemporaryDirectory()
+        let store = try ClusterDaemonTests.objectStore()
         let certificates = try ClusterCertificates(["a": "127.0.0.1", "b": "127.0.0.1"])
-        let a = try Self.daemon("a", port: 7111, etcd: etcd, replica: replica.path, certificates: certificates)
-        let b = try Self.daemon("b", port: 7112, etcd: etcd, replica: replica.path, certificates: certificates)
+        let a = try Self.daemon("a", port: 7111, etcd: etcd, store: store, certificates: certificates)
+        let b = try Self.daemon("b", port: 7112, etcd: etcd, store: store, certificates: certificates)
         try a.start()
         let toA = try a.connect()
         #expect(try Self.everyBucketAssigned(toA), "\(a.stderr.suffix(3000))")
@@ -133,11 +135,11 @@ import Varlink
     /// forward timeout, and the transaction open over the link is rolled back on it.
     @Test func peersNeedTheClustersCertificateAndAnOwnerThatStopsAnsweringIsReported() throws {
         let etcd = try EtcdCluster(size: 1)
-        let replica = try TemporaryDirectory()
+        let store = try ClusterDaemonTests.objectStore()
         let certificates = try ClusterCertificates(["a": "127.0.0.1", "b": "127.0.0.1"])
         let rogue = try ClusterCertificates(["a": "127.0.0.1"]) // a CA of its own
-        let a = try Self.daemon("a", port: 7113, etcd: etcd, replica: replica.path, certificates: certificates)
-        let b = try Self.daemon("b", port: 7114, etcd: etcd, replica: replica.path, certificates: certificates, timeoutMilliseconds: 1500)
+        let a = try Self.daemon("a", port: 7113, etcd: etcd, store: store, certificates: certificates)
+        let b = try Self.daemon("b", port: 7114, etcd: etcd, store: store, certificates: certificates, timeoutMilliseconds: 1500)
         try a.start()
         let toA = try a.connect()
         #expect(try Self.everyBucketAssigned(toA))

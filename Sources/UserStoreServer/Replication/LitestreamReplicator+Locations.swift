@@ -7,8 +7,14 @@ extension LitestreamReplicator {
     /// host `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now). Any query
     /// (`s3://b/p?endpoint=…`) is kept at the end.
     func replicaURL(for user: UserID) -> String {
-        guard let fencing else { return withSuffix(userFolderSuffix(user)) }
-        return withSuffix(userFolderSuffix(user) + "/e\(fencing.epoch(of: user) ?? 0)")
+        replicaLocation(for: user).url
+    }
+
+    /// ``replicaURL(for:)`` and the epoch in it (nil with one host), read once.
+    func replicaLocation(for user: UserID) -> (url: String, epoch: Int64?) {
+        guard let fencing else { return (withSuffix(userFolderSuffix(user)), nil) }
+        let epoch = fencing.epoch(of: user) ?? 0
+        return (withSuffix(userFolderSuffix(user) + "/e\(epoch)"), epoch)
     }
 
     /// The folder holding everything replicated for `user` (every epoch, with more than one host).

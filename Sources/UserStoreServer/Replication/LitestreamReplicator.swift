@@ -256,10 +256,10 @@ final class LitestreamReplicator: StoreReplication {
     /// The replica URL to register `store` under; with more than one host, records its epoch
     /// beside the store first (durably: it must survive a crash).
     func prepareRegistration(_ store: Store) throws -> String {
-        let url = replicaURL(for: store.user)
-        if fencing != nil, let epoch = url.range(of: "/e", options: .backwards).map({ url[$0.upperBound...] }) {
+        let (url, epoch) = replicaLocation(for: store.user)
+        if let epoch {
             try DurableFile.write(String(epoch), to: Self.epochFile(of: store.path))
-            state.withLock { $0.epochs[store.path] = Int64(epoch) }
+            state.withLock { $0.epochs[store.path] = epoch }
         }
         return url
     }
