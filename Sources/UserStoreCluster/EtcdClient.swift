@@ -43,21 +43,21 @@ public final class EtcdClient: Sendable {
 
     /// The key's current value, or nil.
     public func get(_ key: String) async throws(EtcdError) -> EtcdKeyValue? {
-        let reply = try await call("/v3/kv/range", ["key": Self.base64(key)], idempotent: true)
-        return try Self.keyValues(reply["kvs"]).first
+        let reply = try await call("/v3/kv/range", EtcdWire.Range(key: Self.base64(key)), idempotent: true, as: EtcdWire.RangeReply.self)
+        return try Self.keyValues(reply.kvs).first
     }
 
     /// Every key that starts with `prefix`, in key order.
     public func list(prefix: String) async throws(EtcdError) -> [EtcdKeyValue] {
-        let reply = try await call("/v3/kv/range", ["key": Self.base64(prefix), "range_end": Self.base64(Self.rangeEnd(of: prefix))], idempotent: true)
-        return try Self.keyValues(reply["kvs"])
+        try await snapshot(prefix: prefix).keys
     }
 
     /// Every key under `prefix` and the store revision they were read at (a watch from the
     /// next revision misses nothing).
     public func snapshot(prefix: String) async throws(EtcdError) -> (keys: [EtcdKeyValue], revision: Int64) {
-        let reply = try await call("/v3/kv/range", ["key": Self.base64(prefix), "range_end": Self.base64(Self.rangeEnd(of: prefix))], idempotent: true)
-        return (try Self.keyValues(reply["kvs"]), try Self.revision(reply))
+        let range = EtcdWire.Range(key: Self.base64(prefix), range_end: Self.base64(Self.rangeEnd(of: prefix)))
+        let reply = try await call("/v3/kv/range", range, idempotent: true, as: EtcdWire.RangeReply.self)
+        return (try Self.keyValues(reply.kvs), try Self.revision(reply.header))
     }
 
     /// The changes to keys under `prefix` from store revision `revision` on, in order, as
@@ -65,9 +65,8 @@ public final class EtcdClient: Sendable {
     /// the member goes away or the revision was compacted; the caller takes a new
     /// ``snapshot(prefix:)`` and watches again.
     public func watch(prefix: String, fromRevision revision: Int64) -> AsyncThrowingStream<[EtcdEvent], any Error> {
-        let body = (try? JSONSerialization.data(withJSONObject: ["create_request": [
-            "key": Self.base64(prefix), "range_end": Self.base64(Self.rangeEnd(of: prefix)), "start_revision": String(revision),
-        ]])) ?? Data()
+        let create = EtcdWire.Watch.Create(key: Self.base64(prefix), range_end: Self.base64(Self.rangeEnd(of: prefix)), start_revision: .init(revision))
+        let body = (try? JSONEncoder().encode(EtcdWire.Watch(create_request: create))) ?? Data()
         let endpoint = endpoints[preferred.withLock { $0 }]
         let http = self.http
         return AsyncThrowingStream { continuation in
@@ -99,18 +98,19 @@ public final class EtcdClient: Sendable {
 
     /// One watch reply's events; throws when etcd cancelled the watch (compaction).
     private static func watchEvents(_ line: [UInt8]) throws(EtcdError) -> [EtcdEvent] {
-        guard let reply = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
-            throw .protocolViolation("a watch reply that is not JSON")
+        let reply: EtcdWire.WatchReply
+        do { reply = try JSONDecoder().decode(EtcdWire.WatchReply.self, from: Data(line)) } catch {
+            throw .protocolViolation("a watch reply userstore cannot read: \(error)")
         }
-        guard let result = reply["result"] as? [String: Any] else {
-            throw .server(code: Int(int(reply["code"])), message: reply["message"] as? String ?? "watch failed: \(reply)")
+        guard let result = reply.result else {
+            throw .server(code: Int(reply.code?.value ?? 0), message: reply.message ?? "watch failed: \(String(decoding: line, as: UTF8.self))")
         }
-        if result["canceled"] as? Bool == true {
-            throw .server(code: 0, message: "watch cancelled: \(result["cancel_reason"] as? String ?? "") (compacted to \(int(result["compact_revision"])))")
+        if result.canceled == true {
+            throw .server(code: 0, message: "watch cancelled: \(result.cancel_reason ?? "") (compacted to \(result.compact_revision?.value ?? 0))")
         }
-        return try (result["events"] as? [[String: Any]] ?? []).map { event throws(EtcdError) in
-            guard let kv = try keyValues([event["kv"] as Any]).first else { throw .protocolViolation("a watch event without its key") }
-            return EtcdEvent(deleted: event["type"] as? String == "DELETE", keyValue: kv)
+        return try (result.events ?? []).map { event throws(EtcdError) in
+            guard let kv = event.kv else { throw .protocolViolation("a watch event without its key") }
+            return EtcdEvent(deleted: event.type == "DELETE", keyValue: try keyValue(kv))
         }
     }
 
@@ -118,36 +118,31 @@ public final class EtcdClient: Sendable {
     /// revision after the put (the key's new `modRevision`).
     @discardableResult
     public func put(_ key: String, _ value: String, lease: Int64? = nil) async throws(EtcdError) -> Int64 {
-        var body: [String: Any] = ["key": Self.base64(key), "value": Self.base64(value)]
-        if let lease { body["lease"] = String(lease) }
-        let reply = try await call("/v3/kv/put", body, idempotent: false)
-        return try Self.revision(reply)
+        let put = EtcdWire.Put(key: Self.base64(key), value: Self.base64(value), lease: lease.map(EtcdWire.Number.init))
+        let reply = try await call("/v3/kv/put", put, idempotent: false, as: EtcdWire.Reply.self)
+        return try Self.revision(reply.header)
     }
 
     /// Deletes `key`; returns whether it existed.
     @discardableResult
     public func delete(_ key: String) async throws(EtcdError) -> Bool {
-        let reply = try await call("/v3/kv/deleterange", ["key": Self.base64(key)], idempotent: false)
-        return Self.int(reply["deleted"]) > 0
+        let reply = try await call("/v3/kv/deleterange", EtcdWire.DeleteRange(key: Self.base64(key)), idempotent: false, as: EtcdWire.DeleteRangeReply.self)
+        return (reply.deleted?.value ?? 0) > 0
     }
 
     /// Creates `key` only if it does not exist (one transaction: `create_revision == 0`).
     /// Returns whether this call created it, and the key as it is now (the winner's value
     /// when another caller created it first).
     public func create(_ key: String, _ value: String, lease: Int64? = nil) async throws(EtcdError) -> (created: Bool, current: EtcdKeyValue) {
-        var put: [String: Any] = ["key": Self.base64(key), "value": Self.base64(value)]
-        if let lease { put["lease"] = String(lease) }
-        let reply = try await call("/v3/kv/txn", [
-            "compare": [["key": Self.base64(key), "target": "CREATE", "create_revision": "0"]],
-            "success": [["request_put": put]],
-            "failure": [["request_range": ["key": Self.base64(key)]]],
-        ], idempotent: false)
-        if reply["succeeded"] as? Bool == true {
-            let revision = try Self.revision(reply)
+        let put = EtcdWire.Put(key: Self.base64(key), value: Self.base64(value), lease: lease.map(EtcdWire.Number.init))
+        let transaction = EtcdWire.Transaction(compare: [Self.absent(key)], success: [.init(request_put: put)],
+                                               failure: [.init(request_range: .init(key: Self.base64(key)))])
+        let reply = try await call("/v3/kv/txn", transaction, idempotent: false, as: EtcdWire.TransactionReply.self)
+        if reply.succeeded == true {
+            let revision = try Self.revision(reply.header)
             return (true, EtcdKeyValue(key: key, value: Array(value.utf8), createRevision: revision, modRevision: revision, version: 1, lease: lease ?? 0))
         }
-        guard let range = (reply["responses"] as? [[String: Any]])?.first?["response_range"] as? [String: Any],
-              let current = try Self.keyValues(range["kvs"]).first else {
+        guard let current = try Self.keyValues(reply.responses?.first?.response_range?.kvs).first else {
             // Created and deleted again between the compare and the read: a race to retry.
             throw .ambiguous("\(key) existed at the compare and not at the read")
         }
@@ -158,15 +153,11 @@ public final class EtcdClient: Sendable {
     /// Returns the new `modRevision` (the key's next epoch), or nil when somebody changed the
     /// key first.
     public func swap(_ key: String, expectedModRevision expected: Int64, to value: String) async throws(EtcdError) -> Int64? {
-        let compare: [String: Any] = expected == 0
-            ? ["key": Self.base64(key), "target": "CREATE", "create_revision": "0"]
-            : ["key": Self.base64(key), "target": "MOD", "mod_revision": String(expected)]
-        let reply = try await call("/v3/kv/txn", [
-            "compare": [compare],
-            "success": [["request_put": ["key": Self.base64(key), "value": Self.base64(value)]]],
-        ], idempotent: false)
-        guard reply["succeeded"] as? Bool == true else { return nil }
-        return try Self.revision(reply)
+        let transaction = EtcdWire.Transaction(compare: [Self.unchanged(key, since: expected)],
+                                               success: [.init(request_put: .init(key: Self.base64(key), value: Self.base64(value)))])
+        let reply = try await call("/v3/kv/txn", transaction, idempotent: false, as: EtcdWire.TransactionReply.self)
+        guard reply.succeeded == true else { return nil }
+        return try Self.revision(reply.header)
     }
 
     /// One transaction that writes every key of `changes` only if each still has its expected
@@ -178,20 +169,14 @@ public final class EtcdClient: Sendable {
     public func swapAll(_ changes: [(key: String, expectedModRevision: Int64, value: String)],
                         guardedBy guardKey: (key: String, lease: Int64)? = nil) async throws(EtcdError) -> Int64? {
         precondition(changes.count + (guardKey == nil ? 0 : 1) <= 128, "etcd takes at most 128 comparisons per transaction")
-        var compares: [[String: Any]] = changes.map { change in
-            change.expectedModRevision == 0
-                ? ["key": Self.base64(change.key), "target": "CREATE", "create_revision": "0"]
-                : ["key": Self.base64(change.key), "target": "MOD", "mod_revision": String(change.expectedModRevision)]
-        }
+        var compares = changes.map { Self.unchanged($0.key, since: $0.expectedModRevision) }
         if let guardKey {
-            compares.append(["key": Self.base64(guardKey.key), "target": "LEASE", "lease": String(guardKey.lease)])
+            compares.append(EtcdWire.Compare(key: Self.base64(guardKey.key), target: "LEASE", lease: .init(guardKey.lease)))
         }
-        let reply = try await call("/v3/kv/txn", [
-            "compare": compares,
-            "success": changes.map { ["request_put": ["key": Self.base64($0.key), "value": Self.base64($0.value)]] },
-        ], idempotent: false)
-        guard reply["succeeded"] as? Bool == true else { return nil }
-        return try Self.revision(reply)
+        let puts = changes.map { EtcdWire.Operation(request_put: .init(key: Self.base64($0.key), value: Self.base64($0.value))) }
+        let reply = try await call("/v3/kv/txn", EtcdWire.Transaction(compare: compares, success: puts), idempotent: false, as: EtcdWire.TransactionReply.self)
+        guard reply.succeeded == true else { return nil }
+        return try Self.revision(reply.header)
     }
 
     /// Writes every key of `puts` and deletes every key of `deletes` in one transaction (at most
@@ -199,35 +184,32 @@ public final class EtcdClient: Sendable {
     @discardableResult
     public func write(puts: [(key: String, value: String)] = [], deletes: [String] = []) async throws(EtcdError) -> Int64 {
         precondition(puts.count + deletes.count <= 128, "etcd takes at most 128 operations per transaction")
-        let operations: [[String: Any]] = puts.map { ["request_put": ["key": Self.base64($0.key), "value": Self.base64($0.value)]] }
-            + deletes.map { ["request_delete_range": ["key": Self.base64($0)]] }
-        let reply = try await call("/v3/kv/txn", ["success": operations], idempotent: false)
-        return try Self.revision(reply)
+        let operations = puts.map { EtcdWire.Operation(request_put: .init(key: Self.base64($0.key), value: Self.base64($0.value))) }
+            + deletes.map { EtcdWire.Operation(request_delete_range: .init(key: Self.base64($0))) }
+        let reply = try await call("/v3/kv/txn", EtcdWire.Transaction(success: operations), idempotent: false, as: EtcdWire.TransactionReply.self)
+        return try Self.revision(reply.header)
     }
 
     // MARK: Leases
 
     /// A new lease of `ttlSeconds`; keys bound to it go when it ends.
     public func grantLease(ttlSeconds: Int) async throws(EtcdError) -> EtcdLease {
-        let reply = try await call("/v3/lease/grant", ["TTL": String(ttlSeconds)], idempotent: false)
-        let id = Self.int(reply["ID"])
-        guard id != 0 else { throw .protocolViolation("lease/grant answered without an ID: \(reply)") }
-        return EtcdLease(id: id, ttlSeconds: Int(Self.int(reply["TTL"])))
+        let reply = try await call("/v3/lease/grant", EtcdWire.LeaseGrant(TTL: .init(Int64(ttlSeconds))), idempotent: false, as: EtcdWire.LeaseGrantReply.self)
+        guard let id = reply.ID?.value, id != 0 else { throw .protocolViolation("lease/grant answered without an ID") }
+        return EtcdLease(id: id, ttlSeconds: Int(reply.TTL?.value ?? 0))
     }
 
     /// Renews `lease`; returns the TTL it has again, 0 when it has already ended.
     public func keepAlive(_ lease: Int64) async throws(EtcdError) -> Int {
-        let reply = try await call("/v3/lease/keepalive", ["ID": String(lease)], idempotent: true)
-        guard let result = reply["result"] as? [String: Any] else {
-            throw .protocolViolation("lease/keepalive answered without a result: \(reply)")
-        }
-        return Int(Self.int(result["TTL"]))
+        let reply = try await call("/v3/lease/keepalive", EtcdWire.LeaseID(ID: .init(lease)), idempotent: true, as: EtcdWire.KeepAliveReply.self)
+        guard let result = reply.result else { throw .protocolViolation("lease/keepalive answered without a result") }
+        return Int(result.TTL?.value ?? 0)
     }
 
     /// Ends `lease` now, deleting its keys (a lease already gone is not an error).
     public func revokeLease(_ lease: Int64) async throws(EtcdError) {
         do {
-            _ = try await call("/v3/lease/revoke", ["ID": String(lease)], idempotent: true)
+            _ = try await call("/v3/lease/revoke", EtcdWire.LeaseID(ID: .init(lease)), idempotent: true, as: EtcdWire.Reply.self)
         } catch .server(_, let message) where message.contains("lease not found") {
             return
         }
@@ -235,9 +217,12 @@ public final class EtcdClient: Sendable {
 
     // MARK: Transport
 
-    private func call(_ route: String, _ body: [String: Any], idempotent: Bool) async throws(EtcdError) -> [String: Any] {
+    /// POSTs `body` to `route` on the preferred member (then the others, as the type's doc says)
+    /// and decodes the reply as `Reply`.
+    private func call<Body: Encodable, Reply: Decodable>(_ route: String, _ body: Body, idempotent: Bool,
+                                                         as: Reply.Type) async throws(EtcdError) -> Reply {
         let data: Data
-        do { data = try JSONSerialization.data(withJSONObject: body) } catch { throw .protocolViolation("encoding \(route): \(error)") }
+        do { data = try JSONEncoder().encode(body) } catch { throw .protocolViolation("encoding \(route): \(error)") }
         let first = preferred.withLock { $0 }
         var failures: [String] = []
         for attempt in 0..<endpoints.count {
@@ -258,13 +243,19 @@ public final class EtcdClient: Sendable {
                 if idempotent || Self.neverSent(error) { continue }
                 throw .ambiguous("\(route) to \(endpoint): \(error); it may have been applied")
             }
-            let reply = (try? JSONSerialization.jsonObject(with: Data(bytes.readableBytesView))) as? [String: Any]
-            if status == .ok, let reply {
-                preferred.withLock { $0 = index }
-                return reply
+            let json = Data(bytes.readableBytesView)
+            if status == .ok {
+                do {
+                    let reply = try JSONDecoder().decode(Reply.self, from: json)
+                    preferred.withLock { $0 = index }
+                    return reply
+                } catch {
+                    throw .protocolViolation("\(route): \(error)")
+                }
             }
-            let code = Int(Self.int(reply?["code"]))
-            let message = reply?["message"] as? String ?? reply?["error"] as? String ?? String(buffer: bytes)
+            let reply = try? JSONDecoder().decode(EtcdWire.ErrorReply.self, from: json)
+            let code = Int(reply?.code?.value ?? 0)
+            let message = reply?.message ?? reply?.error ?? String(buffer: bytes)
             // 14 UNAVAILABLE (no leader, request timed out, not enough members): another
             // member may do better for a read; a write may have been applied.
             if code == 14 {
@@ -302,30 +293,33 @@ public final class EtcdClient: Sendable {
         return "\0"
     }
 
-    /// The gateway writes 64-bit integers as strings (and leaves zeros out).
-    static func int(_ value: Any?) -> Int64 {
-        if let text = value as? String { return Int64(text) ?? 0 }
-        if let number = value as? NSNumber { return number.int64Value }
-        return 0
+    /// A comparison that holds while `key` does not exist.
+    private static func absent(_ key: String) -> EtcdWire.Compare {
+        EtcdWire.Compare(key: base64(key), target: "CREATE", create_revision: .init(0))
     }
 
-    private static func revision(_ reply: [String: Any]) throws(EtcdError) -> Int64 {
-        let revision = int((reply["header"] as? [String: Any])?["revision"])
-        guard revision > 0 else { throw .protocolViolation("reply without a revision: \(reply)") }
+    /// A comparison that holds while `key` was last changed at `modRevision` (0: absent).
+    private static func unchanged(_ key: String, since modRevision: Int64) -> EtcdWire.Compare {
+        modRevision == 0 ? absent(key) : EtcdWire.Compare(key: base64(key), target: "MOD", mod_revision: .init(modRevision))
+    }
+
+    private static func revision(_ header: EtcdWire.Header?) throws(EtcdError) -> Int64 {
+        guard let revision = header?.revision?.value, revision > 0 else { throw .protocolViolation("a reply without a revision") }
         return revision
     }
 
-    private static func keyValues(_ value: Any?) throws(EtcdError) -> [EtcdKeyValue] {
-        guard let list = value as? [[String: Any]] else { return [] }
-        return try list.map { item throws(EtcdError) in
-            guard let key = (item["key"] as? String).flatMap({ Data(base64Encoded: $0) }) else {
-                throw .protocolViolation("a key that is not base64: \(item)")
-            }
-            let value = (item["value"] as? String).flatMap { Data(base64Encoded: $0) } ?? Data()
-            return EtcdKeyValue(key: String(decoding: key, as: UTF8.self), value: [UInt8](value),
-                                createRevision: int(item["create_revision"]), modRevision: int(item["mod_revision"]),
-                                version: int(item["version"]), lease: int(item["lease"]))
+    private static func keyValues(_ list: [EtcdWire.KeyValue]?) throws(EtcdError) -> [EtcdKeyValue] {
+        try (list ?? []).map { item throws(EtcdError) in try keyValue(item) }
+    }
+
+    private static func keyValue(_ item: EtcdWire.KeyValue) throws(EtcdError) -> EtcdKeyValue {
+        guard let key = item.key.flatMap({ Data(base64Encoded: $0) }) else {
+            throw .protocolViolation("a key that is not base64: \(item.key ?? "none")")
         }
+        let value = item.value.flatMap { Data(base64Encoded: $0) } ?? Data()
+        return EtcdKeyValue(key: String(decoding: key, as: UTF8.self), value: [UInt8](value),
+                            createRevision: item.create_revision?.value ?? 0, modRevision: item.mod_revision?.value ?? 0,
+                            version: item.version?.value ?? 0, lease: item.lease?.value ?? 0)
     }
 }
 

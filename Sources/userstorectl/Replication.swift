@@ -44,10 +44,11 @@ extension UserStoreCtlCommand {
             var line = "replication " + output.paint(state, state == "ok" ? .green : .red)
                 + "   \(value("registeredStores")) registered   \(value("unregisteredStores")) unregistered   max lag \(value("maxLagSeconds")) s"
                 + "   \(value("restoredStores")) restored   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))"
-                + "\n            replica \(value("replica"))   last sync pass \(value("syncPassSeconds")) s"
+                + "\n            replica \(value("replica"))   last sync pass \(value("syncPassSeconds")) s (longest \(value("longestSyncPassSeconds")) s)"
             if let diverged = status["divergedReplicas"]?.integerValue, diverged > 0 {
                 line += "\n            " + output.paint("\(diverged) replicas found diverged after a fault (shipped whole again; see replica-diverged in the journal)", .yellow)
             }
+            if let problem = status["replicaProblem"]?.stringValue { line += "\n            " + output.paint("replica: \(problem)", .red) }
             if let error = status["lastError"]?.stringValue { line += "\n            last error: \(error)" }
             return line
         }

@@ -23,7 +23,12 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
             With replication on, Litestream runs as this process's child unless \
             replication.startLitestream is false: it dies with the daemon (however the daemon \
             ends) and is killed and restarted after replication.restartUnresponsiveSeconds \
-            without an answer on its control socket.
+            without an answer on its control socket. An s3:// replica takes its endpoint, \
+            region, addressing, credentials (a file, or a systemd credential: \
+            replication.s3.credential with LoadCredential=) and CA from replication.s3.*; a \
+            bucket that refuses the credentials (ReplicaAccessDenied) or does not exist \
+            (ReplicaBucketMissing) stops the daemon at start (exit 78), one that cannot be \
+            reached (ReplicaUnreachable) leaves replication degraded until it answers.
             """,
         version: DaemonInfo.version)
 

@@ -122,6 +122,15 @@ import Testing
 
     @Test func aPrefixRangeEndsJustAfterThePrefix() {
         #expect(EtcdClient.rangeEnd(of: "/us/v1/hosts/") == "/us/v1/hosts0")
-        #expect(EtcdClient.int("42") == 42 && EtcdClient.int(nil) == 0)
+    }
+
+    /// The gateway writes 64-bit integers as strings; numbers are taken too, anything else refused.
+    @Test func gatewayIntegersDecodeFromStringsAndNumbers() throws {
+        let decoder = JSONDecoder()
+        #expect(try decoder.decode(EtcdWire.Header.self, from: Data(#"{"revision":"42"}"#.utf8)).revision?.value == 42)
+        #expect(try decoder.decode(EtcdWire.Header.self, from: Data(#"{"revision":7}"#.utf8)).revision?.value == 7)
+        #expect(try decoder.decode(EtcdWire.Header.self, from: Data("{}".utf8)).revision == nil)
+        #expect(throws: DecodingError.self) { try decoder.decode(EtcdWire.Header.self, from: Data(#"{"revision":"x"}"#.utf8)) }
+        #expect(String(decoding: try JSONEncoder().encode(EtcdWire.LeaseID(ID: .init(5))), as: UTF8.self) == #"{"ID":"5"}"#)
     }
 }

@@ -122,7 +122,7 @@ import Varlink
         let status = try nobody.connect().call("io.userstore.Admin.Status")["replication"]
         #expect(status?["state"] == "degraded" && status?["replicaProblem"]?.stringValue?.contains("ReplicaUnreachable") == true, "\(String(describing: status))")
         let ctl = try run([CtlTests.ctl, "replication"], environment: ["USERSTORE_SOCKET": nobody.socketPath])
-        #expect(ctl.status == 1 && ctl.stdout.contains("ReplicaUnreachable"), "\(ctl)")
+        #expect(ctl.status == 1 && ctl.stdout.contains("replica: ReplicaUnreachable"), "\(ctl)")
         nobody.stop()
     }
 

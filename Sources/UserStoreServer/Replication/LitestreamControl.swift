@@ -1,17 +1,31 @@
+import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
 
 /// Litestream's control socket: HTTP/1.1 with JSON bodies over a Unix socket (`socket:` in
-/// Litestream's configuration; docs/notes/litestream-0.5.md lists the routes). One connection
-/// per request (`Connection: close`); SwiftNIO's HTTP/1 codec reads the replies.
+/// Litestream's configuration; docs/notes/litestream-0.5.md lists the routes), through
+/// AsyncHTTPClient (`http+unix`) with Codable bodies.
 ///
-/// Every call blocks its thread until the reply (or `timeout`): call it from the blocking pool,
-/// never from an event loop.
+/// Each call comes in two forms: `async`, and blocking its thread until the reply (or its
+/// deadline) — the blocking form only from the blocking pool, never from an event loop.
 struct LitestreamControl: Sendable {
     /// The control socket's path.
     let socketPath: String
+
+    /// The client every control call shares. Connections are kept alive and reused; a sync
+    /// pass sends up to 64 `/sync` calls at once and durable writes each wait on one more, so
+    /// the pool allows many more connections than AsyncHTTPClient's default 8 (a call queued
+    /// behind others would spend its deadline waiting for a connection). A socket that refuses
+    /// fails the call at once instead of being retried until the deadline.
+    static let http: HTTPClient = {
+        var configuration = HTTPClient.Configuration()
+        configuration.connectionPool = .init(idleTimeout: .seconds(30), concurrentHTTP1ConnectionsPerHostSoftLimit: 512)
+        configuration.connectionPool.retryConnectionEstablishment = false
+        configuration.timeout.connect = .seconds(2)
+        return HTTPClient(eventLoopGroup: MultiThreadedEventLoopGroup.singleton, configuration: configuration)
+    }()
 
     /// A failed request: no connection, a timeout, or Litestream's error reply.
     struct Failure: Error, CustomStringConvertible {
@@ -23,38 +37,34 @@ struct LitestreamControl: Sendable {
 
     /// `POST /register`: replicate the database at `path` to `replicaURL` (blocking).
     func register(_ path: String, replicaURL: String) throws {
-        _ = try call(.POST, "/register", ["path": path, "replica_url": replicaURL], timeout: .seconds(10))
+        _ = try call(.POST, "/register", Register(path: path, replicaURL: replicaURL), timeout: .seconds(10), reply: Ignored.self)
     }
 
     /// ``register(_:replicaURL:)`` without blocking a thread.
     func register(_ path: String, replicaURL: String) async throws {
-        _ = try await call(.POST, "/register", ["path": path, "replica_url": replicaURL], timeout: .seconds(10))
+        _ = try await call(.POST, "/register", Register(path: path, replicaURL: replicaURL), timeout: .seconds(10), reply: Ignored.self)
     }
 
     /// `POST /unregister`: a final sync, then stop replicating `path` and close Litestream's
     /// connection to it; answered by `until` at the latest (blocking).
     func unregister(_ path: String, until deadline: ContinuousClock.Instant) throws {
-        _ = try call(.POST, "/unregister", ["path": path, "timeout": Self.seconds(until: deadline)], timeout: Self.left(until: deadline))
+        _ = try call(.POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: Ignored.self)
     }
 
     /// ``unregister(_:until:)`` without blocking a thread.
     func unregister(_ path: String, until deadline: ContinuousClock.Instant) async throws {
-        _ = try await call(.POST, "/unregister", ["path": path, "timeout": Self.seconds(until: deadline)], timeout: Self.left(until: deadline))
+        _ = try await call(.POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: Ignored.self)
     }
 
     /// `POST /sync` with `wait`: returns once every transaction committed before the call is in
     /// the replica (`replicated_txid`), or throws — by `until` at the latest (blocking).
     func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) throws -> SyncReply {
-        SyncReply(try call(.POST, "/sync", Self.syncBody(path, deadline), timeout: Self.left(until: deadline)))
+        try call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
     }
 
     /// ``syncAndWait(_:until:)`` without blocking a thread (durable writes wait here).
     func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) async throws -> SyncReply {
-        SyncReply(try await call(.POST, "/sync", Self.syncBody(path, deadline), timeout: Self.left(until: deadline)))
-    }
-
-    private static func syncBody(_ path: String, _ deadline: ContinuousClock.Instant) -> [String: Any] {
-        ["path": path, "wait": true, "timeout": seconds(until: deadline)]
+        try await call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
     }
 
     /// The time left until `deadline` (at least a millisecond): how long the daemon waits for a reply.
@@ -71,16 +81,41 @@ struct LitestreamControl: Sendable {
         return max(1, Int(left.components.seconds) + (left.components.attoseconds > 0 ? 1 : 0))
     }
 
+    // MARK: Bodies
+
+    private struct Register: Encodable {
+        let path: String
+        let replicaURL: String
+        enum CodingKeys: String, CodingKey { case path, replicaURL = "replica_url" }
+    }
+
+    private struct Unregister: Encodable {
+        let path: String
+        let timeout: Int
+    }
+
+    private struct Sync: Encodable {
+        let path: String
+        let wait = true
+        let timeout: Int
+    }
+
+    /// A body of nothing: the reply nothing reads (its status says it all), the GET that sends none.
+    private struct Ignored: Codable {}
+
     /// What `/sync` answered: `synced`, `synced_local` or `no_change`, and the positions.
-    struct SyncReply {
+    struct SyncReply: Decodable {
         let status: String
         let txid: Int64
         let replicatedTXID: Int64
 
-        init(_ reply: [String: Any]) {
-            status = reply["status"] as? String ?? ""
-            txid = (reply["txid"] as? NSNumber)?.int64Value ?? 0
-            replicatedTXID = (reply["replicated_txid"] as? NSNumber)?.int64Value ?? 0
+        enum CodingKeys: String, CodingKey { case status, txid, replicatedTXID = "replicated_txid" }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            status = try container.decodeIfPresent(String.self, forKey: .status) ?? ""
+            txid = try container.decodeIfPresent(Int64.self, forKey: .txid) ?? 0
+            replicatedTXID = try container.decodeIfPresent(Int64.self, forKey: .replicatedTXID) ?? 0
         }
 
         /// Whether the replica holds everything the sync covered (`no_change` too: with `wait`,
@@ -90,127 +125,132 @@ struct LitestreamControl: Sendable {
 
     /// `GET /list`: every registered database and its state.
     func list() async throws -> [ListedDatabase] {
-        let reply = try await call(.GET, "/list", nil, timeout: .seconds(5))
-        return (reply["databases"] as? [[String: Any]] ?? []).map { entry in
-            ListedDatabase(path: entry["path"] as? String ?? "", status: entry["status"] as? String ?? "",
-                           lastSyncAt: (entry["last_sync_at"] as? String).flatMap(RFC3339.parse))
-        }
+        try await call(.GET, "/list", Optional<Ignored>.none, timeout: .seconds(5), reply: Listed.self).databases ?? []
+    }
+
+    private struct Listed: Decodable {
+        let databases: [ListedDatabase]?
     }
 
     /// One database in `/list`.
-    struct ListedDatabase {
+    struct ListedDatabase: Decodable {
         let path: String
         /// `replicating`, `open` or `stopped`.
         let status: String
         let lastSyncAt: Date?
+
+        enum CodingKeys: String, CodingKey { case path, status, lastSyncAt = "last_sync_at" }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            path = try container.decodeIfPresent(String.self, forKey: .path) ?? ""
+            status = try container.decodeIfPresent(String.self, forKey: .status) ?? ""
+            lastSyncAt = try container.decodeIfPresent(String.self, forKey: .lastSyncAt).flatMap(RFC3339.parse)
+        }
     }
 
     /// Which Litestream answers: its pid and when it started (`GET /info`).
-    struct Instance: Equatable {
+    struct Instance: Equatable, Decodable {
         let pid: Int32
         let startedAt: String
         let version: String
+
+        enum CodingKeys: String, CodingKey { case pid, startedAt = "started_at", version }
+
+        init(pid: Int32, startedAt: String, version: String) {
+            self.pid = pid
+            self.startedAt = startedAt
+            self.version = version
+        }
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            pid = try container.decodeIfPresent(Int32.self, forKey: .pid) ?? 0
+            startedAt = try container.decodeIfPresent(String.self, forKey: .startedAt) ?? ""
+            version = try container.decodeIfPresent(String.self, forKey: .version) ?? ""
+        }
     }
 
     /// `GET /info`: which Litestream answers (throws when none does within 5 s).
     func info() async throws -> Instance {
-        let reply = try await call(.GET, "/info", nil, timeout: .seconds(5))
-        return Instance(pid: (reply["pid"] as? NSNumber)?.int32Value ?? 0, startedAt: reply["started_at"] as? String ?? "",
-                        version: reply["version"] as? String ?? "")
+        try await call(.GET, "/info", Optional<Ignored>.none, timeout: .seconds(5), reply: Instance.self)
     }
 
     // MARK: HTTP
 
-    /// One request, blocking its thread until the reply: its JSON object, or the error.
-    private func call(_ method: HTTPMethod, _ route: String, _ body: [String: Any]?, timeout: TimeAmount) throws -> [String: Any] {
-        let data = try body.map { try JSONSerialization.data(withJSONObject: $0) }
-        return try Self.decode(route, try exchange(method, route, body: data, timeout: timeout).wait())
+    /// Litestream's error body: `{"error": "…"}`.
+    private struct ErrorReply: Decodable {
+        let error: String
     }
 
-    /// ``call(_:_:_:timeout:)`` without blocking a thread.
-    private func call(_ method: HTTPMethod, _ route: String, _ body: [String: Any]?, timeout: TimeAmount) async throws -> [String: Any] {
-        let data = try body.map { try JSONSerialization.data(withJSONObject: $0) }
-        return try Self.decode(route, try await exchange(method, route, body: data, timeout: timeout).get())
-    }
-
-    /// The reply's JSON object, or the error Litestream named.
-    private static func decode(_ route: String, _ reply: (HTTPResponseStatus, ByteBuffer)) throws -> [String: Any] {
-        let (status, buffer) = reply
-        let json = (try? JSONSerialization.jsonObject(with: Data(buffer.readableBytesView))) as? [String: Any]
-        guard status == .ok else {
-            let message = json?["error"] as? String ?? String(buffer: buffer).trimmingCharacters(in: .whitespacesAndNewlines)
-            throw Failure(description: "Litestream \(route): \(status.code) \(message)")
+    /// One request, blocking its thread until the reply (or `timeout`).
+    private func call<Body: Encodable, Reply: Decodable>(_ method: HTTPMethod, _ route: String, _ body: Body?, timeout: TimeAmount,
+                                                         reply: Reply.Type) throws -> Reply {
+        let request = try makeRequest(method, route, body)
+        let response: HTTPClient.Response
+        do {
+            response = try Self.http.execute(request: request, deadline: .now() + timeout).wait()
+        } catch {
+            throw Self.failure(route, error, timeout: timeout)
         }
-        guard let json else { throw Failure(description: "Litestream \(route): the reply is not a JSON object") }
-        return json
+        return try Self.decode(route, response, as: Reply.self)
     }
 
-    /// One request on a connection of its own: the reply's status and body, or a failure after
-    /// `timeout`.
-    private func exchange(_ method: HTTPMethod, _ route: String, body: Data?, timeout: TimeAmount) -> EventLoopFuture<(HTTPResponseStatus, ByteBuffer)> {
-        let loop = MultiThreadedEventLoopGroup.singleton.next()
-        let promise = loop.makePromise(of: (HTTPResponseStatus, ByteBuffer).self)
-        let socketPath = self.socketPath
-        let deadline = loop.scheduleTask(in: timeout) {
-            promise.fail(Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s"))
+    /// ``call(_:_:_:timeout:reply:)`` without blocking a thread.
+    private func call<Body: Encodable, Reply: Decodable>(_ method: HTTPMethod, _ route: String, _ body: Body?, timeout: TimeAmount,
+                                                         reply: Reply.Type) async throws -> Reply {
+        let request = try makeRequest(method, route, body)
+        let response: HTTPClient.Response
+        do {
+            response = try await Self.http.execute(request: request, deadline: .now() + timeout).get()
+        } catch {
+            throw Self.failure(route, error, timeout: timeout)
         }
-        var head = HTTPRequestHead(version: .http1_1, method: method, uri: route)
-        head.headers.add(name: "Host", value: "litestream")
-        head.headers.add(name: "Connection", value: "close")
+        return try Self.decode(route, response, as: Reply.self)
+    }
+
+    private func makeRequest<Body: Encodable>(_ method: HTTPMethod, _ route: String, _ body: Body?) throws -> HTTPClient.Request {
+        guard let url = URL(httpURLWithSocketPath: socketPath, uri: route) else {
+            throw Failure(description: "Litestream's control socket path \(socketPath) cannot be put in a URL", delivered: false)
+        }
+        // Go's HTTP/1.1 server refuses a request without Host (400), and AsyncHTTPClient sends
+        // none to a Unix socket.
+        var headers: HTTPHeaders = ["Host": "litestream"]
+        var payload: HTTPClient.Body?
         if let body {
-            head.headers.add(name: "Content-Type", value: "application/json")
-            head.headers.add(name: "Content-Length", value: "\(body.count)")
+            headers.add(name: "Content-Type", value: "application/json")
+            payload = .bytes(try JSONEncoder().encode(body))
         }
-        let request = head
-        ClientBootstrap(group: loop)
-            .connectTimeout(.seconds(2))
-            .channelInitializer { channel in
-                channel.pipeline.addHTTPClientHandlers().flatMapThrowing {
-                    try channel.pipeline.syncOperations.addHandler(ReplyCollector(promise: promise))
-                }
-            }
-            .connect(unixDomainSocketPath: socketPath)
-            .whenComplete { result in
-                switch result {
-                case .failure(let error):
-                    promise.fail(Failure(description: "cannot connect to Litestream's control socket \(socketPath): \(error)", delivered: false))
-                case .success(let channel):
-                    channel.write(HTTPClientRequestPart.head(request), promise: nil)
-                    if let body { channel.write(HTTPClientRequestPart.body(.byteBuffer(ByteBuffer(bytes: body))), promise: nil) }
-                    channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
-                    promise.futureResult.whenComplete { _ in channel.close(promise: nil) }
-                }
-            }
-        promise.futureResult.whenComplete { _ in deadline.cancel() }
-        return promise.futureResult
+        return try HTTPClient.Request(url: url, method: method, headers: headers, body: payload)
     }
 
-    /// Gathers one response and fulfils the promise with its status and body.
-    private final class ReplyCollector: ChannelInboundHandler, @unchecked Sendable {
-        typealias InboundIn = HTTPClientResponsePart
-        private let promise: EventLoopPromise<(HTTPResponseStatus, ByteBuffer)>
-        private var status: HTTPResponseStatus = .ok
-        private var body = ByteBuffer()
-
-        init(promise: EventLoopPromise<(HTTPResponseStatus, ByteBuffer)>) {
-            self.promise = promise
+    /// What a request that got no reply is reported as. Only a connection that was never made
+    /// counts as not delivered: anything else may have reached Litestream.
+    private static func failure(_ route: String, _ error: any Error, timeout: TimeAmount) -> Failure {
+        if let error = error as? HTTPClientError, error == .deadlineExceeded || error == .readTimeout {
+            return Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s")
         }
-
-        func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-            switch unwrapInboundIn(data) {
-            case .head(let head): status = head.status
-            case .body(var part): body.writeBuffer(&part)
-            case .end: promise.succeed((status, body))
-            }
+        if let error = error as? HTTPClientError, error == .connectTimeout {
+            return Failure(description: "cannot connect to Litestream's control socket: \(error)", delivered: false)
         }
-
-        func errorCaught(context: ChannelHandlerContext, error: any Error) {
-            promise.fail(error)
-            context.close(promise: nil)
+        if let error = error as? IOError, [ENOENT, ECONNREFUSED, ENOTSOCK, EACCES].contains(error.errnoCode) {
+            return Failure(description: "cannot connect to Litestream's control socket: \(error)", delivered: false)
         }
+        return Failure(description: "Litestream \(route): \(error)")
+    }
 
-        func channelInactive(context: ChannelHandlerContext) {
-            promise.fail(Failure(description: "Litestream closed the connection before replying"))
+    /// The reply decoded, or the error Litestream named.
+    private static func decode<Reply: Decodable>(_ route: String, _ response: HTTPClient.Response, as: Reply.Type) throws -> Reply {
+        let bytes = response.body.map { Data($0.readableBytesView) } ?? Data()
+        guard response.status == .ok else {
+            let message = (try? JSONDecoder().decode(ErrorReply.self, from: bytes))?.error
+                ?? String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+            throw Failure(description: "Litestream \(route): \(response.status.code) \(message)")
+        }
+        do {
+            return try JSONDecoder().decode(Reply.self, from: bytes.isEmpty ? Data("{}".utf8) : bytes)
+        } catch {
+            throw Failure(description: "Litestream \(route): the reply is not what the daemon expects: \(error)")
         }
     }
 }

@@ -18,7 +18,7 @@ extension LitestreamReplicator {
         let written = store.wal.take()
         do {
             while true {
-                let reply = try await control.syncAndWait(path, until: deadline)
+                let reply = try await sync(path, until: deadline)
                 if reply.isReplicated { break }
                 // A sync that raced another one for the same store (the sync pass, a second
                 // durable write) can come back with the replica one transaction behind
@@ -34,6 +34,13 @@ extension LitestreamReplicator {
             syncFailed(store, error)
             throw StoreError.replicationUnavailable(user: user, message: "\(error)")
         }
+    }
+
+    /// `POST /sync` with `wait` for the store at `path`, queued behind any other sync of it
+    /// (``SyncLanes``: Litestream mishandles overlapping syncs of one database); by `deadline`.
+    func sync(_ path: String, until deadline: ContinuousClock.Instant) async throws -> LitestreamControl.SyncReply {
+        let control = self.control
+        return try await syncLanes.run(path, until: deadline) { try await control.syncAndWait(path, until: deadline) }
     }
 
     /// A sync of `store` failed (Litestream, or the replica behind it, did not confirm it): the
@@ -59,7 +66,6 @@ extension LitestreamReplicator {
             state.open.values.filter { $0.registered && $0.store.wal.take() }.map(\.store)
         }
         let deadline = durableDeadline
-        let control = self.control
         await withTaskGroup(of: Void.self) { group in
             var running = 0
             for store in written {
@@ -70,7 +76,7 @@ extension LitestreamReplicator {
                 running += 1
                 group.addTask {
                     do {
-                        _ = try await control.syncAndWait(store.path, until: deadline)
+                        _ = try await self.sync(store.path, until: deadline)
                     } catch {
                         // Closed meanwhile: its final sync covered it (not an outage).
                         guard self.isRegistered(store) else { return }
@@ -81,7 +87,10 @@ extension LitestreamReplicator {
             }
         }
         let took = ContinuousClock.now - started
-        state.withLock { $0.lastPass = took }
+        state.withLock { state in
+            state.lastPass = took
+            state.longestPass = max(state.longestPass, took)
+        }
         return took
     }
 

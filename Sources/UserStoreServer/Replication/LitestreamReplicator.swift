@@ -27,6 +27,8 @@ final class LitestreamReplicator: StoreReplication {
     let settings: ReplicationSettings
     let layout: StoreLayout
     let control: LitestreamControl
+    /// One `/sync` at a time per store (Litestream mishandles overlapping ones).
+    let syncLanes = SyncLanes()
     let command: LitestreamCommand
     let logger: Logger
     let state = Mutex(State())
@@ -55,6 +57,8 @@ final class LitestreamReplicator: StoreReplication {
         var diverged = 0
         /// How long the last sync pass took.
         var lastPass: Duration = .zero
+        /// The longest sync pass since start: what the plain-write loss window's bound depends on.
+        var longestPass: Duration = .zero
         /// What the last check of the replica itself found wrong (its named error), while it lasts.
         var replicaProblem: String?
     }
@@ -317,6 +321,7 @@ final class LitestreamReplicator: StoreReplication {
         var restored: Int
         var diverged: Int
         var lastSyncPassSeconds: Double
+        var longestSyncPassSeconds: Double
         var replicaProblem: String?
         /// Per open store: its user, whether it is registered, its last sync.
         var stores: [(user: String, registered: Bool, lastSync: Date?)]
@@ -334,7 +339,7 @@ final class LitestreamReplicator: StoreReplication {
             return Snapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
                             lastError: state.lastError, litestreamPID: Int(state.litestream?.pid ?? 0),
                             litestreamVersion: state.litestream?.version ?? "", restored: state.restored, diverged: state.diverged,
-                            lastSyncPassSeconds: Double(state.lastPass.components.seconds) + Double(state.lastPass.components.attoseconds) / 1e18,
+                            lastSyncPassSeconds: state.lastPass.inSeconds, longestSyncPassSeconds: state.longestPass.inSeconds,
                             replicaProblem: state.replicaProblem,
                             stores: stores.sorted { $0.user < $1.user })
         }
@@ -396,4 +401,9 @@ protocol ReplicaFencing: Sendable {
     func bucket(of user: UserID) -> Int
     /// The epoch of `user`'s bucket as this host sees it (nil: no owner record seen).
     func epoch(of user: UserID) -> Int64?
+}
+
+extension Duration {
+    /// The duration in seconds, as a Double (Status and metrics).
+    var inSeconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

@@ -57,10 +57,9 @@ struct ReplicaCheck: Sendable {
     /// Compares `store` (leased by the caller) with its replica as of one sync.
     func compare(_ store: Store) async -> Outcome {
         do {
-            let control = replicator.control
             // First a sync that holds nothing: the replica catches up while requests go on, and a
             // replica still out of reach fails here without stopping the store's writes.
-            let caughtUp = try await control.syncAndWait(store.path, until: replicator.durableDeadline)
+            let caughtUp = try await replicator.sync(store.path, until: replicator.durableDeadline)
             guard caughtUp.isReplicated else {
                 return .notNow("the sync ended \(caughtUp.status) at txid \(caughtUp.txid) with the replica at \(caughtUp.replicatedTXID)")
             }
@@ -70,7 +69,7 @@ struct ReplicaCheck: Sendable {
             // Then the one that fixes the point compared, with the store held: little to ship.
             let reply = try await store.whileHeld {
                 try reader.pin()
-                return try await control.syncAndWait(store.path, until: deadline)
+                return try await replicator.sync(store.path, until: deadline)
             }
             guard reply.isReplicated else {
                 return .notNow("the sync ended \(reply.status) at txid \(reply.txid) with the replica at \(reply.replicatedTXID)")

@@ -51,6 +51,7 @@ struct ReplicationMethods {
             "litestreamPid": .integer(Int64(snapshot.litestreamPID)),
             "litestreamVersion": .string(snapshot.litestreamVersion),
             "syncPassSeconds": .real((snapshot.lastSyncPassSeconds * 1000).rounded() / 1000),
+            "longestSyncPassSeconds": .real((snapshot.longestSyncPassSeconds * 1000).rounded() / 1000),
             "divergedReplicas": .integer(Int64(snapshot.diverged)),
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }

@@ -1,0 +1,111 @@
+import Foundation
+import Testing
+@testable import UserStoreServer
+
+/// The daemon's client of Litestream's control socket (AsyncHTTPClient over `http+unix`,
+/// Codable bodies) against a real Litestream 0.5.17, and against sockets that refuse or never
+/// answer: what each call returns, and which failures count as never delivered (the WAL rule
+/// relies on that: a registration that never reached Litestream holds no WAL position).
+@Suite(.serialized) struct LitestreamControlTests {
+    /// A `litestream replicate` serving only its control socket in `folder`, and a client of it.
+    static func litestream(in folder: String) throws -> (Process, LitestreamControl) {
+        let socket = folder + "/litestream.sock"
+        try "socket:\n  enabled: true\n  path: \"\(socket)\"\n  permissions: 0600\n".write(toFile: folder + "/litestream.yml", atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: ReplicationTests.litestream)
+        process.arguments = ["replicate", "-config", folder + "/litestream.yml"]
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return (process, LitestreamControl(socketPath: socket))
+    }
+
+    /// Waits (at most 60 s: the other suites, running at once, can starve this task of the two
+    /// cooperative threads for a while) until `control` answers `/info`.
+    static func answering(_ control: LitestreamControl) async throws -> LitestreamControl.Instance {
+        let deadline = ContinuousClock.now + .seconds(60)
+        while true {
+            do { return try await control.info() } catch where ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(20)) // Litestream is still starting
+            }
+        }
+    }
+
+    /// A Unix stream socket bound to `path` (not listening).
+    static func boundSocket(_ path: String) throws -> Int32 {
+        let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { buffer in
+            buffer.copyBytes(from: path.utf8.prefix(buffer.count - 1))
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard descriptor >= 0, bound == 0 else { throw POSIXError(.EADDRINUSE) }
+        return descriptor
+    }
+
+    @Test func registerSyncListAndUnregisterARealStore() async throws {
+        let folder = try TemporaryDirectory()
+        let (process, control) = try Self.litestream(in: folder.path)
+        defer { process.terminate(); process.waitUntilExit() }
+        let instance = try await Self.answering(control)
+        #expect(instance.pid == process.processIdentifier)
+        #expect(instance.version.contains("0.5"), "\(instance)")
+        #expect(!instance.startedAt.isEmpty)
+
+        let store = folder.path + "/ann.sqlite"
+        _ = try ReplicationTests.sqlite3(store, "PRAGMA journal_mode=WAL; CREATE TABLE notes (title TEXT);")
+        try await control.register(store, replicaURL: "file://" + folder.path + "/replica")
+        _ = try ReplicationTests.sqlite3(store, "INSERT INTO notes VALUES ('first');")
+        let reply = try await control.syncAndWait(store, until: .now + .seconds(10))
+        #expect(reply.isReplicated && reply.replicatedTXID >= 1, "\(reply)")
+        let listed = try await control.list()
+        #expect(listed.contains { $0.path == store && $0.lastSyncAt != nil }, "\(listed)")
+
+        // The blocking forms, from a thread that is not an event loop.
+        let blocking = try await Task.detached {
+            try control.unregister(store, until: .now + .seconds(10))
+            return try control.syncAndWait(store, until: .now + .seconds(5))
+        }.result
+        guard case .failure(let error as LitestreamControl.Failure) = blocking else {
+            Issue.record("a sync of an unregistered store succeeded: \(blocking)")
+            return
+        }
+        // Litestream's own error, by route, and delivered (it answered).
+        #expect(error.description.hasPrefix("Litestream /sync:") && error.delivered, "\(error)")
+        #expect(try await control.list().allSatisfy { $0.path != store })
+    }
+
+    @Test func aMissingOrRefusingSocketIsNeverDelivered() async throws {
+        let folder = try TemporaryDirectory()
+        let missing = LitestreamControl(socketPath: folder.path + "/nothing.sock")
+        await #expect { try await missing.info() } throws: { ($0 as? LitestreamControl.Failure)?.delivered == false }
+        // A socket file nobody listens on: ECONNREFUSED.
+        let path = folder.path + "/refusing.sock"
+        let descriptor = try Self.boundSocket(path)
+        defer { close(descriptor) }
+        let refusing = LitestreamControl(socketPath: path)
+        await #expect { try await refusing.register("/x.sqlite", replicaURL: "file:///y") } throws: {
+            ($0 as? LitestreamControl.Failure)?.delivered == false
+        }
+    }
+
+    @Test func aSocketThatNeverAnswersFailsAtTheDeadline() async throws {
+        let folder = try TemporaryDirectory()
+        let path = folder.path + "/silent.sock"
+        let descriptor = try Self.boundSocket(path)
+        defer { close(descriptor) }
+        #expect(listen(descriptor, 16) == 0) // connections accepted by the kernel, never read
+        let silent = LitestreamControl(socketPath: path)
+        let started = ContinuousClock.now
+        await #expect { try await silent.syncAndWait("/x.sqlite", until: .now + .milliseconds(500)) } throws: { error in
+            let failure = error as? LitestreamControl.Failure
+            return failure?.delivered == true && failure?.description.contains("did not answer /sync") == true
+        }
+        let waited = ContinuousClock.now - started
+        // Not before the deadline; well after it only on a machine starved by other suites.
+        #expect(waited >= .milliseconds(450) && waited < .seconds(10), "waited \(waited) for a 500 ms deadline")
+    }
+}
