@@ -92,7 +92,10 @@ import Testing
         }
     }
 
-    @Test func aSocketThatNeverAnswersFailsAtTheDeadline() async throws {
+    /// A call to a socket that accepts and never answers ends at its deadline, as delivered (it
+    /// may have reached a Litestream that hangs). Without a deadline it would hang: the time
+    /// limit is a hang catcher, far above any starvation.
+    @Test(.timeLimit(.minutes(10))) func aSocketThatNeverAnswersFailsAtTheDeadline() async throws {
         let folder = try TemporaryDirectory()
         let path = folder.path + "/silent.sock"
         let descriptor = try Self.boundSocket(path)
@@ -104,8 +107,9 @@ import Testing
             let failure = error as? LitestreamControl.Failure
             return failure?.delivered == true && failure?.description.contains("did not answer /sync") == true
         }
-        let waited = ContinuousClock.now - started
-        // Not before the deadline; well after it only on a machine starved by other suites.
-        #expect(waited >= .milliseconds(450) && waited < .seconds(10), "waited \(waited) for a 500 ms deadline")
+        // Not before the deadline. How soon after it is not asserted here: the suites running at
+        // once can starve this task's two cooperative threads for seconds (CI saw 21 s); the
+        // daemon's durable time-out is held to 10 % by DurabilityTests.theDurableTimeOutBoundsTheWholeCall.
+        #expect(ContinuousClock.now - started >= .milliseconds(450))
     }
 }
