@@ -40,7 +40,25 @@ extension LitestreamReplicator {
     /// (``SyncLanes``: Litestream mishandles overlapping syncs of one database); by `deadline`.
     func sync(_ path: String, until deadline: ContinuousClock.Instant) async throws -> LitestreamControl.SyncReply {
         let control = self.control
-        return try await syncLanes.run(path, until: deadline) { try await control.syncAndWait(path, until: deadline) }
+        return try await syncLanes.run(path, until: deadline) {
+            while true {
+                do {
+                    return try await control.syncAndWait(path, until: deadline)
+                } catch let failure as LitestreamControl.Failure where Self.isOverlappingSync(failure) && ContinuousClock.now + .milliseconds(10) < deadline {
+                    // A sync the daemon gave up on (Litestream paused or slow) still runs inside
+                    // Litestream when it resumes, beside this one: ask again within the deadline.
+                    try await Task.sleep(for: .milliseconds(10))
+                }
+            }
+        }
+    }
+
+    /// Litestream's failure when two syncs of one database overlapped (both wrote the same
+    /// temporary LTX file, locally — `rename ltx file` — or in a `file://` replica — `write ltx
+    /// file: rename`; the second rename finds it gone). Nothing is wrong with the replica.
+    static func isOverlappingSync(_ failure: LitestreamControl.Failure) -> Bool {
+        let text = failure.description
+        return text.contains("rename") && text.contains(".ltx.tmp") && text.contains("no such file or directory")
     }
 
     /// A sync of `store` failed (Litestream, or the replica behind it, did not confirm it): the

@@ -75,7 +75,15 @@ struct ReplicaCheck: Sendable {
                 return .notNow("the sync ended \(reply.status) at txid \(reply.txid) with the replica at \(reply.replicatedTXID)")
             }
             let live = try await BlockingPool.run { try reader.digest() }
-            let copy = try await BlockingPool.run { [replicator] in try replicator.digestOfReplica(store.user, txid: reply.txid) }
+            let copy: StoreDigest
+            do {
+                copy = try await BlockingPool.run { [replicator] in try replicator.digestOfReplica(store.user, txid: reply.txid) }
+            } catch StoreError.replicaDamaged(_, let message) {
+                // A copy Litestream cannot decode (an LTX chain broken by overlapping writers,
+                // seen after a paused Litestream's stale requests ran) differs from any store:
+                // it is shipped whole again like one that restores with other rows.
+                return .differs(["the replica cannot be restored: \(message)"])
+            }
             let differences = live.differences(from: copy)
             return differences.isEmpty ? .matches : .differs(differences)
         } catch {
