@@ -20,9 +20,9 @@ extension LitestreamReplicator {
             while true {
                 let reply = try await sync(path, until: deadline)
                 if reply.isReplicated { break }
-                // A sync that raced another one for the same store (the sync pass, a second
-                // durable write) can come back with the replica one transaction behind
-                // (measured under the cluster harness: "synced at txid 5, replica at 4"): ask
+                // A sync can come back with the replica one transaction behind (measured under
+                // the cluster harness before syncs were queued per store: "synced at txid 5,
+                // replica at 4"; a stale sync of a resumed Litestream can still overlap): ask
                 // again, within the same time limit.
                 guard ContinuousClock.now + .milliseconds(10) < deadline else {
                     throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID), and did not catch up within \(settings.durableTimeoutMilliseconds) ms")

@@ -4,7 +4,8 @@ import Synchronization
 /// database overlap (the sync pass and a durable write, or two durable writes): one fails with
 /// `rename ltx file: … no such file or directory` (both wrote the same temporary LTX file), or
 /// comes back with the replica a transaction behind. So the syncs of a store form a queue: each
-/// starts when the one before it has ended, and a caller stops waiting at its deadline.
+/// starts when the one before it has ended; every sync is bounded by its own deadline, so a
+/// queue never outlasts the deadline of its newest caller.
 final class SyncLanes: Sendable {
     private struct Lane {
         /// Ends when the last sync queued on the lane has ended.
