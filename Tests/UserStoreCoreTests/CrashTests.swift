@@ -10,7 +10,7 @@ import Testing
 @Suite(.serialized) struct CrashTests {
     static let rows = 200_000
 
-    @Test(.timeLimit(.minutes(5)), arguments: [true, false])
+    @Test(.timeLimit(.minutes(10)), arguments: [true, false])
     func sigkillDuringALongMigrationLeavesVersionNOrNPlusOne(rewritesRows: Bool) async throws {
         let directory = try TemporaryDirectory()
         let folder = try MigrationFolder(directory)

@@ -105,7 +105,7 @@ import Testing
         print("lifecycle crash test \(operation.first!): calibrated run \(window / 1000) ms; outcomes \(outcomes.sorted { $0.key < $1.key })")
     }
 
-    @Test(.timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(10)))
     func sigkillDuringDeleteLeavesTheStoreWholeOrGone() async throws {
         let setup = try await makeSetup(withBackup: true)
         // Gone means gone, backups too; a store still there has all its backups.
@@ -114,7 +114,7 @@ import Testing
         }
     }
 
-    @Test(.timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(10)))
     func sigkillDuringImportLeavesTheOldStoreOrTheNew() async throws {
         let setup = try await makeSetup(withBackup: false)
         // The file to import: the store itself with another tag.
@@ -126,7 +126,7 @@ import Testing
         try crashLoop(setup, ["import", source], allowed: ["old", "imported"], finished: "imported")
     }
 
-    @Test(.timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(10)))
     func sigkillDuringRestoreLeavesTheStoreOrItsBackup() async throws {
         let setup = try await makeSetup(withBackup: true)
         let backup = try #require(BackupKeeper(layout: setup.layout).backups(of: user("victim")).first)

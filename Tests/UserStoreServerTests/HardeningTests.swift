@@ -21,7 +21,7 @@ import Varlink
 
     // MARK: Disk full
 
-    @Test(.timeLimit(.minutes(3)))
+    @Test(.timeLimit(.minutes(10)))
     func aFullDiskGivesStorageFailureKeepsServingAndRecovers() throws {
         let daemon = try DaemonHarness()
         try FileManager.default.createDirectory(atPath: daemon.dataDirectory, withIntermediateDirectories: true)
@@ -164,7 +164,7 @@ import Varlink
         daemon.stop()
     }
 
-    @Test(.timeLimit(.minutes(3)))
+    @Test(.timeLimit(.minutes(10)))
     func twoThousandStalledConnectionsDoNotStopOthers() throws {
         var files = rlimit()
         getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &files)
@@ -191,7 +191,7 @@ import Varlink
 
     // MARK: Crash loop
 
-    @Test(.timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(10)))
     func sigkillAgainAndAgainUnderWritesLosesNothing() throws {
         let result = try run([testPython, repositoryRoot + "/scripts/crash-loop.py", "--daemon", productsDirectory + "/userstored", "--kills", "12", "--json"])
         #expect(result.status == 0, "\(result.stdout)\(result.stderr)")

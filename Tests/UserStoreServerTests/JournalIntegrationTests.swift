@@ -7,7 +7,7 @@ import UserStoreJournal
 @Suite(.serialized) struct JournalIntegrationTests {
     static let secret = "SECRET-PARAMETER-7f3a9c"
 
-    @Test(.timeLimit(.minutes(3)))
+    @Test(.timeLimit(.minutes(10)))
     func migrationsAppearAsStructuredEntriesWithCatalogText() throws {
         let daemon = try DaemonHarness(migrations: [
             "0001_notes.sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, title TEXT);",

@@ -17,7 +17,7 @@ import Testing
         #expect(result.status == 0 && result.stdout.isEmpty && result.stderr.isEmpty, "\(result.stdout)\(result.stderr)")
     }
 
-    @Test(.timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(10)))
     func theRealUnitWorksUnderARealSystemd() throws {
         let work = try TemporaryDirectory()
         let result = try run(["/bin/bash", repositoryRoot + "/Tests/systemd/nspawn-test.sh", work.path], environment: ["BIN_DIR": productsDirectory])

@@ -28,7 +28,7 @@ import Varlink
         do { try body(); return nil } catch { return error as? VarlinkError }
     }
 
-    @Test(.timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(10)))
     func readIncrementWriteFromEightConnectionsNeverLosesAnUpdate() throws {
         let daemon = try DaemonHarness()
         try daemon.start()
@@ -123,7 +123,7 @@ import Varlink
         daemon.stop()
     }
 
-    @Test(.timeLimit(.minutes(2)))
+    @Test(.timeLimit(.minutes(10)))
     func idleAndOverlongTransactionsAreRolledBackAndNamed() throws {
         let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 300\n  transactionMilliseconds: 1500\n")
         try daemon.start()
@@ -181,7 +181,7 @@ import Varlink
     /// transaction is refused at once: it would otherwise wait for a transaction only this
     /// connection can end, until the idle time-out (found by the live fuzz). The transaction is
     /// untouched, and calls for other users go on.
-    @Test(.timeLimit(.minutes(1)))
+    @Test(.timeLimit(.minutes(10)))
     func aCallThatWouldWaitForItsOwnConnectionsTransactionIsRefused() throws {
         let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 60000\n")
         try daemon.start()
