@@ -76,6 +76,13 @@ public final class S3Client: Sendable {
         return (keys, prefixes)
     }
 
+    /// Whether any key starts with `prefix`: one `ListObjectsV2` request for at most one key.
+    public func holdsAny(bucket: String, prefix: String) async throws(S3Error) -> Bool {
+        var query = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1")]
+        if !prefix.isEmpty { query.append(("prefix", prefix)) }
+        return !ListPage(try await send("GET", bucket: bucket, key: "", query: query, body: nil)).keys.isEmpty
+    }
+
     /// Deletes `keys` (`DeleteObjects`, 1,000 per request); throws when any was not deleted.
     public func delete(bucket: String, keys: [String]) async throws(S3Error) {
         for start in stride(from: 0, to: keys.count, by: 1000) {

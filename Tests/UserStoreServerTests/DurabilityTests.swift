@@ -139,7 +139,7 @@ import Varlink
         try Self.execute("INSERT INTO notes (title) VALUES ('small')", for: "bea", on: client)
         let wal = try Self.storePath("bea", daemon) + "-wal"
         let walSize = (try FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0
-        #expect(walSize > 5_242_880, "the WAL was reset behind the paused Litestream (\(walSize) bytes left)")
+        #expect(walSize > 5_242_880, "the WAL was reset behind the paused Litestream (\(walSize) bytes left); Litestream \(litestream), daemon's log:\n\(daemon.stderr.split(separator: "\n").suffix(30).joined(separator: "\n"))")
         kill(litestream, SIGCONT)
         #expect(try Self.waitUntilHealthy(client))
         try Self.acknowledgeThenLoseTheHost("bea", daemon, client)

@@ -374,7 +374,7 @@ public final class StoreRegistry: Sendable {
                     let path = opener.layout.storePath(for: user)
                     // A copy another host has written to since this one last owned the store
                     // (more than one host): set aside, and the replica's newer copy restored.
-                    if FileManager.default.fileExists(atPath: path), let supersededBy = replication.newerCopy(of: user, path: path) {
+                    if FileManager.default.fileExists(atPath: path), let supersededBy = try replication.newerCopy(of: user, path: path) {
                         let aside = try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)")
                         observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
                     }

@@ -30,8 +30,10 @@ public protocol StoreReplication: Sendable {
 
     /// With more than one host: the epoch of a copy in the replica newer than the local file
     /// at `path` (another host owned the store since this one wrote it); nil when the local file
-    /// is current. Asked before an existing store is opened.
-    func newerCopy(of user: UserID, path: String) -> Int64?
+    /// is current. Asked before an existing store is opened. Throws
+    /// ``StoreError/replicationUnavailable(user:message:)`` when the replica cannot be asked
+    /// (opening the local file then could serve a copy another host has moved past).
+    func newerCopy(of user: UserID, path: String) throws -> Int64?
 
     /// `store` is about to be closed and nothing more will be written to it: sync its last
     /// changes to the replica and stop replicating it, so that closing can checkpoint.

@@ -163,6 +163,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
             "replication.lag": gauge("userstore_replication_max_lag_seconds"),
             "replication.pass": gauge("userstore_replication_sync_pass_seconds"),
             "replication.diverged": gauge("userstore_replication_diverged_replicas"),
+            "replication.syncs": gauge("userstore_replication_syncs"),
+            "replication.shared": gauge("userstore_replication_shared_sync_waits"),
         ]
         for state in ["current", "pending", "failed", "too_new"] {
             gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
@@ -196,6 +198,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
         "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while every pass stays within half of it.",
         "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
+        "userstore_replication_syncs": "Syncs the daemon asked Litestream for since it started (durable writes and sync passes; each ships what was committed since the one before).",
+        "userstore_replication_shared_sync_waits": "Durable writes and sync passes since start that waited for a sync another caller had queued (group commit) instead of one of their own.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
@@ -254,6 +258,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.lag"]?.set(replication.maxLagSeconds)
             gauges["replication.pass"]?.set(replication.lastSyncPassSeconds)
             gauges["replication.diverged"]?.set(replication.diverged)
+            gauges["replication.syncs"]?.set(replication.syncs)
+            gauges["replication.shared"]?.set(replication.sharedSyncWaits)
         }
         let fleet = context.counters.withLock { $0.fleet }
         gauges["fleet.done"]?.set(fleet?.done ?? 0)

@@ -81,7 +81,7 @@ extension LitestreamReplicator {
             if state.unansweredSince == nil { state.unansweredSince = .now }
             for path in state.open.keys { state.open[path]!.registered = false }
             if let pid = state.litestream?.pid, Self.hasEnded(pid) {
-                for path in state.open.keys { state.open[path]!.heldSince = nil }
+                for path in state.open.keys { state.open[path]!.released() }
                 state.unconfirmed = []
             }
         }
@@ -101,20 +101,25 @@ extension LitestreamReplicator {
             state.unansweredSince = nil
             if let previous = state.litestream, previous != instance, Self.hasEnded(previous.pid) {
                 // A new Litestream: the old one's positions ended with it.
-                for path in state.open.keys { state.open[path]!.heldSince = nil }
+                for path in state.open.keys { state.open[path]!.released() }
                 state.unconfirmed = []
             }
             state.litestream = instance
             for database in listed { state.lastSync[database.path] = database.lastSyncAt }
             var regained: [Store] = [], missing: [Store] = []
             for (path, entry) in state.open {
-                // Registered before this /list was asked for, and not in it: Litestream does not
-                // hold it (it restarted, or a late unregistration reached it).
-                if let since = entry.heldSince, since < asked, !known.contains(path) {
-                    state.open[path]!.heldSince = nil
+                // Known to be held before this /list was asked for, and not in it: Litestream does
+                // not hold it (it restarted, or a late unregistration reached it). A registration
+                // still on its way is not known to be held: the /list may have been served before
+                // Litestream took it (issue #38: clearing the hold then let a store's WAL be reset
+                // behind the Litestream that did take it, once that Litestream was paused).
+                if let since = entry.confirmedSince, since < asked, !known.contains(path) {
+                    state.open[path]!.released()
                     state.open[path]!.registered = false
-                } else if entry.heldSince == nil, known.contains(path) {
-                    state.open[path]!.heldSince = asked // it does hold it: let go of it at close
+                } else if known.contains(path) {
+                    // It does hold it: let go of it at close.
+                    if entry.heldSince == nil { state.open[path]!.heldSince = asked }
+                    if entry.confirmedSince == nil { state.open[path]!.confirmedSince = asked }
                 }
                 guard !replicating.contains(path) else {
                     if !entry.registered { regained.append(entry.store) }
@@ -138,6 +143,9 @@ extension LitestreamReplicator {
         do {
             let url = try prepareRegistration(store)
             try await control.register(store.path, replicaURL: url)
+            state.withLock { state in
+                if state.open[store.path]?.store === store { state.open[store.path]!.confirmedSince = .now }
+            }
             return true
         } catch {
             notRegistered(store, error)

@@ -25,16 +25,26 @@ extension LitestreamReplicator {
 
     /// Where a restore of `user` reads: the replica URL; with more than one host the newest
     /// epoch folder that holds data (a host that lost the bucket may still ship to an older
-    /// one, which is then never read again once the new owner has written).
-    func restoreURL(for user: UserID) -> String {
-        guard let epoch = newestEpochWithData(user) else { return replicaURL(for: user) }
+    /// one, which is then never read again once the new owner has written). Nil when the
+    /// replica holds nothing of the user (asked with one listing, or a look into the folder;
+    /// an `sftp://` replica, which the daemon cannot look into, is left to Litestream). Throws
+    /// when the replica cannot be asked. Blocking.
+    func restoreURL(for user: UserID) throws -> String? {
+        guard fencing != nil else {
+            return try storage.holdsAnything(userFolderSuffix(user)) == false ? nil : replicaURL(for: user)
+        }
+        guard let epoch = try newestEpochWithData(user) else {
+            // Nothing in any epoch, as far as the daemon can see (an sftp replica: Litestream looks).
+            return storage.canList ? nil : replicaURL(for: user)
+        }
         return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
     }
 
     /// The newest epoch folder of `user` in the replica that holds data (more than one host).
-    func newestEpochWithData(_ user: UserID) -> Int64? {
+    /// Throws when the replica cannot be asked. Blocking.
+    func newestEpochWithData(_ user: UserID) throws -> Int64? {
         guard fencing != nil else { return nil }
-        return storage.newestEpochWithData(userFolderSuffix(user))
+        return try storage.newestEpochWithData(userFolderSuffix(user))
     }
 
     func withSuffix(_ suffix: String) -> String {

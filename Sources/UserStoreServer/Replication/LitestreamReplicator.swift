@@ -27,8 +27,9 @@ final class LitestreamReplicator: StoreReplication {
     let settings: ReplicationSettings
     let layout: StoreLayout
     let control: LitestreamControl
-    /// One `/sync` at a time per store (Litestream mishandles overlapping ones).
-    let syncLanes = SyncLanes()
+    /// One `/sync` at a time per store (Litestream mishandles overlapping ones), shared by the
+    /// durable writes that wait for it (group commit).
+    let syncLanes = SyncLanes<LitestreamControl.SyncReply>()
     let command: LitestreamCommand
     let logger: Logger
     let state = Mutex(State())
@@ -72,6 +73,17 @@ final class LitestreamReplicator: StoreReplication {
         /// hold a position in its WAL: until that Litestream confirms the unregistration, leaves
         /// it out of a `/list` asked for later, or ends, the daemon never resets the WAL.
         var heldSince: ContinuousClock.Instant?
+        /// Since when that Litestream is known to hold it: its registration was answered, or a
+        /// `/list` showed it. A `/list` asked for later that lacks the store means Litestream
+        /// forgot it (it restarted). Not ``heldSince``: a `/list` served while the registration
+        /// is still on its way lacks the store too, and that Litestream is about to hold it.
+        var confirmedSince: ContinuousClock.Instant?
+
+        /// No running Litestream holds a position in its WAL any more.
+        mutating func released() {
+            heldSince = nil
+            confirmedSince = nil
+        }
     }
 
     /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
@@ -97,7 +109,15 @@ final class LitestreamReplicator: StoreReplication {
 
     func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let started = ContinuousClock.now
-        let source = restoreURL(for: user)
+        let source: String
+        do {
+            // A new user costs one listing, not a `litestream restore` process (issue #38):
+            // Litestream is asked only when the replica holds something of the user.
+            guard let url = try restoreURL(for: user) else { return nil }
+            source = url
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "looking for the user in the replica: \(error)")
+        }
         var arguments: [String] = []
         if let timestamp {
             arguments = ["-timestamp", RFC3339.format(timestamp)]
@@ -151,8 +171,14 @@ final class LitestreamReplicator: StoreReplication {
         state.withLock { $0.epochs[layout.storePath(for: user)] }
     }
 
-    func newerCopy(of user: UserID, path: String) -> Int64? {
-        guard fencing != nil, let newest = newestEpochWithData(user) else { return nil }
+    func newerCopy(of user: UserID, path: String) throws -> Int64? {
+        let newest: Int64?
+        do {
+            newest = try newestEpochWithData(user)
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the replica: \(error)")
+        }
+        guard fencing != nil, let newest else { return nil }
         let local = (try? String(contentsOfFile: Self.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
         return newest > local ? newest : nil
     }
@@ -251,6 +277,7 @@ final class LitestreamReplicator: StoreReplication {
         guard state.withLock({ state -> Bool in
             guard state.open[store.path]?.store === store else { return false }
             state.open[store.path]!.heldSince = .now
+            state.open[store.path]!.confirmedSince = nil
             return true
         }) else { return false }
         updateCheckpointing(of: store)
@@ -274,6 +301,7 @@ final class LitestreamReplicator: StoreReplication {
         let stillOpen = state.withLock { state -> Bool in
             guard state.open[store.path]?.store === store else { return false }
             state.open[store.path]!.registered = true
+            state.open[store.path]!.confirmedSince = .now
             return true
         }
         if !stillOpen { try? control.unregister(store.path, until: durableDeadline) }
@@ -284,7 +312,7 @@ final class LitestreamReplicator: StoreReplication {
     func notRegistered(_ store: Store, _ error: any Error) {
         if let failure = error as? LitestreamControl.Failure, !failure.delivered {
             state.withLock { state in
-                if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = nil }
+                if state.open[store.path]?.store === store { state.open[store.path]!.released() }
             }
         }
         updateCheckpointing(of: store)
@@ -323,6 +351,10 @@ final class LitestreamReplicator: StoreReplication {
         var lastSyncPassSeconds: Double
         var longestSyncPassSeconds: Double
         var replicaProblem: String?
+        /// Syncs asked of Litestream since start, and durable waits answered by a sync another
+        /// caller had queued (``SyncLanes``: group commit).
+        var syncs: Int
+        var sharedSyncWaits: Int
         /// Per open store: its user, whether it is registered, its last sync.
         var stores: [(user: String, registered: Bool, lastSync: Date?)]
         var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil }
@@ -334,13 +366,15 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     var snapshot: Snapshot {
-        state.withLock { state in
+        let syncCounts = syncLanes.counts
+        return state.withLock { state in
             let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }
             return Snapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
                             lastError: state.lastError, litestreamPID: Int(state.litestream?.pid ?? 0),
                             litestreamVersion: state.litestream?.version ?? "", restored: state.restored, diverged: state.diverged,
                             lastSyncPassSeconds: state.lastPass.inSeconds, longestSyncPassSeconds: state.longestPass.inSeconds,
                             replicaProblem: state.replicaProblem,
+                            syncs: syncCounts.started, sharedSyncWaits: syncCounts.joined,
                             stores: stores.sorted { $0.user < $1.user })
         }
     }

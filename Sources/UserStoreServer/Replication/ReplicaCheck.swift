@@ -133,7 +133,7 @@ extension LitestreamReplicator {
         }
         try await control.unregister(store.path, until: durableDeadline)
         state.withLock { state in
-            if state.open[store.path]?.store === store { state.open[store.path]!.heldSince = nil }
+            if state.open[store.path]?.store === store { state.open[store.path]!.released() }
         }
         updateCheckpointing(of: store)
     }

@@ -113,9 +113,30 @@ struct ReplicaStorage: Sendable {
         }
     }
 
+    /// Whether the daemon can look into the replica itself (`file://`, `s3://`; not `sftp://`).
+    var canList: Bool { canErase }
+
+    /// Whether anything is stored under the user folder `suffix`: one listing of at most one key
+    /// in a bucket, a look into a folder; nil where the daemon cannot look (`sftp://`). Throws
+    /// when the replica does not answer. Blocking.
+    func holdsAnything(_ suffix: String) throws -> Bool? {
+        switch kind {
+        case .folder(let root):
+            let folder = root + suffix
+            guard FileManager.default.fileExists(atPath: folder) else { return false }
+            return try !FileManager.default.contentsOfDirectory(atPath: folder).isEmpty
+        case .bucket(let client, let bucket, let prefix):
+            // The trailing slash: "ann" must not find "anna".
+            let folder = Self.key(prefix, suffix) + "/"
+            return try Self.blocking { try await client.holdsAny(bucket: bucket, prefix: folder) }
+        case .elsewhere:
+            return nil
+        }
+    }
+
     /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
-    /// nil when none does. Blocking.
-    func newestEpochWithData(_ suffix: String) -> Int64? {
+    /// nil when none does. Throws when the replica does not answer. Blocking.
+    func newestEpochWithData(_ suffix: String) throws -> Int64? {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
@@ -125,15 +146,16 @@ struct ReplicaStorage: Sendable {
             return epochs.first { !(FileManager.default.subpaths(atPath: "\(folder)/e\($0)") ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
         case .bucket(let client, let bucket, let prefix):
             let folder = Self.key(prefix, suffix) + "/"
-            guard let listed = try? Self.blocking({ try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }) else { return nil }
+            let listed = try Self.blocking { try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }
             let epochs = listed.compactMap { path -> Int64? in
                 let name = path.dropFirst(folder.count).dropLast() // "e12/" → "e12"
                 return name.hasPrefix("e") ? Int64(name.dropFirst()) : nil
             }.sorted(by: >)
-            return epochs.first { epoch in
-                let keys = (try? Self.blocking { try await client.list(bucket: bucket, prefix: folder + "e\(epoch)/", pageSize: 1000).keys }) ?? []
-                return keys.contains { $0.hasSuffix(".ltx") }
+            for epoch in epochs {
+                let keys = try Self.blocking { try await client.list(bucket: bucket, prefix: folder + "e\(epoch)/", pageSize: 1000).keys }
+                if keys.contains(where: { $0.hasSuffix(".ltx") }) { return epoch }
             }
+            return nil
         case .elsewhere:
             return nil
         }

@@ -53,6 +53,8 @@ struct ReplicationMethods {
             "syncPassSeconds": .real((snapshot.lastSyncPassSeconds * 1000).rounded() / 1000),
             "longestSyncPassSeconds": .real((snapshot.longestSyncPassSeconds * 1000).rounded() / 1000),
             "divergedReplicas": .integer(Int64(snapshot.diverged)),
+            "syncs": .integer(Int64(snapshot.syncs)),
+            "sharedSyncWaits": .integer(Int64(snapshot.sharedSyncWaits)),
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
