@@ -16,10 +16,10 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Where the JSON results go (default: docs/bench/latest.json for a full run; .build/bench-partial.json when --quick, --only or a fleet option narrows it, so that a partial run never replaces the full run's record).")
     var json: String?
 
-    @Option(help: "Only these scenarios (1-7), comma-separated.")
+    @Option(help: "Only these scenarios (1-8), comma-separated.")
     var only: String = Self.allScenarios
 
-    static let allScenarios = "1,2,3,4,5,6,7"
+    static let allScenarios = "1,2,3,4,5,6,7,8"
     static let allReleases = "additive,rebuild"
     static let allFileSystems = "root,ext4,xfs"
 
@@ -56,6 +56,7 @@ struct BenchCommand: AsyncParsableCommand {
         if selected.contains("5") { try await scenarios.memory() }
         if selected.contains("6") { try await scenarios.transactions() }
         if selected.contains("7") { try await scenarios.replication() }
+        if selected.contains("8") { try await scenarios.objectStore() }
 
         let machine = machineInfo()
         var lines = ["| scenario | subject | result | p50 | p99 | note |", "|---|---|---|---|---|---|"]

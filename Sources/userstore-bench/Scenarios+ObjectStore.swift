@@ -1,0 +1,78 @@
+import Foundation
+import UserStoreClient
+
+extension Scenarios {
+    // MARK: 8. Replication on S3
+
+    /// What replication to a bucket costs per new user and per durable write (issue #38), side by
+    /// side with replication off in the same run: SeaweedFS (scripts/s3.sh, its own port) over
+    /// its S3 API on loopback; Litestream as the daemon's child; the C client drives the writes.
+    mutating func objectStore() async throws {
+        log("8. replication on S3")
+        let litestream = env.repository + "/.build/testenv/bin/litestream"
+        let port = 8433
+        let s3 = "USERSTORE_S3_PORT=\(port) bash '\(env.repository)/scripts/s3.sh'"
+        guard FileManager.default.isExecutableFile(atPath: litestream), shell("\(s3) start").0 == 0 else {
+            log("8. skipped: Litestream or SeaweedFS missing (scripts/install-deps.sh installs both)")
+            return
+        }
+        defer { _ = shell("\(s3) stop") }
+        // The daemon reads the bucket's credentials from its environment (inherited).
+        setenv("AWS_ACCESS_KEY_ID", "userstore-dev", 1)
+        setenv("AWS_SECRET_ACCESS_KEY", "userstore-dev-secret", 1)
+        let replica = "s3://userstore/bench-\(getpid())?endpoint=http://127.0.0.1:\(port)&region=us-east-1&forcePathStyle=true"
+        let modes: [(name: String, config: String)] = [
+            ("replication off", ""),
+            ("replication on S3, durableWrites", "replication:\n  replica: \"\(replica)\"\n  litestream: \(litestream)\n  durableWrites: true"),
+        ]
+        var newStoreP50: [Double] = [], durable: [String: LoadGenerator.Result] = [:]
+        for (index, mode) in modes.enumerated() {
+            let fleet = try await kvFleet(name: "s3-\(index)", count: 8, rows: 0)
+            let (daemon, socket) = try env.startDaemon(name: "s3-\(index)", data: fleet.data, migrations: fleet.migrations, extra: mode.config)
+            defer { env.stop(daemon) }
+            // New users, one at a time: the lookup in the replica, the store, its migration, its
+            // registration with Litestream.
+            let client = UserStoreClient(socketPath: socket)
+            try await client.connect()
+            var samples: [UInt64] = [], failures = 0
+            for user in 0..<(quick ? 100 : 300) {
+                let before = nanoseconds()
+                if (try? await client.store(for: "new\(index)-\(user)").open()) == nil { failures += 1 }
+                samples.append(nanoseconds() - before)
+            }
+            await client.shutdown()
+            let latencies = Latencies(samples: samples)
+            newStoreP50.append(latencies.percentile(0.5))
+            let ratio = index == 0 ? "" : String(format: "%.2f× replication off (p50)", latencies.percentile(0.5) / max(newStoreP50[0], 1))
+            measurements.append(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
+                                            value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",
+                                            p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: ratio + errors(failures)))
+            // Durable INSERTs: 8 writers on 8 stores, then 64 writers on the same 8 (8 each).
+            guard let load else { continue }
+            for writers in [8, 64] {
+                let result = load.run(socket: socket, connections: writers, seconds: seconds,
+                                      LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: "INSERT INTO kv (value) VALUES ('durable write')",
+                                                             rows: 0, users: 8, userPerConnection: true))
+                durable["\(index)-\(writers)"] = result
+                var note = index == 0 ? "" : String(format: "%.2f× replication off", result.throughput / max(durable["0-\(writers)"]?.throughput ?? 1, 1))
+                if writers == 64, let eight = durable["\(index)-8"] {
+                    note += String(format: "%@%.1f× the 8 writers' throughput", note.isEmpty ? "" : "; ", result.throughput / max(eight.throughput, 1))
+                }
+                measurements.append(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on 8 stores",
+                                                value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))
+            }
+        }
+        if newStoreP50.count == 2 {
+            let (on, off) = (newStoreP50[1], newStoreP50[0])
+            targets.append(TargetCheck(target: "new store with replication on S3: p50 ≤ 5 ms and ≤ 2× replication off",
+                                       measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 5000 && on <= 2 * off))
+        }
+        if let eight = durable["1-8"], let sixtyFour = durable["1-64"] {
+            targets.append(TargetCheck(target: "durable INSERTs on S3, 8 writers: p50 ≤ 5 ms, p99 ≤ 25 ms",
+                                       measured: "p50 \(format(eight.p50)) µs, p99 \(format(eight.p99)) µs", met: eight.p50 <= 5000 && eight.p99 <= 25000))
+            let scale = sixtyFour.throughput / max(eight.throughput, 1)
+            targets.append(TargetCheck(target: "durable INSERTs on S3: 64 writers ≥ 4× the 8 writers' throughput",
+                                       measured: String(format: "%.1f×", scale), met: scale >= 4))
+        }
+    }
+}
