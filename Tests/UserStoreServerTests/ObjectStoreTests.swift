@@ -75,6 +75,35 @@ import Varlink
         daemon.stop()
     }
 
+    /// One host on a bucket lists the users the bucket holds when it starts and keeps that index
+    /// current: a new user then costs no request to the bucket — it is created even with the
+    /// bucket cut off — while a user the bucket holds and this disk lacks is never created empty.
+    @Test func theBucketsIndexCreatesNewUsersWithoutAskingIt() throws {
+        let server = try SeaweedFS()
+        let proxy = try CuttableProxy(to: server.port)
+        let daemon = try Self.daemon(server, bucket: "index", endpoint: "http://127.0.0.1:\(proxy.port)")
+        try daemon.start()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('kept')", for: "kept", on: try daemon.connect(), durable: true)
+        daemon.stop()
+        // The disk lost; a daemon on the same bucket lists it before the bucket goes away.
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        let client = try daemon.connect()
+        #expect(try DurabilityTests.waitForReplication(client) { $0["replicaIndexUsers"] == 1 })
+        proxy.cut()
+        #expect(try client.call("io.userstore.Store.Open", ["user": "fresh"])["created"] == true)
+        let unavailable = { (name: String) in name.hasSuffix(".ReplicationUnavailable") }
+        do {
+            let reply = try client.call("io.userstore.Store.Open", ["user": "kept"])
+            Issue.record("a user the bucket holds was opened with the bucket cut off: \(reply)")
+        } catch let error as VarlinkError {
+            #expect(unavailable(error.name), "\(error)")
+        }
+        proxy.mend()
+        #expect(try client.call("io.userstore.Store.Query", ["user": "kept", "sql": "SELECT title FROM notes"])["rows"] == [["kept"]])
+        daemon.stop()
+    }
+
     /// Litestream's S3 client fails at once when `AWS_CA_BUNDLE` is set; the daemon starts it
     /// with an environment of its own, so a host that sets it replicates all the same.
     @Test func aHostsAWSCABundleDoesNotReachLitestream() throws {

@@ -31,7 +31,11 @@ extension LitestreamReplicator {
     /// when the replica cannot be asked. Blocking.
     func restoreURL(for user: UserID) throws -> String? {
         guard fencing != nil else {
-            return try storage.holdsAnything(userFolderSuffix(user)) == false ? nil : replicaURL(for: user)
+            // The index, once listed, answers without a request (one host only).
+            if replicaIndex.holds(user.rawValue) == false { return nil }
+            guard try storage.holdsAnything(userFolderSuffix(user)) != false else { return nil }
+            replicaIndex.insert(user.rawValue)
+            return replicaURL(for: user)
         }
         guard let epoch = try newestEpochWithData(user) else {
             // Nothing in any epoch, as far as the daemon can see (an sftp replica: Litestream looks).

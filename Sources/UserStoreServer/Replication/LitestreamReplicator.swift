@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import ServiceLifecycle
 import Synchronization
 import UserStoreConfiguration
 import UserStoreCore
@@ -90,6 +91,8 @@ final class LitestreamReplicator: StoreReplication {
     let fencing: (any ReplicaFencing)?
     /// The replica itself, for what the daemon does there (erase, find epochs, check).
     let storage: ReplicaStorage
+    /// Which users the bucket holds (one host, `s3://`), once listed: ``loadReplicaIndex()``.
+    let replicaIndex = ReplicaIndex()
 
     init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil) {
         self.settings = settings
@@ -249,8 +252,27 @@ final class LitestreamReplicator: StoreReplication {
         }
         do {
             try storage.erase(userFolderSuffix(user))
+            replicaIndex.remove(user.rawValue)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the replica \(url) (every epoch and its history): \(error); nothing was deleted here, retry")
+        }
+    }
+
+    /// Lists which users the bucket holds (one host, `s3://`), trying again every 5 s until the
+    /// bucket answers; until then every new user asks the bucket itself.
+    func loadReplicaIndex() async {
+        guard fencing == nil else { return }
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            do {
+                let started = ContinuousClock.now
+                guard let users = try await storage.listUsers() else { return }
+                replicaIndex.loaded(users)
+                logger.info("replica index: \(users.count) users in the bucket, listed in \(ContinuousClock.now - started)")
+                return
+            } catch {
+                logger.warning("replica index: listing the bucket failed (\(error)); new users ask the bucket until it answers")
+                try? await Task.sleep(for: .seconds(5))
+            }
         }
     }
 
@@ -287,6 +309,8 @@ final class LitestreamReplicator: StoreReplication {
     /// The replica URL to register `store` under; with more than one host, records its epoch
     /// beside the store first (durably: it must survive a crash).
     func prepareRegistration(_ store: Store) throws -> String {
+        // Before Litestream can ship anything of it: a listing running now may miss it.
+        replicaIndex.insert(store.user.rawValue)
         let (url, epoch) = replicaLocation(for: store.user)
         if let epoch {
             try DurableFile.write(String(epoch), to: Self.epochFile(of: store.path))

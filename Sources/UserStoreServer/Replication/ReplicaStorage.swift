@@ -134,6 +134,20 @@ struct ReplicaStorage: Sendable {
         }
     }
 
+    /// Every user with anything under the replica's hash folders (`<prefix>/ab/cd/<user>/…`),
+    /// from a listing of the whole bucket prefix; nil where the daemon keeps no index (not a
+    /// bucket). Throws when the bucket does not answer.
+    func listUsers() async throws -> Set<String>? {
+        guard case .bucket(let client, let bucket, let prefix) = kind else { return nil }
+        let root = prefix.isEmpty ? "" : prefix + "/"
+        var users: Set<String> = []
+        for key in try await client.list(bucket: bucket, prefix: root).keys {
+            let parts = key.dropFirst(root.count).split(separator: "/", omittingEmptySubsequences: false)
+            if parts.count >= 4 { users.insert(String(parts[2])) }
+        }
+        return users
+    }
+
     /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
     /// nil when none does. Throws when the replica does not answer. Blocking.
     func newestEpochWithData(_ suffix: String) throws -> Int64? {

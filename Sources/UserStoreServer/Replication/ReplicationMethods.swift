@@ -58,6 +58,7 @@ struct ReplicationMethods {
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
+        if let indexed = replicator.replicaIndex.count { fields["replicaIndexUsers"] = .integer(Int64(indexed)) }
         return .object(fields)
     }
 

@@ -22,6 +22,7 @@ struct ReplicationMonitor: Service {
         // A quarter: the pass itself and Litestream's sync must fit in the rest of the interval.
         let period = Duration.milliseconds(max(25, replicator.settings.syncIntervalMilliseconds / 4))
         await withTaskGroup(of: Void.self) { group in
+            group.addTask { await replicator.loadReplicaIndex() }
             group.addTask {
                 var checked = 0
                 var killed: pid_t = 0

@@ -1,0 +1,54 @@
+import Synchronization
+
+/// Which users a bucket holds anything of, listed once when the daemon starts and kept current
+/// by the daemon itself, so that a new user costs no request to the bucket (issue #38).
+///
+/// Only with one host and an `s3://` replica: this daemon is then the only writer under its
+/// replica path, so after the listing a user can only appear there through its own
+/// registrations (added before Litestream ships anything) and leave through its own erases.
+/// With more than one host a user's bucket moves between hosts, and a new owner must look;
+/// on `file://` a look into the folder costs microseconds anyway.
+final class ReplicaIndex: Sendable {
+    private struct State {
+        var loaded = false
+        var users: Set<String> = []
+        /// Erased since the listing began (a listing still running may have seen them).
+        var erased: Set<String> = []
+    }
+
+    private let state = Mutex(State())
+
+    /// Whether the bucket holds anything of `user`: nil until the listing is in (ask the bucket).
+    func holds(_ user: String) -> Bool? {
+        state.withLock { $0.loaded ? $0.users.contains(user) : nil }
+    }
+
+    /// How many users the bucket holds, once listed.
+    var count: Int? { state.withLock { $0.loaded ? $0.users.count : nil } }
+
+    /// `user`'s store is about to be registered (Litestream will ship it), or was found there.
+    func insert(_ user: String) {
+        state.withLock { state in
+            state.users.insert(user)
+            state.erased.remove(user)
+        }
+    }
+
+    /// Everything of `user` was erased from the bucket.
+    func remove(_ user: String) {
+        state.withLock { state in
+            state.users.remove(user)
+            if !state.loaded { state.erased.insert(user) }
+        }
+    }
+
+    /// The listing is in: `listed` holds every user it found. Users registered while it ran are
+    /// kept; users erased while it ran are not taken from it.
+    func loaded(_ listed: Set<String>) {
+        state.withLock { state in
+            state.users.formUnion(listed.subtracting(state.erased))
+            state.erased = []
+            state.loaded = true
+        }
+    }
+}
