@@ -133,15 +133,23 @@ public final class S3Client: Sendable {
         for (name, value) in signer.headers(method: method, path: path, query: query, headers: signedHeaders, payloadHash: payloadHash, date: Date()) {
             request.headers.add(name: name, value: value)
         }
-        let status: Int
-        let reply: Data
-        do {
-            let response = try await http.execute(request, timeout: timeout)
-            status = Int(response.status.code)
-            var body = try await response.body.collect(upTo: 64 << 20)
-            reply = body.readData(length: body.readableBytes) ?? Data()
-        } catch {
-            throw .unreachable("\(endpoint.url): \(error)")
+        var status = 0
+        var reply = Data()
+        // Every request the daemon sends is idempotent (GET, HEAD, a whole PUT, DELETE): one that
+        // fails before an answer is sent again once, within the same time-out. A pooled
+        // keep-alive connection the server or a proxy has closed fails that way at once
+        // ("I/O on closed channel"), and the second try opens a new one.
+        let deadline = NIODeadline.now() + timeout
+        for attempt in 1...2 {
+            do {
+                let response = try await http.execute(request, deadline: deadline)
+                status = Int(response.status.code)
+                var body = try await response.body.collect(upTo: 64 << 20)
+                reply = body.readData(length: body.readableBytes) ?? Data()
+                break
+            } catch {
+                guard attempt == 1, deadline - .now() > .nanoseconds(timeout.nanoseconds / 2) else { throw .unreachable("\(endpoint.url): \(error)") }
+            }
         }
         guard (200..<300).contains(status) else { throw Self.error(status: status, body: reply, bucket: bucket) }
         return reply

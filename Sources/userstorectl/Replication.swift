@@ -45,6 +45,8 @@ extension UserStoreCtlCommand {
                 + "   \(value("registeredStores")) registered   \(value("unregisteredStores")) unregistered   max lag \(value("maxLagSeconds")) s"
                 + "   \(value("restoredStores")) restored   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))"
                 + "\n            replica \(value("replica"))   last sync pass \(value("syncPassSeconds")) s (longest \(value("longestSyncPassSeconds")) s)"
+                + "   syncs \(value("syncs")) (\(value("sharedSyncWaits")) waits shared)"
+                + (status["replicaIndexUsers"]?.integerValue.map { "   bucket index \($0) users" } ?? "")
             if let diverged = status["divergedReplicas"]?.integerValue, diverged > 0 {
                 line += "\n            " + output.paint("\(diverged) replicas found diverged after a fault (shipped whole again; see replica-diverged in the journal)", .yellow)
             }
