@@ -1,6 +1,5 @@
 import Foundation
 import Logging
-import ServiceLifecycle
 import Synchronization
 import UserStoreConfiguration
 import UserStoreCore
@@ -255,24 +254,6 @@ final class LitestreamReplicator: StoreReplication {
             replicaIndex.remove(user.rawValue)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the replica \(url) (every epoch and its history): \(error); nothing was deleted here, retry")
-        }
-    }
-
-    /// Lists which users the bucket holds (one host, `s3://`), trying again every 5 s until the
-    /// bucket answers; until then every new user asks the bucket itself.
-    func loadReplicaIndex() async {
-        guard fencing == nil else { return }
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            do {
-                let started = ContinuousClock.now
-                guard let users = try await storage.listUsers() else { return }
-                replicaIndex.loaded(users)
-                logger.info("replica index: \(users.count) users in the bucket, listed in \(ContinuousClock.now - started)")
-                return
-            } catch {
-                logger.warning("replica index: listing the bucket failed (\(error)); new users ask the bucket until it answers")
-                try? await Task.sleep(for: .seconds(5))
-            }
         }
     }
 
