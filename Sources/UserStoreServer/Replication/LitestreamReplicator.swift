@@ -174,13 +174,14 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     func newerCopy(of user: UserID, path: String) throws -> Int64? {
+        guard fencing != nil else { return nil }
         let newest: Int64?
         do {
             newest = try newestEpochWithData(user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the replica: \(error)")
         }
-        guard fencing != nil, let newest else { return nil }
+        guard let newest else { return nil }
         let local = (try? String(contentsOfFile: Self.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
         return newest > local ? newest : nil
     }
