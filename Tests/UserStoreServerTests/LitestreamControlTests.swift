@@ -46,6 +46,19 @@ import Testing
         return descriptor
     }
 
+    /// Stops process `pid` (SIGSTOP) and returns once the kernel shows it stopped (state `T` in
+    /// `/proc/<pid>/stat`; at most 10 s): the signal alone returns before the stop.
+    static func pause(_ pid: Int32) throws {
+        kill(pid, SIGSTOP)
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline {
+            let stat = (try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8)) ?? ""
+            // The state follows the command name, which is in parentheses.
+            if let end = stat.lastIndex(of: ")"), stat[stat.index(after: end)...].trimmingCharacters(in: .whitespaces).hasPrefix("T") { return }
+        }
+        throw POSIXError(.ETIMEDOUT)
+    }
+
     @Test func registerSyncListAndUnregisterARealStore() async throws {
         let folder = try TemporaryDirectory()
         let (process, control) = try Self.litestream(in: folder.path)
@@ -111,5 +124,39 @@ import Testing
         // once can starve this task's two cooperative threads for seconds (CI saw 21 s); the
         // daemon's durable time-out is held to 10 % by DurabilityTests.theDurableTimeOutBoundsTheWholeCall.
         #expect(ContinuousClock.now - started >= .milliseconds(450))
+    }
+
+    /// A request Litestream has not answered keeps its database's turn (``DatabaseRequests``):
+    /// with Litestream paused, an unregistration the daemon gave up on is still in flight, so a
+    /// registration of the same file is not sent at all — a paused Litestream that read both
+    /// later would open the file again while still closing it, and the two would write the same
+    /// LTX files. Another database's request is sent. Once Litestream answers, the next request
+    /// goes out after the one it waited for: the file ends registered.
+    @Test(.timeLimit(.minutes(10))) func anUnansweredRequestKeepsItsDatabasesTurn() async throws {
+        let folder = try TemporaryDirectory()
+        let (process, control) = try Self.litestream(in: folder.path)
+        defer { kill(process.processIdentifier, SIGCONT); process.terminate(); process.waitUntilExit() }
+        _ = try await Self.answering(control)
+        let store = folder.path + "/ann.sqlite", other = folder.path + "/bob.sqlite"
+        for path in [store, other] { _ = try ReplicationTests.sqlite3(path, "PRAGMA journal_mode=WAL; CREATE TABLE notes (title TEXT);") }
+        try await control.register(store, replicaURL: "file://" + folder.path + "/replica/ann")
+
+        try Self.pause(process.processIdentifier)
+        await #expect { try await control.unregister(store, until: .now + .milliseconds(300)) } throws: {
+            "\($0)".contains("did not answer /unregister")
+        }
+        await #expect { try await control.register(store, replicaURL: "file://" + folder.path + "/replica/ann", until: .now + .milliseconds(300)) } throws: { error in
+            let failure = error as? LitestreamControl.Failure
+            return failure?.delivered == true && failure?.description.contains("not sent") == true
+        }
+        await #expect { try await control.register(other, replicaURL: "file://" + folder.path + "/replica/bob", until: .now + .milliseconds(300)) } throws: {
+            "\($0)".contains("did not answer /register")
+        }
+        #expect(LitestreamControl.requests.busy >= 2, "both requests Litestream has not answered keep their turns")
+
+        kill(process.processIdentifier, SIGCONT)
+        try await control.register(store, replicaURL: "file://" + folder.path + "/replica/ann")
+        let listed = try await control.list().map(\.path)
+        #expect(listed.contains(store), "the registration went out before the unregistration it waited for: \(listed)")
     }
 }

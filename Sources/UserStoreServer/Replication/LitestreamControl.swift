@@ -35,36 +35,47 @@ struct LitestreamControl: Sendable {
         var delivered = true
     }
 
-    /// `POST /register`: replicate the database at `path` to `replicaURL` (blocking).
-    func register(_ path: String, replicaURL: String) throws {
-        _ = try call(.POST, "/register", Register(path: path, replicaURL: replicaURL), timeout: .seconds(10), reply: Ignored.self)
+    /// Requests for one database go one at a time, each until Litestream answers it
+    /// (``DatabaseRequests``): shared by every control client of the process, keyed by socket
+    /// and database.
+    static let requests = DatabaseRequests()
+
+    /// `POST /register`: replicate the database at `path` to `replicaURL`; answered by `until`
+    /// (10 s from now unless given) at the latest (blocking).
+    func register(_ path: String, replicaURL: String, until deadline: ContinuousClock.Instant = .now + .seconds(10)) throws {
+        _ = try Self.wait(forDatabase(path, .POST, "/register", Register(path: path, replicaURL: replicaURL), until: Self.nio(deadline), reply: Ignored.self))
     }
 
-    /// ``register(_:replicaURL:)`` without blocking a thread.
-    func register(_ path: String, replicaURL: String) async throws {
-        _ = try await call(.POST, "/register", Register(path: path, replicaURL: replicaURL), timeout: .seconds(10), reply: Ignored.self)
+    /// ``register(_:replicaURL:until:)`` without blocking a thread.
+    func register(_ path: String, replicaURL: String, until deadline: ContinuousClock.Instant = .now + .seconds(10)) async throws {
+        _ = try await Self.get(forDatabase(path, .POST, "/register", Register(path: path, replicaURL: replicaURL), until: Self.nio(deadline), reply: Ignored.self))
     }
 
     /// `POST /unregister`: a final sync, then stop replicating `path` and close Litestream's
     /// connection to it; answered by `until` at the latest (blocking).
     func unregister(_ path: String, until deadline: ContinuousClock.Instant) throws {
-        _ = try call(.POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: Ignored.self)
+        _ = try Self.wait(forDatabase(path, .POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: Ignored.self))
     }
 
     /// ``unregister(_:until:)`` without blocking a thread.
     func unregister(_ path: String, until deadline: ContinuousClock.Instant) async throws {
-        _ = try await call(.POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: Ignored.self)
+        _ = try await Self.get(forDatabase(path, .POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: Ignored.self))
     }
 
     /// `POST /sync` with `wait`: returns once every transaction committed before the call is in
     /// the replica (`replicated_txid`), or throws — by `until` at the latest (blocking).
     func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) throws -> SyncReply {
-        try call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
+        try Self.wait(forDatabase(path, .POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: SyncReply.self))
     }
 
     /// ``syncAndWait(_:until:)`` without blocking a thread (durable writes wait here).
     func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) async throws -> SyncReply {
-        try await call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
+        try await Self.get(forDatabase(path, .POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: SyncReply.self))
+    }
+
+    /// `deadline` on NIO's clock.
+    private static func nio(_ deadline: ContinuousClock.Instant) -> NIODeadline {
+        .now() + left(until: deadline)
     }
 
     /// The time left until `deadline` (at least a millisecond): how long the daemon waits for a reply.
@@ -183,7 +194,8 @@ struct LitestreamControl: Sendable {
         let error: String
     }
 
-    /// One request, blocking its thread until the reply (or `timeout`).
+    /// One request that concerns no database in particular, blocking its thread until the
+    /// reply (or `timeout`): nothing else waits for it, and a late one changes nothing.
     private func call<Body: Encodable, Reply: Decodable>(_ method: HTTPMethod, _ route: String, _ body: Body?, timeout: TimeAmount,
                                                          reply: Reply.Type) throws -> Reply {
         let request = try makeRequest(method, route, body)
@@ -209,6 +221,34 @@ struct LitestreamControl: Sendable {
         return try Self.decode(route, response, as: Reply.self)
     }
 
+    /// One request about the database at `path`, in its turn (``requests``): the answer, or a
+    /// failure at `deadline`. The request itself has no time limit here — one the daemon stopped
+    /// waiting for keeps the database's turn until Litestream answers it or ends.
+    private func forDatabase<Body: Encodable, Reply: Decodable & Sendable>(
+        _ path: String, _ method: HTTPMethod, _ route: String, _ body: Body, until deadline: NIODeadline, reply: Reply.Type
+    ) -> EventLoopFuture<Reply> {
+        let started = NIODeadline.now()
+        let loop = MultiThreadedEventLoopGroup.singleton.any()
+        let request: HTTPClient.Request
+        do {
+            request = try makeRequest(method, route, body)
+        } catch {
+            return loop.makeFailedFuture(error)
+        }
+        return Self.requests.send(socketPath + "\u{0}" + path, route: route, until: deadline) {
+            Self.http.execute(request: request, deadline: nil).flatMapThrowing { try Self.decode(route, $0, as: Reply.self) }
+        }.flatMapErrorThrowing { error in
+            if error is Failure { throw error }
+            throw Self.failure(route, error, timeout: deadline - started)
+        }
+    }
+
+    /// Waits for `future` on this thread (the blocking pool's, never an event loop's).
+    private static func wait<Reply: Sendable>(_ future: EventLoopFuture<Reply>) throws -> Reply { try future.wait() }
+
+    /// Waits for `future` without blocking a thread.
+    private static func get<Reply: Sendable>(_ future: EventLoopFuture<Reply>) async throws -> Reply { try await future.get() }
+
     private func makeRequest<Body: Encodable>(_ method: HTTPMethod, _ route: String, _ body: Body?) throws -> HTTPClient.Request {
         guard let url = URL(httpURLWithSocketPath: socketPath, uri: route) else {
             throw Failure(description: "Litestream's control socket path \(socketPath) cannot be put in a URL", delivered: false)
@@ -227,6 +267,13 @@ struct LitestreamControl: Sendable {
     /// What a request that got no reply is reported as. Only a connection that was never made
     /// counts as not delivered: anything else may have reached Litestream.
     private static func failure(_ route: String, _ error: any Error, timeout: TimeAmount) -> Failure {
+        if let error = error as? DatabaseRequests.StillUnanswered {
+            // Not sent, but the earlier request it waited for was: as undecided as a time-out.
+            return Failure(description: "\(error)")
+        }
+        if error is DatabaseRequests.NotAnswered {
+            return Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s")
+        }
         if let error = error as? HTTPClientError, error == .deadlineExceeded || error == .readTimeout {
             return Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s")
         }

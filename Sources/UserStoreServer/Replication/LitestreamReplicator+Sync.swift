@@ -22,8 +22,7 @@ extension LitestreamReplicator {
                 if reply.isReplicated { break }
                 // A sync can come back with the replica one transaction behind (measured under
                 // the cluster harness before syncs were queued per store: "synced at txid 5,
-                // replica at 4"; a stale sync of a resumed Litestream can still overlap): ask
-                // again, within the same time limit.
+                // replica at 4"): ask again, within the same time limit.
                 guard ContinuousClock.now + .milliseconds(10) < deadline else {
                     throw LitestreamControl.Failure(description: "sync ended \(reply.status) at txid \(reply.txid), replica at \(reply.replicatedTXID), and did not catch up within \(settings.durableTimeoutMilliseconds) ms")
                 }
@@ -36,29 +35,13 @@ extension LitestreamReplicator {
         }
     }
 
-    /// `POST /sync` with `wait` for the store at `path`, queued behind any other sync of it
-    /// (``SyncLanes``: Litestream mishandles overlapping syncs of one database); by `deadline`.
+    /// `POST /sync` with `wait` for the store at `path`, queued behind any other sync of it and
+    /// shared with the callers that arrive while it waits (``SyncLanes``); by `deadline`.
     func sync(_ path: String, until deadline: ContinuousClock.Instant) async throws -> LitestreamControl.SyncReply {
         let control = self.control
         return try await syncLanes.run(path, until: deadline) {
-            while true {
-                do {
-                    return try await control.syncAndWait(path, until: deadline)
-                } catch let failure as LitestreamControl.Failure where Self.isOverlappingSync(failure) && ContinuousClock.now + .milliseconds(10) < deadline {
-                    // A sync the daemon gave up on (Litestream paused or slow) still runs inside
-                    // Litestream when it resumes, beside this one: ask again within the deadline.
-                    try await Task.sleep(for: .milliseconds(10))
-                }
-            }
+            try await control.syncAndWait(path, until: deadline)
         }
-    }
-
-    /// Litestream's failure when two syncs of one database overlapped (both wrote the same
-    /// temporary LTX file, locally — `rename ltx file` — or in a `file://` replica — `write ltx
-    /// file: rename`; the second rename finds it gone). Nothing is wrong with the replica.
-    static func isOverlappingSync(_ failure: LitestreamControl.Failure) -> Bool {
-        let text = failure.description
-        return text.contains("rename") && text.contains(".ltx.tmp") && text.contains("no such file or directory")
     }
 
     /// A sync of `store` failed (Litestream, or the replica behind it, did not confirm it): the
