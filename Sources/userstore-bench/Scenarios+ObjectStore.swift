@@ -25,7 +25,7 @@ extension Scenarios {
             ("replication off", ""),
             ("replication on S3, durableWrites", "replication:\n  replica: \"\(replica)\"\n  litestream: \(litestream)\n  durableWrites: true"),
         ]
-        var newStoreP50: [Double] = [], durable: [String: LoadGenerator.Result] = [:]
+        var newStoreP50: [Double] = [], reopenP50: [Double] = [], durable: [String: LoadGenerator.Result] = [:]
         for (index, mode) in modes.enumerated() {
             let fleet = try await kvFleet(name: "s3-\(index)", count: 8, rows: 0)
             let (daemon, socket) = try env.startDaemon(name: "s3-\(index)", data: fleet.data, migrations: fleet.migrations, extra: mode.config)
@@ -43,6 +43,10 @@ extension Scenarios {
             await client.shutdown()
             let latencies = Latencies(samples: samples)
             newStoreP50.append(latencies.percentile(0.5))
+            // Its own replica folder: the users' names repeat.
+            let reopenConfig = mode.config.replacingOccurrences(of: "bench-\(getpid())?", with: "bench-\(getpid())-reopen?")
+            reopenP50.append(try await reopenCost(mode: mode.name, index: index, config: reopenConfig, baselineP50: reopenP50.first,
+                                                  bucketPrefix: index == 0 ? nil : "bench-\(getpid())-reopen/", s3Endpoint: "http://127.0.0.1:\(port)"))
             let ratio = index == 0 ? "" : String(format: "%.2f× replication off (p50)", latencies.percentile(0.5) / max(newStoreP50[0], 1))
             measurements.append(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
                                             value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",

@@ -1,6 +1,6 @@
 """The tests' own S3 client (boto3, independent of userstored's): make buckets and look into them.
 
-usage: s3-probe.py ENDPOINT ready | create-bucket NAME | list BUCKET [PREFIX] | put BUCKET KEY...
+usage: s3-probe.py ENDPOINT ready | create-bucket NAME | list BUCKET [PREFIX] | sizes BUCKET [PREFIX] | put BUCKET KEY...
 Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY."""
 import sys
 
@@ -27,6 +27,11 @@ elif command == "list":
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=rest[0], Prefix=rest[1] if len(rest) > 1 else ""):
         for item in page.get("Contents", []):
             print(item["Key"])
+elif command == "sizes":
+    # Every object under PREFIX with its size ("KEY SIZE" lines): what a bench counts as uploaded.
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=rest[0], Prefix=rest[1] if len(rest) > 1 else ""):
+        for item in page.get("Contents", []):
+            print(item["Key"], item["Size"])
 elif command == "put":
     for key in rest[1:]:
         s3.put_object(Bucket=rest[0], Key=key, Body=key.encode())

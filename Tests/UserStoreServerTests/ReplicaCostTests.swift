@@ -81,4 +81,71 @@ import Varlink
         let copy = try ReplicationTests.replicaCopy(of: "shared", daemon: daemon, replica: replica.path, directory: scratch.path)
         #expect(try ReplicationTests.sqlite3(copy, "SELECT count(*) FROM notes") == String(1 + writers * rounds))
     }
+
+    /// Bytes of every level-0 LTX file (what a sync ships; compactions write higher levels on
+    /// their own schedule) in `user`'s folder of the `file://` replica at `replica`.
+    static func shippedBytes(_ user: String, in replica: String) -> Int {
+        let files = FileManager.default.enumerator(atPath: replica)?.compactMap { $0 as? String } ?? []
+        return files.filter { $0.contains("/\(user)/") && $0.contains("/ltx/0/") && $0.hasSuffix(".ltx") }
+            .compactMap { (try? FileManager.default.attributesOfItem(atPath: replica + "/" + $0)[.size]) as? Int }
+            .reduce(0, +)
+    }
+
+    /// A store closed and reopened unchanged ships what changed, not itself again: it keeps
+    /// its WAL at close, so the next registration finds Litestream's position in it and goes on
+    /// from there (before, every reopen shipped a snapshot: a 10 MB store, 10 MB). And the
+    /// replica built that way still restores to exactly the live store.
+    @Test func reopeningAStoreShipsOnlyWhatChanged() throws {
+        let (replica, daemon, client) = try ReplicationTests.started(extra: "maxOpenStores: 1")
+        defer { _ = daemon.stop() }
+        let size = 10 * 1_048_576
+        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": "CREATE TABLE blobs (b BLOB)"])
+        _ = try client.call("io.userstore.Store.Execute", ["user": "ann", "sql": .string("INSERT INTO blobs VALUES (randomblob(\(size)))")])
+        try ReplicationTests.insert("before", for: "ann", on: client, durable: true)
+        #expect(Self.shippedBytes("ann", in: replica.path) > size, "the first registration ships the store")
+
+        // Another user takes the one open slot: ann is synced, let go of and closed.
+        try ReplicationTests.insert("other", for: "bob", on: client, durable: true)
+        let open = try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.compactMap { $0["user"]?.stringValue } ?? []
+        #expect(open == ["bob"])
+        let closed = Self.shippedBytes("ann", in: replica.path)
+
+        try ReplicationTests.insert("after", for: "ann", on: client, durable: true)
+        let reopened = Self.shippedBytes("ann", in: replica.path) - closed
+        print("reopening a \(size)-byte store shipped \(reopened) bytes of level-0 LTX files (\(closed) before)")
+        #expect(reopened < size / 100, "the reopen shipped \(reopened) bytes of a \(size)-byte store")
+
+        let live = try DurabilityTests.contents(try DurabilityTests.storePath("ann", daemon))
+        #expect(live.contains("'after'"))
+        DurabilityTests.expectSame(try DurabilityTests.loseHostAndRestore("ann", daemon, client), live)
+    }
+
+    /// Closed replicated stores keep their WAL, so their version is not in the file's header
+    /// alone: a restarted daemon's fleet index reads it through a read-only connection, without
+    /// opening the stores (which would register each with Litestream) and without removing the
+    /// WALs (which would make their next reopen ship a snapshot).
+    @Test func aRestartReadsKeptWALsWithoutOpeningTheStores() throws {
+        let (_, daemon, client) = try ReplicationTests.started()
+        let users = ["kim", "lee", "max"]
+        for user in users { try ReplicationTests.insert("kept", for: user, on: client, durable: true) }
+        let version = try client.call("io.userstore.Store.Open", ["user": "kim"])["schemaVersion"]
+        _ = daemon.stop()
+        let wals = try users.map { try DurabilityTests.storePath($0, daemon) + "-wal" }
+        let sizes = wals.map { (try? FileManager.default.attributesOfItem(atPath: $0)[.size] as? Int) ?? 0 }
+        #expect(sizes.allSatisfy { $0 > 0 }, "each store kept its WAL at close: \(sizes)")
+
+        try daemon.start()
+        defer { _ = daemon.stop() }
+        let again = try daemon.connect()
+        // The scan is the daemon's own start-up work: asked until it says it is complete.
+        let deadline = ContinuousClock.now + .seconds(60)
+        while try again.call("io.userstore.Admin.Status")["indexComplete"] != true, ContinuousClock.now < deadline {}
+        var listed: [String: JSONValue] = [:]
+        try again.stream("io.userstore.Admin.ListStores") { reply in
+            if let store = reply["store"], let user = store["user"]?.stringValue { listed[user] = store["schemaVersion"] }
+        }
+        for user in users { #expect(listed[user] == version, "\(user): \(String(describing: listed[user])), expected \(String(describing: version))") }
+        #expect(try again.call("io.userstore.Admin.Status")["openStores"] == 0, "the scan opened stores")
+        #expect(wals.allSatisfy { ((try? FileManager.default.attributesOfItem(atPath: $0)[.size] as? Int) ?? 0) > 0 }, "the scan removed a WAL")
+    }
 }

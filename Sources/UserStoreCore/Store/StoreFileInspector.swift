@@ -1,3 +1,4 @@
+import CSQLiteSettings
 import Foundation
 import GRDB
 
@@ -5,12 +6,12 @@ import GRDB
 public enum StoreFileInspector {
     /// The schema version in a store file's header (`user_version`, offset 60): a 100-byte
     /// read, so listing 100,000 stores is cheap. A non-empty WAL (left by a crash) may hold a
-    /// newer header, so SQLite reads it then. -1 when the file is not a readable store.
-    /// Opens a second connection for that: use it only where nothing else has the file open
-    /// (offline); the daemon uses ``headerVersion(of:)``.
+    /// newer header, so SQLite reads it then (``versionReadingWAL(of:)``: the WAL is left as it
+    /// is). -1 when the file is not a readable store. Opens a second connection for that: use
+    /// it only where nothing else has the file open (offline); the daemon uses
+    /// ``headerVersion(of:)``.
     public static func schemaVersion(of path: String) -> Int64 {
-        if let version = headerVersion(of: path) { return version }
-        return (try? DatabaseQueue(path: path).read { try Int64.fetchOne($0, sql: "PRAGMA user_version") ?? -1 }) ?? -1
+        headerVersion(of: path) ?? versionReadingWAL(of: path)
     }
 
     /// The schema version in a store file's header, or nil when a non-empty WAL (left by a
@@ -23,6 +24,18 @@ public enum StoreFileInspector {
         if header.isEmpty { return 0 } // created, nothing written yet
         guard header.count == 100, header.starts(with: sqliteMagic) else { return -1 }
         return header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
+    }
+
+    /// The schema version as SQLite reads it, WAL included, through a read-only connection
+    /// that leaves the WAL as it is when it closes. For a replicated store closed with its WAL
+    /// kept (Litestream's position is in it): opening it as a store would register it with
+    /// Litestream. Safe beside the daemon's own connection only with normal locking (replicated
+    /// stores). -1 when the file cannot be read.
+    public static func versionReadingWAL(of path: String) -> Int64 {
+        var configuration = Configuration()
+        configuration.readonly = true
+        configuration.prepareDatabase { db in _ = userstore_keep_wal_on_close(db.sqliteConnection) }
+        return (try? DatabaseQueue(path: path, configuration: configuration).read { try Int64.fetchOne($0, sql: "PRAGMA user_version") ?? -1 }) ?? -1
     }
 
     private static let sqliteMagic = Array("SQLite format 3\u{0}".utf8)

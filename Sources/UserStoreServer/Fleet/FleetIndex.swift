@@ -45,14 +45,26 @@ final class FleetIndex: StoreObserver {
     }
 
     /// Reads every store's version from its header. Entries recorded by events while the scan
-    /// runs are newer and are kept. A store left with a WAL by a crash is read through the
-    /// registry (the daemon's one connection per file), as it is.
+    /// runs are newer and are kept. A store with a WAL (left by a crash; kept at close when
+    /// replicated) is read through SQLite: a replicated one through a read-only connection,
+    /// another through the registry (the daemon's one connection per file, locked exclusively).
     private func scan(registry: StoreRegistry) async {
         let layout = registry.configuration.layout
         let users = await Task.detached { layout.allUsers() }.value
         for chunk in stride(from: 0, to: users.count, by: 512) {
             let slice = users[chunk..<min(chunk + 512, users.count)]
-            var read = await Task.detached { slice.map { ($0, StoreFileInspector.headerVersion(of: layout.storePath(for: $0))) } }.value
+            // A replicated store keeps its WAL when it closes (Litestream's position is in it):
+            // read through a read-only connection, never opened as a store (which would
+            // register it with Litestream). Replicated stores use normal locking, so that
+            // connection can sit beside the daemon's own.
+            let replicated = registry.replication != nil
+            var read = await Task.detached {
+                slice.map { user -> (UserID, Int64?) in
+                    let path = layout.storePath(for: user)
+                    let version = StoreFileInspector.headerVersion(of: path)
+                    return (user, version == nil && replicated ? StoreFileInspector.versionReadingWAL(of: path) : version)
+                }
+            }.value
             for (offset, (user, version)) in read.enumerated() where version == nil {
                 let current = try? await registry.withExistingStore(user) { store in try await store.schemaVersion() }
                 read[offset].1 = current ?? -1

@@ -129,6 +129,8 @@ final class LitestreamReplicator: StoreReplication {
         guard let staged = try restoreCopy(user, from: source, arguments: arguments, beside: path) else { return nil }
         let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
         do {
+            // A WAL left beside a lost store file must not meet the restored one.
+            _ = try DurableFile.remove([path + "-wal", path + "-shm"])
             try DurableFile.publish(staged, as: path)
         } catch {
             throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
@@ -220,6 +222,12 @@ final class LitestreamReplicator: StoreReplication {
                 failed("final sync of \(store.user)", error)
             }
         }
+        // The WAL stays as it is (one host): the next registration finds Litestream's position
+        // in it where the last one stopped and ships only what changed since — closing must not
+        // reset it, or every reopen ships a snapshot of the whole store (issue #38, "Reopening
+        // costs what changed" in docs/replication.md). With more than one host a reopen may
+        // replicate to a new epoch's folder, which needs the snapshot.
+        if fencing == nil { store.keepsWALOnClose() }
         guard entry.heldSince != nil || state.withLock({ $0.unconfirmed.contains(store.path) }) else { return }
         do {
             try control.unregister(store.path, until: deadline)
