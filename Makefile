@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench soak fuzz asan tsan clean cluster-test fuzz-smoke
+.PHONY: deps build release test run install uninstall bench soak churn fuzz asan tsan clean cluster-test fuzz-smoke
 
 deps:
 	@bash scripts/install-deps.sh
@@ -43,6 +43,11 @@ cluster-test: build
 ## 10 minutes of mixed load at half of capacity: RSS, fds and p99 over time (not part of test).
 soak:
 	bash scripts/soak.sh
+
+## 100,000 users through maxOpenStores 1,024 replicating to S3 (SeaweedFS), then the disk lost
+## and 1,000 of them restored: RSS, fds, S3 requests and bytes over time (not part of test).
+churn:
+	bash scripts/churn.sh --json .build/churn.json
 
 ## The parsers' fuzzers for an hour each.
 fuzz:

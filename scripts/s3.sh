@@ -5,7 +5,8 @@
 #   bash scripts/s3.sh start   # starts it (if not running) and prints the variables to export
 #   bash scripts/s3.sh stop
 #   bash scripts/s3.sh env     # the variables: S3 endpoint, credentials, replica URL
-# Port: $USERSTORE_S3_PORT (default 8333). The tests start their own on free ports.
+# Port: $USERSTORE_S3_PORT (default 8333); SeaweedFS's own Prometheus metrics (S3 requests,
+# bytes received per bucket) on that port + 8. The tests start their own on free ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -36,7 +37,7 @@ start)
         -master.port=$((port + 1)) -master.port.grpc=$((port + 2)) -volume.port=$((port + 3)) -volume.port.grpc=$((port + 4)) \
         -filer -filer.port=$((port + 5)) -filer.port.grpc=$((port + 6)) \
         -s3 -s3.port="$port" -s3.port.grpc=$((port + 7)) -s3.config="$dir/identities.json" -s3.port.iceberg=0 -s3.port.lance=0 \
-        -master.volumeSizeLimitMB=64 -volume.max=0 >"$dir/weed.log" 2>&1 &
+        -master.volumeSizeLimitMB=64 -volume.max=0 -metricsPort=$((port + 8)) >"$dir/weed.log" 2>&1 &
     echo $! > "$dir/weed.pid"
     for _ in $(seq 1 300); do
         if AWS_ACCESS_KEY_ID=$access AWS_SECRET_ACCESS_KEY=$secret "$python" Tests/Helpers/s3-probe.py "http://127.0.0.1:$port" ready 2>/dev/null; then

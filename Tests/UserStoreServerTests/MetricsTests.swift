@@ -38,6 +38,23 @@ import Varlink
         }
     }
 
+    /// Durable writes show on the dashboard: every sync asked of Litestream is counted and its
+    /// duration observed (`userstore_replication_sync_duration_seconds`).
+    @Test func replicationSyncsAreCountedAndTimed() throws {
+        let metricsSocket = try TemporaryDirectory().path + "-m.sock"
+        let replica = try TemporaryDirectory()
+        let daemon = try ReplicationTests.daemon(replica: replica.path, extra: "metrics:\n  listen: unix:\(metricsSocket)")
+        try daemon.start()
+        defer { daemon.stop() }
+        let client = try daemon.connect()
+        for index in 0..<3 { try ReplicationTests.insert("durable \(index)", for: "ann", on: client, durable: true) }
+        let scraped = try scrape(metricsSocket)
+        let syncs = scraped.value("userstore_replication_syncs")
+        #expect(syncs >= 3, "\(syncs) syncs for 3 durable writes")
+        #expect(scraped.value("userstore_replication_sync_duration_seconds_count") >= 3)
+        #expect(scraped.value("userstore_replication_sync_duration_seconds_sum") > 0)
+    }
+
     func scrape(_ socket: String, path: String = "/metrics") throws -> Scrape {
         let result = try run([testPython, "-c", Self.scraper, socket, path])
         #expect(result.status == 0, "\(result.stderr)")

@@ -104,7 +104,8 @@ public enum Daemon {
             } catch {
                 unreachable = error // served degraded; the monitor checks it again
             }
-            replicator = LitestreamReplicator(settings: settings, storage: storage, layout: layout, logger: logger, fencing: cluster)
+            replicator = LitestreamReplicator(settings: settings, storage: storage, layout: layout, logger: logger, fencing: cluster,
+                                              syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
             if let unreachable { replicator?.replicaFailed(unreachable) }
             if settings.startLitestream {
                 let child = LitestreamProcess(settings: settings, environment: storage.litestreamEnvironment, runtimeDirectory: configuration.dataDirectory, logger: logger)

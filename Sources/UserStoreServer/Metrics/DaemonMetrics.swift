@@ -109,6 +109,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
     private let migrationsOK: CoreMetrics.Counter
     private let migrationsFailed: CoreMetrics.Counter
     private let migrationDuration: CoreMetrics.Timer
+    /// Each `/sync` with `wait` the daemon asked Litestream for, from the request to its answer.
+    let replicationSyncDuration: CoreMetrics.Timer
     private let backups: CoreMetrics.Counter
     private let backupBytes: CoreMetrics.Counter
     private let transactions: [String: CoreMetrics.Counter]
@@ -144,6 +146,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
         migrationsFailed = Self.counter(registry, "userstore_migrations_total", [("outcome", "failed")])
         migrationDuration = CoreMetrics.Timer(label: "userstore_migration_duration_seconds", dimensions: [],
                                               handler: registry.makeDurationHistogram(descriptor: Self.descriptor("userstore_migration_duration_seconds"), buckets: Self.migrationBuckets))
+        replicationSyncDuration = CoreMetrics.Timer(label: "userstore_replication_sync_duration_seconds", dimensions: [],
+                                                    handler: registry.makeDurationHistogram(descriptor: Self.descriptor("userstore_replication_sync_duration_seconds"), buckets: Self.migrationBuckets))
         backups = Self.counter(registry, "userstore_backups_total")
         backupBytes = Self.counter(registry, "userstore_backup_bytes_total")
         transactions = Dictionary(uniqueKeysWithValues: ["committed", "rolled_back", "expired", "aborted"].map { outcome in
@@ -199,6 +203,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while every pass stays within half of it.",
         "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
         "userstore_replication_syncs": "Syncs the daemon asked Litestream for since it started (durable writes and sync passes; each ships what was committed since the one before).",
+        "userstore_replication_sync_duration_seconds": "How long each sync the daemon asked Litestream for took, until Litestream answered that the replica holds it (or failed); what a durable write waits for.",
         "userstore_replication_shared_sync_waits": "Durable writes and sync passes since start that waited for a sync another caller had queued (group commit) instead of one of their own.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",

@@ -3,15 +3,19 @@ import NIOCore
 import NIOPosix
 import Synchronization
 
-/// One request to Litestream per database at a time — counted until Litestream answers it, not
-/// until the caller stops waiting (docs/replication.md "One request per database").
+/// A database's `/register` and `/unregister` go to Litestream one at a time — each counted
+/// until Litestream answers it, not until the caller stops waiting (docs/replication.md, the
+/// durable rule, 4).
 ///
 /// **Why.** A request the daemon gave up on is not gone: a paused or slow Litestream reads it
 /// later and acts on it. Such a stale `/unregister` removes the database from Litestream's list
 /// at once but closes it (a final sync, an upload) only afterwards; a `/register` of the same file
 /// arriving meanwhile opens a second replicator of it, and the two write the same LTX files —
 /// seen as a replica that no longer restores (`file checksum mismatch`) after a store was evicted
-/// while Litestream was paused. Two `/sync`s of one database race the same way.
+/// while Litestream was paused. A stale `/register` read after the `/unregister` that followed
+/// it would leave Litestream holding a store the daemon believes let go of (the WAL rule).
+/// (`/sync`s are not queued here: Litestream runs the syncs of one database object one at a
+/// time, and one that finds no database fails harmlessly.)
 ///
 /// **How.** A request for a database is sent only when every earlier one for it has been
 /// answered (or its connection failed: that Litestream ended). The caller waits until its own

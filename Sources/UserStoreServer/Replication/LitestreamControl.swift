@@ -35,9 +35,9 @@ struct LitestreamControl: Sendable {
         var delivered = true
     }
 
-    /// Requests for one database go one at a time, each until Litestream answers it
-    /// (``DatabaseRequests``): shared by every control client of the process, keyed by socket
-    /// and database.
+    /// A database's registration and unregistration go one at a time, each until Litestream
+    /// answers it (``DatabaseRequests``): shared by every control client of the process, keyed
+    /// by socket and database.
     static let requests = DatabaseRequests()
 
     /// `POST /register`: replicate the database at `path` to `replicaURL`; answered by `until`
@@ -64,13 +64,16 @@ struct LitestreamControl: Sendable {
 
     /// `POST /sync` with `wait`: returns once every transaction committed before the call is in
     /// the replica (`replicated_txid`), or throws — by `until` at the latest (blocking).
+    /// Not queued behind the database's registration requests (``requests``): Litestream runs
+    /// the syncs of one database object one at a time itself, and a sync that finds no database
+    /// (not yet registered, or let go of) fails without touching anything.
     func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) throws -> SyncReply {
-        try Self.wait(forDatabase(path, .POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: SyncReply.self))
+        try call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
     }
 
     /// ``syncAndWait(_:until:)`` without blocking a thread (durable writes wait here).
     func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) async throws -> SyncReply {
-        try await Self.get(forDatabase(path, .POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: SyncReply.self))
+        try await call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
     }
 
     /// `deadline` on NIO's clock.
@@ -194,8 +197,8 @@ struct LitestreamControl: Sendable {
         let error: String
     }
 
-    /// One request that concerns no database in particular, blocking its thread until the
-    /// reply (or `timeout`): nothing else waits for it, and a late one changes nothing.
+    /// One request outside the registration queue (`/info`, `/list`, `/sync`), blocking its
+    /// thread until the reply (or `timeout`, when the connection is closed).
     private func call<Body: Encodable, Reply: Decodable>(_ method: HTTPMethod, _ route: String, _ body: Body?, timeout: TimeAmount,
                                                          reply: Reply.Type) throws -> Reply {
         let request = try makeRequest(method, route, body)
@@ -221,7 +224,7 @@ struct LitestreamControl: Sendable {
         return try Self.decode(route, response, as: Reply.self)
     }
 
-    /// One request about the database at `path`, in its turn (``requests``): the answer, or a
+    /// A registration or unregistration of the database at `path`, in its turn (``requests``): the answer, or a
     /// failure at `deadline`. The request itself has no time limit here — one the daemon stopped
     /// waiting for keeps the database's turn until Litestream answers it or ends.
     private func forDatabase<Body: Encodable, Reply: Decodable & Sendable>(

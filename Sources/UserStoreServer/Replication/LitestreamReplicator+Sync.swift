@@ -38,9 +38,11 @@ extension LitestreamReplicator {
     /// `POST /sync` with `wait` for the store at `path`, queued behind any other sync of it and
     /// shared with the callers that arrive while it waits (``SyncLanes``); by `deadline`.
     func sync(_ path: String, until deadline: ContinuousClock.Instant) async throws -> LitestreamControl.SyncReply {
-        let control = self.control
+        let control = self.control, recorded = syncDuration
         return try await syncLanes.run(path, until: deadline) {
-            try await control.syncAndWait(path, until: deadline)
+            let started = ContinuousClock.now
+            defer { recorded?(ContinuousClock.now - started) }
+            return try await control.syncAndWait(path, until: deadline)
         }
     }
 

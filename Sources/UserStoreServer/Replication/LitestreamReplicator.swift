@@ -93,8 +93,13 @@ final class LitestreamReplicator: StoreReplication {
     /// Which users the bucket holds (one host, `s3://`), once listed: ``loadReplicaIndex()``.
     let replicaIndex = ReplicaIndex()
 
-    init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil) {
+    /// Told how long each sync took (the metrics, when they are served).
+    let syncDuration: (@Sendable (Duration) -> Void)?
+
+    init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil,
+         syncDuration: (@Sendable (Duration) -> Void)? = nil) {
         self.settings = settings
+        self.syncDuration = syncDuration
         self.storage = storage
         self.layout = layout
         self.fencing = fencing

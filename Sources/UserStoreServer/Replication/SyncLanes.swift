@@ -6,8 +6,7 @@ import Synchronization
 /// (the sync pass and a durable write, or two durable writes): one fails with `rename ltx file: …
 /// no such file or directory` (both wrote the same temporary LTX file), or comes back with the
 /// replica a transaction behind. So the syncs of a store form a queue: each starts when the one
-/// before it has ended. (Below this queue, ``DatabaseRequests`` holds each request back until
-/// Litestream answered the one before it, even one whose caller stopped waiting.)
+/// before it has ended.
 ///
 /// **Shared.** A sync that is queued and has not started yet covers every commit made before it
 /// starts, so a caller arriving while one waits joins it instead of queueing its own: however
