@@ -37,10 +37,12 @@ def s3(command):
 
 
 def seaweed_counters():
-    """(S3 requests, S3 PUT requests, bytes received) from SeaweedFS's own metrics."""
+    """(S3 requests, S3 PUT requests, bytes received) to the bucket, from SeaweedFS's own metrics."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{PORT + 8}/metrics", timeout=10).read().decode()
     requests = puts = received = 0.0
     for line in text.splitlines():
+        if 'bucket="userstore"' not in line:
+            continue
         if line.startswith("SeaweedFS_s3_request_total{"):
             value = float(line.rsplit(" ", 1)[1])
             requests += value
@@ -74,7 +76,6 @@ socketPath: {self.socket}
 migrationsDirectory: {os.path.join(ROOT, "config/migrations")}
 maxOpenStores: 1024
 logTarget: stderr
-logLevel: warning
 replication:
   replica: "{replica}"
   litestream: {litestream}
@@ -84,7 +85,7 @@ replication:
     def start(self):
         env = dict(os.environ, AWS_ACCESS_KEY_ID="userstore-dev", AWS_SECRET_ACCESS_KEY="userstore-dev-secret")
         self.log = open(os.path.join(self.root, "daemon.log"), "a")
-        self.process = subprocess.Popen([self.binary, "--config", self.config], stderr=self.log, env=env)
+        self.process = subprocess.Popen([self.binary, "--config", self.config], stdout=self.log, stderr=self.log, env=env)
         connect(self.socket, timeout=60).close()
 
     def stop(self):
