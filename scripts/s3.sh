@@ -1,6 +1,6 @@
 #!/bin/bash
 # A local S3 API for trying replication by hand and for scripts: SeaweedFS (`weed server -s3`,
-# installed into .build/testenv by scripts/install-deps.sh) on 127.0.0.1, data in .run/s3, one
+# installed into .build/testenv by scripts/install-deps.sh) on 127.0.0.1, data in .run/s3-<port>, one
 # access key, a bucket named userstore. Usage:
 #   bash scripts/s3.sh start   # starts it (if not running) and prints the variables to export
 #   bash scripts/s3.sh stop
@@ -13,7 +13,7 @@ root=$(pwd)
 weed="$root/.build/testenv/bin/weed"
 python="$root/.build/testenv/bin/python3"
 port=${USERSTORE_S3_PORT:-8333}
-dir="$root/.run/s3"
+dir="$root/.run/s3-$port" # one per port: a bench and a churn run may each have their own
 access=userstore-dev
 secret=userstore-dev-secret
 
