@@ -95,7 +95,7 @@ replication:
 
     def litestream_pid(self):
         status = call_once(self.socket, "io.userstore.Admin.Status")["parameters"]
-        return status.get("replication", {}).get("litestreamPID", 0), status.get("openStores", 0)
+        return status.get("replication", {}).get("litestreamPid", 0), status.get("openStores", 0)
 
 
 def touch(daemon, users, revisits, workers, last, failures):

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
 bash scripts/install-deps.sh
-swift build -c release --product userstored >/dev/null
+swift build -c release --static-swift-stdlib --product userstored >/dev/null # as make bench builds it: one release build for both
 bin="$(swift build -c release --show-bin-path)"
 # Litestream 0.5.17's S3 client fails with AWS_CA_BUNDLE set (the daemon builds Litestream's
 # environment itself; this keeps boto3-free tools of the run from inheriting it too).

@@ -42,7 +42,8 @@ extension Scenarios {
         note += errors(failures)
         if let bucketPrefix {
             let after = objects(under: bucketPrefix, endpoint: s3Endpoint)
-            let added = after.filter { before[$0.key] == nil && $0.key.contains("/ltx/0/") }
+            // Level 0 is `<user>/0000/` in a bucket (`ltx/0/` in a folder).
+            let added = after.filter { before[$0.key] == nil && $0.key.contains("/0000/") }
             let bytes = added.values.reduce(0, +)
             let share = Double(bytes) / Double(big * size)
             note += String(format: "uploaded %d level-0 objects, %d bytes: %.3f%% of the stores' size", added.count, bytes, share * 100)
