@@ -251,8 +251,9 @@ public final class Store: Sendable {
     }
 
     /// Makes ``close()`` leave the WAL as it is: a replicator that may still read it from where
-    /// it stopped (it did not confirm it let go) must find every frame it has not read yet.
-    /// Call it when no work runs (the store is being closed).
+    /// it stopped (it did not confirm it let go) must find every frame it has not read yet, and
+    /// the next registration of a replicated store goes on from its position in it instead of
+    /// shipping a snapshot. Call it when no work runs (the store is being closed).
     public func keepsWALOnClose() {
         queue.inDatabase { db in _ = userstore_keep_wal_on_close(db.sqliteConnection) }
     }

@@ -274,10 +274,9 @@ struct LitestreamControl: Sendable {
             // Not sent, but the earlier request it waited for was: as undecided as a time-out.
             return Failure(description: "\(error)")
         }
-        if error is DatabaseRequests.NotAnswered {
-            return Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s")
-        }
-        if let error = error as? HTTPClientError, error == .deadlineExceeded || error == .readTimeout {
+        // The caller's deadline passed with the request sent: in flight (queued) or cut off.
+        let timedOut = error is DatabaseRequests.NotAnswered || (error as? HTTPClientError).map { $0 == .deadlineExceeded || $0 == .readTimeout } == true
+        if timedOut {
             return Failure(description: "Litestream did not answer \(route) within \(Double(timeout.nanoseconds / 1_000_000) / 1000) s")
         }
         if let error = error as? HTTPClientError, error == .connectTimeout {

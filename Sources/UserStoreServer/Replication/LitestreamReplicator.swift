@@ -114,67 +114,6 @@ final class LitestreamReplicator: StoreReplication {
 
     // MARK: StoreReplication
 
-    func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
-        let started = ContinuousClock.now
-        let source: String
-        do {
-            // A new user costs one listing, not a `litestream restore` process (issue #38):
-            // Litestream is asked only when the replica holds something of the user.
-            guard let url = try restoreURL(for: user) else { return nil }
-            source = url
-        } catch {
-            throw StoreError.replicationUnavailable(user: user, message: "looking for the user in the replica: \(error)")
-        }
-        var arguments: [String] = []
-        if let timestamp {
-            arguments = ["-timestamp", RFC3339.format(timestamp)]
-        } else {
-            arguments = ["-if-replica-exists"]
-        }
-        guard let staged = try restoreCopy(user, from: source, arguments: arguments, beside: path) else { return nil }
-        let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
-        do {
-            // A WAL left beside a lost store file must not meet the restored one.
-            _ = try DurableFile.remove([path + "-wal", path + "-shm"])
-            try DurableFile.publish(staged, as: path)
-        } catch {
-            throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
-        }
-        state.withLock { $0.restored += 1 }
-        return ReplicaRestore(source: source, schemaVersion: schemaVersion,
-                              durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
-    }
-
-    /// Restores `source` (with Litestream's extra `arguments`) to a file beside `path` and
-    /// returns it, integrity-checked; nil when the replica holds nothing (or nothing at that
-    /// time). The caller moves or removes it. Litestream renames its output into place before its
-    /// integrity check: the copy is staged, and only a clean exit leaves it.
-    func restoreCopy(_ user: UserID, from source: String, arguments: [String], beside path: String) throws -> String? {
-        let staged = path + ".restoring"
-        let cleanUp = { for suffix in ["", "-wal", "-shm", "-txid", ".tmp"] { unlink(staged + suffix) } }
-        cleanUp()
-        let timed = arguments.contains("-timestamp")
-        let result: (status: Int32, output: String)
-        do {
-            result = try command.run(["restore", "-o", staged, "-integrity-check", "quick"] + arguments + [source],
-                                     limit: .milliseconds(max(30_000, settings.durableTimeoutMilliseconds * 6)))
-        } catch {
-            cleanUp()
-            throw StoreError.replicationUnavailable(user: user, message: "\(error)")
-        }
-        let restored = FileManager.default.fileExists(atPath: staged)
-        if result.status != 0 || (timed && !restored) {
-            cleanUp()
-            let message = Self.lastLines(result.output)
-            if timed, ["no matching backups", "no snapshots", "timestamp does not exist"].contains(where: message.contains) { return nil }
-            if Self.isDamage(message) { throw StoreError.replicaDamaged(user: user, message: message) }
-            throw StoreError.replicationUnavailable(user: user, message: "litestream restore exited \(result.status): \(message)")
-        }
-        guard restored else { return nil }
-        for suffix in ["-wal", "-shm", "-txid", ".tmp"] { unlink(staged + suffix) }
-        return staged
-    }
-
     /// The epoch `user`'s open store was registered under (more than one host); nil otherwise.
     func registeredEpoch(of user: UserID) -> Int64? {
         state.withLock { $0.epochs[layout.storePath(for: user)] }
