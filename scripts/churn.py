@@ -21,7 +21,7 @@ What runs:
 Prints a table per minute and a summary; exits 1 when a sampled user did not come back whole.
 Not part of make test (make churn).
 """
-import argparse, json, os, random, re, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.request
+import argparse, json, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
 from varlink_client import call, connect, call_once
 
@@ -51,6 +51,31 @@ def seaweed_counters():
         elif line.startswith("SeaweedFS_s3_bucket_traffic_received_bytes_total"):
             received += float(line.rsplit(" ", 1)[1])
     return requests, puts, received
+
+
+def litestream_runtime(pid):
+    """Litestream's goroutines and live heap (bytes), from the pprof pages on its control socket
+    (the socket path is in the configuration its command line names): what its growth is made of."""
+    try:
+        arguments = open(f"/proc/{pid}/cmdline").read().split("\0")
+        configuration = open(arguments[arguments.index("-config") + 1]).read()
+        path = re.search(r'path: "([^"]+)"', configuration).group(1)
+        goroutines = re.search(rb"total (\d+)", unix_get(path, "/debug/pprof/goroutine?debug=1")).group(1)
+        heap = re.search(rb"# HeapAlloc = (\d+)", unix_get(path, "/debug/pprof/heap?debug=1")).group(1)
+        return int(goroutines), int(heap)
+    except (OSError, ValueError, AttributeError):
+        return 0, 0
+
+
+def unix_get(path, target):
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: litestream\r\n\r\n".encode())
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def process_usage(pid):
@@ -151,7 +176,7 @@ def main():
     threads, position = touch(daemon, users, int(arguments.users * arguments.revisits), arguments.workers, last, failures)
     base = seaweed_counters()
     print(f"{'min':>5} {'touched':>8} {'touch/s':>8} {'open':>5} {'daemon MiB':>10} {'fds':>5} {'litestream MiB':>14} {'fds':>5} "
-          f"{'S3 req/s':>8} {'PUT/s':>6} {'MB in/min':>9}", flush=True)
+          f"{'gorout.':>7} {'heap MiB':>8} {'S3 req/s':>8} {'PUT/s':>6} {'MB in/min':>9}", flush=True)
     previous = (started, 0, base)
     while any(thread.is_alive() for thread in threads):
         for thread in threads:
@@ -162,11 +187,13 @@ def main():
             continue
         litestream, open_stores = daemon.litestream_pid()
         counters = seaweed_counters()
+        runtime = litestream_runtime(litestream)
         elapsed = now - previous[0]
         sample = {
             "seconds": round(now - started, 1), "touched": position[0], "open_stores": open_stores,
             "daemon_rss_mib": round(process_usage(daemon.process.pid)[0], 1), "daemon_fds": process_usage(daemon.process.pid)[1],
             "litestream_rss_mib": round(process_usage(litestream)[0], 1), "litestream_fds": process_usage(litestream)[1],
+            "litestream_goroutines": runtime[0], "litestream_heap_mib": round(runtime[1] / 2**20, 1),
             "touches_per_second": round((position[0] - previous[1]) / elapsed, 1),
             "s3_requests_per_second": round((counters[0] - previous[2][0]) / elapsed, 1),
             "s3_puts_per_second": round((counters[1] - previous[2][1]) / elapsed, 1),
@@ -175,7 +202,7 @@ def main():
         samples.append(sample)
         print(f"{sample['seconds'] / 60:5.1f} {sample['touched']:8d} {sample['touches_per_second']:8.1f} {open_stores:5d} "
               f"{sample['daemon_rss_mib']:10.1f} {sample['daemon_fds']:5d} {sample['litestream_rss_mib']:14.1f} {sample['litestream_fds']:5d} "
-              f"{sample['s3_requests_per_second']:8.1f} {sample['s3_puts_per_second']:6.1f} {sample['s3_mb_received_per_minute']:9.2f}", flush=True)
+              f"{runtime[0]:7d} {sample['litestream_heap_mib']:8.1f} {sample['s3_requests_per_second']:8.1f} {sample['s3_puts_per_second']:6.1f} {sample['s3_mb_received_per_minute']:9.2f}", flush=True)
         previous = (now, position[0], counters)
     touch_seconds = time.monotonic() - started
     totals = [after - before for after, before in zip(seaweed_counters(), base)]
@@ -207,6 +234,8 @@ def main():
         "max_daemon_fds": max((s["daemon_fds"] for s in samples), default=0),
         "max_litestream_rss_mib": max((s["litestream_rss_mib"] for s in samples), default=0),
         "max_litestream_fds": max((s["litestream_fds"] for s in samples), default=0),
+        "max_litestream_goroutines": max((s["litestream_goroutines"] for s in samples), default=0),
+        "max_litestream_heap_mib": max((s["litestream_heap_mib"] for s in samples), default=0),
         "sampled": len(picked), "came_back": back, "restore_seconds": round(restore_seconds, 1),
         "first_failures": failures[:5], "wrong": wrong[:5],
     }

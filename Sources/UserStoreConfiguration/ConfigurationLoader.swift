@@ -26,6 +26,7 @@ public enum ConfigurationLoader {
         "replication.replica", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores",
         "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
         "replication.litestream", "replication.startLitestream", "replication.restartUnresponsiveSeconds",
+        "replication.litestreamMetricsAddress",
         "replication.s3.endpoint", "replication.s3.region", "replication.s3.forcePathStyle", "replication.s3.credentialsFile",
         "replication.s3.credential", "replication.s3.caFile",
         "cluster.host", "cluster.etcd", "cluster.address", "cluster.leaseSeconds", "cluster.forward",

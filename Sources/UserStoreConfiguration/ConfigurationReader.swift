@@ -195,6 +195,12 @@ extension ConfigurationLoader {
             if settings.litestream.contains("/") { settings.litestream = try path("replication.litestream", default: "") }
             settings.startLitestream = try bool("replication.startLitestream") ?? true
             settings.restartUnresponsiveSeconds = try int("replication.restartUnresponsiveSeconds", minimum: 0, maximum: 86_400) ?? 60
+            if let address = try string("replication.litestreamMetricsAddress") {
+                guard case .tcp = MetricsAddress(address) else {
+                    throw error("replication.litestreamMetricsAddress", "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")
+                }
+                settings.litestreamMetricsAddress = address
+            }
             return settings
         }
 

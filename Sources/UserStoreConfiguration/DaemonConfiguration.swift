@@ -93,6 +93,10 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// The daemon runs `litestream replicate` as its child (`replication.startLitestream`);
     /// false: a separate unit (userstore-replicate.service) serves the socket.
     public var startLitestream: Bool = true
+    /// Where Litestream serves its Prometheus page (`replication.litestreamMetricsAddress`,
+    /// TCP `host:port`; nil: nowhere): the daemon reads what Litestream sent to the bucket from
+    /// it (`userstore_replication_bucket_*`). A child Litestream is told to serve it there.
+    public var litestreamMetricsAddress: String?
 
     /// With an `s3://` replica: where its bucket is served and how to sign in (`replication.s3.*`,
     /// merged with the replica URL's own `endpoint`, `region` and `forcePathStyle`).

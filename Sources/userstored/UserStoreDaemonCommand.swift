@@ -28,7 +28,9 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
             replication.s3.credential with LoadCredential=) and CA from replication.s3.*; a \
             bucket that refuses the credentials (ReplicaAccessDenied) or does not exist \
             (ReplicaBucketMissing) stops the daemon at start (exit 78), one that cannot be \
-            reached (ReplicaUnreachable) leaves replication degraded until it answers.
+            reached (ReplicaUnreachable) leaves replication degraded until it answers. With \
+            replication.litestreamMetricsAddress (host:port), Litestream serves its Prometheus \
+            page there and /metrics shows the requests and bytes it sent to the bucket.
             """,
         version: DaemonInfo.version)
 

@@ -119,6 +119,42 @@ import Varlink
         daemon.stop()
     }
 
+    /// What Litestream sent to the bucket is on the daemon's dashboard, as Litestream's S3 client
+    /// counted it: at least one PUT and its bytes for every object the bucket holds (boto3's
+    /// listing). A killed Litestream's successor counts from zero; the daemon's totals go on
+    /// from where they were and take in what the new one sends.
+    @Test func theBucketsTrafficIsOnTheDashboard() throws {
+        let server = try SeaweedFS()
+        let metricsSocket = try TemporaryDirectory().path + "-m.sock"
+        let port = try EtcdCluster.freePorts(1)[0]
+        let daemon = try Self.daemon(server, bucket: "traffic",
+                                     extra: "  litestreamMetricsAddress: 127.0.0.1:\(port)\nmetrics:\n  listen: unix:\(metricsSocket)\n")
+        try daemon.start()
+        defer { daemon.stop() }
+        let client = try daemon.connect()
+        // More before the kill than after it: the new Litestream's counts stay below the old one's.
+        for index in 0..<8 {
+            for user in ["ann", "bob"] { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(index)')", for: user, on: client, durable: true) }
+        }
+        let objects = try server.probe(["sizes", "traffic", "users/"]).output.split(separator: "\n").map { $0.split(separator: " ") }
+        let bytes = objects.compactMap { $0.last.flatMap { Int($0) } }.reduce(0, +)
+        let first = try MetricsTests().scrape(metricsSocket)
+        let puts = first.value("userstore_replication_bucket_requests_total", ["operation": "PUT"])
+        #expect(objects.count >= 2 && puts >= Double(objects.count), "\(puts) PUTs counted for \(objects.count) objects in the bucket")
+        #expect(first.value("userstore_replication_bucket_bytes_total", ["operation": "PUT"]) >= Double(bytes), "fewer bytes counted than the bucket's \(bytes)")
+        #expect(first.samples["userstore_replication_bucket_requests_total"]?.contains { $0.labels["operation"] == "LIST" } == true)
+
+        let killed = try ReplicationTests.litestreamPID(client)
+        kill(killed, SIGKILL)
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "ok" && $0["unregisteredStores"] == 0 && $0["litestreamPid"]?.integerValue != Int64(killed) })
+        // Written before the next scrape: the first page the daemon reads from the new Litestream
+        // already holds them, with counts below the old one's last.
+        for index in 0..<3 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after \(index)')", for: "ann", on: client, durable: true) }
+        let after = try MetricsTests().scrape(metricsSocket)
+        let added = after.value("userstore_replication_bucket_requests_total", ["operation": "PUT"]) - puts
+        #expect(added >= 3, "\(added) PUTs counted for 3 durable writes to the new Litestream")
+    }
+
     /// A wrong secret or a missing bucket stops the daemon at start (78) with the error's name;
     /// an endpoint nobody serves is served degraded, and says so by name in Status and in
     /// `userstorectl replication`; no credentials at all is a configuration error.

@@ -120,6 +120,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
     private let gauges: [String: CoreMetrics.Meter]
     private let cpuSeconds: CoreMetrics.FloatingPointCounter
     private let cpuRecorded = Mutex<Double>(0)
+    /// What of ``BucketTraffic``'s totals the bucket counters hold.
+    private let bucketCounted = Mutex(BucketTraffic.Counts())
 
     /// The daemon's metrics, and swift-metrics' global factory pointed at the same registry (so
     /// whatever else records through swift-metrics is exported too). Once per process.
@@ -204,6 +206,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
         "userstore_replication_syncs": "Syncs the daemon asked Litestream for since it started (durable writes and sync passes; each ships what was committed since the one before).",
         "userstore_replication_sync_duration_seconds": "How long each sync the daemon asked Litestream for took, until Litestream answered that the replica holds it (or failed); what a durable write waits for.",
+        "userstore_replication_bucket_requests_total": "Requests Litestream sent to the bucket, by S3 operation (PUT, GET, DELETE, LIST), read from its Prometheus page (replication.litestreamMetricsAddress) at each scrape and summed across its restarts.",
+        "userstore_replication_bucket_bytes_total": "Bytes Litestream sent to (PUT) and read from (GET) the bucket, read like userstore_replication_bucket_requests_total.",
         "userstore_replication_shared_sync_waits": "Durable writes and sync passes since start that waited for a sync another caller had queued (group commit) instead of one of their own.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
@@ -244,6 +248,21 @@ final class DaemonMetrics: StoreObserver, Sendable {
         transactionsOpen.subtract(1, ordering: .relaxed)
     }
 
+    /// The bucket counters, each by what it lacks of `totals` (they only go up).
+    private func recordBucketTraffic(_ totals: BucketTraffic.Counts) {
+        bucketCounted.withLock { counted in
+            for (name, values, previous) in [("userstore_replication_bucket_requests_total", totals.requests, counted.requests),
+                                             ("userstore_replication_bucket_bytes_total", totals.bytes, counted.bytes)] {
+                // The usual operations from the first scrape on, at 0 until Litestream uses them.
+                for operation in Set(values.keys).union(["PUT", "GET", "DELETE", "LIST"]) {
+                    let value = values[operation] ?? 0
+                    Self.counter(registry, name, [("operation", operation)]).increment(by: max(0, value - (previous[operation] ?? 0)))
+                }
+            }
+            counted = totals
+        }
+    }
+
     /// The whole exposition, with the gauges read now.
     func scrape(context: DaemonContext) -> [UInt8] {
         let latest = context.registry.migrations.latestVersion
@@ -266,6 +285,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.syncs"]?.set(replication.syncs)
             gauges["replication.shared"]?.set(replication.sharedSyncWaits)
         }
+        if let traffic = context.replicator?.bucketTraffic { recordBucketTraffic(traffic.totals) }
         let fleet = context.counters.withLock { $0.fleet }
         gauges["fleet.done"]?.set(fleet?.done ?? 0)
         gauges["fleet.failed"]?.set(fleet?.failures ?? 0)

@@ -35,7 +35,9 @@ final class LitestreamProcess: Sendable {
     /// Writes the configuration, ends a Litestream a previous daemon left on the socket, and
     /// starts one; returns once it answers on its socket (or throws after 10 s).
     func start() async throws {
-        let yaml = "# Written by userstored: stores are registered through the control socket.\nsocket:\n  enabled: true\n  path: \"\(settings.socket)\"\n  permissions: 0600\n"
+        var yaml = "# Written by userstored: stores are registered through the control socket.\nsocket:\n  enabled: true\n  path: \"\(settings.socket)\"\n  permissions: 0600\n"
+        // Its Prometheus page: the daemon reads what it sent to the bucket there (BucketTraffic).
+        if let address = settings.litestreamMetricsAddress { yaml += "addr: \"\(address)\"\n" }
         try yaml.write(toFile: configurationPath, atomically: true, encoding: .utf8)
         let control = LitestreamControl(socketPath: settings.socket)
         if let orphan = try? await control.info(), orphan.pid > 0 {

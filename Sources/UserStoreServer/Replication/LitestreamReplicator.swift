@@ -95,11 +95,15 @@ final class LitestreamReplicator: StoreReplication {
 
     /// Told how long each sync took (the metrics, when they are served).
     let syncDuration: (@Sendable (Duration) -> Void)?
+    /// What Litestream sent to the bucket, from its Prometheus page
+    /// (`replication.litestreamMetricsAddress`; nil when it has none).
+    let bucketTraffic: BucketTraffic?
 
     init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil,
          syncDuration: (@Sendable (Duration) -> Void)? = nil) {
         self.settings = settings
         self.syncDuration = syncDuration
+        self.bucketTraffic = settings.litestreamMetricsAddress.map(BucketTraffic.init(address:))
         self.storage = storage
         self.layout = layout
         self.fencing = fencing
