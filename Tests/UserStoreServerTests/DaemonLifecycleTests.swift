@@ -162,6 +162,7 @@ import Varlink
         ("migrations:\n  backupBeforeMigrating: sometimes", "migrations.backupBeforeMigrating"),
         ("migrations:\n  fleetSyncMethod: fdatasync", "migrations.fleetSyncMethod"),
         ("access:\n  adminGroups: [no-such-group-here]", "access.adminGroups"),
+        ("replication:\n  replica: \"file:///tmp/replica\"\n  litestreamMetricsAddress: \"unix:/tmp/litestream.sock\"", "replication.litestreamMetricsAddress"),
     ])
     func aBadConfigurationRefusesToStartNamingTheKey(_ line: String, _ key: String) throws {
         let daemon = try DaemonHarness(extraConfig: line)
