@@ -47,6 +47,7 @@ soak:
 ## 100,000 users through maxOpenStores 1,024 replicating to S3 (SeaweedFS), then the disk lost
 ## and 1,000 of them restored: RSS, fds, S3 requests and bytes over time (not part of test).
 churn:
+	bash scripts/churn.sh --no-replication --json .build/churn-off.json
 	bash scripts/churn.sh --json .build/churn.json
 
 ## The parsers' fuzzers for an hour each.

@@ -4,7 +4,7 @@ scripts/s3.sh) while 100,000 users are touched through maxOpenStores 1,024, then
 lost and a sample of users brought back from the bucket.
 
     python3 scripts/churn.py --daemon .build/release/userstored [--users 100000] [--revisits 0.1]
-        [--workers 32] [--sample 1000] [--json FILE]
+        [--workers 32] [--sample 1000] [--json FILE] [--no-replication]
 
 What runs:
   touch    every user once, in order, by `workers` connections: a durable INSERT (the store is
@@ -18,6 +18,8 @@ What runs:
   restore  the daemon stopped, its data directory deleted, a new daemon on the same bucket; for
            `sample` users picked at random, a Query of their last value: each must come back
            from the bucket with its last durable write.
+With --no-replication the same touches are plain INSERTs with replication off (the baseline the
+daemon's figures are read against), and the sample is read back after a restart on the same disk.
 Prints a table per minute and a summary; exits 1 when a sampled user did not come back whole.
 Not part of make test (make churn).
 """
@@ -27,6 +29,7 @@ from varlink_client import call, connect, call_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = int(os.environ.get("USERSTORE_S3_PORT", "8533"))
+REPLICATING = "--no-replication" not in sys.argv
 
 
 def s3(command):
@@ -38,6 +41,8 @@ def s3(command):
 
 def seaweed_counters():
     """(S3 requests, S3 PUT requests, bytes received) to the bucket, from SeaweedFS's own metrics."""
+    if not REPLICATING:
+        return 0.0, 0.0, 0.0
     text = urllib.request.urlopen(f"http://127.0.0.1:{PORT + 8}/metrics", timeout=10).read().decode()
     requests = puts = received = 0.0
     for line in text.splitlines():
@@ -101,7 +106,9 @@ socketPath: {self.socket}
 migrationsDirectory: {os.path.join(ROOT, "config/migrations")}
 maxOpenStores: 1024
 logTarget: stderr
-replication:
+""")
+            if replica:
+                config.write(f"""replication:
   replica: "{replica}"
   litestream: {litestream}
 """)
@@ -120,6 +127,8 @@ replication:
 
     def litestream_pid(self):
         status = call_once(self.socket, "io.userstore.Admin.Status")["parameters"]
+        if not REPLICATING:
+            return 0, status.get("openStores", 0)
         return status.get("replication", {}).get("litestreamPid", 0), status.get("openStores", 0)
 
 
@@ -139,7 +148,7 @@ def touch(daemon, users, revisits, workers, last, failures):
                 position[0] += 1
             user = order[index]
             value = f"{user}-{index}"
-            reply = call(sock, "io.userstore.Store.Execute", user=user, durable=True,
+            reply = call(sock, "io.userstore.Store.Execute", user=user, durable=REPLICATING,
                          sql="INSERT INTO notes (title) VALUES (?)", parameters=[value])
             with lock:
                 if "error" in reply:
@@ -162,12 +171,14 @@ def main():
     parser.add_argument("--workers", type=int, default=32)
     parser.add_argument("--sample", type=int, default=1000)
     parser.add_argument("--json")
+    parser.add_argument("--no-replication", action="store_true", help="plain INSERTs with replication off: the baseline")
     arguments = parser.parse_args()
 
-    s3("start")
+    if REPLICATING:
+        s3("start")
     root = tempfile.mkdtemp(prefix="userstore-churn-")
     prefix = f"churn-{os.getpid()}"
-    replica = f"s3://userstore/{prefix}?endpoint=http://127.0.0.1:{PORT}&region=us-east-1&forcePathStyle=true"
+    replica = f"s3://userstore/{prefix}?endpoint=http://127.0.0.1:{PORT}&region=us-east-1&forcePathStyle=true" if REPLICATING else None
     daemon = Daemon(arguments.daemon, root, replica)
     daemon.start()
     users = [f"c{index:06d}" for index in range(arguments.users)]
@@ -208,8 +219,10 @@ def main():
     totals = [after - before for after, before in zip(seaweed_counters(), base)]
     daemon.stop()
 
-    # The host's disk is lost: a new daemon on the same bucket brings sampled users back.
-    shutil.rmtree(daemon.data)
+    # The host's disk is lost: a new daemon on the same bucket brings sampled users back
+    # (without replication: the same disk, read back after a restart).
+    if REPLICATING:
+        shutil.rmtree(daemon.data)
     daemon.start()
     picked = random.sample(sorted(last), min(arguments.sample, len(last)))
     back, wrong = 0, []
@@ -228,7 +241,7 @@ def main():
     shutil.rmtree(root, ignore_errors=True)
 
     summary = {
-        "users": arguments.users, "touches": position[0], "failed_touches": len(failures), "touch_seconds": round(touch_seconds, 1),
+        "replication": REPLICATING, "users": arguments.users, "touches": position[0], "failed_touches": len(failures), "touch_seconds": round(touch_seconds, 1),
         "s3_requests": int(totals[0]), "s3_puts": int(totals[1]), "s3_bytes_received": int(totals[2]),
         "max_daemon_rss_mib": max((s["daemon_rss_mib"] for s in samples), default=0),
         "max_daemon_fds": max((s["daemon_fds"] for s in samples), default=0),
