@@ -41,8 +41,8 @@ import Testing
         // Calibrate: how long does an uninterrupted run take on this machine?
         let calibration = ContinuousClock().measure {
             restore(pristine, to: storePath)
-            let status = runHelper(directory: directory, folder: folder, killAfter: nil)
-            #expect(status == 0)
+            let run = runHelper(directory: directory, folder: folder, killAfter: nil)
+            #expect(run.status == 0 && run.output.contains("migration-finished"), "\(run.output)")
         }
         try expectConsistent(storePath, allowed: [2], rewritesRows: rewritesRows)
         // auto copied the store only before the migration that updates rows.
@@ -51,17 +51,27 @@ import Testing
         let window = calibration.components.seconds * 1_000_000 + calibration.components.attoseconds / 1_000_000_000_000
 
         var outcomes: [Int64: Int] = [:]
+        var killedMidMigration = 0, rolledBack = 0
         for _ in 0..<24 {
             restore(pristine, to: storePath)
             let delay = Int64.random(in: 0...(window * 11 / 10))
-            _ = runHelper(directory: directory, folder: folder, killAfter: .microseconds(delay))
+            let run = runHelper(directory: directory, folder: folder, killAfter: .microseconds(delay))
             let version = try expectConsistent(storePath, allowed: [1, 2], rewritesRows: rewritesRows)
             outcomes[version, default: 0] += 1
+            // The child's own account: the kill landed after its migration began and before it
+            // reported its end (between its commit and that report, version 2 is right).
+            if run.killed, run.output.contains("migration-started"), !run.output.contains("migration-finished") {
+                killedMidMigration += 1
+                if version == 1 { rolledBack += 1 }
+            }
             // The kernel released the dead child's lock.
             #expect(!DataDirectoryLock.isHeld(layout: layout))
         }
-        #expect(outcomes.values.reduce(0, +) == 24)
-        print("crash test: calibrated run \(window / 1000) ms; outcomes by version: \(outcomes.sorted { $0.key < $1.key })")
+        // Proof that the test tested something: kills landed inside the migration, not only
+        // before it began or after it ended, and some of them before its commit.
+        #expect(killedMidMigration >= 3, "only \(killedMidMigration) of 24 kills landed during the migration")
+        #expect(rolledBack >= 1, "no kill landed before a migration's commit")
+        print("crash test: calibrated run \(window / 1000) ms; \(killedMidMigration) of 24 kills during the migration (\(rolledBack) before its commit); outcomes by version: \(outcomes.sorted { $0.key < $1.key })")
 
         // Whatever state the last kill left, the next open finishes the job.
         let harness = try Harness(directory: directory, migrations: try folder.load())
@@ -75,12 +85,15 @@ import Testing
         try! FileManager.default.copyItem(atPath: pristine, toPath: path)
     }
 
-    /// Runs the helper; with `killAfter`, SIGKILLs it after that long (a random point in its run).
-    private func runHelper(directory: TemporaryDirectory, folder: MigrationFolder, killAfter: Duration?) -> Int32 {
+    /// Runs the helper; with `killAfter`, SIGKILLs it after that long (a random point in its
+    /// run). Returns its exit status, the events it printed (flushed as they happened) and
+    /// whether the SIGKILL ended it.
+    private func runHelper(directory: TemporaryDirectory, folder: MigrationFolder, killAfter: Duration?) -> (status: Int32, output: String, killed: Bool) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: productsDirectory + "/userstore-test-helper")
         process.arguments = [directory.path + "/data", folder.path, "victim", "1.0"]
-        process.standardOutput = FileHandle.nullDevice
+        let output = Pipe()
+        process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try! process.run()
         if let killAfter {
@@ -89,7 +102,9 @@ import Testing
             kill(process.processIdentifier, SIGKILL)
         }
         process.waitUntilExit()
-        return process.terminationStatus
+        let printed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        let killed = process.terminationReason == .uncaughtSignal && process.terminationStatus == SIGKILL
+        return (process.terminationStatus, printed, killed)
     }
 
     /// Opens the file as SQLite would after a crash and checks it; returns its version.

@@ -232,7 +232,8 @@ import Varlink
             exec 2>"$LOG"
             export JOURNAL_STREAM="$(stat -L -c '%d:%i' /proc/self/fd/2)"
             "$DAEMON" --config "$CONFIG" & D=$!
-            while ! grep -q "notice: ready" "$LOG"; do kill -0 $D || exit 1; sleep 0.01; done
+            for i in $(seq 3000); do grep -q "notice: ready" "$LOG" && break; kill -0 $D || exit 1; sleep 0.01; done
+            grep -q "notice: ready" "$LOG" || { echo "not ready within 30 s" >&2; exit 1; }
             kill -TERM $D; wait $D
             """
         let log = daemon.directory.path + "/prefixed.log"

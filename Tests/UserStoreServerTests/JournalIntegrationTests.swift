@@ -43,9 +43,11 @@ import UserStoreJournal
             mount --bind "$ROOT/journald.conf" /etc/systemd/journald.conf
             mkdir -p /run/systemd/journal && touch /run/systemd/journal/flushed
             /lib/systemd/systemd-journald & J=$!
-            while [ ! -S /run/systemd/journal/socket ]; do sleep 0.01; done
+            for i in $(seq 3000); do [ -S /run/systemd/journal/socket ] && break; sleep 0.01; done
+            [ -S /run/systemd/journal/socket ]
             "$DAEMON" --config "$CONFIG" --log-target journal & D=$!
-            while [ ! -S "$SOCKET" ]; do kill -0 $D; sleep 0.01; done
+            for i in $(seq 3000); do [ -S "$SOCKET" ] && break; kill -0 $D; sleep 0.01; done
+            [ -S "$SOCKET" ]
             python3 "$ROOT/client.py" "$SOCKET" "$MIGRATIONS" "$SECRET" > "$ROOT/client.out"
             kill -TERM $D; wait $D
             journalctl --sync; kill $J; wait $J || true

@@ -33,8 +33,17 @@ import Varlink
         let contentType: String
         let samples: [String: [(labels: [String: String], value: Double)]]
 
+        /// The sample's value; NaN when the page lacks it, so that every comparison with a metric
+        /// that disappeared fails instead of reading it as 0.
         func value(_ name: String, _ labels: [String: String] = [:]) -> Double {
-            samples[name]?.first { sample in labels.allSatisfy { sample.labels[$0.key] == $0.value } }?.value ?? 0
+            samples[name]?.first { sample in labels.allSatisfy { sample.labels[$0.key] == $0.value } }?.value ?? .nan
+        }
+
+        /// The value, 0 when absent: only for a "before" page, where a series made on first use
+        /// (an error outcome) does not exist yet.
+        func valueBefore(_ name: String, _ labels: [String: String] = [:]) -> Double {
+            let found = value(name, labels)
+            return found.isNaN ? 0 : found
         }
     }
 
@@ -93,7 +102,7 @@ import Varlink
         _ = try client.call("io.userstore.Admin.Backup", ["user": "metered"])
 
         let after = try scrape(metricsSocket)
-        func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { after.value(name, labels) - before.value(name, labels) }
+        func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { after.value(name, labels) - before.valueBefore(name, labels) }
         let query = ["method": "io.userstore.Store.Query"]
         #expect(delta("userstore_requests_total", query.merging(["outcome": "ok", "interface": "io.userstore.Store"]) { $1 }) == 5)
         #expect(delta("userstore_requests_total", query.merging(["outcome": "SQLError"]) { $1 }) == 2)

@@ -228,10 +228,16 @@ import Varlink
         try setUp(client, user: "late")
         let transaction = try begin(client, user: "late")
         kill(daemon.pid, SIGTERM)
-        // Wait until the daemon says it is stopping, then the transaction still commits.
-        while !daemon.stderr.contains("stopping") { usleep(10_000) }
+        // Until the daemon is stopping (its state, not its log: a call outside the transaction is
+        // refused), within 30 s; then the transaction still commits.
+        let deadline = ContinuousClock.now + .seconds(30)
+        var refused = false
+        while !refused, ContinuousClock.now < deadline {
+            refused = error { _ = try client.call("io.userstore.Store.Query", ["user": "other", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown"
+        }
+        #expect(refused, "calls outside the transaction were still served 30 s after SIGTERM")
         _ = try client.call("io.userstore.Store.Execute", ["user": "late", "sql": "UPDATE counter SET n = 3", "transaction": .string(transaction)])
-        // Calls outside the transaction are refused meanwhile.
+        // Calls outside the transaction are refused meanwhile, for its own user too.
         #expect(error { _ = try client.call("io.userstore.Store.Query", ["user": "late", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown")
         _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
         #expect(daemon.waitForExit() == 0)
