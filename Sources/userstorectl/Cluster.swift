@@ -55,7 +55,10 @@ extension UserStoreCtlCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Give every live host its share of the buckets (after hosts joined).",
                 discussion: """
-                    A host that joins takes no buckets by itself. This asks the controller to move each bucket                     whose owner is not its rendezvous owner among the live hosts not being drained, each as with                     `cluster move`; nothing else moves. Returns at once with the number of moves asked;                     `cluster status` shows them until they are done.
+                    A host that joins takes no buckets by itself. This asks the controller to move each bucket \
+                    whose owner is not its rendezvous owner among the live hosts not being drained, each as with \
+                    `cluster move`; nothing else moves. Returns at once with the number of moves asked; \
+                    `cluster status` shows them until they are done.
                     """)
 
             @OptionGroup var connection: ConnectionOptions

@@ -11,6 +11,31 @@ import Varlink
         try run([Self.ctl] + arguments, environment: socket.map { ["USERSTORE_SOCKET": $0] } ?? [:])
     }
 
+    /// Every subcommand's `--help`, found by walking the SUBCOMMANDS lists from the top: its
+    /// prose (everything before USAGE) has no run of spaces inside a line and no trailing space —
+    /// what a lost line continuation in a discussion leaves.
+    @Test func everyHelpPageReadsAsProse() throws {
+        var pending: [[String]] = [[]], seen = 0
+        while let path = pending.popLast() {
+            let help = try ctl(path + ["--help"])
+            #expect(help.status == 0, "\(path) --help: \(help.stderr)")
+            seen += 1
+            let prose = help.stdout.components(separatedBy: "\nUSAGE:").first ?? ""
+            for line in prose.split(separator: "\n") {
+                let text = line.drop { $0 == " " }
+                #expect(!text.contains("   ") && !text.hasSuffix(" "), "userstorectl \(path.joined(separator: " ")) --help: \"\(line)\"")
+            }
+            // "SUBCOMMANDS:" lists each name two spaces in; wrapped abstracts are indented further.
+            guard let list = help.stdout.components(separatedBy: "\nSUBCOMMANDS:\n").dropFirst().first else { continue }
+            for line in list.split(separator: "\n").prefix { !$0.hasPrefix("  See ") && !$0.isEmpty }
+            where line.hasPrefix("  ") && !line.hasPrefix("   ") {
+                let name = String(line.dropFirst(2).prefix { $0 != " " })
+                if name != "help" { pending.append(path + [name]) }
+            }
+        }
+        #expect(seen > 20, "only \(seen) help pages found")
+    }
+
     @Test(.timeLimit(.minutes(10)))
     func migrateAllOverTwoThousandStoresNamesTheFailureAndFinishesAfterARepair() throws {
         let daemon = try DaemonHarness(migrations: ["0001_t.sql": "CREATE TABLE t (v TEXT);"])
