@@ -13,7 +13,7 @@ What runs:
            the LRU closed them long ago), each a durable INSERT too. Every user's last durable
            value is remembered.
   sample   every 10 s: the daemon's and Litestream's RSS and open descriptors (/proc), open
-           stores, and SeaweedFS's own counters of S3 requests and bytes received (its
+           stores, Litestream's goroutines and live heap (pprof on its control socket), and SeaweedFS's own counters of S3 requests and bytes received (its
            Prometheus endpoint: the S3 side, not the daemon's account of it).
   restore  the daemon stopped, its data directory deleted, a new daemon on the same bucket; for
            `sample` users picked at random, a Query of their last value: each must come back
@@ -58,13 +58,10 @@ def seaweed_counters():
     return requests, puts, received
 
 
-def litestream_runtime(pid):
+def litestream_runtime(path):
     """Litestream's goroutines and live heap (bytes), from the pprof pages on its control socket
-    (the socket path is in the configuration its command line names): what its growth is made of."""
+    at `path`: what its growth is made of."""
     try:
-        arguments = open(f"/proc/{pid}/cmdline").read().split("\0")
-        configuration = open(arguments[arguments.index("-config") + 1]).read()
-        path = re.search(r'path: "([^"]+)"', configuration).group(1)
         goroutines = re.search(rb"total (\d+)", unix_get(path, "/debug/pprof/goroutine?debug=1")).group(1)
         heap = re.search(rb"# HeapAlloc = (\d+)", unix_get(path, "/debug/pprof/heap?debug=1")).group(1)
         return int(goroutines), int(heap)
@@ -97,6 +94,7 @@ class Daemon:
     def __init__(self, binary, root, replica):
         self.binary, self.root = binary, root
         self.data, self.socket = os.path.join(root, "data"), os.path.join(root, "userstore.sock")
+        self.litestream_socket = os.path.join(self.data, "litestream.sock")  # replication.socket's default
         self.config = os.path.join(root, "userstored.yaml")
         litestream = os.path.join(ROOT, ".build/testenv/bin/litestream")
         with open(self.config, "w") as config:
@@ -198,7 +196,7 @@ def main():
             continue
         litestream, open_stores = daemon.litestream_pid()
         counters = seaweed_counters()
-        runtime = litestream_runtime(litestream)
+        runtime = litestream_runtime(daemon.litestream_socket) if REPLICATING else (0, 0)
         elapsed = now - previous[0]
         sample = {
             "seconds": round(now - started, 1), "touched": position[0], "open_stores": open_stores,

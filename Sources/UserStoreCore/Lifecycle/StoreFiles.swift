@@ -93,9 +93,7 @@ struct StoreFiles: Sendable {
         let path = layout.storePath(for: user)
         do {
             try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true)
-            // A WAL or shared-memory file of the store being replaced must not meet the new file.
-            _ = try DurableFile.remove([path + "-wal", path + "-shm", path + "-journal"])
-            try DurableFile.publish(staged, as: path)
+            try DurableFile.publishDatabase(staged, as: path)
         } catch {
             throw StoreError.storageFailure(user: user, message: "publishing \(staged): \(error)")
         }

@@ -23,6 +23,13 @@ public enum DurableFile {
         try sync((path as NSString).deletingLastPathComponent, flags: O_RDONLY | O_DIRECTORY)
     }
 
+    /// ``publish(_:as:)`` for a SQLite file replacing another: the old file's `-wal`, `-shm` and
+    /// `-journal` are removed first, so that SQLite never applies them to the new file.
+    public static func publishDatabase(_ temporary: String, as path: String) throws(Failure) {
+        _ = try remove([path + "-wal", path + "-shm", path + "-journal"])
+        try publish(temporary, as: path)
+    }
+
     /// Syncs the folder `path` (after files in it were created, renamed or removed).
     static func syncDirectory(_ path: String) throws(Failure) {
         try sync(path, flags: O_RDONLY | O_DIRECTORY)
@@ -41,7 +48,7 @@ public enum DurableFile {
     }
 
     /// Removes `paths` (those that exist) and syncs their folders; returns the ones removed.
-    public static func remove(_ paths: [String]) throws(Failure) -> [String] {
+    static func remove(_ paths: [String]) throws(Failure) -> [String] {
         var removed: [String] = []
         var folders: Set<String> = []
         for path in paths {

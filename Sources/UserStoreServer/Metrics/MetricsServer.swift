@@ -67,7 +67,7 @@ private final class MetricsHandler: ChannelInboundHandler {
             request = nil
             // What Litestream sent to the bucket is read from its own page first, so that a
             // scrape shows it as of now.
-            guard head.uri.hasPrefix("/metrics"), let traffic = self.context.replicator?.bucketTraffic else {
+            guard Self.isScrape(head), let traffic = self.context.replicator?.bucketTraffic else {
                 respond(channelContext, head)
                 return
             }
@@ -79,15 +79,19 @@ private final class MetricsHandler: ChannelInboundHandler {
         }
     }
 
+    /// `GET` or `HEAD` of `/metrics` (a query string aside): the exposition.
+    private static func isScrape(_ head: HTTPRequestHead) -> Bool {
+        (head.method == .GET || head.method == .HEAD) && head.uri.split(separator: "?", maxSplits: 1).first == "/metrics"
+    }
+
     private func respond(_ channelContext: ChannelHandlerContext, _ head: HTTPRequestHead) {
-        let path = head.uri.split(separator: "?", maxSplits: 1).first.map(String.init) ?? head.uri
         let status: HTTPResponseStatus
         var body: [UInt8]
         var headers = HTTPHeaders()
         if head.method != .GET && head.method != .HEAD {
             (status, body) = (.methodNotAllowed, Array("only GET\n".utf8))
             headers.add(name: "Allow", value: "GET, HEAD")
-        } else if path == "/metrics" {
+        } else if Self.isScrape(head) {
             (status, body) = (.ok, self.context.metrics?.scrape(context: self.context) ?? [])
             headers.add(name: "Content-Type", value: "text/plain; version=0.0.4; charset=utf-8")
         } else {

@@ -25,8 +25,7 @@ extension LitestreamReplicator {
         let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
         do {
             // A WAL left beside a lost store file must not meet the restored one.
-            _ = try DurableFile.remove([path + "-wal", path + "-shm"])
-            try DurableFile.publish(staged, as: path)
+            try DurableFile.publishDatabase(staged, as: path)
         } catch {
             throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
         }
