@@ -67,12 +67,8 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private let onClose: @Sendable (ClientConnection) -> Void
 
     // Loop-confined.
-    /// Bytes read and not yet delivered: `input[inputStart..<inputEnd]`.
-    private var input = UnsafeMutableRawBufferPointer.allocate(byteCount: ClientConnection.inputSize, alignment: 1)
-    private var inputStart = 0
-    private var inputEnd = 0
-    private static let inputSize = 65_536
-    private var framer: MessageFramer
+    /// Bytes read and not yet delivered.
+    private var input: InputBuffer
     private var finished = false
     /// The daemon hung up while reading was paused: the rest is read when it resumes.
     private var hungUp = false
@@ -82,12 +78,8 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     private init(descriptor: Int32, loop: Varlink.EventLoop, maxMessageBytes: Int, onClose: @escaping @Sendable (ClientConnection) -> Void) {
         self.descriptor = descriptor
         self.loop = loop
-        framer = MessageFramer(maxMessageBytes: maxMessageBytes)
+        input = InputBuffer(maxMessageBytes: maxMessageBytes)
         self.onClose = onClose
-    }
-
-    deinit {
-        input.deallocate()
     }
 
     /// Connects to `path` and registers the connection with `loop`.
@@ -284,9 +276,11 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     /// daemon closes, or a stream's consumer has enough.
     private func readAvailable() {
         while !finished, !isPaused {
-            makeRoom()
-            let free = input.count - inputEnd
-            let received = read(descriptor, input.baseAddress! + inputEnd, free)
+            var free = 0
+            let received = input.withFreeSpace { space in
+                free = space.count
+                return read(descriptor, space.baseAddress!, space.count)
+            }
             if received == 0 { return finish(.closed("the daemon closed the connection before replying; the call may or may not have run")) }
             if received < 0 {
                 let code = errno
@@ -294,7 +288,6 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
                 if code == EINTR { continue }
                 return finish(.closed("cannot read from the daemon: \(String(cString: strerror(code))); the call may or may not have run"))
             }
-            inputEnd += received
             deliver()
             // A short read means the socket is drained, unless the daemon hung up: then the
             // descriptor is off epoll and only reading on to the end finds the EOF.
@@ -302,44 +295,17 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
         }
     }
 
-    /// Moves the unread bytes to the front of `input` and grows it (or gives back what a long
-    /// reply made it grow to), so that at least 16 KiB are free behind them.
-    private func makeRoom() {
-        if inputStart == inputEnd {
-            inputStart = 0
-            inputEnd = 0
-            if input.count > Self.inputSize { replaceInput(capacity: Self.inputSize) }
-        }
-        guard input.count - inputEnd < 16_384 else { return }
-        if inputStart > 0 {
-            let pending = inputEnd - inputStart
-            input.baseAddress!.copyMemory(from: input.baseAddress! + inputStart, byteCount: pending)
-            inputStart = 0
-            inputEnd = pending
-        }
-        if input.count - inputEnd < 16_384 { replaceInput(capacity: input.count * 2) }
-    }
-
-    private func replaceInput(capacity: Int) {
-        let larger = UnsafeMutableRawBufferPointer.allocate(byteCount: capacity, alignment: 1)
-        larger.baseAddress!.copyMemory(from: input.baseAddress! + inputStart, byteCount: inputEnd - inputStart)
-        input.deallocate()
-        input = larger
-        inputEnd -= inputStart
-        inputStart = 0
-    }
-
     /// Hands each whole reply in `input` to its caller, while reading is not paused.
     private func deliver() {
         while !finished, !isPaused {
-            switch framer.next(in: UnsafeRawBufferPointer(rebasing: input[inputStart..<inputEnd])) {
+            switch input.next() {
             case .needMore:
                 return
             case .tooLarge:
-                return finish(.protocolViolation("a reply longer than \(framer.maxMessageBytes) bytes"))
+                return finish(.protocolViolation("a reply longer than \(input.maxMessageBytes) bytes"))
             case .message(let length):
-                let message = [UInt8](UnsafeRawBufferPointer(rebasing: input[inputStart..<(inputStart + length)]))
-                inputStart += length + 1
+                let message = input.withMessage(length: length) { [UInt8]($0) }
+                input.consume(length)
                 if let violation = dispatch(message) { return finish(violation) }
             }
         }

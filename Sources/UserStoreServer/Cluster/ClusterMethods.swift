@@ -6,14 +6,12 @@ import Varlink
 struct ClusterMethods {
     let context: DaemonContext
 
-    /// Handles `request` if it is one of these methods; false otherwise.
-    func handle(_ request: Request, send: @escaping ReplySink) async throws -> Bool {
-        let member = request.call.member
-        guard ["Cluster", "MoveBucket", "DrainHost", "Rebalance"].contains(member) else { return false }
+    /// Handles `request`, a call of `method` (one of these).
+    func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
         guard let cluster = context.cluster else { throw VarlinkError("io.userstore.Admin.ClusterOff") }
         let parameters = CallParameters(request.call)
-        switch member {
-        case "MoveBucket":
+        switch method {
+        case .moveBucket:
             let bucket = try parameters.int("bucket")
             guard (0..<Int64(Placement.bucketCount)).contains(bucket) else { throw VarlinkError.invalidParameter("bucket") }
             let host = try parameters.string("host")
@@ -21,7 +19,7 @@ struct ClusterMethods {
             try await cluster.etcd.put(ClusterKeys.move(Int(bucket)), MoveRequest(to: host).json)
             let from = cluster.buckets["\(bucket)"]?.value.owner ?? ""
             try await send(VarlinkReply.encode(["bucket": .integer(bucket), "from": .string(from), "to": .string(host)]))
-        case "DrainHost":
+        case .drainHost:
             let host = try parameters.string("host")
             // Bound to the host's own lease: the drain ends when the host leaves (or restarts).
             guard let record = try await cluster.etcd.get(HostMembership.key(of: host)), record.lease != 0 else {
@@ -30,12 +28,11 @@ struct ClusterMethods {
             try await cluster.etcd.put(ClusterKeys.drain(host), "", lease: record.lease)
             let owned = cluster.buckets.all.values.filter { $0.value.owner == host }.count
             try await send(VarlinkReply.encode(["host": .string(host), "buckets": .integer(Int64(owned))]))
-        case "Rebalance":
+        case .rebalance:
             try await send(VarlinkReply.encode(["moves": .integer(Int64(try await Self.rebalance(cluster)))]))
         default:
             try await send(VarlinkReply.encode(await Self.status(cluster)))
         }
-        return true
     }
 
     /// Asks the controller to move every bucket whose owner is not its rendezvous owner among

@@ -8,41 +8,45 @@ struct AdminMethods {
     let context: DaemonContext
     private var registry: StoreRegistry { context.registry }
 
-    func handle(_ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
+    func handle(_ method: Method, _ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
         let call = request.call
         let parameters = CallParameters(call)
-        switch call.member {
-        case "Status": try await send(VarlinkReply.encode(status()))
-        case "ListStores":
+        switch method {
+        case .status: try await send(VarlinkReply.encode(status()))
+        case .listStores:
             guard call.more else { throw VarlinkError.expectedMore() }
             try await listStores(parameters, send: send)
-        case "Migrate": try await migrate(parameters, more: call.more, send: send)
-        case "Plan": try await send(VarlinkReply.encode(plan(try parameters.user())))
-        case "Verify": try await verify(parameters, more: call.more, send: send)
-        case "Rollback":
+        case .migrate: try await migrate(parameters, more: call.more, send: send)
+        case .plan: try await send(VarlinkReply.encode(plan(try parameters.user())))
+        case .verify: try await verify(parameters, more: call.more, send: send)
+        case .rollbackMigrations:
             let user = try parameters.user()
             let (undone, version) = try await registry.rollback(user, to: try parameters.int("toVersion"))
             context.index.update(user, version: version, failure: nil)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "undone": .array(undone.map { .integer($0) }), "schemaVersion": .integer(version)]))
-        case "Backup":
+        case .backup:
             let user = try parameters.user()
             let path = try await registry.backup(user, to: try parameters.optionalString("path"))
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "path": .string(path)]))
-        case "Reload":
+        case .reload:
             let outcome = try await context.reload()
             try await send(VarlinkReply.encode(["migrations": .integer(Int64(outcome.migrations)), "latestVersion": .integer(outcome.latestVersion),
                                                 "generation": .integer(Int64(outcome.generation))]))
-        case "AcceptChecksums":
+        case .acceptChecksums:
             let user = try parameters.user()
             let versions = try parameters.optionalInts("versions").map(Set.init)
             let accepted = try await registry.acceptChecksums(user, versions: versions)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "accepted": .array(accepted.map { .integer($0) })]))
-        case "Execute": try await send(execute(request, parameters))
-        case "Top": try await send(VarlinkReply.encode(try top(parameters)))
-        default:
-            if try await LifecycleMethods(context: context).handle(request, send: send) { return }
-            if try await ReplicationMethods(context: context).handle(request, send: send) { return }
-            guard try await ClusterMethods(context: context).handle(request, send: send) else { throw VarlinkError.methodNotFound(call.method) }
+        case .adminExecute: try await send(execute(request, parameters))
+        case .top: try await send(VarlinkReply.encode(try top(parameters)))
+        case .deleteStore, .exportStore, .importStore, .listBackups, .restoreStore:
+            try await LifecycleMethods(context: context).handle(method, request, send: send)
+        case .replication, .restoreFromReplica:
+            try await ReplicationMethods(context: context).handle(method, request, send: send)
+        case .cluster, .moveBucket, .drainHost, .rebalance:
+            try await ClusterMethods(context: context).handle(method, request, send: send)
+        case .open, .query, .execute, .batch, .begin, .commit, .rollback, .getInfo, .getInterfaceDescription:
+            throw VarlinkError.methodNotFound(call.method)
         }
     }
 

@@ -6,13 +6,12 @@ import Varlink
 /// Answers the calls that make up nearly all traffic on the connection's event loop, inside the
 /// channel handler: no task, no executor hop, no allocation beyond the reply.
 ///
-/// A `Query` or `Execute` of a read-only statement, and an `Open`, on a store that is open, up
-/// to date and idle run right here (the statement for up to
-/// ``SQLRunner/inlineBudgetNanoseconds``). A statement that writes, one that ran out of its
-/// inline budget, a `Batch`, and anything for a store with work queued go to the store's
-/// serial queue with ``Store/enqueue(_:completion:)``; the reply comes back to the event loop
-/// through a ``QueuedReply``. Everything else — a store to open or migrate, a failed store,
-/// `Admin` and `org.varlink.service` calls, any error the full handlers would name — returns
+/// An `Open`, `Query`, `Execute` or `Batch` for a store that is open, up to date and served by
+/// this host is decoded here and its statements run where ``StatementDispatch`` decides:
+/// inline on an idle store, or on the store's serial queue, the reply coming back to the event
+/// loop through a ``QueuedReply`` (a durable write's once the replica has it). Everything
+/// else — a store to open or migrate, a failed store, a streamed `Query`, `Admin` and
+/// `org.varlink.service` calls, any call whose error the full handlers name — returns
 /// ``Outcome/slow`` before anything ran, and the connection runs the ``RequestRouter`` instead.
 struct FastPath {
     let context: DaemonContext
@@ -26,113 +25,119 @@ struct FastPath {
         case slow
     }
 
-    private enum Method { case open, query, execute, batch }
+    /// The methods served here.
+    private static let served: Set<Method> = [.open, .query, .execute, .batch]
 
     /// Handles the call in `view` (a parsed message) from `peer`, appending its reply to
     /// `writer`, or queueing it with a ``QueuedReply`` from `makeQueuedReply`.
     func handle(_ view: JSONView, peer: PeerIdentity, limits: RequestLimits, into writer: inout JSONWriter,
                 makeQueuedReply: () -> QueuedReply) -> Outcome {
-        guard view.kind(0) == .object, let methodToken = view.member("method", of: 0),
-              let method = Self.method(view, methodToken),
+        guard let method = Method.of(view), Self.served.contains(method),
               let call = view.member("parameters", of: 0), view.kind(call) == .object,
               view.member("oneway", of: 0).flatMap(view.bool) != true,
               view.member("more", of: 0).flatMap(view.bool) != true, // streamed: StoreMethods
               peer.grant.store, !context.isShuttingDown,
               let user = Self.user(view, call, peer: peer),
               let store = context.registry.leaseIfReady(user) else { return .slow }
-        let registry = context.registry
         // Metrics, when served: the method's handles and the start, read once.
-        let handles = context.metrics.map { metrics -> DaemonMetrics.RequestHandles in
-            switch method {
-            case .open: return metrics.open
-            case .query: return metrics.query
-            case .execute: return metrics.execute
-            case .batch: return metrics.batch
-            }
-        }
-        let started = handles == nil ? 0 : StoreClock.now()
+        let handles = context.metrics?.requestHandles(method: method)
+        let started = StoreClock.now()
         let mark = writer.bytes.count
-        defer {
-            if let handles, writer.bytes.count > mark {
-                handles.record(outcome: DaemonMetrics.outcome(of: writer.bytes[mark...]), nanoseconds: StoreClock.now() - started,
-                               user: user.rawValue, bytes: writer.bytes.count - mark)
-            }
-        }
-        let runner = SQLRunner(store: store, limits: limits)
+        let outcome: Outcome
         switch method {
         case .open:
-            guard let info = store.versionInfoIfIdle() else { break }
-            registry.release(user)
-            writer.bytes.append(contentsOf: StoreMethods.openReply(user, info, report: nil))
-            return .answered
-        case .query, .execute:
-            // A write that may wait for the replica goes to StoreMethods (Execute of a read also does: rare).
-            if method == .execute && context.mayBeDurable(view, call) { break }
-            guard let statement = try? SQLRunner.Statement.single(view, call) else { break }
-            let output: SQLRunner.Output = method == .query ? .rows : .changes
-            let inline = store.runIfIdle { connection in
-                runner.reply(connection, view, statement, output: output, inlineBudget: SQLRunner.inlineBudgetNanoseconds, into: &writer)
+            if let info = store.versionInfoIfIdle() {
+                writer.bytes.append(contentsOf: StoreMethods.openReply(user, info, report: nil))
+                outcome = .answered
+            } else {
+                outcome = .slow
             }
-            if inline == true {
-                registry.release(user)
-                return .answered
+        case .query, .execute, .batch:
+            if let dispatch = Self.dispatch(method, view, call, runner: SQLRunner(store: store, limits: limits), into: &writer),
+               let durable = try? method == .query ? false : context.isDurable(view, call, user: user.rawValue) {
+                let queued = Queued(context: context, user: user, method: method, durable: durable, handles: handles, started: started)
+                outcome = run(dispatch, view, queued, into: &writer, makeQueuedReply: makeQueuedReply)
+            } else {
+                outcome = writer.bytes.count > mark ? .answered : .slow
             }
-            let message = JSONMessage(copying: view)
-            enqueue(store, user: user, method: view.string(methodToken), handles: handles, started: started, reply: makeQueuedReply()) { db in
-                var writer = JSONWriter(capacity: 256)
-                message.withView { view in
-                    _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil, into: &writer)
-                }
-                return writer.bytes
-            }
-            return .queued
-        case .batch:
-            if context.mayBeDurable(view, call) { break }
+        default:
+            outcome = .slow
+        }
+        switch outcome {
+        case .answered:
+            context.registry.release(user)
+            handles?.record(outcome: DaemonMetrics.outcome(of: writer.bytes[mark...]), nanoseconds: StoreClock.now() - started,
+                            user: user.rawValue, bytes: writer.bytes.count - mark)
+        case .slow:
+            context.registry.release(user)
+        case .queued:
+            break
+        }
+        return outcome
+    }
+
+    /// What the call's statements are; nil when the full handler must name a problem, or when
+    /// the problem's reply is already in `writer`.
+    private static func dispatch(_ method: Method, _ view: JSONView, _ call: Int, runner: SQLRunner,
+                                 into writer: inout JSONWriter) -> StatementDispatch? {
+        if method == .batch {
             let transaction: Bool
             switch view.member("transaction", of: call).map(view.kind) {
-            case nil, .null?: transaction = true
-            case .true?: transaction = true
+            case nil, .null?, .true?: transaction = true
             case .false?: transaction = false
-            default: registry.release(user); return .slow
+            default: return nil
             }
-            let statements: [SQLRunner.Statement]
             do throws(VarlinkError) {
-                statements = try SQLRunner.Statement.batch(view, view.member("statements", of: call), maximum: limits.maxBatchStatements)
+                let statements = try SQLRunner.Statement.batch(view, view.member("statements", of: call), maximum: runner.limits.maxBatchStatements)
+                return StatementDispatch(runner: runner, work: .batch(statements, transaction ? .transaction : .statements))
             } catch {
-                registry.release(user)
                 VarlinkReply.encode(error, into: &writer)
-                return .answered
+                return nil
             }
-            let message = JSONMessage(copying: view)
-            enqueue(store, user: user, method: view.string(methodToken), handles: handles, started: started, reply: makeQueuedReply()) { db in
-                BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: transaction ? .transaction : .statements)
-            }
-            return .queued
         }
-        registry.release(user)
-        return .slow
+        guard let statement = try? SQLRunner.Statement.single(view, call) else { return nil }
+        return StatementDispatch(runner: runner, work: .statement(statement, method == .query ? .rows : .changes))
     }
 
-    /// Runs `work` on `store`'s queue; its reply goes to `reply`, and the lease ends.
-    private func enqueue(_ store: Store, user: UserID, method: String, handles: DaemonMetrics.RequestHandles?, started: UInt64,
-                         reply: QueuedReply, _ work: @escaping @Sendable (Database) -> [UInt8]) {
-        let registry = context.registry, context = self.context
-        let start = handles == nil ? StoreClock.now() : started
-        store.enqueue(work) { bytes in
-            registry.release(user)
+    /// Runs `dispatch` for the call in `view`: answered inline, or queued (its reply goes to a
+    /// ``QueuedReply``, and the lease ends with it). A durable write is always queued: its reply
+    /// waits for the replica.
+    private func run(_ dispatch: StatementDispatch, _ view: JSONView, _ queued: Queued, into writer: inout JSONWriter,
+                     makeQueuedReply: () -> QueuedReply) -> Outcome {
+        var dispatch = dispatch
+        dispatch.inline = !queued.durable
+        let inline = dispatch.run(view, into: &writer) {
+            let reply = makeQueuedReply()
+            return { queued.complete(reply, $0.bytes) }
+        }
+        return inline ? .answered : .queued
+    }
+
+    /// A call waiting on its store's queue: what its completion needs.
+    private struct Queued: Sendable {
+        let context: DaemonContext
+        let user: UserID
+        let method: Method
+        let durable: Bool
+        let handles: DaemonMetrics.RequestHandles?
+        let started: UInt64
+
+        /// Hands the reply over once it is ready (a durable write's once the replica has it),
+        /// then ends the lease and records the call.
+        func complete(_ reply: QueuedReply, _ bytes: [UInt8]) {
+            guard durable else { return finish(reply, bytes) }
+            Task { finish(reply, await context.replyWhenReplicated(user, bytes)) }
+        }
+
+        private func finish(_ reply: QueuedReply, _ bytes: [UInt8]) {
+            // Released once the reply is ready: a durable write keeps the store open (and
+            // registered) until the replica has it.
+            context.registry.release(user)
             reply.complete(bytes)
-            let elapsed = StoreClock.now() - start
+            let elapsed = StoreClock.now() - started
             handles?.record(outcome: DaemonMetrics.outcome(of: bytes[...]), nanoseconds: elapsed, user: user.rawValue, bytes: bytes.count)
-            context.logIfSlow(method: method, user: user.rawValue, elapsed: .nanoseconds(Int64(elapsed)))
+            context.logIfSlow(method: method.rawValue, user: user.rawValue, elapsed: .nanoseconds(Int64(elapsed)))
         }
-    }
-
-    private static func method(_ view: JSONView, _ token: Int) -> Method? {
-        if view.stringEquals(token, "io.userstore.Store.Query") { return .query }
-        if view.stringEquals(token, "io.userstore.Store.Execute") { return .execute }
-        if view.stringEquals(token, "io.userstore.Store.Open") { return .open }
-        if view.stringEquals(token, "io.userstore.Store.Batch") { return .batch }
-        return nil
     }
 
     /// The call's store: its `user`, or with per-Unix-user stores the caller's own (nil: let

@@ -9,33 +9,32 @@ struct LifecycleMethods {
     let context: DaemonContext
     private var registry: StoreRegistry { context.registry }
 
-    /// Handles `request` if it is one of these methods; false otherwise.
-    func handle(_ request: Request, send: @escaping ReplySink) async throws -> Bool {
+    /// Handles `request`, a call of `method` (one of these).
+    func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
         let parameters = CallParameters(request.call)
-        switch request.call.member {
-        case "DeleteStore":
+        switch method {
+        case .deleteStore:
             let user = try parameters.user()
             let report = try await registry.delete(user, keepBackups: try parameters.optionalBool("keepBackups") ?? false)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "existed": .bool(report.existed),
                                                 "removedFiles": .array(report.removedFiles.map { .string($0) })]))
-        case "ExportStore":
+        case .exportStore:
             guard request.call.more else { throw VarlinkError.expectedMore() }
             try await export(try parameters.user(), format: try parameters.optionalString("format") ?? "sqlite", send: send)
-        case "ImportStore":
+        case .importStore:
             try await send(importStore(request, parameters))
-        case "ListBackups":
+        case .listBackups:
             let user = try parameters.user()
             try await send(VarlinkReply.encode(["backups": .array(registry.backups(of: user).map(Self.fields))]))
-        case "RestoreStore":
+        case .restoreStore:
             let user = try parameters.user()
             let (restored, previous) = try await registry.restore(user, backup: try parameters.string("backup"))
             var fields: [String: JSONValue] = ["user": .string(user.rawValue), "backup": Self.fields(restored), "schemaVersion": .integer(restored.schemaVersion)]
             if let previous { fields["previous"] = .string(previous) }
             try await send(VarlinkReply.encode(fields))
         default:
-            return false
+            throw VarlinkError.methodNotFound(request.call.method)
         }
-        return true
     }
 
     static func fields(_ backup: BackupInfo) -> JSONValue {

@@ -18,7 +18,7 @@ struct RequestRouter {
         var outcome: String?
         defer {
             let elapsed = ContinuousClock.now - started
-            context.metrics?.requestHandles(method: call.method).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
+            context.metrics?.requestHandles(method: Method(named: call.method)).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
                                                                         user: call.parameters["user"]?.stringValue)
         }
         do {
@@ -42,22 +42,27 @@ struct RequestRouter {
         let guarded: ReplySink = { bytes in
             do { try await send(bytes) } catch { throw ReplyFailed(underlying: error) }
         }
-        if context.isShuttingDown && call.interface != "org.varlink.service" {
+        let interface = Method.Interface(rawValue: String(call.interface))
+        if context.isShuttingDown && interface != .service {
             throw Errors.shuttingDown
         }
-        switch call.interface {
-        case "org.varlink.service":
-            try await ServiceMethods().handle(call, send: guarded)
-        case "io.userstore.Store":
+        switch interface {
+        case .service?:
+            break
+        case .store?:
             guard peer.grant.store else { throw Errors.permissionDenied("uid \(peer.uid) is not an allowed client (access.clientUsers / access.clientGroups)") }
-            try await StoreMethods(context: context).handle(request, peer: peer, send: guarded)
-        case "io.userstore.Admin":
+        case .admin?:
             guard peer.grant.admin else {
                 throw Errors.permissionDenied("uid \(peer.uid) is not an administrator (access.adminUsers / access.adminGroups)")
             }
-            try await AdminMethods(context: context).handle(request, peer: peer, send: guarded)
-        default:
+        case nil:
             throw VarlinkError.interfaceNotFound(String(call.interface))
+        }
+        guard let method = Method(named: call.method) else { throw VarlinkError.methodNotFound(call.method) }
+        switch method.interface {
+        case .service: try await ServiceMethods().handle(method, call, send: guarded)
+        case .store: try await StoreMethods(context: context).handle(method, request, peer: peer, send: guarded)
+        case .admin: try await AdminMethods(context: context).handle(method, request, peer: peer, send: guarded)
         }
     }
 }

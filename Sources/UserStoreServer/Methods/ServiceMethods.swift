@@ -55,15 +55,15 @@ public enum DaemonInfo {
 
 /// `org.varlink.service`: introspection, open to every connected peer.
 struct ServiceMethods {
-    func handle(_ call: VarlinkCall, send: ReplySink) async throws {
-        switch call.member {
-        case "GetInfo":
+    func handle(_ method: Method, _ call: VarlinkCall, send: ReplySink) async throws {
+        switch method {
+        case .getInfo:
             try await send(VarlinkReply.encode([
                 "vendor": "userstore", "product": "userstored", "version": .string(DaemonInfo.version),
                 "url": "https://varlink.org",
                 "interfaces": ["org.varlink.service", "io.userstore.Store", "io.userstore.Admin"],
             ]))
-        case "GetInterfaceDescription":
+        case .getInterfaceDescription:
             let name = try CallParameters(call).string("interface")
             guard let description = DaemonInfo.interfaces[name] else { throw VarlinkError.interfaceNotFound(name) }
             try await send(VarlinkReply.encode(["description": .string(description)]))

@@ -6,15 +6,15 @@ import Varlink
 struct StoreMethods {
     let context: DaemonContext
 
-    func handle(_ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
+    func handle(_ method: Method, _ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
         let call = request.call
         let parameters = CallParameters(call)
-        switch call.member {
-        case "Open": try await send(open(try user(parameters, peer: peer)))
-        case "Query" where call.more: try await streamedQuery(request, parameters, peer: peer, send: send)
-        case "Query": try await send(statement(request, parameters, peer: peer, output: .rows))
-        case "Execute": try await send(statement(request, parameters, peer: peer, output: .changes))
-        case "Batch": try await send(batch(request, parameters, peer: peer))
+        switch method {
+        case .open: try await send(open(try user(parameters, peer: peer)))
+        case .query where call.more: try await streamedQuery(request, parameters, peer: peer, send: send)
+        case .query: try await send(statement(request, parameters, peer: peer, output: .rows))
+        case .execute: try await send(statement(request, parameters, peer: peer, output: .changes))
+        case .batch: try await send(batch(request, parameters, peer: peer))
         default: throw VarlinkError.methodNotFound(call.method)
         }
     }
@@ -54,15 +54,19 @@ struct StoreMethods {
     private func statement(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
         let durable = try output == .changes && durable(request, user: user)
-        let registry = context.registry, message = request.message, statement = try request.statement(), limits = context.limits
-        guard durable else {
-            return try await SQLRunner.reply(registry, user: user, access: .client, message: message, statement: statement, output: output, limits: limits)
-        }
-        // The lease keeps the store open (and registered) until the replica has the write: an
-        // eviction in between would unregister it under the sync.
-        return try await registry.withStore(user) { _ in
-            let reply = try await SQLRunner.reply(registry, user: user, access: .client, message: message, statement: statement, output: output, limits: limits)
-            return await context.replyWhenReplicated(user, reply)
+        return try await run(.statement(try request.statement(), output), of: request, for: user, durable: durable)
+    }
+
+    /// Runs `work` on `user`'s store where ``StatementDispatch`` decides. The lease keeps the
+    /// store open (and registered) until the reply is ready: for a durable write, until the
+    /// replica has it (an eviction in between would unregister it under the sync).
+    private func run(_ work: StatementDispatch.Work, of request: Request, for user: UserID, durable: Bool) async throws -> [UInt8] {
+        let context = self.context, limits = context.limits
+        return try await context.registry.withStore(user) { store in
+            var dispatch = StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: work)
+            dispatch.inline = !durable
+            let reply = await dispatch.reply(request.message).bytes
+            return durable ? await context.replyWhenReplicated(user, reply) : reply
         }
     }
 
@@ -85,25 +89,9 @@ struct StoreMethods {
 
     private func batch(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
-        let limits = context.limits
-        let statements = try request.batchStatements(maximum: limits.maxBatchStatements)
+        let statements = try request.batchStatements(maximum: context.limits.maxBatchStatements)
         let transaction = try parameters.optionalBool("transaction") ?? true
-        let message = request.message
-        if try durable(request, user: user) {
-            return try await context.registry.withStore(user) { store in
-                let reply = try await store.write { db in
-                    BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements,
-                                                                                     mode: transaction ? .transaction : .statements)
-                }
-                return await context.replyWhenReplicated(user, reply)
-            }
-        }
-        return try await context.registry.withStore(user) { store in
-            try await store.write { db in
-                BatchRunner(runner: SQLRunner(store: store, limits: limits)).reply(db, message: message, statements: statements,
-                                                                                 mode: transaction ? .transaction : .statements)
-            }
-        }
+        return try await run(.batch(statements, transaction ? .transaction : .statements), of: request, for: user, durable: try durable(request, user: user))
     }
 }
 

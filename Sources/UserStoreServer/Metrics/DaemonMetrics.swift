@@ -63,27 +63,24 @@ final class DaemonMetrics: StoreObserver, Sendable {
         }
     }
 
-    /// Methods a label may name; anything else is counted as `other`.
-    static let knownMethods: Set<String> = [
-        "io.userstore.Store.Open", "io.userstore.Store.Query", "io.userstore.Store.Execute", "io.userstore.Store.Batch",
-        "io.userstore.Store.Begin", "io.userstore.Store.Commit", "io.userstore.Store.Rollback",
-        "io.userstore.Admin.Status", "io.userstore.Admin.ListStores", "io.userstore.Admin.Migrate", "io.userstore.Admin.Plan",
-        "io.userstore.Admin.Verify", "io.userstore.Admin.Rollback", "io.userstore.Admin.Backup", "io.userstore.Admin.Reload",
-        "io.userstore.Admin.AcceptChecksums", "io.userstore.Admin.Execute", "io.userstore.Admin.DeleteStore",
-        "io.userstore.Admin.ExportStore", "io.userstore.Admin.ImportStore", "io.userstore.Admin.ListBackups",
-        "io.userstore.Admin.RestoreStore", "io.userstore.Admin.Top",
-        "org.varlink.service.GetInfo", "org.varlink.service.GetInterfaceDescription",
-    ]
+    private let handles = Mutex<[Method: RequestHandles]>([:])
+    /// Calls of a method the daemon does not have (and messages that are not calls).
+    private let other: RequestHandles
 
-    private let handles = Mutex<[String: RequestHandles]>([:])
-
-    /// The handles of `method` (a full method name; unknown ones share `other`).
-    func requestHandles(method: String) -> RequestHandles {
-        let name = Self.knownMethods.contains(method) ? method : "other"
+    /// The handles of `method` (nil: one the daemon does not have, counted as `other`).
+    func requestHandles(method: Method?) -> RequestHandles {
+        guard let method else { return other }
+        switch method {
+        case .open: return open
+        case .query: return query
+        case .execute: return execute
+        case .batch: return batch
+        default: break
+        }
         return handles.withLock { handles in
-            if let made = handles[name] { return made }
-            let made = RequestHandles(method: name, registry: registry, activity: activity)
-            handles[name] = made
+            if let made = handles[method] { return made }
+            let made = RequestHandles(method: method.rawValue, registry: registry, activity: activity)
+            handles[method] = made
             return made
         }
     }
@@ -140,6 +137,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         query = RequestHandles(method: "io.userstore.Store.Query", registry: registry, activity: activity)
         execute = RequestHandles(method: "io.userstore.Store.Execute", registry: registry, activity: activity)
         batch = RequestHandles(method: "io.userstore.Store.Batch", registry: registry, activity: activity)
+        other = RequestHandles(method: "other", registry: registry, activity: activity)
         storeOpens = Dictionary(uniqueKeysWithValues: ["created", "reopened", "from_template", "restored"].map { kind in
             (kind, Self.counter(registry, "userstore_store_opens_total", [("kind", kind)]))
         })

@@ -7,14 +7,14 @@ import Varlink
 struct ReplicationMethods {
     let context: DaemonContext
 
-    /// Handles `request` if it is one of these methods; false otherwise.
-    func handle(_ request: Request, send: @escaping ReplySink) async throws -> Bool {
+    /// Handles `request`, a call of `method` (one of these).
+    func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
         let parameters = CallParameters(request.call)
-        switch request.call.member {
-        case "Replication":
+        switch method {
+        case .replication:
             let user = try parameters.optionalString("user").map { text throws(VarlinkError) in try CallParameters.userID(text) }
             try await send(VarlinkReply.encode(try replication(user)))
-        case "RestoreFromReplica":
+        case .restoreFromReplica:
             let user = try parameters.user()
             var timestamp: Date?
             if let text = try parameters.optionalString("timestamp") {
@@ -30,9 +30,8 @@ struct ReplicationMethods {
             if let previous { fields["previous"] = .string(previous) }
             try await send(VarlinkReply.encode(fields))
         default:
-            return false
+            throw VarlinkError.methodNotFound(request.call.method)
         }
-        return true
     }
 
     /// `Status`'s `replication` (nil when replication is off).

@@ -36,30 +36,12 @@ struct SQLRunner {
     }
 
     /// The whole reply (`{"parameters": …}` and its NUL, or an error) to one statement on
-    /// `user`'s store, leased with `access`; for calls that do not come through the event loop's
-    /// fast path (``FastPath``), which does the same without a task.
-    ///
-    /// When the store is idle a read-only statement runs right here for up to
-    /// ``inlineBudgetNanoseconds`` (see ``reply(_:_:_:output:inlineBudget:into:)``); otherwise,
-    /// or when it was given up, it runs on the store's serial queue.
+    /// `user`'s store, leased with `access`, run where ``StatementDispatch`` decides; for calls
+    /// that do not come through the event loop's fast path (``FastPath``).
     static func reply(_ registry: StoreRegistry, user: UserID, access: StoreRegistry.Access, message: JSONMessage,
                       statement: Statement, output: Output, limits: RequestLimits) async throws -> [UInt8] {
         try await registry.withStore(user, access: access) { store in
-            let runner = SQLRunner(store: store, limits: limits)
-            var writer = JSONWriter(capacity: 256)
-            let inline = store.runIfIdle { connection in
-                message.withView { view in
-                    runner.reply(connection, view, statement, output: output, inlineBudget: inlineBudgetNanoseconds, into: &writer)
-                }
-            }
-            if inline == true { return writer.bytes }
-            return try await store.write { db in
-                var writer = JSONWriter(capacity: 256)
-                message.withView { view in
-                    _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil, into: &writer)
-                }
-                return writer.bytes
-            }
+            await StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: .statement(statement, output)).reply(message).bytes
         }
     }
 

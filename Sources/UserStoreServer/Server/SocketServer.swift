@@ -13,7 +13,7 @@ import Glibc
 final class SocketServer: Service {
     private let listener: Int32
     private let loops: [EventLoop]
-    private let shared: Connection.Shared
+    private let shared: Session.Shared
     /// Round robin over the loops for adopted connections.
     private let nextLoop = Atomic<Int>(0)
     private let acceptors: [Acceptor]
@@ -21,7 +21,7 @@ final class SocketServer: Service {
     private let onReady: @Sendable () -> Void
     private let onStopping: @Sendable () -> Void
 
-    private init(listener: Int32, loops: [EventLoop], acceptors: [Acceptor], shared: Connection.Shared, context: DaemonContext,
+    private init(listener: Int32, loops: [EventLoop], acceptors: [Acceptor], shared: Session.Shared, context: DaemonContext,
                  onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) {
         self.listener = listener
         self.shared = shared
@@ -45,7 +45,7 @@ final class SocketServer: Service {
             listener = try listen(on: path)
             try SocketBinder.restrict(path, mode: context.configuration.socketMode, group: context.configuration.socketGroup)
         }
-        let shared = Connection.Shared(context: context, fastPath: FastPath(context: context),
+        let shared = Session.Shared(context: context, fastPath: FastPath(context: context),
                                        router: RequestRouter(context: context, logger: logger), logger: logger,
                                        forwarder: context.cluster?.forwarder)
         let loops = try (0..<max(1, System.coreCount)).map { try EventLoop(name: "userstored-loop-\($0)") }

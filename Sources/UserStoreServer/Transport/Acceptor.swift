@@ -12,11 +12,11 @@ import Glibc
 final class Acceptor: EventHandler, @unchecked Sendable {
     private let listener: Int32
     private let loop: EventLoop
-    private let shared: Connection.Shared
+    private let shared: Session.Shared
     private var token: UInt64?
     private var finished = false
 
-    init(listener: Int32, loop: EventLoop, shared: Connection.Shared) {
+    init(listener: Int32, loop: EventLoop, shared: Session.Shared) {
         self.listener = listener
         self.loop = loop
         self.shared = shared

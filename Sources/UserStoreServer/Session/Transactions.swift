@@ -1,52 +1,8 @@
 import GRDB
+import Logging
 import UserStoreConfiguration
 import UserStoreCore
 import Varlink
-import Synchronization
-
-/// An interactive transaction of a connection (at most one). Its `var`s are touched only on the
-/// connection's loop; other threads (the store's queue, tasks) read only its `let`s — hence
-/// `@unchecked Sendable`.
-final class OpenTransaction: @unchecked Sendable {
-    enum State: Equatable {
-        /// `Begin` is waiting for the store.
-        case beginning
-        case open
-        /// Rolled back without the client asking (a time-out, SQLite itself); the next call that
-        /// names it learns why.
-        case ended(reason: String)
-    }
-
-    /// The id the client names it by: 128 random bits, hex.
-    let id: String
-    let key: Store.TransactionKey
-    let user: UserID
-    let immediate: Bool
-    var store: Store?
-    var state: State = .beginning
-    /// Calls of the transaction not answered yet (it is not idle while one runs).
-    var inFlight = 0
-    var idleTimer: Int?
-    var totalTimer: Int?
-    let began = StoreClock.now()
-
-    /// Keys of the store holds (transactions and streamed queries), unique in the process.
-    static let nextKey = Atomic<UInt64>(1)
-
-    init(user: UserID, immediate: Bool) {
-        var random = SystemRandomNumberGenerator()
-        id = (0..<2).map { _ in String(random.next() as UInt64, radix: 16) }.map { String(repeating: "0", count: 16 - $0.count) + $0 }.joined()
-        key = Store.TransactionKey(Self.nextKey.add(1, ordering: .relaxed).newValue)
-        self.user = user
-        self.immediate = immediate
-    }
-
-    /// Holds its store (beginning or open).
-    var isLive: Bool {
-        if case .ended = state { return false }
-        return true
-    }
-}
 
 /// Interactive transactions: `Begin`, statements with `transaction`, `Commit`, `Rollback`.
 ///
@@ -55,25 +11,47 @@ final class OpenTransaction: @unchecked Sendable {
 /// belongs to the connection that began it; closing the connection rolls it back; it is rolled
 /// back when idle longer than `limits.transactionIdleMilliseconds` or open longer than
 /// `limits.transactionMilliseconds`. Its calls run on the store's queue, never inline.
-extension Connection {
-    enum TransactionCall {
+///
+/// Confined to its connection's event loop; other threads reach it through `loop.execute`.
+final class Transactions: @unchecked Sendable {
+    /// The parts of an interactive transaction a call can be.
+    enum Call {
         case begin
         case end(commit: Bool)
         /// A Query (`.rows`), Execute (`.changes`) or Batch (nil) naming a transaction.
         case statement(SQLRunner.Output?)
+
+        /// Whether the call in `view` is about an interactive transaction, and which part.
+        init?(_ view: JSONView) {
+            switch Method.of(view) {
+            case .begin?: self = .begin
+            case .commit?: self = .end(commit: true)
+            case .rollback?: self = .end(commit: false)
+            case let method? where [.query, .execute, .batch].contains(method):
+                guard let call = view.member("parameters", of: 0), let named = view.member("transaction", of: call), view.kind(named) == .string else { return nil }
+                self = .statement(method == .query ? .rows : method == .execute ? .changes : nil)
+            default: return nil
+            }
+        }
     }
 
-    /// Whether the call in `view` is about an interactive transaction, and which part.
-    static func transactionCall(_ view: JSONView) -> TransactionCall? {
-        guard view.kind(0) == .object, let method = view.member("method", of: 0), view.kind(method) == .string else { return nil }
-        if view.stringEquals(method, "io.userstore.Store.Begin") { return .begin }
-        if view.stringEquals(method, "io.userstore.Store.Commit") { return .end(commit: true) }
-        if view.stringEquals(method, "io.userstore.Store.Rollback") { return .end(commit: false) }
-        guard let call = view.member("parameters", of: 0), let named = view.member("transaction", of: call), view.kind(named) == .string else { return nil }
-        if view.stringEquals(method, "io.userstore.Store.Query") { return .statement(.rows) }
-        if view.stringEquals(method, "io.userstore.Store.Execute") { return .statement(.changes) }
-        if view.stringEquals(method, "io.userstore.Store.Batch") { return .statement(nil) }
-        return nil
+    let context: DaemonContext
+    let logger: Logger
+    let peer: PeerIdentity
+    let limits: RequestLimits
+    let replies: ReplyQueue
+    private var loop: EventLoop { replies.loop }
+    /// The connection's interactive transaction (at most one).
+    private(set) var transaction: OpenTransaction?
+    /// The connection closed: whatever arrives later is rolled back.
+    private var closed = false
+
+    init(context: DaemonContext, logger: Logger, peer: PeerIdentity, limits: RequestLimits, replies: ReplyQueue) {
+        self.context = context
+        self.logger = logger
+        self.peer = peer
+        self.limits = limits
+        self.replies = replies
     }
 
     /// The error for a call that would wait for this connection's own transaction: it names
@@ -94,10 +72,10 @@ extension Connection {
     }
 
     /// Handles a transaction call (its reply takes its turn among the connection's replies).
-    func handleTransaction(_ kind: TransactionCall, _ view: JSONView) {
-        let reply = makeQueuedReply()
-        if let metrics = shared.context.metrics, let method = view.member("method", of: 0) {
-            reply.measure(metrics.requestHandles(method: view.string(method)))
+    func handle(_ kind: Call, _ view: JSONView) {
+        let reply = replies.reserve()
+        if let metrics = context.metrics, let method = view.member("method", of: 0) {
+            reply.measure(metrics.requestHandles(method: Method.named(view, method)))
         }
         let call = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
         do throws(VarlinkError) {
@@ -117,13 +95,13 @@ extension Connection {
 
     /// Delivers `bytes` as `reply` (on the loop).
     private func finish(_ reply: QueuedReply, _ bytes: [UInt8]) {
-        deliver(reply, bytes)
+        reply.completeOnLoop(bytes)
     }
 
     // MARK: Begin
 
     private func begin(_ view: JSONView, _ call: Int?, _ reply: QueuedReply) throws(VarlinkError) {
-        if shared.context.isShuttingDown { throw Errors.shuttingDown }
+        if context.isShuttingDown { throw Errors.shuttingDown }
         let user = try transactionUser(view, call)
         let immediate: Bool
         switch call.flatMap({ view.member("mode", of: $0) }) {
@@ -136,7 +114,7 @@ extension Connection {
         if let current = transaction, current.isLive { throw Errors.limitExceeded("transactions", maximum: 1) }
         let transaction = OpenTransaction(user: user, immediate: immediate)
         self.transaction = transaction
-        let registry = shared.context.registry
+        let registry = context.registry
         if let store = registry.leaseIfReady(user) {
             start(transaction, on: store, reply)
             return
@@ -158,7 +136,7 @@ extension Connection {
 
     /// Begins `transaction` on `store` (leased for it), in the store's turn.
     private func start(_ transaction: OpenTransaction, on store: Store, _ reply: QueuedReply) {
-        let registry = shared.context.registry
+        let registry = context.registry
         guard !closed, self.transaction === transaction else {
             registry.release(transaction.user)
             return
@@ -179,7 +157,7 @@ extension Connection {
                     return
                 }
                 transaction.state = .open
-                shared.context.metrics?.transactionsOpen.add(1, ordering: .relaxed)
+                context.metrics?.transactionsOpen.add(1, ordering: .relaxed)
                 transaction.totalTimer = loop.schedule(after: UInt64(limits.transactionMilliseconds) * 1_000_000) { [self] in
                     expire(transaction, reason: "total")
                 }
@@ -224,40 +202,30 @@ extension Connection {
         if let token = view.member("user", of: call), view.kind(token) != .null, view.string(token) != transaction.user.rawValue {
             throw .invalidParameter("user")
         }
-        let store = transaction.store!
-        let runner = SQLRunner(store: store, limits: limits)
-        let message = JSONMessage(copying: view)
-        let work: @Sendable (Database) -> (bytes: [UInt8], alive: Bool)
+        let work: StatementDispatch.Work
         if let output {
-            let statement = try SQLRunner.Statement.single(view, call)
-            work = { db in
-                var writer = JSONWriter(capacity: 256)
-                message.withView { view in
-                    _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil, inTransaction: true, into: &writer)
-                }
-                return (writer.bytes, store.transactionIsAlive(transaction.key, db))
-            }
+            work = .statement(try SQLRunner.Statement.single(view, call), output)
         } else {
-            let statements = try SQLRunner.Statement.batch(view, view.member("statements", of: call), maximum: limits.maxBatchStatements)
-            work = { db in
-                let bytes = BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: .savepoint)
-                return (bytes, store.transactionIsAlive(transaction.key, db))
-            }
+            work = .batch(try SQLRunner.Statement.batch(view, view.member("statements", of: call), maximum: limits.maxBatchStatements), .savepoint)
         }
+        let dispatch = StatementDispatch(runner: SQLRunner(store: transaction.store!, limits: limits), work: work, transaction: transaction.key)
         transaction.inFlight += 1
         cancelIdleTimer(transaction)
         let loop = self.loop
-        store.enqueue(transaction: transaction.key, work) { outcome in
-            loop.execute { [self] in
-                transaction.inFlight -= 1
-                if !outcome.alive, transaction.state == .open {
-                    // SQLite rolled the transaction back itself (an interrupted write, a full
-                    // disk): the store is free again; the next call learns why.
-                    end(transaction, reason: "rolled back by SQLite after a failed statement", rolledBack: true)
-                } else if transaction.state == .open, transaction.inFlight == 0 {
-                    armIdleTimer(transaction)
+        var unused = JSONWriter()
+        _ = dispatch.run(view, into: &unused) {
+            { outcome in
+                loop.execute { [self] in
+                    transaction.inFlight -= 1
+                    if !outcome.transactionAlive, transaction.state == .open {
+                        // SQLite rolled the transaction back itself (an interrupted write, a full
+                        // disk): the store is free again; the next call learns why.
+                        end(transaction, reason: "rolled back by SQLite after a failed statement", rolledBack: true)
+                    } else if transaction.state == .open, transaction.inFlight == 0 {
+                        armIdleTimer(transaction)
+                    }
+                    finish(reply, outcome.bytes)
                 }
-                finish(reply, outcome.bytes)
             }
         }
     }
@@ -266,12 +234,11 @@ extension Connection {
 
     private func end(_ view: JSONView, _ call: Int?, commit: Bool, _ reply: QueuedReply) throws(VarlinkError) {
         let transaction = try namedTransaction(view, call)
-        let context = shared.context
         let durable = commit ? try context.isDurable(view, call, user: transaction.user.rawValue) : false
         transaction.state = .ended(reason: commit ? "committed" : "rolled back")
         cancelTimers(transaction)
         context.metrics?.transactionEnded(commit ? "committed" : "rolled_back")
-        let store = transaction.store!, registry = context.registry, loop = self.loop
+        let store = transaction.store!, context = self.context, registry = context.registry, loop = self.loop
         store.endTransaction(transaction.key, commit: commit) { error in
             // Released once the reply is ready: a durable commit keeps the store open (and
             // registered) until the replica has it.
@@ -325,10 +292,10 @@ extension Connection {
     private func end(_ transaction: OpenTransaction, reason: String, rolledBack: Bool) {
         transaction.state = .ended(reason: reason)
         cancelTimers(transaction)
-        shared.context.metrics?.transactionEnded(rolledBack ? "aborted" : "expired")
-        let registry = shared.context.registry
+        context.metrics?.transactionEnded(rolledBack ? "aborted" : "expired")
+        let registry = context.registry
         let seconds = Double(StoreClock.now() - transaction.began) / 1e9
-        shared.logger.warning("transaction \(transaction.id) expired (\(reason)): rolled back after \(String(format: "%.1f", seconds)) s", metadata: [
+        logger.warning("transaction \(transaction.id) expired (\(reason)): rolled back after \(String(format: "%.1f", seconds)) s", metadata: [
             "event": "transaction-expired", "user": .string(transaction.user.rawValue), "transaction": .string(transaction.id),
             "reason": .string(reason), "peer_pid": "\(peer.pid)", "peer_uid": "\(peer.uid)",
             "duration_usec": "\(Int64(seconds * 1e6))",
@@ -341,15 +308,16 @@ extension Connection {
     }
 
     /// The connection closed with a transaction open: rolled back, store released.
-    func abandonTransaction() {
+    func abandon() {
+        closed = true
         guard let transaction, transaction.state == .open, let store = transaction.store else { return }
         transaction.state = .ended(reason: "connection closed")
         cancelTimers(transaction)
-        shared.context.metrics?.transactionEnded("expired")
-        let registry = shared.context.registry
+        context.metrics?.transactionEnded("expired")
+        let registry = context.registry
         store.endTransaction(transaction.key, commit: false) { _ in registry.release(transaction.user) }
     }
 
     /// Whether a transaction of this connection holds a store (shutdown waits for it).
-    var holdsTransaction: Bool { transaction?.isLive ?? false }
+    var holdsStore: Bool { transaction?.isLive ?? false }
 }

@@ -1,3 +1,4 @@
+import UserStoreConfiguration
 import Varlink
 
 /// Calls forwarded to the host that owns their user (docs/cluster.md): each goes over this
@@ -6,39 +7,59 @@ import Varlink
 /// call: its parts are relayed as the client reads them. A oneway call goes as an ordinary one
 /// (the owner may answer some oneway calls, an error for instance, and the link must see one
 /// reply per call), and its reply is dropped here.
-extension Connection {
-    /// Forwards the call in `view` (`bytes`, without its NUL) as `target` says; false when it
-    /// must wait until every earlier reply is out (a streamed call).
-    func forward(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, to target: Forwarder.Target) -> Bool {
+///
+/// Confined to its connection's event loop; other threads reach it through `loop.execute`.
+final class ForwardedCalls: @unchecked Sendable {
+    let loop: EventLoop
+    let limits: RequestLimits
+    let replies: ReplyQueue
+    /// The links to other hosts and the transactions open there.
+    private let links: ForwardingLinks
+
+    init(forwarder: Forwarder, loop: EventLoop, limits: RequestLimits, replies: ReplyQueue) {
+        self.loop = loop
+        self.limits = limits
+        self.replies = replies
+        links = ForwardingLinks(forwarder: forwarder)
+    }
+
+    /// The transactions the connection opened on other hosts, by id.
+    var transactions: [String: Forwarder.Transaction] { links.transactions }
+    /// No call waits for another host.
+    var isIdle: Bool { links.isIdle }
+    /// Ends links whose oldest call waited too long (`cluster.forwardTimeoutMilliseconds`).
+    func sweep(now: UInt64) { links.sweep(now: now) }
+    func closeAll() { links.closeAll() }
+
+    /// Forwards the call in `view` (`bytes`, without its NUL) as `target` says: ``Session/Route/later``
+    /// when it must wait until every earlier reply is out (a streamed call).
+    func forward(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, to target: Forwarder.Target) -> Session.Route {
         let oneway = view.member("oneway", of: 0).flatMap(view.bool) == true
         let user: String, host: String, address: String
         switch target {
         case .refused(let error):
-            if !oneway { appendReply(error) }
-            return true
+            if !oneway { replies.append(error) }
+            return .done
         case .host(let named, let owner, let reached):
             (user, host, address) = (named, owner, reached)
         }
         let parameters = view.member("parameters", of: 0)
         let transaction = parameters.flatMap { view.member("transaction", of: $0) }.flatMap { view.kind($0) == .string ? view.string($0) : nil }
         // Only a Query outside a transaction streams (the owner answers any other call once).
-        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil
-            && view.member("method", of: 0).map { view.stringEquals($0, "io.userstore.Store.Query") } == true
-        if streamed && !pending.isEmpty { return false }
-        let links = forwarding ?? ForwardingLinks(forwarder: shared.forwarder!)
-        forwarding = links
+        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil && Method.of(view) == .query
+        if streamed && !replies.isInOrder { return .later }
         let loop = self.loop
         let maxReplyBytes = max(limits.maxResponseBytes, limits.maxRequestBytes) + (1 << 20)
         guard let link = links.link(to: host, address: address, maxReplyBytes: maxReplyBytes, closed: { [self] link in
-            loop.execute { [self] in forwarding?.ended(link) }
+            loop.execute { [self] in self.links.ended(link) }
         }) else {
             // A transaction whose link has ended: its owner rolled it back.
-            if !oneway { appendReply(Errors.noSuchTransaction(transaction ?? "")) }
-            return true
+            if !oneway { replies.append(Errors.noSuchTransaction(transaction ?? "")) }
+            return .done
         }
         var message: [UInt8]
         if oneway {
-            guard let call = try? VarlinkCall(message: view.value(0)) else { return true } // not a call: a oneway one gets no reply
+            guard let call = try? VarlinkCall(message: view.value(0)) else { return .done } // not a call: a oneway one gets no reply
             var writer = JSONWriter()
             writer.write(VarlinkCall(method: call.method, parameters: call.parameters).message)
             message = writer.bytes
@@ -47,32 +68,27 @@ extension Connection {
         }
         message.append(0)
         if streamed {
-            taskRunning = true
-            flushOut() // earlier replies go first
-            link.send(message, waiter: .stream(user: user, send: { [self] bytes in
-                // A stream refused before its first row may be a WrongHost: made Retry here too.
-                try await sendFromTask(Self.retryIfMoved(bytes, host: host, user: user))
-            }, end: { [self] in
-                loop.execute { [self] in
-                    taskRunning = false
-                    if !closed { resume() }
-                }
-            }))
-            return true
+            let message = message
+            return .relay { send, end in
+                link.send(message, waiter: .stream(user: user, send: { bytes in
+                    // A stream refused before its first row may be a WrongHost: made Retry here too.
+                    try await send(Self.retryIfMoved(bytes, host: host, user: user))
+                }, end: end))
+            }
         }
-        let kind = Self.transactionCall(view)
+        let kind = Transactions.Call(view)
         let begins = kind.map { if case .begin = $0 { true } else { false } } ?? false
         let ends = kind.map { if case .end = $0 { true } else { false } } ?? false
         // Every forwarded call takes a turn among the replies (a oneway one with no bytes): the
         // client's reading pauses once too many wait, here as for local calls.
-        let reply = makeQueuedReply()
+        let reply = replies.reserve()
         link.send(message, waiter: .reply(user: user, deliver: { [self] bytes in
             loop.execute { [self] in
                 settleForwarded(reply, oneway ? [] : bytes, host: host, user: user, begins: begins, transaction: transaction, ends: ends,
                                 outcome: oneway ? bytes : nil)
             }
         }))
-        return true
+        return .done
     }
 
     /// Delivers a forwarded call's reply after noting what it says of transactions; a
@@ -83,18 +99,18 @@ extension Connection {
                                  outcome: [UInt8]? = nil) {
         let received = outcome ?? bytes
         let isError = received.starts(with: Self.errorPrefix)
-        guard isError || begins || ends else { return deliver(reply, bytes) }
+        guard isError || begins || ends else { return reply.completeOnLoop(bytes) }
         let (error, parameters) = Self.outcome(of: received)
         var bytes = bytes
         if error == "io.userstore.Store.WrongHost" {
             if outcome == nil { bytes = Self.retryIfMoved(bytes, host: host, user: user) }
-        } else if let forwarding {
-            if begins, error == nil, let id = parameters?["transaction"]?.stringValue { forwarding.began(id, on: host, user: user) }
+        } else {
+            if begins, error == nil, let id = parameters?["transaction"]?.stringValue { links.began(id, on: host, user: user) }
             if let transaction, ends || error == "io.userstore.Store.NoSuchTransaction" || error == "io.userstore.Store.TransactionExpired" {
-                forwarding.ended(transaction: transaction)
+                links.ended(transaction: transaction)
             }
         }
-        deliver(reply, bytes)
+        reply.completeOnLoop(bytes)
     }
 
     /// `Retry` for a `WrongHost` from `host` (the bucket moved while the call travelled:

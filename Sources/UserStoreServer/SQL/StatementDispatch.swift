@@ -1,0 +1,89 @@
+import GRDB
+import UserStoreCore
+import Varlink
+
+/// Where a call's statements run, decided in this one place for every kind of call — on the
+/// event loop's fast path, in a task, inside an interactive transaction:
+///
+/// - a single statement outside an interactive transaction runs **inline**, on the caller's
+///   thread, when its store is idle: read-only, for up to ``SQLRunner/inlineBudgetNanoseconds``
+///   (a point query costs microseconds; a hop to the store's queue and back costs two thread
+///   wake-ups);
+/// - everything else — a write, a statement that gave up its inline run, a `Batch`, a store
+///   with work queued, a statement of an interactive transaction — is **queued** on the store's
+///   serial queue, in arrival order.
+///
+/// The store must stay leased until the reply is ready.
+struct StatementDispatch {
+    enum Work {
+        /// One statement (`Query`: rows, `Execute`: changes).
+        case statement(SQLRunner.Statement, SQLRunner.Output)
+        /// A `Batch`.
+        case batch([SQLRunner.Statement], BatchRunner.Mode)
+    }
+
+    /// What queued work hands back.
+    struct Outcome: Sendable {
+        /// The whole reply (`{"parameters": …}` or an error, and its NUL).
+        let bytes: [UInt8]
+        /// Whether the interactive transaction it ran in still holds the store (false once
+        /// SQLite rolled it back itself); true outside a transaction.
+        let transactionAlive: Bool
+    }
+
+    let runner: SQLRunner
+    let work: Work
+    /// The interactive transaction the work belongs to: it is queued as that transaction's.
+    var transaction: Store.TransactionKey? = nil
+    /// Whether it may run inline at all (a durable write's reply waits for the replica anyway).
+    var inline = true
+
+    private var store: Store { runner.store }
+
+    /// Runs the work of the call in `view`: inline, appending its reply to `writer` (true), or
+    /// queued (false), handing its reply to the completion that `queued` makes (called only
+    /// then, before the work is queued) on the store's queue thread.
+    func run(_ view: JSONView, into writer: inout JSONWriter, queued: () -> @Sendable (Outcome) -> Void) -> Bool {
+        if runInline(view, into: &writer) { return true }
+        enqueue(JSONMessage(copying: view), queued())
+        return false
+    }
+
+    /// The reply to the call in `message`, run inline or queued as above (from a task).
+    func reply(_ message: JSONMessage) async -> Outcome {
+        var writer = JSONWriter(capacity: 256)
+        if message.withView({ view in runInline(view, into: &writer) }) { return Outcome(bytes: writer.bytes, transactionAlive: true) }
+        return await withCheckedContinuation { continuation in
+            enqueue(message) { continuation.resume(returning: $0) }
+        }
+    }
+
+    /// Runs the work right here if it may run inline and the store is idle; true if it did
+    /// (its reply is in `writer`).
+    private func runInline(_ view: JSONView, into writer: inout JSONWriter) -> Bool {
+        guard inline, transaction == nil, case .statement(let statement, let output) = work else { return false }
+        return store.runIfIdle { connection in
+            runner.reply(connection, view, statement, output: output, inlineBudget: SQLRunner.inlineBudgetNanoseconds, into: &writer)
+        } == true
+    }
+
+    /// Queues the work on the store's serial queue.
+    private func enqueue(_ message: JSONMessage, _ completion: @escaping @Sendable (Outcome) -> Void) {
+        let runner = self.runner, work = self.work, transaction = self.transaction, store = self.store
+        store.enqueue(transaction: transaction, { db in
+            let bytes: [UInt8]
+            switch work {
+            case .statement(let statement, let output):
+                var writer = JSONWriter(capacity: 256)
+                message.withView { view in
+                    _ = runner.reply(db.sqliteConnection!, view, statement, output: output, inlineBudget: nil,
+                                     inTransaction: transaction != nil, into: &writer)
+                }
+                bytes = writer.bytes
+            case .batch(let statements, let mode):
+                bytes = BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: mode)
+            }
+            return Outcome(bytes: bytes, transactionAlive: transaction.map { store.transactionIsAlive($0, db) } ?? true)
+        }, completion: completion)
+    }
+}

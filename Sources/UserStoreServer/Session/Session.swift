@@ -1,0 +1,136 @@
+import Logging
+import UserStoreConfiguration
+import Varlink
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One client connection's calls, as the transport hands them over: decoded once, then sent
+/// where they go — to another host (``ForwardedCalls``), to the connection's interactive
+/// transaction (``Transactions``), answered on the event loop or queued on a store
+/// (``FastPath``), or, for anything else, to the ``RequestRouter`` in a task that the
+/// connection runs alone. Replies go to the connection's ``ReplyQueue``.
+///
+/// Data flows one way: the transport calls the session, the session writes replies; nothing
+/// here knows the socket. Confined to the connection's event loop, like the connection.
+final class Session {
+    /// What every session shares.
+    struct Shared: Sendable {
+        let context: DaemonContext
+        let fastPath: FastPath
+        let router: RequestRouter
+        let logger: Logger
+        /// Sends calls for users another host owns to that host (`cluster.forward`).
+        let forwarder: Forwarder?
+    }
+
+    /// What the transport must do next with a call the session took.
+    enum Route {
+        /// Nothing: its reply is written or reserved.
+        case done
+        /// Nothing yet: the call waits until every earlier reply is out (it stays in the input
+        /// and comes back, with its descriptors).
+        case later
+        /// Run it with the ``RequestRouter`` in a task, alone: nothing else starts until it ends.
+        case task(Request)
+        /// A stream relayed from another host, alone like a task: start it with the connection's
+        /// task-reply sink, and call the end handler when the stream is over.
+        case relay(@Sendable (_ send: @escaping ReplySink, _ end: @escaping @Sendable () -> Void) -> Void)
+    }
+
+    let shared: Shared
+    let peer: PeerIdentity
+    let limits: RequestLimits
+    let replies: ReplyQueue
+    let transactions: Transactions
+    /// Calls for users other hosts own (created by the first one).
+    private(set) var forwarded: ForwardedCalls?
+    private var tape: JSONTape
+    /// The connection is ending (shutdown, an oversized message): calls not started are refused.
+    var stopping = false
+
+    init(shared: Shared, peer: PeerIdentity, limits: RequestLimits, replies: ReplyQueue) {
+        self.shared = shared
+        self.peer = peer
+        self.limits = limits
+        self.replies = replies
+        self.tape = JSONTape(maxDepth: limits.maxJSONDepth)
+        self.transactions = Transactions(context: shared.context, logger: shared.logger, peer: peer, limits: limits, replies: replies)
+    }
+
+    /// Takes the call in `bytes` (without its NUL) and the descriptors that came with it (it
+    /// owns them from now on, unless it answers ``Route/later``).
+    func handle(_ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32]) -> Route {
+        do {
+            try tape.parse(bytes)
+        } catch {
+            descriptors.forEach { Glibc.close($0) }
+            replies.append(VarlinkError.invalidRequest("\(error)"))
+            shared.context.metrics?.requestHandles(method: nil).record(outcome: "InvalidRequest", nanoseconds: 0)
+            return .done
+        }
+        return tape.withView(bytes) { view in route(view, bytes, descriptors: descriptors) }
+    }
+
+    private func route(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32]) -> Route {
+        // Another host owns the user (or holds the transaction the call names): sent there.
+        if let forwarder = shared.forwarder, peer.forwardedFrom == nil,
+           let target = forwarder.target(of: view, peer: peer, transactions: forwarded?.transactions ?? [:]) {
+            if stopping { // a transaction open on another host ends with the link: rolled back there
+                return refuse(Errors.shuttingDown, descriptors)
+            }
+            let forwarded = self.forwarded ?? ForwardedCalls(forwarder: forwarder, loop: replies.loop, limits: limits, replies: replies)
+            self.forwarded = forwarded
+            let route = forwarded.forward(view, bytes, to: target)
+            // No io.userstore.Store call takes descriptors; a call that waits keeps its own.
+            if case .later = route {} else { descriptors.forEach { Glibc.close($0) } }
+            return route
+        }
+        if let call = Transactions.Call(view) {
+            descriptors.forEach { Glibc.close($0) }
+            transactions.handle(call, view)
+            return .done
+        }
+        if stopping { return refuse(Errors.shuttingDown, descriptors) }
+        if let error = transactions.waitsForOwnTransaction(view) {
+            // Shutdown may have begun before this connection's loop got to quiesce it
+            // (`stopping`): the call would be refused for that anyway, as the router does.
+            return refuse(shared.context.isShuttingDown ? Errors.shuttingDown : error, descriptors)
+        }
+        if descriptors.isEmpty { // only task calls take descriptors
+            var outcome = FastPath.Outcome.slow
+            replies.append { writer in
+                outcome = shared.fastPath.handle(view, peer: peer, limits: limits, into: &writer, makeQueuedReply: replies.reserve)
+            }
+            if case .answered = outcome { return .done }
+            if case .queued = outcome { return .done }
+        }
+        guard replies.isInOrder else { return .later }
+        do throws(VarlinkError) {
+            let call = try VarlinkCall(message: view.value(0))
+            return .task(Request(call: call, message: JSONMessage(bytes: Array(bytes), parsed: tape), descriptors: PassedDescriptors(descriptors)))
+        } catch {
+            return refuse(error, descriptors)
+        }
+    }
+
+    /// Answers with `error`, closing the call's descriptors.
+    private func refuse(_ error: VarlinkError, _ descriptors: [Int32]) -> Route {
+        descriptors.forEach { Glibc.close($0) }
+        replies.append(error)
+        return .done
+    }
+
+    /// Nothing of the session waits: no transaction holds a store, no call waits for another host.
+    var isIdle: Bool { !transactions.holdsStore && forwarded?.isIdle != false }
+
+    /// Ends calls to other hosts that waited too long.
+    func sweep(now: UInt64) { forwarded?.sweep(now: now) }
+
+    /// The connection closed: its transaction rolled back, its links to other hosts closed.
+    func end() {
+        transactions.abandon()
+        forwarded?.closeAll()
+        forwarded = nil
+    }
+}
