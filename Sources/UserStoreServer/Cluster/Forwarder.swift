@@ -45,8 +45,7 @@ final class Forwarder: Sendable {
     /// Where the call in `view` from `peer` goes, or nil: it is served here. `transactions`:
     /// those the connection opened elsewhere, by id.
     func target(of view: JSONView, peer: PeerIdentity, transactions: [String: Transaction]) -> Target? {
-        guard view.kind(0) == .object, let method = view.member("method", of: 0), view.kind(method) == .string,
-              view.withStringBytes(method, { $0.starts(with: "io.userstore.Store.".utf8) }),
+        guard Method.of(view)?.interface == .store,
               let call = view.member("parameters", of: 0), view.kind(call) == .object else { return nil }
         if let named = view.member("transaction", of: call), view.kind(named) == .string {
             // A transaction is served where it was begun (an unknown id: here, NoSuchTransaction).

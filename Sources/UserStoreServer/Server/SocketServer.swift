@@ -14,16 +14,17 @@ final class SocketServer: Service {
     private let listener: Int32
     private let loops: [EventLoop]
     private let shared: Session.Shared
-    /// Round robin over the loops for adopted connections.
-    private let nextLoop = Atomic<Int>(0)
+    /// Which loop serves the next connection.
+    private let spread: LoopSpread
     private let acceptors: [Acceptor]
     private let context: DaemonContext
     private let onReady: @Sendable () -> Void
     private let onStopping: @Sendable () -> Void
 
-    private init(listener: Int32, loops: [EventLoop], acceptors: [Acceptor], shared: Session.Shared, context: DaemonContext,
+    private init(listener: Int32, loops: [EventLoop], spread: LoopSpread, acceptors: [Acceptor], shared: Session.Shared, context: DaemonContext,
                  onReady: @escaping @Sendable () -> Void, onStopping: @escaping @Sendable () -> Void) {
         self.listener = listener
+        self.spread = spread
         self.shared = shared
         self.loops = loops
         self.acceptors = acceptors
@@ -49,7 +50,8 @@ final class SocketServer: Service {
                                        router: RequestRouter(context: context, logger: logger), logger: logger,
                                        forwarder: context.cluster?.forwarder)
         let loops = try (0..<max(1, System.coreCount)).map { try EventLoop(name: "userstored-loop-\($0)") }
-        let acceptors = loops.map { Acceptor(listener: listener, loop: $0, shared: shared) }
+        let spread = LoopSpread(loops)
+        let acceptors = loops.map { Acceptor(listener: listener, loop: $0, spread: spread, shared: shared) }
         for (loop, acceptor) in zip(loops, acceptors) {
             loop.start()
             loop.execute {
@@ -57,16 +59,39 @@ final class SocketServer: Service {
                 sweep(loop)
             }
         }
-        return SocketServer(listener: listener, loops: loops, acceptors: acceptors, shared: shared, context: context, onReady: onReady, onStopping: onStopping)
+        return SocketServer(listener: listener, loops: loops, spread: spread, acceptors: acceptors, shared: shared, context: context, onReady: onReady, onStopping: onStopping)
     }
 
     /// Serves `descriptor`, a connected socket that did not come through the listener (a peer
     /// daemon's connection, joined through a socket pair), as `peer`, on the next loop.
     func adopt(_ descriptor: Int32, peer: PeerIdentity) {
         _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
-        let loop = loops[nextLoop.add(1, ordering: .relaxed).oldValue % loops.count]
-        let shared = self.shared
-        loop.execute { Connection.start(descriptor, loop: loop, shared: shared, peer: peer) }
+        spread.serve(descriptor, shared: shared, peer: peer)
+    }
+
+    /// How many connections each loop serves now, loop by loop.
+    func connectionsPerLoop() async -> [Int] {
+        await eachConnection { _ in 1 }
+    }
+
+    /// The reply bytes each loop holds for its clients (ready, unsent, or waiting in order).
+    func heldReplyBytesPerLoop() async -> [Int] {
+        await eachConnection { $0.replies.heldBytes }
+    }
+
+    /// The sum of `measure` over each loop's connections, loop by loop (read on each loop).
+    private func eachConnection(_ measure: @escaping @Sendable (Connection) -> Int) async -> [Int] {
+        var sums: [Int] = []
+        for loop in loops {
+            sums.append(await withCheckedContinuation { done in
+                loop.execute {
+                    var sum = 0
+                    loop.forEachHandler { if let connection = $0 as? Connection { sum += measure(connection) } }
+                    done.resume(returning: sum)
+                }
+            })
+        }
+        return sums
     }
 
     /// A non-blocking listening Unix socket bound to `path`.
@@ -93,6 +118,12 @@ final class SocketServer: Service {
     func run() async throws {
         onReady()
         try? await gracefulShutdown()
+        await drain()
+    }
+
+    /// Graceful shutdown: new calls get `ShuttingDown`, nothing more is accepted, and every
+    /// connection finishes the calls it started; returns when all are closed and the loops stopped.
+    func drain() async {
         context.beginShutdown()
         onStopping()
         await withTaskGroup(of: Void.self) { group in
@@ -103,6 +134,29 @@ final class SocketServer: Service {
         close(listener)
         await context.connections.quiesce()
         for loop in loops { loop.stopAndWait() }
+    }
+}
+
+/// Spreads connections over the loops in turn, whichever loop accepted them: `EPOLLEXCLUSIVE`
+/// wakes whichever loop waits, and a burst of connections could otherwise all land on one loop
+/// while the others idle.
+final class LoopSpread: Sendable {
+    let loops: [EventLoop]
+    private let next = Atomic<Int>(0)
+
+    init(_ loops: [EventLoop]) {
+        self.loops = loops
+    }
+
+    /// Serves `descriptor` (a connected socket) on the next loop in turn; `peer`: as another
+    /// daemon's connection (see ``Connection/start(_:loop:shared:peer:)``).
+    func serve(_ descriptor: Int32, shared: Session.Shared, peer: PeerIdentity? = nil) {
+        let loop = loops[next.add(1, ordering: .relaxed).oldValue % loops.count]
+        if loop.inEventLoop {
+            Connection.start(descriptor, loop: loop, shared: shared, peer: peer)
+        } else {
+            loop.execute { Connection.start(descriptor, loop: loop, shared: shared, peer: peer) }
+        }
     }
 }
 

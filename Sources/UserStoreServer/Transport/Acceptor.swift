@@ -6,19 +6,22 @@ import Glibc
 #endif
 
 /// The listening socket on one ``EventLoop``: every loop waits on it (`EPOLLEXCLUSIVE`: the
-/// kernel wakes one loop per incoming connection) and serves the connections it accepts.
+/// kernel wakes one loop per incoming connection), and the loop that wakes accepts; the
+/// ``LoopSpread`` decides which loop serves each connection.
 /// Confined to its loop's thread (reached from elsewhere only through `loop.execute`), hence
 /// `@unchecked Sendable`.
 final class Acceptor: EventHandler, @unchecked Sendable {
     private let listener: Int32
     private let loop: EventLoop
+    private let spread: LoopSpread
     private let shared: Session.Shared
     private var token: UInt64?
     private var finished = false
 
-    init(listener: Int32, loop: EventLoop, shared: Session.Shared) {
+    init(listener: Int32, loop: EventLoop, spread: LoopSpread, shared: Session.Shared) {
         self.listener = listener
         self.loop = loop
+        self.spread = spread
         self.shared = shared
     }
 
@@ -48,7 +51,7 @@ final class Acceptor: EventHandler, @unchecked Sendable {
         for _ in 0..<16 {
             let descriptor = us_accept(listener)
             if descriptor >= 0 {
-                Connection.start(descriptor, loop: loop, shared: shared)
+                spread.serve(descriptor, shared: shared)
                 continue
             }
             switch errno {

@@ -49,6 +49,8 @@ final class ReplyQueue: @unchecked Sendable {
     var isFull: Bool { pending.count >= Self.maxPendingReplies }
     /// The client reads its replies (the unsent bytes are below the high watermark).
     var isWritable: Bool { unsent.count - unsentStart < Self.highWatermark }
+    /// Reply bytes held for the client: ready, unsent, and waiting behind a reserved one.
+    var heldBytes: Int { out.bytes.count + unsent.count - unsentStart + pending.reduce(0) { $0 + ($1.bytes?.count ?? 0) } }
     /// Bytes wait for the socket (EPOLLOUT).
     var hasUnsent: Bool { unsentStart < unsent.count }
 

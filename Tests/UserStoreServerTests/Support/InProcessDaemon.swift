@@ -1,0 +1,94 @@
+import Foundation
+import Testing
+import Logging
+import UserStoreConfiguration
+import UserStoreCore
+@testable import UserStoreServer
+import Varlink
+
+/// The daemon's request path inside the test process: the real configuration, registry and
+/// ``SocketServer`` (event loops, connections, sessions, stores) on a temporary socket, without
+/// a child process — so that a protocol test runs in-process and against the live daemon alike
+/// (``ServedDaemon``), and a transport test can look at the loops it runs on.
+final class InProcessDaemon: ServedDaemon, @unchecked Sendable {
+    let files: DaemonHarness
+    let context: DaemonContext
+    let server: SocketServer
+    var socketPath: String { files.socketPath }
+
+    private init(files: DaemonHarness, context: DaemonContext, server: SocketServer) {
+        self.files = files
+        self.context = context
+        self.server = server
+    }
+
+    /// Serves a new temporary data directory (`extraConfig`: YAML appended to the configuration).
+    static func start(migrations: [String: String]? = nil, extraConfig: String = "") async throws -> InProcessDaemon {
+        let files = try DaemonHarness(migrations: migrations, extraConfig: extraConfig)
+        let configuration = try await ConfigurationLoader.load(path: files.configPath)
+        let migrations = try ConfigurationLoader.loadMigrations(configuration)
+        let lock = try DataDirectoryLock(layout: StoreLayout(dataDirectory: configuration.dataDirectory))
+        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock)
+        let logger = Logger(label: "in-process-userstored")
+        let context = DaemonContext(configuration: configuration, registry: registry, index: FleetIndex(), logger: logger)
+        let server = try await SocketServer.bind(path: configuration.socketPath, inherited: nil, context: context, logger: logger,
+                                                 onReady: {}, onStopping: {})
+        return InProcessDaemon(files: files, context: context, server: server)
+    }
+
+    /// Graceful shutdown: every connection finishes what it started; the stores are closed.
+    func stop() async {
+        await server.drain()
+        await context.registry.shutdown()
+    }
+}
+
+/// A daemon a protocol test talks to over its socket: a live `userstored` process
+/// (``DaemonHarness``) or the same request path in-process (``InProcessDaemon``).
+protocol ServedDaemon: AnyObject {
+    var socketPath: String { get }
+}
+
+extension ServedDaemon {
+    /// A new client connection (with a receive timeout, so a test never hangs).
+    func connect() throws -> VarlinkConnection {
+        let connection = try VarlinkConnection(path: socketPath)
+        connection.setReceiveTimeout(seconds: 60)
+        return connection
+    }
+}
+
+extension DaemonHarness: ServedDaemon {}
+
+/// Where a protocol test runs its daemon.
+enum Serving: String, CaseIterable, CustomTestStringConvertible {
+    case liveDaemon, inProcess
+
+    var testDescription: String { rawValue }
+
+    /// A daemon on a new temporary data directory, serving; `stop` ends it.
+    func start(extraConfig: String = "") async throws -> any ServedDaemon {
+        switch self {
+        case .liveDaemon:
+            let daemon = try DaemonHarness(extraConfig: extraConfig)
+            try daemon.start()
+            return daemon
+        case .inProcess:
+            return try await InProcessDaemon.start(extraConfig: extraConfig)
+        }
+    }
+
+    /// Ends a daemon ``start(extraConfig:)`` returned.
+    static func stop(_ daemon: any ServedDaemon) async {
+        if let daemon = daemon as? InProcessDaemon { await daemon.stop() }
+        if let daemon = daemon as? DaemonHarness { _ = daemon.stop() }
+    }
+}
+
+/// Runs `body` (blocking client code: sockets, semaphores) on a thread of its own, off the
+/// cooperative pool that an in-process daemon's tasks need.
+func onThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try body() }) }.start()
+    }
+}
