@@ -136,8 +136,8 @@ extension FleetCommand {
         let kind = self.kind
         await fleet.forEach(ids, parallel: parallel ?? fleet.configuration.fleetParallelism, { registry, user in
             switch kind {
-            case .migrate: await registry.fleetMigrate(user, dryRun: dryRun).replyFields
-            case .verify: await registry.fleetVerify(user).replyFields
+            case .migrate: await registry.fleet.migrate(user, dryRun: dryRun).replyFields
+            case .verify: await registry.fleet.verify(user).replyFields
             }
         }, report: tally.record)
         return tally.finish(interrupted: Interrupt.requested)

@@ -58,7 +58,7 @@ import Testing
         for (name, durability, expected) in runs {
             let path = harness.layout.storePath(for: user(name))
             let queue = try DatabaseQueue(path: path)
-            let migrator = harness.registry.makeMigrator(user(name), migrations: try folder.load(), durability: durability)
+            let migrator = harness.registry.preparer.makeMigrator(user(name), migrations: try folder.load(), durability: durability)
             let report = try await queue.writeWithoutTransaction { db in try migrator.migrate(db, created: false) }
             #expect(report.fromVersion == 1 && report.applied == [2, 3, 4])
             #expect(try await queue.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") } == 2, "back to FULL")
@@ -94,7 +94,7 @@ import Testing
             return syncfs(descriptor)
         }
         let queue = try DatabaseQueue(path: path)
-        let migrator = harness.registry.makeMigrator(user("big"), migrations: try folder.load(), durability: .shared(fileSystem))
+        let migrator = harness.registry.preparer.makeMigrator(user("big"), migrations: try folder.load(), durability: .shared(fileSystem))
         let report = try await queue.writeWithoutTransaction { db in try migrator.migrate(db, created: false) }
         #expect(report.applied == [2])
         #expect(unchangedAtFirstSync.withLock { $0 } == true, "the database file changed before the first sync")
@@ -112,7 +112,7 @@ import Testing
         let harness = try Harness(directory: directory, migrations: try folder.load())
         let queue = try DatabaseQueue(path: directory.path + "/new.sqlite")
         let statements = Mutex<[String]>([])
-        let migrator = harness.registry.makeMigrator(user("new"), migrations: try folder.load(),
+        let migrator = harness.registry.preparer.makeMigrator(user("new"), migrations: try folder.load(),
                                                      durability: .shared(FileSystemSync(directory: directory.path)))
         let report = try await queue.writeWithoutTransaction { db in
             db.trace { event in statements.withLock { $0.append("\(event)") } }

@@ -97,7 +97,7 @@ import Testing
         _ = await harness.registry.closeIdleStores(now: .now + .seconds(3600))
         for index in 0..<2 { _ = try await harness.registry.info(user("hot\(index)")) }
         for index in 0..<4 {
-            let outcome = await harness.registry.fleetMigrate(user("cold\(index)"), dryRun: false)
+            let outcome = await harness.registry.fleet.migrate(user("cold\(index)"), dryRun: false)
             #expect(outcome.state == .current)
         }
         let closedHot = harness.recorder.count { event in
@@ -123,7 +123,7 @@ import Testing
         let harness = try Harness(directory: directory, migrations: try folder.load(), maxOpenStores: 64)
         let (fleet, versions) = try await withThrowingTaskGroup(of: (FleetOutcome?, Int64?).self) { group in
             for id in users {
-                group.addTask { (await harness.registry.fleetMigrate(id, dryRun: false), nil) }
+                group.addTask { (await harness.registry.fleet.migrate(id, dryRun: false), nil) }
                 for _ in 0..<3 { group.addTask { (nil, try await harness.registry.info(id).schemaVersion) } }
             }
             var fleet: [FleetOutcome] = [], versions: [Int64] = []
@@ -159,11 +159,11 @@ import Testing
         policy.fleetSyncMethod = method
         let harness = try Harness(directory: directory, migrations: try folder.load(), policy: policy)
         let outcomes = await withTaskGroup(of: FleetOutcome.self) { group in
-            for id in users { group.addTask { await harness.registry.fleetMigrate(id, dryRun: false) } }
+            for id in users { group.addTask { await harness.registry.fleet.migrate(id, dryRun: false) } }
             return await group.reduce(into: []) { $0.append($1) }
         }
         #expect(outcomes.allSatisfy { $0.state == .migrated && $0.toVersion == 2 }, "\(outcomes.map { ($0.user.rawValue, $0.state) })")
-        let syncs = harness.registry.fleetFileSystemSyncs
+        let syncs = harness.registry.preparer.fleetFileSystemSyncs
         if method == .syncfs {
             #expect(syncs >= 2 && syncs <= UInt64(2 * users.count), "\(syncs) syncfs for \(users.count) stores")
         } else {
@@ -197,11 +197,11 @@ import Testing
     @Test func aStoreWhoseSharedSyncFailedIsRefusedAndNeverCalledCurrent() async throws {
         let harness = try await unsyncedStore()
         let registry = harness.registry
-        let first = await registry.fleetMigrate(user("unsynced"), dryRun: false)
+        let first = await registry.fleet.migrate(user("unsynced"), dryRun: false)
         #expect(first.state == .failed)
         #expect(first.error?.description.contains("may not be on disk") == true, "\(String(describing: first.error))")
         await #expect(throws: StoreError.self) { _ = try await registry.info(user("unsynced")) }
-        let second = await registry.fleetMigrate(user("unsynced"), dryRun: false)
+        let second = await registry.fleet.migrate(user("unsynced"), dryRun: false)
         #expect(second.state == .failed, "a store whose commits may not be on disk is not current: \(second.state)")
         await registry.shutdown()
     }
@@ -212,17 +212,17 @@ import Testing
     @Test func aDamagedStoreStaysRefusedAfterItIsClosedUntilItIsReplaced() async throws {
         let harness = try await unsyncedStore(maxOpenStores: 1)
         let registry = harness.registry
-        #expect(await registry.fleetMigrate(user("unsynced"), dryRun: false).state == .failed)
+        #expect(await registry.fleet.migrate(user("unsynced"), dryRun: false).state == .failed)
         // The only slot goes to another user: the failed store is closed.
         _ = try await registry.info(user("other"))
-        #expect(!registry.isOpen(user("unsynced")))
+        #expect(!registry.fleet.isOpen(user("unsynced")))
         func isDamaged(_ error: any Error) -> Bool { if case .storeDamaged? = error as? StoreError { true } else { false } }
         await #expect(performing: { _ = try await registry.info(user("unsynced")) }, throws: isDamaged)
-        let again = await registry.fleetMigrate(user("unsynced"), dryRun: false)
+        let again = await registry.fleet.migrate(user("unsynced"), dryRun: false)
         #expect(again.state == .failed && again.error.map(isDamaged) == true, "\(again.state) \(String(describing: again.error))")
         #expect(try await registry.withExistingStore(user("unsynced")) { _ in true }, "an administrator opens it as it is")
         await #expect(performing: { _ = try await registry.info(user("unsynced")) }, throws: isDamaged)
-        _ = try await registry.delete(user("unsynced"), keepBackups: true)
+        _ = try await registry.lifecycle.delete(user("unsynced"), keepBackups: true)
         #expect(try await registry.info(user("unsynced")).schemaVersion == 2, "a new store once the damaged one is gone")
         await registry.shutdown()
     }
@@ -248,12 +248,12 @@ import Testing
         defer { _ = umount2(mountPoint, Int32(MNT_DETACH)); _ = directory }
         try contents.write(to: URL(fileURLWithPath: path))
 
-        let onTmpfs = await harness.registry.fleetMigrate(mounted, dryRun: false)
+        let onTmpfs = await harness.registry.fleet.migrate(mounted, dryRun: false)
         #expect(onTmpfs.state == .migrated && onTmpfs.toVersion == 2)
-        #expect(harness.registry.fleetFileSystemSyncs == 0, "the data directory's syncfs does not cover a tmpfs")
-        let beside = await harness.registry.fleetMigrate(local, dryRun: false)
+        #expect(harness.registry.preparer.fleetFileSystemSyncs == 0, "the data directory's syncfs does not cover a tmpfs")
+        let beside = await harness.registry.fleet.migrate(local, dryRun: false)
         #expect(beside.state == .migrated && beside.toVersion == 2)
-        #expect(harness.registry.fleetFileSystemSyncs >= 2)
+        #expect(harness.registry.preparer.fleetFileSystemSyncs >= 2)
         await harness.registry.shutdown()
         #expect(try harness.inspect(mounted.rawValue) { db in try Int64.fetchOne(db, sql: "PRAGMA user_version") } == 2)
     }
@@ -267,7 +267,7 @@ import Testing
         try await Harness.seed([user("broken")], in: directory, migrations: try folder.load())
         try folder.write("0002_bad.sql", "INSERT INTO no_such_table VALUES (1);")
         let harness = try Harness(directory: directory, migrations: try folder.load())
-        let outcome = await harness.registry.fleetMigrate(user("broken"), dryRun: false)
+        let outcome = await harness.registry.fleet.migrate(user("broken"), dryRun: false)
         #expect(outcome.state == .failed)
         guard case .migrationFailed(_, let version, _, _, _, let schemaVersion)? = outcome.error else {
             Issue.record("expected MigrationFailed, got \(String(describing: outcome.error))")

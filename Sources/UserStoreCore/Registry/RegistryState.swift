@@ -1,6 +1,29 @@
-/// The mutable state of a ``StoreRegistry``, always accessed under its mutex.
-struct RegistryState: ~Copyable {
-    var entries: [UserID: RegistryEntry] = [:]
+/// A store as the registry's state sees it: ``Store``, or a stand-in in the state's tests,
+/// which run without SQLite.
+protocol RegistryStore: AnyObject, Sendable {
+    /// Why SQLite found the store damaged while serving, if it did.
+    var damaged: String? { get }
+}
+
+extension Store: RegistryStore {}
+
+/// What preparing a store (opening and/or migrating it, in a task of its own) came to.
+enum PreparationOutcome: Sendable {
+    /// The store is open; its phase says whether it is ready or failed. Carries what the
+    /// migration run did, if one ran.
+    case prepared(MigrationReport?)
+    /// Migrated and closed again (a fleet run's `closeAfter`): the entry is gone.
+    case closed(MigrationReport)
+    /// The file could not be opened at all; the entry is gone.
+    case openFailed(StoreError)
+}
+
+/// The registry's state and every transition of it — which store a request gets, which one is
+/// opened, migrated, evicted or refused — as a pure value, without files or SQLite: the
+/// ``StoreRegistry`` holds it under its mutex and carries out what a transition asks for
+/// (`RegistryStateTests` drive it directly).
+struct RegistryState<S: RegistryStore>: ~Copyable {
+    var entries: [UserID: RegistryEntry<S>] = [:]
     var migrations: MigrationSet
     var generation = 0
     /// Files open, being opened or being closed: what `maxOpenStores` bounds.
@@ -23,12 +46,154 @@ struct RegistryState: ~Copyable {
         self.migrations = migrations
     }
 
+    // MARK: Leasing
+
+    /// The limits and policies the transitions follow.
+    struct Rules {
+        var maxOpenStores: Int
+        /// A store whose migration failed is still served, at its old version
+        /// (``MigrationPolicy/servePreviousVersionOnFailure``).
+        var servePreviousVersionOnFailure: Bool
+    }
+
+    /// What a request for a store does next.
+    enum LeaseStep {
+        /// Use this store (leased now); with the failure an administrator gets it despite.
+        case use(S, StoreError?)
+        /// Wait for the store's preparation, then ask again.
+        case wait(Task<PreparationOutcome, Never>)
+        /// Close this idle store (taken out already) to make room, then ask again.
+        case evict(S)
+        /// Every open store is in use: wait for a release, then ask again.
+        case waitForCapacity
+        case fail(StoreError)
+    }
+
+    /// A preparation the caller starts for a transition, as a task (which ends with the
+    /// matching `prepared`, `preparedAndClosed` or `openFailed`).
+    enum Preparation {
+        /// Bring this open store (opened under older migrations) up to date.
+        case bringUpToDate(S)
+        /// Open the file (creating it, and migrating it, with `migrate`); the slot is counted.
+        case open(migrate: Bool)
+    }
+
+    /// The next step of a request for `user`'s store. `exists`: whether its file exists (read
+    /// only for ``StoreRegistry/LeaseMode/asIs``). `refused` hears of a store refused just now;
+    /// `prepare` starts a preparation.
+    mutating func nextStep(for user: UserID, access: StoreRegistry.Access, mode: StoreRegistry.LeaseMode, exists: Bool, rules: Rules,
+                           refused: (StoreError) -> Void,
+                           prepare: (inout Self, Preparation) -> Task<PreparationOutcome, Never>) -> LeaseStep {
+        tick += 1
+        if var entry = entries[user] {
+            switch entry.phase {
+            case .preparing(let task):
+                return .wait(task)
+            case .ready where mode == .asIs, .failed where mode == .asIs:
+                return use(&entry, user, failure: nil)
+            case .ready(let generation) where generation == self.generation && entry.store?.damaged != nil && mode == .migrate:
+                // Found damaged while serving: refused to clients from now on, left as it is.
+                let failure = StoreError.storeDamaged(user: user, message: entry.store!.damaged!)
+                entry.phase = .failed(failure, generation)
+                entries[user] = entry
+                refused(failure)
+                guard access == .admin else { return .fail(failure) }
+                return use(&entry, user, failure: failure)
+            case .ready(let generation) where generation == self.generation:
+                return use(&entry, user, failure: nil)
+            case .failed(let error, let generation) where generation == self.generation:
+                let servable: Bool
+                if case .migrationFailed = error { servable = rules.servePreviousVersionOnFailure } else { servable = false }
+                guard access == .admin || servable else { return .fail(error) }
+                return use(&entry, user, failure: error)
+            default:
+                // Opened as it is by an administrator although found damaged before: not migrated, not served.
+                if let damage = entry.store?.damaged ?? damaged[user] {
+                    return .fail(.storeDamaged(user: user, message: damage))
+                }
+                // Opened under an older migration set: bring it up to date before use.
+                let task = prepare(&self, .bringUpToDate(entry.store!))
+                entry.phase = .preparing(task)
+                entries[user] = entry
+                return .wait(task)
+            }
+        }
+        if mode == .asIs && !exists { return .fail(.noSuchStore(user: user)) }
+        // Found damaged and closed since: an administrator may still open it as it is (verify,
+        // snapshot), nobody may serve or migrate it.
+        if let damage = damaged[user], access != .admin || mode == .migrate {
+            return .fail(.storeDamaged(user: user, message: damage))
+        }
+        if holding < rules.maxOpenStores {
+            return .wait(startOpening(user, prepare(&self, .open(migrate: mode == .migrate))))
+        }
+        if let victim = idleVictim() {
+            return .evict(removeForClosing(victim)!.store!)
+        }
+        return .waitForCapacity
+    }
+
+    private mutating func use(_ entry: inout RegistryEntry<S>, _ user: UserID, failure: StoreError?) -> LeaseStep {
+        entry.lease(tick: tick)
+        entries[user] = entry
+        return .use(entry.store!, failure)
+    }
+
+    /// Counts a store being opened for `user` (who has no entry; there is room) and enters it
+    /// as being prepared by `task`, so that requests for it wait for the task.
+    mutating func startOpening(_ user: UserID, _ task: Task<PreparationOutcome, Never>) -> Task<PreparationOutcome, Never> {
+        holding += 1
+        peak = max(peak, holding)
+        entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: tick)
+        return task
+    }
+
+    /// Ends a lease; returns who waited for the last one to end.
+    mutating func release(_ user: UserID) -> [CheckedContinuation<Void, Never>] {
+        guard let index = entries.index(forKey: user) else { return [] }
+        entries.values[index].leases -= 1
+        entries.values[index].lastUsed = .now
+        guard entries.values[index].leases == 0 else { return [] }
+        if !capacityWaiters.isEmpty { wakeWaiters() }
+        guard !entries.values[index].drainWaiters.isEmpty else { return [] }
+        defer { entries.values[index].drainWaiters.removeAll() }
+        return entries.values[index].drainWaiters
+    }
+
+    // MARK: Ends of preparations
+
+    /// A preparation left `store` open in `phase`.
+    mutating func prepared(_ user: UserID, store: S, phase: RegistryEntry<S>.Phase, migrated: Bool) {
+        guard var entry = entries[user] else { return }
+        entry.store = store
+        entry.phase = phase
+        entry.lastUsed = .now
+        if migrated { migrationRuns += 1 }
+        entries[user] = entry
+    }
+
+    /// A preparation migrated the store and closed it again; or could not open it. Either way
+    /// the slot is free.
+    mutating func preparationClosed(_ user: UserID, migrated: Bool) {
+        if migrated { migrationRuns += 1 }
+        entries[user] = nil
+        freeSlots(1)
+    }
+
+    /// `count` stores were closed: their slots are free.
+    mutating func freeSlots(_ count: Int) {
+        holding -= count
+        wakeWaiters()
+    }
+
+    // MARK: Eviction
+
     /// The least recently used store that nobody holds and that is not being prepared.
     /// Reads the entries in place through their index: iterating `(user, entry)` pairs copied
     /// every entry (a retain of its store and task each), which was 5% of a fleet migration's
     /// CPU with 1,024 stores open.
     func idleVictim() -> UserID? {
-        var best: Dictionary<UserID, RegistryEntry>.Index?
+        var best: Dictionary<UserID, RegistryEntry<S>>.Index?
         var bestTick = UInt64.max
         var index = entries.startIndex
         while index != entries.endIndex {
@@ -44,7 +209,7 @@ struct RegistryState: ~Copyable {
     /// Takes `user`'s entry out so that its store can be closed, remembering the store's
     /// damage, if any (``damaged``). Every path that closes a store it removes goes through here.
     @discardableResult
-    mutating func removeForClosing(_ user: UserID) -> RegistryEntry? {
+    mutating func removeForClosing(_ user: UserID) -> RegistryEntry<S>? {
         let entry = entries.removeValue(forKey: user)
         if let damage = entry?.store?.damaged { damaged[user] = damage }
         return entry
@@ -73,26 +238,26 @@ struct RegistryState: ~Copyable {
 }
 
 /// One user's slot in the registry.
-struct RegistryEntry {
+struct RegistryEntry<S: RegistryStore> {
     enum Phase {
         /// Being opened and/or migrated; requests wait for the task.
-        case preparing(Task<StoreRegistry.PreparationOutcome, Never>)
+        case preparing(Task<PreparationOutcome, Never>)
         /// Up to date with the migration set of that generation.
         case ready(Int)
         /// Open, but its migration failed or it was refused, under that generation.
         case failed(StoreError, Int)
     }
 
-    var store: Store?
+    var store: S?
     var phase: Phase
     var leases = 0
     /// LRU order.
     var tick: UInt64
     var lastUsed: ContinuousClock.Instant = .now
-    /// Who waits for the last lease to end (``StoreRegistry/withStoreClosed(_:_:)``).
+    /// Who waits for the last lease to end (``StoreRegistry/withStoreClosed(_:replacingFiles:_:)``).
     var drainWaiters: [CheckedContinuation<Void, Never>] = []
 
-    init(store: Store?, phase: Phase, tick: UInt64) {
+    init(store: S?, phase: Phase, tick: UInt64) {
         self.store = store
         self.phase = phase
         self.tick = tick

@@ -8,8 +8,8 @@ extension StoreRegistry {
     /// exist is not created).
     public func plan(_ user: UserID) async throws -> MigrationPlan {
         let migrations = self.migrations
-        let migrator = makeMigrator(user, migrations: migrations)
-        let simulator = makeMigrator(user, migrations: migrations, simulating: true)
+        let migrator = preparer.makeMigrator(user, migrations: migrations)
+        let simulator = preparer.makeMigrator(user, migrations: migrations, simulating: true)
         // An existing store is read through the daemon's own connection to it, as it is (a
         // lease would migrate it first); a missing one is planned as the empty database it would
         // start from, and not created.
@@ -50,7 +50,7 @@ extension StoreRegistry {
         // A store whose last commits may not be on disk (a failed shared sync) or that SQLite
         // found corrupt: finding nothing to migrate would call it current.
         if let damage = lease.store.damaged { throw StoreError.storeDamaged(user: user, message: damage) }
-        let migrator = makeMigrator(user, migrations: migrations)
+        let migrator = preparer.makeMigrator(user, migrations: migrations)
         do {
             let report = try await lease.store.write { db in try migrator.migrate(db, created: false) }
             setPhase(user, ready: true)
@@ -70,7 +70,7 @@ extension StoreRegistry {
     /// forward again: roll back after removing or fixing those files (and reloading).
     public func rollback(_ user: UserID, to version: Int64) async throws -> (undone: [Int64], schemaVersion: Int64) {
         try await withStore(user, access: .admin) { store in
-            let migrator = makeMigrator(user, migrations: migrations)
+            let migrator = preparer.makeMigrator(user, migrations: migrations)
             defer { setPhase(user, ready: false, stale: true) }
             do {
                 return try await store.write { db in (try migrator.rollback(db, to: version), try Bookkeeping.userVersion(db)) }
@@ -98,7 +98,7 @@ extension StoreRegistry {
     /// `versions`) after an operator accepted a changed file. Returns the versions updated.
     public func acceptChecksums(_ user: UserID, versions: Set<Int64>? = nil) async throws -> [Int64] {
         let accepted = try await withStore(user, access: .admin) { store in
-            let migrator = makeMigrator(user, migrations: migrations)
+            let migrator = preparer.makeMigrator(user, migrations: migrations)
             return try await store.write { db in try migrator.acceptChecksums(db, versions: versions) }
         }
         setPhase(user, ready: false, stale: true)

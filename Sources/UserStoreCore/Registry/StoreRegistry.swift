@@ -28,10 +28,9 @@ public final class StoreRegistry: Sendable {
     /// Which users this daemon may serve (more than one host); nil: all of them.
     public let placement: (any StorePlacement)?
     private let lock: DataDirectoryLock
-    private let opener: StoreOpener
-    /// The group commit of fleet runs (``MigrationPolicy/FleetSyncMethod/syncfs``).
-    private let fleetSync: FileSystemSync
-    let state: Mutex<RegistryState>
+    /// The file work of opening, migrating and closing stores.
+    let preparer: StorePreparer
+    let state: Mutex<RegistryState<Store>>
 
     /// A registry over `configuration.layout`, which `lock` must be the lock of.
     /// With `replication`, every store is restored from the replica when it is missing here,
@@ -56,8 +55,8 @@ public final class StoreRegistry: Sendable {
         self.lock = lock
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
         opener.sharedFiles = replication != nil
-        self.opener = opener
-        self.fleetSync = fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory)
+        preparer = StorePreparer(configuration: configuration, opener: opener, observer: observer, replication: replication,
+                                 fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory))
         self.state = Mutex(RegistryState(migrations: migrations))
     }
 
@@ -140,21 +139,19 @@ public final class StoreRegistry: Sendable {
     /// (``withExistingStore(_:_:)``: open an existing file as it is).
     enum LeaseMode { case migrate, asIs }
 
-    private enum NextStep {
-        case use(Store, StoreError?)
-        case wait(Task<PreparationOutcome, Never>)
-        case evict(Store)
-        case waitForCapacity
-        case fail(StoreError)
-    }
-
     func acquire(_ user: UserID, access: Access, mode: LeaseMode) async throws(StoreError) -> Lease {
         var report: MigrationReport?
         while true {
             // Asked again after every wait: the user's bucket may have started moving meanwhile.
             try placement?.admit(user)
             let exists = mode == .asIs ? FileManager.default.fileExists(atPath: configuration.layout.storePath(for: user)) : true
-            let step = state.withLock { state in nextStep(&state, user: user, access: access, mode: mode, exists: exists) }
+            let step = state.withLock { state in
+                state.nextStep(for: user, access: access, mode: mode, exists: exists, rules: rules, refused: { failure in
+                    observer.record(.storeRefused(user: user, error: failure))
+                }, prepare: { state, preparation in
+                    self.preparation(&state, user, preparation)
+                })
+            }
             switch step {
             case .use(let store, let failure):
                 return Lease(store: store, report: report, failure: failure)
@@ -170,11 +167,8 @@ public final class StoreRegistry: Sendable {
                 }
             case .evict(let store):
                 observer.record(.storeClosed(user: store.user, idle: false))
-                await close(store)
-                state.withLock { state in
-                    state.holding -= 1
-                    state.wakeWaiters()
-                }
+                await preparer.close(store)
+                state.withLock { state in state.freeSlots(1) }
             case .waitForCapacity:
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let resumeNow = state.withLock { state in
@@ -190,105 +184,31 @@ public final class StoreRegistry: Sendable {
         }
     }
 
-    private func nextStep(_ state: inout RegistryState, user: UserID, access: Access, mode: LeaseMode, exists: Bool) -> NextStep {
-        state.tick += 1
-        if var entry = state.entries[user] {
-            switch entry.phase {
-            case .preparing(let task):
-                return .wait(task)
-            case .ready where mode == .asIs, .failed where mode == .asIs:
-                entry.lease(tick: state.tick)
-                state.entries[user] = entry
-                return .use(entry.store!, nil)
-            case .ready(let generation) where generation == state.generation && entry.store?.damaged != nil && mode == .migrate:
-                // Found damaged while serving: refused to clients from now on, left as it is.
-                let failure = StoreError.storeDamaged(user: user, message: entry.store!.damaged!)
-                entry.phase = .failed(failure, generation)
-                state.entries[user] = entry
-                observer.record(.storeRefused(user: user, error: failure))
-                guard access == .admin else { return .fail(failure) }
-                entry.lease(tick: state.tick)
-                state.entries[user] = entry
-                return .use(entry.store!, failure)
-            case .ready(let generation) where generation == state.generation:
-                entry.lease(tick: state.tick)
-                state.entries[user] = entry
-                return .use(entry.store!, nil)
-            case .failed(let error, let generation) where generation == state.generation:
-                let servable: Bool
-                if case .migrationFailed = error { servable = configuration.policy.servePreviousVersionOnFailure } else { servable = false }
-                guard access == .admin || servable else { return .fail(error) }
-                entry.lease(tick: state.tick)
-                state.entries[user] = entry
-                return .use(entry.store!, error)
-            default:
-                // Opened as it is by an administrator although found damaged before: not migrated, not served.
-                if let damage = entry.store?.damaged ?? state.damaged[user] {
-                    return .fail(.storeDamaged(user: user, message: damage))
-                }
-                // Opened under an older migration set: bring it up to date before use.
-                let task = prepare(user, existing: entry.store, generation: state.generation, migrations: state.migrations)
-                entry.phase = .preparing(task)
-                state.entries[user] = entry
-                return .wait(task)
-            }
-        }
-        if mode == .asIs && !exists { return .fail(.noSuchStore(user: user)) }
-        // Found damaged and closed since: an administrator may still open it as it is (verify,
-        // snapshot), nobody may serve or migrate it.
-        if let damage = state.damaged[user], access != .admin || mode == .migrate {
-            return .fail(.storeDamaged(user: user, message: damage))
-        }
-        if state.holding < configuration.maxOpenStores {
-            return .wait(startOpening(&state, user, migrate: mode == .migrate))
-        }
-        if let victim = state.idleVictim() {
-            let entry = state.removeForClosing(victim)!
-            return .evict(entry.store!)
-        }
-        return .waitForCapacity
+    /// The limits and policies of the state's transitions.
+    private var rules: RegistryState<Store>.Rules {
+        .init(maxOpenStores: configuration.maxOpenStores, servePreviousVersionOnFailure: configuration.policy.servePreviousVersionOnFailure)
     }
 
-    /// Starts opening (and, with `migrate`, migrating) `user`'s store, which has no entry and
-    /// for which there is room: counts it among the open stores and enters it as being
-    /// prepared, so requests for it wait for the task. `closeAfter`: see ``prepare``.
-    func startOpening(_ state: inout RegistryState, _ user: UserID, migrate: Bool, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
-        state.holding += 1
-        state.peak = max(state.peak, state.holding)
-        let task = migrate
-            ? prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
-                      template: templateForNewStore(&state), closeAfter: closeAfter)
-            : prepare(user, existing: nil, generation: -1, migrations: state.migrations, migrate: false)
-        state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
-        return task
+    /// Starts `preparation` of `user`'s store in a task of its own. `closeAfter`: see ``prepare``.
+    func preparation(_ state: inout RegistryState<Store>, _ user: UserID, _ preparation: RegistryState<Store>.Preparation,
+                     closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
+        switch preparation {
+        case .bringUpToDate(let store):
+            return prepare(user, existing: store, generation: state.generation, migrations: state.migrations)
+        case .open(migrate: true):
+            return prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
+                           template: templateForNewStore(&state), closeAfter: closeAfter)
+        case .open(migrate: false):
+            return prepare(user, existing: nil, generation: -1, migrations: state.migrations, migrate: false)
+        }
     }
 
     /// Ends a lease taken by ``leaseIfReady(_:)`` (``withStore(_:access:_:)`` ends its own).
     public func release(_ user: UserID) {
-        let drained = state.withLock { state -> [CheckedContinuation<Void, Never>] in
-            guard let index = state.entries.index(forKey: user) else { return [] }
-            state.entries.values[index].leases -= 1
-            state.entries.values[index].lastUsed = .now
-            guard state.entries.values[index].leases == 0 else { return [] }
-            if !state.capacityWaiters.isEmpty { state.wakeWaiters() }
-            guard !state.entries.values[index].drainWaiters.isEmpty else { return [] }
-            defer { state.entries.values[index].drainWaiters.removeAll() }
-            return state.entries.values[index].drainWaiters
-        }
-        for waiter in drained { waiter.resume() }
+        for waiter in state.withLock({ $0.release(user) }) { waiter.resume() }
     }
 
     // MARK: Preparing
-
-    enum PreparationOutcome: Sendable {
-        /// The store is open; its phase says whether it is ready or failed. Carries what the
-        /// migration run did, if one ran.
-        case prepared(MigrationReport?)
-        /// Migrated and closed again (``prepare``'s `closeAfter`): the entry is gone.
-        case closed(MigrationReport)
-        /// The file could not be opened at all; the entry is gone.
-        case openFailed(StoreError)
-    }
 
     /// Opens (if `existing` is nil) and migrates `user`'s store in a task of its own, so that a
     /// client that disconnects never cancels a migration half-way. Without `migrate`, only opens
@@ -298,7 +218,7 @@ public final class StoreRegistry: Sendable {
     private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
                          template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
         Task {
-            let migrator = makeMigrator(user, migrations: migrations, durability: closeAfter ? fleetDurability(for: user) : .lastCommit)
+            let migrator = preparer.makeMigrator(user, migrations: migrations, durability: closeAfter ? preparer.fleetDurability(for: user) : .lastCommit)
             let store: Store
             let migration: Result<MigrationReport?, any Error>
             var closed = false
@@ -310,30 +230,20 @@ public final class StoreRegistry: Sendable {
                     migration = .failure(error)
                 }
             } else {
-                switch await Self.openAndMigrate(user, opener: opener, template: template, migrator: migrate ? migrator : nil,
-                                                 observer: observer, replication: replication, closeAfter: closeAfter) {
+                switch await preparer.openAndMigrate(user, template: template, migrator: migrate ? migrator : nil, closeAfter: closeAfter) {
                 case .success(let opened):
                     (store, migration, closed) = opened
                 case .failure(let failure):
                     observer.record(.storeRefused(user: user, error: failure))
-                    state.withLock { state in
-                        state.entries[user] = nil
-                        state.holding -= 1
-                        state.wakeWaiters()
-                    }
+                    state.withLock { state in state.preparationClosed(user, migrated: false) }
                     return .openFailed(failure)
                 }
             }
             if closed, case .success(let report?) = migration {
-                state.withLock { state in
-                    if report.migrated { state.migrationRuns += 1 }
-                    state.entries[user] = nil
-                    state.holding -= 1
-                    state.wakeWaiters()
-                }
+                state.withLock { state in state.preparationClosed(user, migrated: report.migrated) }
                 return .closed(report)
             }
-            let phase: RegistryEntry.Phase
+            let phase: RegistryEntry<Store>.Phase
             var report: MigrationReport?
             switch migration {
             case .success(let outcome):
@@ -344,80 +254,8 @@ public final class StoreRegistry: Sendable {
                 if case .migrationFailed = failure {} else { observer.record(.storeRefused(user: user, error: failure)) }
                 phase = .failed(failure, generation)
             }
-            state.withLock { state in
-                guard var entry = state.entries[user] else { return }
-                entry.store = store
-                entry.phase = phase
-                entry.lastUsed = .now
-                if report?.migrated == true { state.migrationRuns += 1 }
-                state.entries[user] = entry
-            }
+            state.withLock { state in state.prepared(user, store: store, phase: phase, migrated: report?.migrated == true) }
             return .prepared(report)
-        }
-    }
-
-    /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
-    /// yet, on one blocking-pool thread without hops. Fails only when the file cannot be opened.
-    /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store in
-    /// the same job once its migration succeeded (`closed` in the result).
-    ///
-    /// With `replication`, a store missing here is first restored from the replica if it has
-    /// one, and the store is registered before anything writes to it (the migration).
-    private static func openAndMigrate(_ user: UserID, opener: StoreOpener, template: StoreTemplate?, migrator: Migrator?,
-                                       observer: any StoreObserver, replication: (any StoreReplication)?,
-                                       closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
-        do {
-            return .success(try await offThread {
-                var template = template
-                var restored = false
-                if let replication, migrator != nil {
-                    let path = opener.layout.storePath(for: user)
-                    // A copy another host has written to since this one last owned the store
-                    // (more than one host): set aside, and the replica's newer copy restored.
-                    if FileManager.default.fileExists(atPath: path), let supersededBy = try replication.newerCopy(of: user, path: path) {
-                        let aside = try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)")
-                        observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
-                    }
-                    if !FileManager.default.fileExists(atPath: path) {
-                        try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
-                        if let copy = try replication.restore(user, to: path, timestamp: nil) {
-                            template = nil
-                            restored = true
-                            observer.record(.storeRestored(user: user, source: copy.source, schemaVersion: copy.schemaVersion,
-                                                           durationMicroseconds: copy.durationMicroseconds))
-                        }
-                    }
-                }
-                let (store, created) = try opener.open(user, template: template, create: migrator != nil)
-                // Registered before anything writes to it (the migration included).
-                replication?.storeOpened(store)
-                if !created && !restored { observer.record(.storeOpened(user: user)) }
-                guard let migrator else { return (store, .success(nil), false) }
-                if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
-                let copied = created ? template : nil
-                let migration = Result { () throws -> MigrationReport? in
-                    try store.writeBlocking { db in
-                        var report = try migrator.migrate(db, created: created)
-                        if let copied {
-                            try Bookkeeping.stampCreation(db)
-                            report.fromVersion = 0
-                            report.applied = copied.applied + report.applied
-                        }
-                        return report
-                    }
-                }.mapError { error -> any Error in
-                    // What this connection shows may not be on disk: never served from it.
-                    guard let notDurable = error as? Migrator.NotDurable else { return error }
-                    store.markDamaged(notDurable.failure.description)
-                    return notDurable.failure
-                }
-                guard closeAfter, case .success = migration else { return (store, migration, false) }
-                observer.record(.storeClosed(user: user, idle: true))
-                closeNow(store, replication: replication)
-                return (store, migration, true)
-            })
-        } catch {
-            return .failure(storeError(error, user: user))
         }
     }
 
@@ -426,7 +264,7 @@ public final class StoreRegistry: Sendable {
     /// The template for the current generation if new stores are to be copied from one and it
     /// is built; otherwise nil, and a build is started if none was for this generation
     /// (meanwhile new stores are migrated step by step).
-    private func templateForNewStore(_ state: inout RegistryState) -> StoreTemplate? {
+    private func templateForNewStore(_ state: inout RegistryState<Store>) -> StoreTemplate? {
         guard configuration.policy.newStoresFromTemplate else { return nil }
         if let template = state.template, template.generation == state.generation { return template }
         if state.templateAttempted != state.generation {
@@ -446,39 +284,12 @@ public final class StoreRegistry: Sendable {
             state.templateAttempted = state.generation
             return (state.generation, state.migrations)
         }
-        let migrator = makeMigrator(try UserID("template"), migrations: migrations, simulating: true)
+        let migrator = preparer.makeMigrator(try UserID("template"), migrations: migrations, simulating: true)
         let layout = configuration.layout
         let template = try await Self.offThread { try StoreTemplate.build(generation: generation, migrator: migrator, layout: layout) }
         state.withLock { state in
             if state.generation == generation { state.template = template }
         }
-    }
-
-    /// How a fleet run's job makes `user`'s store, which it closes right after, durable: not
-    /// while a replicator's connection can hold the WAL back from a full checkpoint.
-    private func fleetDurability(for user: UserID) -> Migrator.Durability {
-        if opener.sharedFiles { return .lastCommit }
-        // Before Linux 5.8, syncfs does not report write-back errors: sync file by file there,
-        // and for a store on another file system than the data directory's (a folder mounted
-        // inside it), which the shared syncfs would not write back.
-        let shared = configuration.policy.fleetSyncMethod == .syncfs && FileSystemSync.reportsWriteBackErrors
-            && fleetSync.covers(opener.layout.storePath(for: user))
-        return shared ? .shared(fleetSync) : .checkpoint
-    }
-
-    /// `syncfs` calls fleet runs have made so far (for tests).
-    var fleetFileSystemSyncs: UInt64 { fleetSync.statistics.syncs }
-
-    /// The migrator for `user`; a `simulating` one (for plans run on a copy) takes no backups
-    /// and reports no events.
-    func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false,
-                      durability: Migrator.Durability = .lastCommit) -> Migrator {
-        var policy = configuration.policy
-        if simulating { policy.backupBeforeMigrating = .never }
-        var migrator = Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
-                                observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
-        migrator.durability = durability
-        return migrator
     }
 
     /// Marks `user`'s open store as needing a fresh preparation on its next use, or records
@@ -524,14 +335,9 @@ public final class StoreRegistry: Sendable {
         }
         for store in idle {
             observer.record(.storeClosed(user: store.user, idle: true))
-            await close(store)
+            await preparer.close(store)
         }
-        if !idle.isEmpty {
-            state.withLock { state in
-                state.holding -= idle.count
-                state.wakeWaiters()
-            }
-        }
+        if !idle.isEmpty { state.withLock { state in state.freeSlots(idle.count) } }
         return idle.count
     }
 
@@ -551,33 +357,11 @@ public final class StoreRegistry: Sendable {
             state.entries.removeAll()
             return stores
         }
-        for store in stores { await close(store) }
-        state.withLock { state in
-            state.holding -= stores.count
-            state.wakeWaiters()
-        }
+        for store in stores { await preparer.close(store) }
+        state.withLock { state in state.freeSlots(stores.count) }
     }
 
     // MARK: Helpers
-
-    /// Closing checkpoints the WAL (disk I/O), so it runs on the blocking pool, not the
-    /// cooperative pool. GRDB's close waits for work already queued on the store.
-    ///
-    /// A replicated store is synced and unregistered first, once the work queued on it is done.
-    func close(_ store: Store) async {
-        let replication = self.replication
-        await Self.offThread { Self.closeNow(store, replication: replication) }
-    }
-
-    /// Closes `store` on this thread (it blocks on the disk), letting the replicator take its
-    /// last changes first.
-    private static func closeNow(_ store: Store, replication: (any StoreReplication)?) {
-        if let replication {
-            store.finishQueuedWork()
-            replication.storeClosing(store)
-        }
-        store.close()
-    }
 
     /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.
     static func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {

@@ -124,7 +124,7 @@ public enum Daemon {
                                      observer: observer, replication: replicator, placement: cluster)
         cluster?.attach(registry)
         do {
-            for user in try registry.recoverInterruptedOperations() {
+            for user in try registry.lifecycle.recoverInterruptedOperations() {
                 logger.notice("finished the deletion of store '\(user)' that a crash had interrupted", metadata: [
                     "event": "store-deleted", "user": .string(user.rawValue),
                 ])

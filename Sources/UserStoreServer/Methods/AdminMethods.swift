@@ -131,7 +131,7 @@ struct AdminMethods {
         if !dryRun { FleetProgressLog.started(total: users.count, context: shared) }
         let registry = self.registry, index = context.index
         try await FleetRunner.run(users, parallel: parallel, operation: { user -> [String: JSONValue] in
-            let outcome = await registry.fleetMigrate(user, dryRun: dryRun)
+            let outcome = await registry.fleet.migrate(user, dryRun: dryRun)
             if !dryRun, let version = outcome.toVersion { index.update(user, version: version, failure: nil) }
             if case .migrationFailed(_, _, _, _, _, let version)? = outcome.error { index.update(user, version: version, failure: outcome.error) }
             return outcome.replyFields
@@ -180,7 +180,7 @@ struct AdminMethods {
         var progress = FleetProgress(total: users.count)
         let registry = self.registry
         try await FleetRunner.run(users, parallel: context.configuration.fleetParallelism, operation: { user -> [String: JSONValue] in
-            await registry.fleetVerify(user).replyFields
+            await registry.fleet.verify(user).replyFields
         }, report: { user, outcome in
             progress.done += 1
             if outcome["ok"] != .bool(true) {

@@ -15,7 +15,7 @@ struct LifecycleMethods {
         switch method {
         case .deleteStore:
             let user = try parameters.user()
-            let report = try await registry.delete(user, keepBackups: try parameters.optionalBool("keepBackups") ?? false)
+            let report = try await registry.lifecycle.delete(user, keepBackups: try parameters.optionalBool("keepBackups") ?? false)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "existed": .bool(report.existed),
                                                 "removedFiles": .array(report.removedFiles.map { .string($0) })]))
         case .exportStore:
@@ -25,10 +25,10 @@ struct LifecycleMethods {
             try await send(importStore(request, parameters))
         case .listBackups:
             let user = try parameters.user()
-            try await send(VarlinkReply.encode(["backups": .array(registry.backups(of: user).map(Self.fields))]))
+            try await send(VarlinkReply.encode(["backups": .array(registry.lifecycle.backups(of: user).map(Self.fields))]))
         case .restoreStore:
             let user = try parameters.user()
-            let (restored, previous) = try await registry.restore(user, backup: try parameters.string("backup"))
+            let (restored, previous) = try await registry.lifecycle.restore(user, backup: try parameters.string("backup"))
             var fields: [String: JSONValue] = ["user": .string(user.rawValue), "backup": Self.fields(restored), "schemaVersion": .integer(restored.schemaVersion)]
             if let previous { fields["previous"] = .string(previous) }
             try await send(VarlinkReply.encode(fields))
@@ -59,7 +59,7 @@ struct LifecycleMethods {
             source = .descriptor(descriptor)
         }
         defer { if let passed { close(passed) } }
-        let report = try await registry.importStore(user, from: source, schemaVersion: try parameters.optionalInt("schemaVersion"),
+        let report = try await registry.lifecycle.importStore(user, from: source, schemaVersion: try parameters.optionalInt("schemaVersion"),
                                                     replace: try parameters.optionalBool("replace") ?? false)
         var fields: [String: JSONValue] = ["user": .string(user.rawValue), "schemaVersion": .integer(report.schemaVersion),
                                            "replaced": .bool(report.replaced), "keptBookkeeping": .bool(report.keptBookkeeping)]
@@ -80,7 +80,7 @@ struct LifecycleMethods {
         let copy = context.configuration.registryConfiguration.layout.stagingDirectory + "/export.\(UUID().uuidString.lowercased()).sqlite"
         try FileManager.default.createDirectory(atPath: (copy as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         defer { unlink(copy) }
-        let version = try await registry.snapshot(user, to: copy)
+        let version = try await registry.lifecycle.snapshot(user, to: copy)
         var stream = ReplyStream(send: send)
         if format == "sqlite" {
             try await exportFile(copy, into: &stream)

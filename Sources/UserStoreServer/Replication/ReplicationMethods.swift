@@ -21,7 +21,7 @@ struct ReplicationMethods {
                 guard let parsed = RFC3339.parse(text) else { throw VarlinkError.invalidParameter("timestamp") }
                 timestamp = parsed
             }
-            let (restored, previous) = try await context.registry.restoreFromReplica(user, timestamp: timestamp)
+            let (restored, previous) = try await context.registry.lifecycle.restoreFromReplica(user, timestamp: timestamp)
             context.index.update(user, version: restored.schemaVersion, failure: nil)
             var fields: [String: JSONValue] = [
                 "user": .string(user.rawValue), "source": .string(restored.source), "schemaVersion": .integer(restored.schemaVersion),

@@ -35,16 +35,16 @@ do {
         configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion(arguments[4])),
         migrations: try MigrationSet.load(directory: arguments[2]), lock: lock, observer: LineObserver())
     let user = try UserID(arguments[3])
-    _ = try registry.recoverInterruptedOperations()
+    _ = try registry.lifecycle.recoverInterruptedOperations()
     switch arguments.count > 5 ? arguments[5] : "open" {
     case "delete":
-        let report = try await registry.delete(user, keepBackups: false)
+        let report = try await registry.lifecycle.delete(user, keepBackups: false)
         print("done deleted \(report.removedFiles.count)")
     case "import":
-        let report = try await registry.importStore(user, from: .path(arguments[6]), schemaVersion: nil, replace: true)
+        let report = try await registry.lifecycle.importStore(user, from: .path(arguments[6]), schemaVersion: nil, replace: true)
         print("done imported \(report.schemaVersion)")
     case "restore":
-        let (restored, _) = try await registry.restore(user, backup: arguments[6])
+        let (restored, _) = try await registry.lifecycle.restore(user, backup: arguments[6])
         print("done restored \(restored.schemaVersion)")
     default:
         let info = try await registry.info(user)

@@ -18,13 +18,18 @@ public struct FleetOutcome: Sendable {
     public var error: StoreError?
 }
 
-extension StoreRegistry {
+/// A fleet run's work on one store (``FleetRunner`` runs it over many): migrate or verify,
+/// never throwing — one store's failure is part of the fleet's outcome — and close again what
+/// the run opened, so that a fleet run does not push the stores clients use out of the LRU.
+public struct StoreFleet: Sendable {
+    let registry: StoreRegistry
+
     /// Migrates `user`'s store (plans it, with `dryRun`) and says how it went, never throwing:
     /// one store's failure is part of a fleet's outcome.
-    public func fleetMigrate(_ user: UserID, dryRun: Bool) async -> FleetOutcome {
+    public func migrate(_ user: UserID, dryRun: Bool) async -> FleetOutcome {
         do {
             if dryRun {
-                let plan = try await self.plan(user)
+                let plan = try await registry.plan(user)
                 let current = plan.steps.isEmpty && !plan.isNewStore && !plan.reconcile
                 return FleetOutcome(user: user, state: current ? .current : .planned, fromVersion: plan.fromVersion, toVersion: plan.toVersion)
             }
@@ -34,18 +39,18 @@ extension StoreRegistry {
                 report = migrated
             } else {
                 // Open already (a request holds it, or there was no room for one more).
-                report = try await migrate(user)
+                report = try await registry.migrate(user)
                 if !wasOpen { await closeUnlessUsed(user) }
             }
             return FleetOutcome(user: user, state: report.migrated ? .migrated : .current, fromVersion: report.fromVersion, toVersion: report.toVersion)
         } catch {
-            return FleetOutcome(user: user, state: .failed, error: Self.storeError(error, user: user))
+            return FleetOutcome(user: user, state: .failed, error: StoreRegistry.storeError(error, user: user))
         }
     }
 
     /// Whether `user`'s store is open (or being opened) now.
     func isOpen(_ user: UserID) -> Bool {
-        state.withLock { $0.entries[user] != nil }
+        registry.state.withLock { $0.entries[user] != nil }
     }
 
     /// Opens, migrates and closes `user`'s store in one blocking job, when nothing has it open
@@ -58,12 +63,12 @@ extension StoreRegistry {
     /// What this saves per store (docs/performance.md): a second trip through the blocking pool
     /// for the close, and the last commit's fsync (``Migrator/Durability/checkpoint``).
     func migrateUnopened(_ user: UserID) async throws(StoreError) -> MigrationReport? {
-        try placement?.admit(user)
-        let started: Result<Task<PreparationOutcome, Never>?, StoreError> = state.withLock { state in
+        try registry.placement?.admit(user)
+        let started: Result<Task<PreparationOutcome, Never>?, StoreError> = registry.state.withLock { state in
             if let damage = state.damaged[user] { return .failure(.storeDamaged(user: user, message: damage)) }
-            guard state.entries[user] == nil, state.holding < configuration.maxOpenStores else { return .success(nil) }
+            guard state.entries[user] == nil, state.holding < registry.configuration.maxOpenStores else { return .success(nil) }
             state.tick += 1
-            return .success(startOpening(&state, user, migrate: true, closeAfter: true))
+            return .success(state.startOpening(user, registry.preparation(&state, user, .open(migrate: true), closeAfter: true)))
         }
         guard let task = try started.get() else { return nil }
         switch await task.value {
@@ -73,7 +78,7 @@ extension StoreRegistry {
             return report
         case .prepared:
             // Still open: the job failed (the entry says why).
-            let failure: StoreError? = state.withLock { state in
+            let failure: StoreError? = registry.state.withLock { state in
                 if case .failed(let error, _) = state.entries[user]?.phase { error } else { nil }
             }
             if let failure { throw failure }
@@ -87,27 +92,29 @@ extension StoreRegistry {
     /// read p99 go from 1 to 20 ms during a fleet run), and every file SQLite opens looks
     /// through a process-wide list of the open ones (`unixOpen`), which grows with them.
     func closeUnlessUsed(_ user: UserID) async {
-        let store: Store? = state.withLock { state in
+        let store: Store? = registry.state.withLock { state in
             guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
                   case .ready = state.entries.values[index].phase else { return nil }
             return state.removeForClosing(user)?.store
         }
         guard let store else { return }
-        observer.record(.storeClosed(user: user, idle: true))
-        await close(store)
-        state.withLock { state in
-            state.holding -= 1
-            state.wakeWaiters()
-        }
+        registry.observer.record(.storeClosed(user: user, idle: true))
+        await registry.preparer.close(store)
+        registry.state.withLock { state in state.freeSlots(1) }
     }
 
     /// Verifies `user`'s store, never throwing: a store that cannot be opened is a report with
     /// that one problem.
-    public func fleetVerify(_ user: UserID) async -> VerificationReport {
+    public func verify(_ user: UserID) async -> VerificationReport {
         do {
-            return try await verify(user)
+            return try await registry.verify(user)
         } catch {
-            return VerificationReport(user: user.rawValue, schemaVersion: -1, pending: [], problems: [Self.storeError(error, user: user).description])
+            return VerificationReport(user: user.rawValue, schemaVersion: -1, pending: [], problems: [StoreRegistry.storeError(error, user: user).description])
         }
     }
+}
+
+extension StoreRegistry {
+    /// Fleet runs' work on one store at a time.
+    public var fleet: StoreFleet { StoreFleet(registry: self) }
 }

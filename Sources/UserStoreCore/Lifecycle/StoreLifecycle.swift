@@ -1,112 +1,29 @@
 import Foundation
 import GRDB
 import GRDBSQLite
-import Synchronization
 
 /// A store's whole life beyond requests: delete, import, export snapshots, backups and restore.
-/// Each operation that replaces or removes the files runs with the store closed; requests for
-/// that user wait and are answered after it, never in the middle.
-extension StoreRegistry {
-    /// Runs `operation` (file work, on a dispatch thread) while nobody uses `user`'s store:
-    /// requests that arrive meanwhile wait, work in flight finishes first, the store is closed
-    /// (a checkpoint: no WAL is left), and afterwards the next request opens the files as
-    /// `operation` left them — migrating them as usual.
-    ///
-    /// `replacingFiles`: `operation` replaces or removes the store's files, so a damage found in
-    /// the old ones no longer counts once it succeeds (``RegistryState/damaged``).
-    ///
-    /// The caller must not hold a lease on the store itself.
-    func withStoreClosed<T: Sendable>(_ user: UserID, replacingFiles: Bool = false,
-                                      _ operation: @escaping @Sendable () throws -> T) async throws -> T {
-        let outcome = ResultBox<T>()
-        while true {
-            let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
-                if let entry = state.entries[user], case .preparing(let task) = entry.phase { return (task, nil) }
-                let store = state.entries[user]?.store
-                let task = Task<PreparationOutcome, Never> {
-                    if let store {
-                        await self.drain(user)
-                        await self.close(store)
-                    }
-                    let result = await Self.offThreadResult(operation)
-                    outcome.set(result)
-                    self.state.withLock { state in
-                        state.removeForClosing(user)
-                        if replacingFiles, case .success = result { state.damaged[user] = nil }
-                        if store != nil { state.holding -= 1 }
-                        state.wakeWaiters()
-                    }
-                    return .prepared(nil)
-                }
-                if var entry = state.entries[user] {
-                    entry.phase = .preparing(task)
-                    state.entries[user] = entry
-                } else {
-                    state.entries[user] = RegistryEntry(store: nil, phase: .preparing(task), tick: state.tick)
-                }
-                return (nil, task)
-            }
-            if let busy {
-                _ = await busy.value
-                continue
-            }
-            _ = await mine!.value
-            return try outcome.get()
-        }
-    }
-
-    /// Closes the open stores of every user `matching` accepts, each once the requests holding
-    /// it are done (and, replicated, after its final sync); returns how many it closed. For a
-    /// bucket that moves to another host: ``StorePlacement`` refuses new requests first.
-    @discardableResult
-    public func closeStores(matching: (UserID) -> Bool) async -> Int {
-        let users = state.withLock { state in state.entries.filter { $0.value.store != nil && matching($0.key) }.map(\.key) }
-        var closed = 0
-        for user in users {
-            if (try? await withStoreClosed(user) {}) != nil { closed += 1 }
-        }
-        return closed
-    }
-
-    /// The outcome of an operation run in another task.
-    private final class ResultBox<T: Sendable>: Sendable {
-        private let result = Mutex<Result<T, any Error>?>(nil)
-        func set(_ value: Result<T, any Error>) { result.withLock { $0 = value } }
-        func get() throws -> T { try result.withLock { $0! }.get() }
-    }
-
-    /// Waits until no request holds `user`'s store.
-    private func drain(_ user: UserID) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let now = state.withLock { state -> Bool in
-                guard let index = state.entries.index(forKey: user), state.entries.values[index].leases > 0 else { return true }
-                state.entries.values[index].drainWaiters.append(continuation)
-                return false
-            }
-            if now { continuation.resume() }
-        }
-    }
-
-    /// ``offThread(_:)`` with its outcome as a value.
-    static func offThreadResult<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async -> Result<T, any Error> {
-        do { return .success(try await offThread(work)) } catch { return .failure(error) }
-    }
+/// Each operation that replaces or removes the files runs with the store closed
+/// (``StoreRegistry/withStoreClosed(_:replacingFiles:_:)``); requests for that user wait and are
+/// answered after it, never in the middle.
+public struct StoreLifecycle: Sendable {
+    let registry: StoreRegistry
 
     // MARK: Delete
 
     /// Removes `user`'s store, its WAL, and every backup of it unless `keepBackups`. A later
     /// request for the user starts a new, empty store.
     public func delete(_ user: UserID, keepBackups: Bool) async throws -> DeletionReport {
-        let files = StoreFiles(layout: configuration.layout)
-        let replication = self.replication, path = configuration.layout.storePath(for: user)
-        let report = try await withStoreClosed(user, replacingFiles: true) {
+        let files = StoreFiles(layout: registry.configuration.layout)
+        let replication = registry.replication, path = registry.configuration.layout.storePath(for: user)
+        let report = try await registry.withStoreClosed(user, replacingFiles: true) {
             // The replica first: one that cannot be deleted refuses the whole deletion, rather
             // than leave a copy the next request would restore.
             try replication?.storeReplaced(user, path: path, deleteReplica: true)
             return try files.delete(user, keepBackups: keepBackups)
         }
         if report.existed || !report.removedFiles.isEmpty {
-            observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))
+            registry.observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))
         }
         return report
     }
@@ -114,7 +31,7 @@ extension StoreRegistry {
     /// Finishes deletions a crash interrupted and clears half-prepared imports and restores.
     /// Call before serving.
     public func recoverInterruptedOperations() throws -> [UserID] {
-        try StoreFiles(layout: configuration.layout).recoverInterruptedOperations()
+        try StoreFiles(layout: registry.configuration.layout).recoverInterruptedOperations()
     }
 
     // MARK: Import
@@ -123,24 +40,24 @@ extension StoreRegistry {
     /// user has a store, unless `replace` (the old one is copied first).
     public func importStore(_ user: UserID, from source: ImportSource, schemaVersion requested: Int64?, replace: Bool) async throws -> ImportReport {
         let started = ContinuousClock.now
-        let files = StoreFiles(layout: configuration.layout)
-        let importer = StoreImporter(user: user, migrations: migrations, appVersion: configuration.appVersion)
+        let files = StoreFiles(layout: registry.configuration.layout)
+        let importer = StoreImporter(user: user, migrations: registry.migrations, appVersion: registry.configuration.appVersion)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        let prepared = try await Self.offThreadResult {
+        let prepared = try await StoreRegistry.offThreadResult {
             try importer.copy(source, to: staged)
             return try importer.prepare(staged, requested: requested)
         }.get()
-        let layout = configuration.layout
-        let report = try await withStoreClosed(user, replacingFiles: true) { () throws -> ImportReport in
+        let layout = registry.configuration.layout
+        let report = try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
-            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.observer) : nil
+            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer) : nil
             try files.publish(staged, as: user)
-            try self.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
+            try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
         }
-        observer.record(.storeImported(user: user, schemaVersion: report.schemaVersion, replaced: report.replaced,
+        registry.observer.record(.storeImported(user: user, schemaVersion: report.schemaVersion, replaced: report.replaced,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
         return report
     }
@@ -149,7 +66,7 @@ extension StoreRegistry {
 
     /// Every backup of `user`, oldest first.
     public func backups(of user: UserID) -> [BackupInfo] {
-        BackupKeeper(layout: configuration.layout).backups(of: user)
+        BackupKeeper(layout: registry.configuration.layout).backups(of: user)
     }
 
     /// Replaces `user`'s store with its backup `name` (a file name or path from
@@ -160,15 +77,15 @@ extension StoreRegistry {
         guard let backup = backups(of: user).first(where: { $0.fileName == name || $0.path == name }) else {
             throw StoreError.noSuchBackup(user: user, backup: name)
         }
-        let files = StoreFiles(layout: configuration.layout)
+        let files = StoreFiles(layout: registry.configuration.layout)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        try await Self.offThreadResult {
+        try await StoreRegistry.offThreadResult {
             try FileManager.default.copyItem(atPath: backup.path, toPath: staged)
             try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)")
         }.get()
         let previous = try await replaceClosedStore(user, with: staged)
-        observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
+        registry.observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
         return (backup, previous)
     }
@@ -180,13 +97,13 @@ extension StoreRegistry {
     /// reached or is damaged leaves the live store as it was. Returns the replica restore and
     /// the live store's copy.
     public func restoreFromReplica(_ user: UserID, timestamp: Date?) async throws -> (restored: ReplicaRestore, previous: String?) {
-        guard let replication else {
+        guard let replication = registry.replication else {
             throw StoreError.replicationUnavailable(user: user, message: "replication is off (no replication section in the configuration)")
         }
-        let files = StoreFiles(layout: configuration.layout)
+        let files = StoreFiles(layout: registry.configuration.layout)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        let restored = try await Self.offThreadResult { () throws -> ReplicaRestore in
+        let restored = try await StoreRegistry.offThreadResult { () throws -> ReplicaRestore in
             guard let restored = try replication.restore(user, to: staged, timestamp: timestamp) else {
                 throw StoreError.replicationUnavailable(user: user, message: "the replica holds no copy of this store"
                                                         + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
@@ -195,7 +112,7 @@ extension StoreRegistry {
             return restored
         }.get()
         let previous = try await replaceClosedStore(user, with: staged)
-        observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
+        registry.observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
                                        durationMicroseconds: restored.durationMicroseconds))
         return (restored, previous)
     }
@@ -204,12 +121,12 @@ extension StoreRegistry {
     /// backups (`before-restore`), `staged` published as the store, the replicator told.
     /// Returns the live store's copy.
     private func replaceClosedStore(_ user: UserID, with staged: String) async throws -> String? {
-        let layout = configuration.layout, files = StoreFiles(layout: layout)
-        return try await withStoreClosed(user, replacingFiles: true) { () throws -> String? in
+        let layout = registry.configuration.layout, files = StoreFiles(layout: layout)
+        return try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.observer) : nil
+            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer) : nil
             try files.publish(staged, as: user)
-            try self.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
+            try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return copy
         }
     }
@@ -217,7 +134,7 @@ extension StoreRegistry {
     /// A consistent copy of `user`'s store as it is (not migrated first) at `path`, taken on its
     /// queue; returns its schema version. Throws ``StoreError/noSuchStore(user:)``.
     public func snapshot(_ user: UserID, to path: String) async throws -> Int64 {
-        try await withExistingStore(user) { store in
+        try await registry.withExistingStore(user) { store in
             try await store.write { db in
                 do {
                     try BackupKeeper.copy(db.sqliteConnection!, to: path)
@@ -278,4 +195,9 @@ extension StoreRegistry {
         }
         guard finding == "ok" else { throw StoreError.storeDamaged(user: user, message: "\(what) fails integrity_check: \(finding)") }
     }
+}
+
+extension StoreRegistry {
+    /// Delete, import, snapshot, backups and restore of whole stores.
+    public var lifecycle: StoreLifecycle { StoreLifecycle(registry: self) }
 }

@@ -1,0 +1,125 @@
+import Foundation
+import GRDB
+
+/// Opens, creates, restores, migrates and closes one store's files — the file work behind a
+/// ``StoreRegistry``'s transitions, which decides when (``RegistryState``) and runs it in a task
+/// of its own. Holds no state of its own.
+struct StorePreparer: Sendable {
+    let configuration: RegistryConfiguration
+    let opener: StoreOpener
+    let observer: any StoreObserver
+    let replication: (any StoreReplication)?
+    /// The group commit of fleet runs (``MigrationPolicy/FleetSyncMethod/syncfs``).
+    let fleetSync: FileSystemSync
+
+    /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
+    /// yet, on one blocking-pool thread without hops. Fails only when the file cannot be opened.
+    /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store in
+    /// the same job once its migration succeeded (`closed` in the result).
+    ///
+    /// With `replication`, a store missing here is first restored from the replica if it has
+    /// one, and the store is registered before anything writes to it (the migration).
+    func openAndMigrate(_ user: UserID, template: StoreTemplate?, migrator: Migrator?,
+                        closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
+        let (opener, observer, replication) = (self.opener, self.observer, self.replication)
+        do {
+            return .success(try await StoreRegistry.offThread {
+                var template = template
+                var restored = false
+                if let replication, migrator != nil {
+                    let path = opener.layout.storePath(for: user)
+                    // A copy another host has written to since this one last owned the store
+                    // (more than one host): set aside, and the replica's newer copy restored.
+                    if FileManager.default.fileExists(atPath: path), let supersededBy = try replication.newerCopy(of: user, path: path) {
+                        let aside = try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)")
+                        observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
+                    }
+                    if !FileManager.default.fileExists(atPath: path) {
+                        try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
+                        if let copy = try replication.restore(user, to: path, timestamp: nil) {
+                            template = nil
+                            restored = true
+                            observer.record(.storeRestored(user: user, source: copy.source, schemaVersion: copy.schemaVersion,
+                                                           durationMicroseconds: copy.durationMicroseconds))
+                        }
+                    }
+                }
+                let (store, created) = try opener.open(user, template: template, create: migrator != nil)
+                // Registered before anything writes to it (the migration included).
+                replication?.storeOpened(store)
+                if !created && !restored { observer.record(.storeOpened(user: user)) }
+                guard let migrator else { return (store, .success(nil), false) }
+                if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
+                let copied = created ? template : nil
+                let migration = Result { () throws -> MigrationReport? in
+                    try store.writeBlocking { db in
+                        var report = try migrator.migrate(db, created: created)
+                        if let copied {
+                            try Bookkeeping.stampCreation(db)
+                            report.fromVersion = 0
+                            report.applied = copied.applied + report.applied
+                        }
+                        return report
+                    }
+                }.mapError { error -> any Error in
+                    // What this connection shows may not be on disk: never served from it.
+                    guard let notDurable = error as? Migrator.NotDurable else { return error }
+                    store.markDamaged(notDurable.failure.description)
+                    return notDurable.failure
+                }
+                guard closeAfter, case .success = migration else { return (store, migration, false) }
+                observer.record(.storeClosed(user: user, idle: true))
+                Self.closeNow(store, replication: replication)
+                return (store, migration, true)
+            })
+        } catch {
+            return .failure(StoreRegistry.storeError(error, user: user))
+        }
+    }
+
+    /// How a fleet run's job makes `user`'s store, which it closes right after, durable: not
+    /// while a replicator's connection can hold the WAL back from a full checkpoint.
+    func fleetDurability(for user: UserID) -> Migrator.Durability {
+        if opener.sharedFiles { return .lastCommit }
+        // Before Linux 5.8, syncfs does not report write-back errors: sync file by file there,
+        // and for a store on another file system than the data directory's (a folder mounted
+        // inside it), which the shared syncfs would not write back.
+        let shared = configuration.policy.fleetSyncMethod == .syncfs && FileSystemSync.reportsWriteBackErrors
+            && fleetSync.covers(opener.layout.storePath(for: user))
+        return shared ? .shared(fleetSync) : .checkpoint
+    }
+
+    /// `syncfs` calls fleet runs have made so far (for tests).
+    var fleetFileSystemSyncs: UInt64 { fleetSync.statistics.syncs }
+
+    /// The migrator for `user`; a `simulating` one (for plans run on a copy) takes no backups
+    /// and reports no events.
+    func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false,
+                      durability: Migrator.Durability = .lastCommit) -> Migrator {
+        var policy = configuration.policy
+        if simulating { policy.backupBeforeMigrating = .never }
+        var migrator = Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
+                                observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
+        migrator.durability = durability
+        return migrator
+    }
+
+    /// Closing checkpoints the WAL (disk I/O), so it runs on the blocking pool, not the
+    /// cooperative pool. GRDB's close waits for work already queued on the store.
+    ///
+    /// A replicated store is synced and unregistered first, once the work queued on it is done.
+    func close(_ store: Store) async {
+        let replication = self.replication
+        await StoreRegistry.offThread { Self.closeNow(store, replication: replication) }
+    }
+
+    /// Closes `store` on this thread (it blocks on the disk), letting the replicator take its
+    /// last changes first.
+    static func closeNow(_ store: Store, replication: (any StoreReplication)?) {
+        if let replication {
+            store.finishQueuedWork()
+            replication.storeClosing(store)
+        }
+        store.close()
+    }
+}

@@ -1,0 +1,93 @@
+import Foundation
+import GRDB
+import GRDBSQLite
+import Synchronization
+
+/// Closing a store for an operation on its files (``StoreLifecycle``) or for a bucket that
+/// moves to another host: requests for that user wait and are answered after it, never in the
+/// middle.
+extension StoreRegistry {
+    /// Runs `operation` (file work, on a dispatch thread) while nobody uses `user`'s store:
+    /// requests that arrive meanwhile wait, work in flight finishes first, the store is closed
+    /// (a checkpoint: no WAL is left), and afterwards the next request opens the files as
+    /// `operation` left them — migrating them as usual.
+    ///
+    /// `replacingFiles`: `operation` replaces or removes the store's files, so a damage found in
+    /// the old ones no longer counts once it succeeds (``RegistryState/damaged``).
+    ///
+    /// The caller must not hold a lease on the store itself.
+    func withStoreClosed<T: Sendable>(_ user: UserID, replacingFiles: Bool = false,
+                                      _ operation: @escaping @Sendable () throws -> T) async throws -> T {
+        let outcome = ResultBox<T>()
+        while true {
+            let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
+                if let entry = state.entries[user], case .preparing(let task) = entry.phase { return (task, nil) }
+                let store = state.entries[user]?.store
+                let task = Task<PreparationOutcome, Never> {
+                    if let store {
+                        await self.drain(user)
+                        await self.preparer.close(store)
+                    }
+                    let result = await Self.offThreadResult(operation)
+                    outcome.set(result)
+                    self.state.withLock { state in
+                        state.removeForClosing(user)
+                        if replacingFiles, case .success = result { state.damaged[user] = nil }
+                        state.freeSlots(store != nil ? 1 : 0)
+                    }
+                    return .prepared(nil)
+                }
+                if var entry = state.entries[user] {
+                    entry.phase = .preparing(task)
+                    state.entries[user] = entry
+                } else {
+                    state.entries[user] = RegistryEntry<Store>(store: nil, phase: .preparing(task), tick: state.tick)
+                }
+                return (nil, task)
+            }
+            if let busy {
+                _ = await busy.value
+                continue
+            }
+            _ = await mine!.value
+            return try outcome.get()
+        }
+    }
+
+    /// Closes the open stores of every user `matching` accepts, each once the requests holding
+    /// it are done (and, replicated, after its final sync); returns how many it closed. For a
+    /// bucket that moves to another host: ``StorePlacement`` refuses new requests first.
+    @discardableResult
+    public func closeStores(matching: (UserID) -> Bool) async -> Int {
+        let users = state.withLock { state in state.entries.filter { $0.value.store != nil && matching($0.key) }.map(\.key) }
+        var closed = 0
+        for user in users {
+            if (try? await withStoreClosed(user) {}) != nil { closed += 1 }
+        }
+        return closed
+    }
+
+    /// The outcome of an operation run in another task.
+    private final class ResultBox<T: Sendable>: Sendable {
+        private let result = Mutex<Result<T, any Error>?>(nil)
+        func set(_ value: Result<T, any Error>) { result.withLock { $0 = value } }
+        func get() throws -> T { try result.withLock { $0! }.get() }
+    }
+
+    /// Waits until no request holds `user`'s store.
+    private func drain(_ user: UserID) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let now = state.withLock { state -> Bool in
+                guard let index = state.entries.index(forKey: user), state.entries.values[index].leases > 0 else { return true }
+                state.entries.values[index].drainWaiters.append(continuation)
+                return false
+            }
+            if now { continuation.resume() }
+        }
+    }
+
+    /// ``offThread(_:)`` with its outcome as a value.
+    static func offThreadResult<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async -> Result<T, any Error> {
+        do { return .success(try await offThread(work)) } catch { return .failure(error) }
+    }
+}
