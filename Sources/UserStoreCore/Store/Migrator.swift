@@ -162,41 +162,12 @@ struct Migrator: Sendable {
                                      backupPath: nil, durationMicroseconds: 0)
         if plan.isEmpty { return report }
 
-        // One fsync for the whole run: every commit before the last is written with
-        // synchronous=NORMAL, the last with FULL, whose fsync of the WAL covers the earlier
-        // frames too (or, with `.checkpoint`, all with NORMAL and the closing checkpoint's
-        // fsync covers them; with `.shared`, all with OFF and shared file-system syncs before
-        // and after the closing checkpoint). WAL commits stay atomic either way, so a power cut
-        // mid-run leaves the store at some earlier version, never in between (the rule above
-        // still holds).
         let reconciles = plan.reconcile && reconciling && migrations.schema != nil
         let recordsAppVersionOnly = plan.steps.isEmpty && plan.appVersionChanged
         let commits = (plan.isNewStore ? 1 : 0) + plan.steps.count + (reconciles ? 1 : 0) + (recordsAppVersionOnly ? 1 : 0)
-        var committed = 0
-        var normal = false // the connection's setting is FULL (StoreOpener)
-        let relaxed = if case .shared = durability { "PRAGMA synchronous = OFF" } else { "PRAGMA synchronous = NORMAL" }
-        func beforeCommit() throws {
-            committed += 1
-            // Set only when it changes: each PRAGMA is parsed anew.
-            let wantsNormal = durability.defersSync || committed < commits
-            guard normal != wantsNormal else { return }
-            normal = wantsNormal
-            try db.execute(sql: normal ? relaxed : "PRAGMA synchronous = FULL")
-        }
-        defer { if normal { try? db.execute(sql: "PRAGMA synchronous = FULL") } }
-        // `.shared`: nothing may reach the database file before the first shared sync. SQLite's
-        // automatic checkpoint would, under synchronous=OFF, copy frames into it before the WAL
-        // is synced, and the next commit could then restart the WAL over them: off for the run,
-        // then back to SQLite's default, which is what every store `.shared` runs on has
-        // (StoreOpener sets none; replicated stores, whose WALHook replaces it, never run it).
-        let sharedMark: FileSystemSync.Mark?
-        if case .shared(let fileSystem) = durability {
-            sharedMark = fileSystem.mark()
-            try db.execute(sql: "PRAGMA wal_autocheckpoint = 0")
-        } else {
-            sharedMark = nil
-        }
-        defer { if sharedMark != nil { try? db.execute(sql: "PRAGMA wal_autocheckpoint = \(WALHook.checkpointPages)") } }
+        let sync = try RunSync(db, durability: durability, user: user, commits: commits)
+        defer { sync.end() }
+        let beforeCommit = sync.beforeCommit
 
         if plan.isNewStore {
             if case .shared = durability {
@@ -258,7 +229,7 @@ struct Migrator: Sendable {
                 return .commit
             }
         }
-        if committed > 0 { try makeDurable(db, since: sharedMark) }
+        try sync.makeDurable()
         report.appVersion = appVersion.text
         report.durationMicroseconds = Self.microseconds(since: started)
         if totalSteps > 0 {
@@ -389,38 +360,6 @@ struct Migrator: Sendable {
     }
 
     // MARK: Helpers
-
-    /// Ends a run whose commits deferred their sync (``Durability``); nothing for `.lastCommit`.
-    /// `mark`: taken before the run's first write, for `.shared`.
-    private func makeDurable(_ db: Database, since mark: FileSystemSync.Mark?) throws {
-        switch durability {
-        case .lastCommit:
-            return
-        case .checkpoint:
-            try checkpoint(db)
-        case .shared(let fileSystem):
-            guard let mark else { preconditionFailure("a .shared run takes its mark before its first write") }
-            do {
-                try fileSystem.sync(since: mark) // the WAL, before the checkpoint overwrites database pages
-                try checkpoint(db)
-                try fileSystem.sync(since: mark) // the database file
-            } catch let failure as FileSystemSync.Failure {
-                throw NotDurable(failure: .storageFailure(user: user, message: "\(failure): the migration's commits may not be on disk; the store is refused (check the disk, then the store: userstorectl verify)"))
-            }
-        }
-    }
-
-    /// Copies the WAL into the database file: what makes a `.checkpoint` run's commits durable
-    /// (`synchronous=NORMAL` syncs the WAL and the database file around it; under `.shared`'s
-    /// OFF it syncs nothing, and the shared syncs do). Throws if any frame is left behind,
-    /// which exclusive locking rules out (no reader to wait for).
-    private func checkpoint(_ db: Database) throws {
-        guard let row = try Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(PASSIVE)") else { return }
-        let busy: Int = row[0], frames: Int = row[1], copied: Int = row[2]
-        guard busy == 0, copied == frames else {
-            throw StoreError.storageFailure(user: user, message: "the checkpoint after migrating copied \(copied) of \(frames) WAL frames")
-        }
-    }
 
     private func ensureWAL(_ db: Database) throws {
         let mode = try String.fetchOne(db, sql: "PRAGMA journal_mode")

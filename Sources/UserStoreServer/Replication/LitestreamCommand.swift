@@ -86,4 +86,21 @@ struct LitestreamCommand: Sendable {
         }
         return name
     }
+
+    /// Litestream's last log lines without their timestamps: the reason it gives.
+    static func lastLines(_ output: String) -> String {
+        let lines = output.split(separator: "\n").map { line -> String in
+            if let message = line.range(of: "msg=") { return String(line[message.upperBound...]) }
+            return String(line)
+        }
+        return lines.suffix(2).joined(separator: "; ")
+    }
+
+    /// Whether Litestream's failure says the replica's data is bad rather than unreachable.
+    static func isDamage(_ message: String) -> Bool {
+        let lowered = message.lowercased()
+        // Not "decode" alone: Litestream wraps transport errors as "decode database: …" too.
+        // Format errors name what was wrong with the data (a page header, a checksum, lz4).
+        return ["integrity", "checksum", "corrupt", "malformed", "decompress", "invalid ltx", "invalid page", "magic"].contains { lowered.contains($0) }
+    }
 }

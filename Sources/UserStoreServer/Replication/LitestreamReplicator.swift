@@ -34,57 +34,8 @@ final class LitestreamReplicator: StoreReplication {
     let logger: Logger
     let state = Mutex(State())
 
-    struct State {
-        /// Open stores by path.
-        var open: [String: OpenStore] = [:]
-        /// The last failure talking to Litestream, while it lasts.
-        var lastError: String?
-        var degradedSince: Date?
-        /// Per registered path: when Litestream last synced it (`/list`).
-        var lastSync: [String: Date] = [:]
-        /// The Litestream that last answered `/info`.
-        var litestream: LitestreamControl.Instance?
-        /// Since when no Litestream answers (nil while one does).
-        var unansweredSince: ContinuousClock.Instant?
-        /// Stores brought back from the replica since start.
-        var restored = 0
-        /// Closed stores whose unregistration the running Litestream did not confirm: it may
-        /// still hold their WAL position (so their WAL was kept at close), and their files are
-        /// not replaced until it lets go.
-        var unconfirmed: Set<String> = []
-        /// With more than one host: the epoch each open store was last registered under.
-        var epochs: [String: Int64] = [:]
-        /// Replicas found to differ from their store, and resnapshotted, since start.
-        var diverged = 0
-        /// How long the last sync pass took.
-        var lastPass: Duration = .zero
-        /// The longest sync pass since start: what the plain-write loss window's bound depends on.
-        var longestPass: Duration = .zero
-        /// What the last check of the replica itself found wrong (its named error), while it lasts.
-        var replicaProblem: String?
-    }
-
-    /// One open store, as replication sees it.
-    struct OpenStore {
-        let store: Store
-        /// Litestream replicates it, and it counts as replicated: durable writes may wait for it.
-        var registered = false
-        /// Since when its registration may have reached the running Litestream, which may then
-        /// hold a position in its WAL: until that Litestream confirms the unregistration, leaves
-        /// it out of a `/list` asked for later, or ends, the daemon never resets the WAL.
-        var heldSince: ContinuousClock.Instant?
-        /// Since when that Litestream is known to hold it: its registration was answered, or a
-        /// `/list` showed it. A `/list` asked for later that lacks the store means Litestream
-        /// forgot it (it restarted). Not ``heldSince``: a `/list` served while the registration
-        /// is still on its way lacks the store too, and that Litestream is about to hold it.
-        var confirmedSince: ContinuousClock.Instant?
-
-        /// No running Litestream holds a position in its WAL any more.
-        mutating func released() {
-            heldSince = nil
-            confirmedSince = nil
-        }
-    }
+    /// What replication knows now (``ReplicationState``), under its lock.
+    typealias State = ReplicationState
 
     /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
     let fencing: (any ReplicaFencing)?
@@ -92,6 +43,10 @@ final class LitestreamReplicator: StoreReplication {
     let storage: ReplicaStorage
     /// Which users the bucket holds (one host, `s3://`), once listed: ``loadReplicaIndex()``.
     let replicaIndex = ReplicaIndex()
+    /// Where each user's copy lives in the replica.
+    let locations: ReplicaLocations
+    /// `litestream restore`, for stores missing here and for comparisons.
+    let restorer: ReplicaRestorer
 
     /// Told how long each sync took (the metrics, when they are served).
     let syncDuration: (@Sendable (Duration) -> Void)?
@@ -110,6 +65,8 @@ final class LitestreamReplicator: StoreReplication {
         self.control = LitestreamControl(socketPath: settings.socket)
         self.command = LitestreamCommand(settings.litestream, environment: storage.litestreamEnvironment)
         self.logger = logger
+        locations = ReplicaLocations(replica: settings.replica, fencing: fencing, storage: storage, replicaIndex: replicaIndex)
+        restorer = ReplicaRestorer(locations: locations, command: command, durableTimeoutMilliseconds: settings.durableTimeoutMilliseconds)
     }
 
     /// The durable time-out from now: how long a durable write, a final sync or an
@@ -117,6 +74,12 @@ final class LitestreamReplicator: StoreReplication {
     var durableDeadline: ContinuousClock.Instant { .now + .milliseconds(settings.durableTimeoutMilliseconds) }
 
     // MARK: StoreReplication
+
+    func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+        let restored = try restorer.restore(user, to: path, timestamp: timestamp)
+        if restored != nil { state.withLock { $0.restored += 1 } }
+        return restored
+    }
 
     /// The epoch `user`'s open store was registered under (more than one host); nil otherwise.
     func registeredEpoch(of user: UserID) -> Int64? {
@@ -127,12 +90,12 @@ final class LitestreamReplicator: StoreReplication {
         guard fencing != nil else { return nil }
         let newest: Int64?
         do {
-            newest = try newestEpochWithData(user)
+            newest = try locations.newestEpochWithData(user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the replica: \(error)")
         }
         guard let newest else { return nil }
-        let local = (try? String(contentsOfFile: Self.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
+        let local = (try? String(contentsOfFile: ReplicaLocations.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
         return newest > local ? newest : nil
     }
 
@@ -141,7 +104,7 @@ final class LitestreamReplicator: StoreReplication {
             // The running Litestream may still hold the store from before it was closed (it did
             // not confirm the unregistration): held as it is, and the health check settles it.
             let held = state.unconfirmed.remove(store.path) != nil
-            state.open[store.path] = OpenStore(store: store, heldSince: held ? .now : nil)
+            state.open[store.path] = ReplicatedStore(store: store, heldSince: held ? .now : nil)
             // Not registered here while no Litestream answers either: the health check registers
             // it once one does, instead of this open waiting for a time-out.
             return state.unansweredSince == nil && !held
@@ -152,7 +115,7 @@ final class LitestreamReplicator: StoreReplication {
     func storeClosing(_ store: Store) {
         // Only this store's own entry: a request may already have opened the file again (a new
         // Store), whose registration must stay.
-        let entry = state.withLock { state -> OpenStore? in
+        let entry = state.withLock { state -> ReplicatedStore? in
             guard state.open[store.path]?.store === store else { return nil }
             state.lastSync[store.path] = nil
             state.epochs[store.path] = nil
@@ -199,15 +162,15 @@ final class LitestreamReplicator: StoreReplication {
                 throw StoreError.replicationUnavailable(user: user, message: "Litestream has not confirmed it stopped replicating the store (\(error)); retry")
             }
         }
-        try? FileManager.default.removeItem(atPath: Self.sidecar(of: path))
-        try? FileManager.default.removeItem(atPath: Self.epochFile(of: path))
+        try? FileManager.default.removeItem(atPath: ReplicaLocations.sidecar(of: path))
+        try? FileManager.default.removeItem(atPath: ReplicaLocations.epochFile(of: path))
         guard deleteReplica else { return }
-        let url = withSuffix(userFolderSuffix(user))
+        let url = locations.withSuffix(locations.userFolderSuffix(user))
         guard storage.canErase else {
             throw StoreError.replicationUnavailable(user: user, message: "userstored erases only file:// and s3:// replicas; delete \(url) with the storage's own tools, then delete the store")
         }
         do {
-            try storage.erase(userFolderSuffix(user))
+            try storage.erase(locations.userFolderSuffix(user))
             replicaIndex.remove(user.rawValue)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the replica \(url) (every epoch and its history): \(error); nothing was deleted here, retry")
@@ -249,9 +212,9 @@ final class LitestreamReplicator: StoreReplication {
     func prepareRegistration(_ store: Store) throws -> String {
         // Before Litestream can ship anything of it: a listing running now may miss it.
         replicaIndex.insert(store.user.rawValue)
-        let (url, epoch) = replicaLocation(for: store.user)
+        let (url, epoch) = locations.replicaLocation(for: store.user)
         if let epoch {
-            try DurableFile.write(String(epoch), to: Self.epochFile(of: store.path))
+            try DurableFile.write(String(epoch), to: ReplicaLocations.epochFile(of: store.path))
             state.withLock { $0.epochs[store.path] = epoch }
         }
         return url
@@ -301,46 +264,6 @@ final class LitestreamReplicator: StoreReplication {
 
     // MARK: Health
 
-    /// What `Status` and `userstorectl replication` show.
-    struct Snapshot: Sendable {
-        var registered: Int
-        var unregistered: Int
-        var lastError: String?
-        var litestreamPID: Int
-        var litestreamVersion: String
-        var restored: Int
-        var diverged: Int
-        var lastSyncPassSeconds: Double
-        var longestSyncPassSeconds: Double
-        var replicaProblem: String?
-        /// Syncs asked of Litestream since start, and durable waits answered by a sync another
-        /// caller had queued (``SyncLanes``: group commit).
-        var syncs: Int
-        var sharedSyncWaits: Int
-        /// Per open store: its user, whether it is registered, its last sync.
-        var stores: [(user: String, registered: Bool, lastSync: Date?)]
-        var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil }
-        /// The longest time since Litestream last synced an open, registered store.
-        var maxLagSeconds: Double {
-            let now = Date()
-            return stores.filter(\.registered).compactMap { $0.lastSync.map { now.timeIntervalSince($0) } }.max() ?? 0
-        }
-    }
-
-    var snapshot: Snapshot {
-        let syncCounts = syncLanes.counts
-        return state.withLock { state in
-            let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }
-            return Snapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
-                            lastError: state.lastError, litestreamPID: Int(state.litestream?.pid ?? 0),
-                            litestreamVersion: state.litestream?.version ?? "", restored: state.restored, diverged: state.diverged,
-                            lastSyncPassSeconds: state.lastPass.inSeconds, longestSyncPassSeconds: state.longestPass.inSeconds,
-                            replicaProblem: state.replicaProblem,
-                            syncs: syncCounts.started, sharedSyncWaits: syncCounts.joined,
-                            stores: stores.sorted { $0.user < $1.user })
-        }
-    }
-
     /// Records a failure; the first one of an outage is logged as `replication-degraded`.
     func failed(_ what: String, _ error: any Error) {
         let message = "\(what): \(error)"
@@ -371,22 +294,6 @@ final class LitestreamReplicator: StoreReplication {
         }
     }
 
-    /// Litestream's last log lines without their timestamps: the reason it gives.
-    static func lastLines(_ output: String) -> String {
-        let lines = output.split(separator: "\n").map { line -> String in
-            if let message = line.range(of: "msg=") { return String(line[message.upperBound...]) }
-            return String(line)
-        }
-        return lines.suffix(2).joined(separator: "; ")
-    }
-
-    /// Whether Litestream's failure says the replica's data is bad rather than unreachable.
-    static func isDamage(_ message: String) -> Bool {
-        let lowered = message.lowercased()
-        // Not "decode" alone: Litestream wraps transport errors as "decode database: …" too.
-        // Format errors name what was wrong with the data (a page header, a checksum, lz4).
-        return ["integrity", "checksum", "corrupt", "malformed", "decompress", "invalid ltx", "invalid page", "magic"].contains { lowered.contains($0) }
-    }
 }
 
 /// Epoch-fenced replica paths, with more than one host (docs/cluster.md): each owner of a

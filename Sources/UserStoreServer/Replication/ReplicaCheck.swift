@@ -49,7 +49,7 @@ struct ReplicaCheck: Sendable {
             } catch {
                 outcome = .notNow("\(error)")
             }
-            replicator.logDivergence(store.user, differences: differences, afterSnapshot: outcome)
+            logDivergence(store.user, differences: differences, afterSnapshot: outcome)
             return outcome == .matches
         }
     }
@@ -77,7 +77,7 @@ struct ReplicaCheck: Sendable {
             let live = try await BlockingPool.run { try reader.digest() }
             let copy: StoreDigest
             do {
-                copy = try await BlockingPool.run { [replicator] in try replicator.digestOfReplica(store.user, txid: reply.txid) }
+                copy = try await BlockingPool.run { [self] in try digestOfReplica(store.user, txid: reply.txid) }
             } catch StoreError.replicaDamaged(_, let message) {
                 // A copy Litestream cannot decode (an LTX chain broken by overlapping writers,
                 // seen after a paused Litestream's stale requests ran) differs from any store:
@@ -99,6 +99,34 @@ struct ReplicaCheck: Sendable {
         try await store.write { db in _ = try db.checkpoint(.truncate) }
         try await replicator.registerAgain(store)
     }
+
+    /// The digest of `user`'s replica as of `txid`, restored into the staging folder and removed
+    /// again (blocking).
+    private func digestOfReplica(_ user: UserID, txid: Int64) throws -> StoreDigest {
+        try FileManager.default.createDirectory(atPath: replicator.layout.stagingDirectory, withIntermediateDirectories: true)
+        let scratch = replicator.layout.stagingDirectory + "/replica-check-\(UUID().uuidString).sqlite"
+        guard let copy = try replicator.restorer.restoreCopy(user, from: replicator.registeredURL(for: user), arguments: ["-txid", String(format: "%016llx", txid)], beside: scratch) else {
+            throw ReplicaCheckFailure(description: "the replica holds nothing for \(user)")
+        }
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(copy + suffix) } }
+        return try StoreDigest.read(path: copy)
+    }
+
+    /// Logs a replica that differed from its store (`replica-diverged`) and what its new
+    /// snapshot showed.
+    private func logDivergence(_ user: UserID, differences: [String], afterSnapshot: Outcome) {
+        replicator.state.withLock { $0.diverged += 1 }
+        let found = differences.joined(separator: "; ")
+        let metadata: Logger.Metadata = ["event": "replica-diverged", "user": .string(user.rawValue), "differences": .string(found)]
+        switch afterSnapshot {
+        case .matches:
+            replicator.logger.error("the replica of store '\(user)' differed from the store after a replication fault (\(found)); a new snapshot was shipped and matches", metadata: metadata)
+        case .differs(let still):
+            replicator.logger.critical("the replica of store '\(user)' differed from the store after a replication fault (\(found)); a new snapshot still differs (\(still.joined(separator: "; "))); durable writes stay refused", metadata: metadata)
+        case .notNow(let reason):
+            replicator.logger.error("the replica of store '\(user)' differed from the store after a replication fault (\(found)); shipping a new snapshot failed (\(reason)); tried again at the next check", metadata: metadata)
+        }
+    }
 }
 
 /// A comparison that could not be made.
@@ -107,23 +135,11 @@ struct ReplicaCheckFailure: Error, CustomStringConvertible {
 }
 
 extension LitestreamReplicator {
-    /// The digest of `user`'s replica as of `txid`, restored into the staging folder and removed
-    /// again (blocking).
-    func digestOfReplica(_ user: UserID, txid: Int64) throws -> StoreDigest {
-        try FileManager.default.createDirectory(atPath: layout.stagingDirectory, withIntermediateDirectories: true)
-        let scratch = layout.stagingDirectory + "/replica-check-\(UUID().uuidString).sqlite"
-        guard let copy = try restoreCopy(user, from: registeredURL(for: user), arguments: ["-txid", String(format: "%016llx", txid)], beside: scratch) else {
-            throw ReplicaCheckFailure(description: "the replica holds nothing for \(user)")
-        }
-        defer { for suffix in ["", "-wal", "-shm"] { unlink(copy + suffix) } }
-        return try StoreDigest.read(path: copy)
-    }
-
     /// The replica URL `user`'s open store is registered under (with more than one host, at the
     /// epoch it was registered with, which a bucket move may have passed since).
     func registeredURL(for user: UserID) -> String {
-        guard let epoch = registeredEpoch(of: user) else { return replicaURL(for: user) }
-        return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
+        guard let epoch = registeredEpoch(of: user) else { return locations.replicaURL(for: user) }
+        return locations.withSuffix(locations.userFolderSuffix(user) + "/e\(epoch)")
     }
 
     /// Has Litestream let go of `store` (confirmed): from then on nothing holds its WAL position.
@@ -142,21 +158,5 @@ extension LitestreamReplicator {
     func registerAgain(_ store: Store) async throws {
         guard holdForRegistration(store) else { throw ReplicaCheckFailure(description: "the store was closed") }
         try await control.register(store.path, replicaURL: try prepareRegistration(store))
-    }
-
-    /// Logs a replica that differed from its store (`replica-diverged`) and what its new
-    /// snapshot showed.
-    func logDivergence(_ user: UserID, differences: [String], afterSnapshot: ReplicaCheck.Outcome) {
-        state.withLock { $0.diverged += 1 }
-        let found = differences.joined(separator: "; ")
-        let metadata: Logger.Metadata = ["event": "replica-diverged", "user": .string(user.rawValue), "differences": .string(found)]
-        switch afterSnapshot {
-        case .matches:
-            logger.error("the replica of store '\(user)' differed from the store after a replication fault (\(found)); a new snapshot was shipped and matches", metadata: metadata)
-        case .differs(let still):
-            logger.critical("the replica of store '\(user)' differed from the store after a replication fault (\(found)); a new snapshot still differs (\(still.joined(separator: "; "))); durable writes stay refused", metadata: metadata)
-        case .notNow(let reason):
-            logger.error("the replica of store '\(user)' differed from the store after a replication fault (\(found)); shipping a new snapshot failed (\(reason)); tried again at the next check", metadata: metadata)
-        }
     }
 }

@@ -70,7 +70,7 @@ struct ReplicationMethods {
         var stores: [JSONValue] = []
         func entry(_ name: String, open: Bool, registered: Bool, lastSync: Date?) throws -> JSONValue {
             var fields: [String: JSONValue] = [
-                "user": .string(name), "replica": .string(replicator.replicaURL(for: try UserID(name))),
+                "user": .string(name), "replica": .string(replicator.locations.replicaURL(for: try UserID(name))),
                 "open": .bool(open), "registered": .bool(registered),
             ]
             if let lastSync {

@@ -1,16 +1,21 @@
 import Foundation
 import UserStoreCore
 
-/// Bringing a store back from the replica: on open when it is missing here, and for a
-/// comparison (``ReplicaCheck``).
-extension LitestreamReplicator {
+/// Bringing a store back from the replica with `litestream restore`: on open when it is
+/// missing here, for an operator's restore, and for a comparison (``ReplicaCheck``).
+struct ReplicaRestorer: Sendable {
+    let locations: ReplicaLocations
+    let command: LitestreamCommand
+    /// `replication.durableTimeoutMilliseconds`: a restore may take six times that (30 s at least).
+    let durableTimeoutMilliseconds: Int
+
     func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let started = ContinuousClock.now
         let source: String
         do {
             // A new user costs one listing, not a `litestream restore` process (issue #38):
             // Litestream is asked only when the replica holds something of the user.
-            guard let url = try restoreURL(for: user) else { return nil }
+            guard let url = try locations.restoreURL(for: user) else { return nil }
             source = url
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for the user in the replica: \(error)")
@@ -29,7 +34,6 @@ extension LitestreamReplicator {
         } catch {
             throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
         }
-        state.withLock { $0.restored += 1 }
         return ReplicaRestore(source: source, schemaVersion: schemaVersion,
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
@@ -46,7 +50,7 @@ extension LitestreamReplicator {
         let result: (status: Int32, output: String)
         do {
             result = try command.run(["restore", "-o", staged, "-integrity-check", "quick"] + arguments + [source],
-                                     limit: .milliseconds(max(30_000, settings.durableTimeoutMilliseconds * 6)))
+                                     limit: .milliseconds(max(30_000, durableTimeoutMilliseconds * 6)))
         } catch {
             cleanUp()
             throw StoreError.replicationUnavailable(user: user, message: "\(error)")
@@ -54,9 +58,9 @@ extension LitestreamReplicator {
         let restored = FileManager.default.fileExists(atPath: staged)
         if result.status != 0 || (timed && !restored) {
             cleanUp()
-            let message = Self.lastLines(result.output)
+            let message = LitestreamCommand.lastLines(result.output)
             if timed, ["no matching backups", "no snapshots", "timestamp does not exist"].contains(where: message.contains) { return nil }
-            if Self.isDamage(message) { throw StoreError.replicaDamaged(user: user, message: message) }
+            if LitestreamCommand.isDamage(message) { throw StoreError.replicaDamaged(user: user, message: message) }
             throw StoreError.replicationUnavailable(user: user, message: "litestream restore exited \(result.status): \(message)")
         }
         guard restored else { return nil }

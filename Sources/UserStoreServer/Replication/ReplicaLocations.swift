@@ -2,7 +2,16 @@ import Foundation
 import UserStoreCore
 
 /// Where each user's copy lives in the replica, and the files kept beside a store.
-extension LitestreamReplicator {
+struct ReplicaLocations: Sendable {
+    /// `replication.replica`: the replica's URL.
+    let replica: String
+    /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
+    let fencing: (any ReplicaFencing)?
+    /// The replica itself, looked into for what it holds.
+    let storage: ReplicaStorage
+    /// Which users the bucket holds (one host, `s3://`), once listed.
+    let replicaIndex: ReplicaIndex
+
     /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>`; with more than one
     /// host `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now). Any query
     /// (`s3://b/p?endpoint=…`) is kept at the end.
@@ -52,10 +61,10 @@ extension LitestreamReplicator {
     }
 
     func withSuffix(_ suffix: String) -> String {
-        guard let query = settings.replica.firstIndex(of: "?") else { return settings.replica + suffix }
-        var base = String(settings.replica[..<query])
+        guard let query = replica.firstIndex(of: "?") else { return replica + suffix }
+        var base = String(replica[..<query])
         if base.hasSuffix("/") { base.removeLast() }
-        return base + suffix + String(settings.replica[query...])
+        return base + suffix + String(replica[query...])
     }
 
     /// Litestream's state folder beside a store (`.<name>-litestream`).
