@@ -10,7 +10,10 @@
  *    "client_cpu_us_per_request": C}
  *
  * usage: userstore-load --socket PATH [--connections 8] [--threads 2] [--seconds 5]
- *          [--pipeline 1] [--users 1000] [--user-format u%05d] [--pick random|connection]
+ *          [--pipeline 1] [--batch 0|1]  (1: send the pipeline's calls in one write, wait for all
+ *                                           their replies, then the next batch: pgbench's
+ *                                           pipeline mode; 0: refill each slot as its reply comes)
+ *          [--users 1000] [--user-format u%05d] [--pick random|connection]
  *          [--method io.userstore.Store.Query] [--sql "SELECT value FROM kv WHERE id = ?"]
  *          [--rows 10000]  (a random id in 1..rows is the one parameter; 0: no parameter)
  *          [--rate R]  (at most R calls per second in all, paced evenly; 0 = as fast as replies
@@ -36,6 +39,10 @@
 
 static const char *socket_path;
 static int connections = 8, threads = 2, pipeline_depth = 1, users = 1000, rows = 10000;
+/* --batch: a connection sends its `pipeline` calls in one write and waits for all their replies
+   before the next batch, as pgbench's pipeline mode (\startpipeline ... \endpipeline) does;
+   without it, each reply's slot is refilled as soon as the reply arrives (a sliding window). */
+static int batch_mode = 0;
 static double seconds = 5;
 static const char *user_format = "u%05d";
 static const char *method = "io.userstore.Store.Query";
@@ -272,6 +279,7 @@ static void *run_worker(void *arg) {
                 exit(2);
             }
             /* Refill the pipeline (with --rate, depth 1: wait for the next slot). */
+            if (batch_mode && c->in_flight > 0) continue; /* the batch's replies are not all in */
             if (t < deadline && !(c->in_flight == 0 ? send_or_wait(w, c, t) : top_up(w, c))) { c->dead = 1; w->errors++; live--; }
         }
     }
@@ -309,6 +317,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(key, "--threads")) threads = atoi(value);
         else if (!strcmp(key, "--seconds")) seconds = atof(value);
         else if (!strcmp(key, "--pipeline")) pipeline_depth = atoi(value);
+        else if (!strcmp(key, "--batch")) batch_mode = atoi(value);
         else if (!strcmp(key, "--users")) users = atoi(value);
         else if (!strcmp(key, "--user-format")) user_format = value;
         else if (!strcmp(key, "--pick")) pick_random_user = strcmp(value, "connection") != 0;

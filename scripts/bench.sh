@@ -22,6 +22,8 @@ command -v cc >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q
 # The load generator is C, as lean as pgbench (bench/userstore-load.c).
 bin="$(swift build -c release --show-bin-path)"
 cc -O2 -Wall -pthread -o "$bin/userstore-load" bench/userstore-load.c
+# The machine's floor for a varlink server, driven by the same client: bench/userstore-floor.c.
+cc -O2 -Wall -pthread -o "$bin/userstore-floor" bench/userstore-floor.c
 # What SQLite alone allows a fleet migration (scenario 4), also C: bench/userstore-fleet-floor.c.
 cc -O2 -Wall -pthread -o "$bin/userstore-fleet-floor" bench/userstore-fleet-floor.c -lsqlite3
 exec "$bin/userstore-bench" --repository "$PWD" "$@"

@@ -44,6 +44,22 @@ struct BenchEnvironment {
         return (process, socket)
     }
 
+    /// The constant-reply server (bench/userstore-floor.c), one epoll loop per core, on a socket
+    /// of its own; nil when it was not built.
+    func startFloorServer() throws -> (Process, String)? {
+        let path = binaries + "/userstore-floor", socket = root + "/floor.sock"
+        guard FileManager.default.isExecutableFile(atPath: path) else { return nil }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = ["--socket", socket, "--threads", "\(ProcessInfo.processInfo.activeProcessorCount)"]
+        try process.run()
+        for _ in 0..<200 { // set-up, not a test: poll until it listens
+            if shell("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('\(socket)')\"").0 == 0 { break }
+            usleep(20_000)
+        }
+        return (process, socket)
+    }
+
     func stop(_ process: Process) {
         process.terminate()
         process.waitUntilExit()

@@ -101,4 +101,28 @@ import Glibc
         #expect(inOrder, "not every reply came back in order")
         await daemon.stop()
     }
+
+    /// A message's read time (`limits.requestReadSeconds`) counts only while the daemon waits
+    /// for the client: part of a message that sits in the input while the daemon itself does not
+    /// read — a task call runs alone, here a first Open whose migration takes seconds — is not a
+    /// stalled client. (A full test run starved such a task for over 30 s and the daemon cut the
+    /// connection with `LimitExceeded`.)
+    @Test func partOfAMessageWaitingBehindATaskIsNotAStall() async throws {
+        let slow = "CREATE TABLE t AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 6000000) SELECT x FROM c;"
+        let daemon = try await InProcessDaemon.start(migrations: ["0001_slow.sql": slow], extraConfig: "limits:\n  requestReadSeconds: 1\n")
+        let client = try daemon.connect()
+        nonisolated(unsafe) let sender = client
+        let replies = try await onThread { () -> [String?] in
+            let query = DaemonRobustnessTests.call("io.userstore.Store.Query", ["user": "slow", "sql": "SELECT count(*) FROM t"])
+            // The Open, and half of the next call, in one write: the half waits in the input
+            // while the Open's migration runs (well over requestReadSeconds).
+            try sender.send(raw: DaemonRobustnessTests.call("io.userstore.Store.Open", ["user": "slow"]) + query[..<(query.count / 2)])
+            let opened = try sender.readReply()
+            try sender.send(raw: Array(query[(query.count / 2)...]))
+            let counted = try sender.readReply()
+            return [opened.error ?? "ok", counted.error ?? "ok"]
+        }
+        #expect(replies == ["ok", "ok"])
+        await daemon.stop()
+    }
 }

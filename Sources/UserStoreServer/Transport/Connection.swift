@@ -340,6 +340,13 @@ final class Connection: EventHandler, @unchecked Sendable {
     private func updateInterest() {
         var wanted: UInt32 = 0
         if !shouldPauseReading && !state.clientClosed { wanted |= EPOLLIN.rawValue }
+        // A message's read time counts only while the daemon waits for the client: not while it
+        // does not read itself (a task call, too many replies waiting, a client not reading).
+        if wanted & EPOLLIN.rawValue == 0 {
+            partialSince = nil
+        } else if partialSince == nil, !input.isEmpty {
+            partialSince = StoreClock.now()
+        }
         if replies.hasUnsent { wanted |= EPOLLOUT.rawValue }
         if wanted != interest {
             interest = wanted

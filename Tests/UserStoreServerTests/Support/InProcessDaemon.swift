@@ -29,7 +29,7 @@ final class InProcessDaemon: ServedDaemon, @unchecked Sendable {
         let migrations = try ConfigurationLoader.loadMigrations(configuration)
         let lock = try DataDirectoryLock(layout: StoreLayout(dataDirectory: configuration.dataDirectory))
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock)
-        let logger = Logger(label: "in-process-userstored")
+        let logger = Logger(label: "in-process-userstored", factory: { _ in SwiftLogNoOpLogHandler() })
         let context = DaemonContext(configuration: configuration, registry: registry, index: FleetIndex(), logger: logger)
         let server = try await SocketServer.bind(path: configuration.socketPath, inherited: nil, context: context, logger: logger,
                                                  onReady: {}, onStopping: {})
