@@ -185,7 +185,15 @@ let package = Package(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
-                           "UserStoreCluster", "ClusterTestSupport"]
+                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets"]
+        ),
+        .testTarget(name: "UserStoreConfigurationTests", dependencies: ["UserStoreConfiguration"]),
+        // What the fuzzers check (Fuzz/Targets): outside the shipping modules, reaching their
+        // decoding through `package` access; the fuzzer and FuzzCorpusTests feed the same map.
+        .target(
+            name: "UserStoreFuzzTargets",
+            dependencies: ["UserStoreServer", "UserStoreCore", "Varlink", .product(name: "GRDBSQLite", package: "GRDB.swift")],
+            path: "Fuzz/Targets"
         ),
     ],
     swiftLanguageModes: [.v6]
@@ -193,10 +201,11 @@ let package = Package(
 
 // The fuzzer (scripts/fuzz.sh builds it in .build-fuzz with -sanitize=fuzzer): only with
 // USERSTORE_FUZZ=1, so that a normal build never needs libFuzzer. One executable for every
-// target (USERSTORE_FUZZ_TARGET picks one); their bodies live in the modules (VarlinkFuzzing,
-// CoreFuzzing, ServerFuzzing.targets), and the tests replay Fuzz/corpus through the same map.
+// target (USERSTORE_FUZZ_TARGET picks one); their bodies live in UserStoreFuzzTargets
+// (VarlinkFuzzing, CoreFuzzing, ServerFuzzing.targets), and the tests replay Fuzz/corpus
+// through the same map.
 if Context.environment["USERSTORE_FUZZ"] == "1" {
     package.targets.append(.target(name: "CFuzzer", path: "Fuzz/CFuzzer"))
-    package.targets.append(.executableTarget(name: "fuzz", dependencies: ["UserStoreServer", "CFuzzer"], path: "Fuzz/fuzz",
+    package.targets.append(.executableTarget(name: "fuzz", dependencies: ["UserStoreFuzzTargets", "CFuzzer"], path: "Fuzz/fuzz",
                                              swiftSettings: [.unsafeFlags(["-parse-as-library"])]))
 }

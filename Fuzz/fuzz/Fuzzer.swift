@@ -2,7 +2,7 @@
 // per target): USERSTORE_FUZZ_TARGET names the function it feeds (ServerFuzzing.targets).
 import CFuzzer
 import Glibc
-import UserStoreServer
+import UserStoreFuzzTargets
 
 /// The chosen target's function; set once in main, before libFuzzer calls back.
 nonisolated(unsafe) private var body: (@Sendable (UnsafeBufferPointer<UInt8>) -> Void)?

@@ -10,28 +10,8 @@ import Yams
 /// against the configuration file's folder, so the repository's config runs from any
 /// working directory.
 public enum ConfigurationLoader {
-    /// Every key the file may contain. A key not listed is a typo, reported as such.
-    static let knownKeys: Set<String> = [
-        "appVersion", "dataDirectory", "socketPath", "socketMode", "socketGroup", "migrationsDirectory", "schemaFile",
-        "maxOpenStores", "idleTimeoutSeconds", "logTarget", "slowRequestMilliseconds", "fleetParallelism",
-        "migrations.allowOutOfOrder", "migrations.checksumMismatch", "migrations.onFailure",
-        "migrations.backupBeforeMigrating", "migrations.backupRetentionSeconds", "migrations.allowDestructiveSchemaChanges",
-        "migrations.newStoresFromTemplate", "migrations.fleetSyncMethod",
-        "access.clientUsers", "access.clientGroups", "access.adminUsers", "access.adminGroups", "access.perUnixUserStores",
-        "limits.maxRequestBytes", "limits.maxResponseBytes", "limits.statementTimeoutMilliseconds",
-        "limits.maxBatchStatements", "limits.maxConnections", "limits.maxJSONDepth",
-        "limits.transactionIdleMilliseconds", "limits.transactionMilliseconds",
-        "limits.requestReadSeconds", "limits.idleConnectionSeconds", "limits.maxConnectionsPerUser",
-        "metrics.listen",
-        "replication.replica", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores",
-        "replication.durableWrites", "replication.durableTimeoutMilliseconds", "replication.socket",
-        "replication.litestream", "replication.startLitestream", "replication.restartUnresponsiveSeconds",
-        "replication.litestreamMetricsAddress",
-        "replication.s3.endpoint", "replication.s3.region", "replication.s3.forcePathStyle", "replication.s3.credentialsFile",
-        "replication.s3.credential", "replication.s3.caFile",
-        "cluster.host", "cluster.etcd", "cluster.address", "cluster.leaseSeconds", "cluster.forward",
-        "cluster.listen", "cluster.forwardTimeoutMilliseconds", "cluster.tls.certificate", "cluster.tls.key", "cluster.tls.ca",
-    ]
+    /// Every key the file may contain (``ConfigurationKey``). A key not listed is a typo, reported as such.
+    static let knownKeys: Set<String> = Set(ConfigurationKey.allCases.map(\.rawValue))
 
     /// The numbered migrations and the desired schema `configuration` names, loaded and checked.
     public static func loadMigrations(_ configuration: DaemonConfiguration) throws -> MigrationSet {
@@ -95,7 +75,7 @@ public enum ConfigurationLoader {
     private static func flattenedKeys(_ mapping: [String: Any], prefix: String) -> [String] {
         mapping.sorted { $0.key < $1.key }.flatMap { key, value -> [String] in
             let full = prefix.isEmpty ? key : prefix + "." + key
-            if let nested = value as? [String: Any], ["migrations", "access", "limits", "metrics", "replication", "replication.s3", "cluster", "cluster.tls"].contains(full) {
+            if let nested = value as? [String: Any], ConfigurationKey.sections.contains(full) {
                 return flattenedKeys(nested, prefix: full)
             }
             return [full]

@@ -14,137 +14,137 @@ extension ConfigurationLoader {
         let present: Set<String>
 
         func configuration() throws(ConfigurationError) -> DaemonConfiguration {
-            let appVersionText = try string("appVersion") ?? ""
-            guard !appVersionText.isEmpty else { throw error("appVersion", "is required: the app version recorded in every store, e.g. \"1.4.2\"") }
+            let appVersionText = try string(.appVersion) ?? ""
+            guard !appVersionText.isEmpty else { throw error(.appVersion, "is required: the app version recorded in every store, e.g. \"1.4.2\"") }
             let appVersion: AppVersion
-            do { appVersion = try AppVersion(appVersionText) } catch { throw self.error("appVersion", error.description) }
+            do { appVersion = try AppVersion(appVersionText) } catch { throw self.error(.appVersion, error.description) }
 
             var policy = MigrationPolicy()
-            policy.allowOutOfOrder = try bool("migrations.allowOutOfOrder") ?? false
-            if let mismatch = try string("migrations.checksumMismatch") {
+            policy.allowOutOfOrder = try bool(.migrationsAllowOutOfOrder) ?? false
+            if let mismatch = try string(.migrationsChecksumMismatch) {
                 guard let value = MigrationPolicy.ChecksumMismatch(rawValue: mismatch) else {
-                    throw error("migrations.checksumMismatch", "must be refuse or warn (got \"\(mismatch)\")")
+                    throw error(.migrationsChecksumMismatch, "must be refuse or warn (got \"\(mismatch)\")")
                 }
                 policy.checksumMismatch = value
             }
-            switch try string("migrations.onFailure") ?? "refuse" {
+            switch try string(.migrationsOnFailure) ?? "refuse" {
             case "refuse": policy.servePreviousVersionOnFailure = false
             case "serve-previous": policy.servePreviousVersionOnFailure = true
-            case let other: throw error("migrations.onFailure", "must be refuse or serve-previous (got \"\(other)\")")
+            case let other: throw error(.migrationsOnFailure, "must be refuse or serve-previous (got \"\(other)\")")
             }
-            policy.backupBeforeMigrating = try backupMode("migrations.backupBeforeMigrating") ?? .auto
-            policy.backupRetentionSeconds = try int("migrations.backupRetentionSeconds", minimum: 0) ?? 86_400
-            policy.allowDestructiveSchemaChanges = try bool("migrations.allowDestructiveSchemaChanges") ?? false
-            policy.newStoresFromTemplate = try bool("migrations.newStoresFromTemplate") ?? false
-            if let method = try string("migrations.fleetSyncMethod") {
+            policy.backupBeforeMigrating = try backupMode(.migrationsBackupBeforeMigrating) ?? .auto
+            policy.backupRetentionSeconds = try int(.migrationsBackupRetentionSeconds, minimum: 0) ?? 86_400
+            policy.allowDestructiveSchemaChanges = try bool(.migrationsAllowDestructiveSchemaChanges) ?? false
+            policy.newStoresFromTemplate = try bool(.migrationsNewStoresFromTemplate) ?? false
+            if let method = try string(.migrationsFleetSyncMethod) {
                 guard let value = MigrationPolicy.FleetSyncMethod(rawValue: method) else {
-                    throw error("migrations.fleetSyncMethod", "must be syncfs or fsync (got \"\(method)\")")
+                    throw error(.migrationsFleetSyncMethod, "must be syncfs or fsync (got \"\(method)\")")
                 }
                 policy.fleetSyncMethod = value
             }
 
             var access = AccessRules()
-            access.clientUsers = try ids("access.clientUsers", resolve: AccessRules.resolveUser)
-            access.clientGroups = try ids("access.clientGroups", resolve: AccessRules.resolveGroup)
-            access.adminUsers = try ids("access.adminUsers", resolve: AccessRules.resolveUser)
-            access.adminGroups = try ids("access.adminGroups", resolve: AccessRules.resolveGroup)
-            access.perUnixUserStores = try bool("access.perUnixUserStores") ?? false
+            access.clientUsers = try ids(.accessClientUsers, resolve: AccessRules.resolveUser)
+            access.clientGroups = try ids(.accessClientGroups, resolve: AccessRules.resolveGroup)
+            access.adminUsers = try ids(.accessAdminUsers, resolve: AccessRules.resolveUser)
+            access.adminGroups = try ids(.accessAdminGroups, resolve: AccessRules.resolveGroup)
+            access.perUnixUserStores = try bool(.accessPerUnixUserStores) ?? false
 
             var limits = RequestLimits()
-            limits.maxRequestBytes = try int("limits.maxRequestBytes", minimum: 1024) ?? limits.maxRequestBytes
-            limits.maxResponseBytes = try int("limits.maxResponseBytes", minimum: 1024) ?? limits.maxResponseBytes
-            limits.statementTimeoutMilliseconds = try int("limits.statementTimeoutMilliseconds", minimum: 1) ?? limits.statementTimeoutMilliseconds
-            limits.maxBatchStatements = try int("limits.maxBatchStatements", minimum: 1) ?? limits.maxBatchStatements
-            limits.maxConnections = try int("limits.maxConnections", minimum: 1) ?? limits.maxConnections
-            limits.maxJSONDepth = try int("limits.maxJSONDepth", minimum: 8, maximum: 1000) ?? limits.maxJSONDepth
-            limits.transactionIdleMilliseconds = try int("limits.transactionIdleMilliseconds", minimum: 1) ?? limits.transactionIdleMilliseconds
-            limits.transactionMilliseconds = try int("limits.transactionMilliseconds", minimum: 1) ?? limits.transactionMilliseconds
-            limits.requestReadSeconds = try int("limits.requestReadSeconds", minimum: 1) ?? limits.requestReadSeconds
-            limits.idleConnectionSeconds = try int("limits.idleConnectionSeconds", minimum: 1) ?? limits.idleConnectionSeconds
-            limits.maxConnectionsPerUser = try int("limits.maxConnectionsPerUser", minimum: 1) ?? limits.maxConnectionsPerUser
+            limits.maxRequestBytes = try int(.limitsMaxRequestBytes, minimum: 1024) ?? limits.maxRequestBytes
+            limits.maxResponseBytes = try int(.limitsMaxResponseBytes, minimum: 1024) ?? limits.maxResponseBytes
+            limits.statementTimeoutMilliseconds = try int(.limitsStatementTimeoutMilliseconds, minimum: 1) ?? limits.statementTimeoutMilliseconds
+            limits.maxBatchStatements = try int(.limitsMaxBatchStatements, minimum: 1) ?? limits.maxBatchStatements
+            limits.maxConnections = try int(.limitsMaxConnections, minimum: 1) ?? limits.maxConnections
+            limits.maxJSONDepth = try int(.limitsMaxJSONDepth, minimum: 8, maximum: 1000) ?? limits.maxJSONDepth
+            limits.transactionIdleMilliseconds = try int(.limitsTransactionIdleMilliseconds, minimum: 1) ?? limits.transactionIdleMilliseconds
+            limits.transactionMilliseconds = try int(.limitsTransactionMilliseconds, minimum: 1) ?? limits.transactionMilliseconds
+            limits.requestReadSeconds = try int(.limitsRequestReadSeconds, minimum: 1) ?? limits.requestReadSeconds
+            limits.idleConnectionSeconds = try int(.limitsIdleConnectionSeconds, minimum: 1) ?? limits.idleConnectionSeconds
+            limits.maxConnectionsPerUser = try int(.limitsMaxConnectionsPerUser, minimum: 1) ?? limits.maxConnectionsPerUser
 
             var socketMode: UInt32 = 0o660
-            if let mode = try string("socketMode") {
+            if let mode = try string(.socketMode) {
                 guard let parsed = UInt32(mode, radix: 8), parsed <= 0o777, parsed & 0o007 == 0 else {
-                    throw error("socketMode", "must be an octal mode without permissions for others, as a quoted string like \"0660\" (got \"\(mode)\")")
+                    throw error(.socketMode, "must be an octal mode without permissions for others, as a quoted string like \"0660\" (got \"\(mode)\")")
                 }
                 socketMode = parsed
             }
             var metricsListen: MetricsAddress?
-            if var listen = try string("metrics.listen") {
+            if var listen = try string(.metricsListen) {
                 // A Unix socket's path may be relative to this file's folder, like every path here.
                 if listen.hasPrefix("unix:"), !listen.dropFirst(5).hasPrefix("/"), listen.count > 5 {
                     listen = "unix:" + URL(fileURLWithPath: file).deletingLastPathComponent().appendingPathComponent(String(listen.dropFirst(5))).standardizedFileURL.path
                 }
                 guard let address = MetricsAddress(listen) else {
-                    throw error("metrics.listen", "must be host:port (127.0.0.1:9464, [::1]:9464) or unix:/absolute/path (got \"\(listen)\")")
+                    throw error(.metricsListen, "must be host:port (127.0.0.1:9464, [::1]:9464) or unix:/absolute/path (got \"\(listen)\")")
                 }
                 metricsListen = address
             }
-            let dataDirectory = try path("dataDirectory", default: "/var/lib/userstore")
+            let dataDirectory = try path(.dataDirectory, default: "/var/lib/userstore")
             let replication = try replicationSettings(dataDirectory: dataDirectory)
-            let logTargetText = try string("logTarget") ?? "auto"
+            let logTargetText = try string(.logTarget) ?? "auto"
             guard let logTarget = DaemonConfiguration.LogTarget(rawValue: logTargetText) else {
-                throw error("logTarget", "must be auto, journal or stderr (got \"\(logTargetText)\")")
+                throw error(.logTarget, "must be auto, journal or stderr (got \"\(logTargetText)\")")
             }
             return DaemonConfiguration(
                 appVersion: appVersion,
                 dataDirectory: dataDirectory,
-                socketPath: try path("socketPath", default: "/run/userstore/userstore.sock"),
+                socketPath: try path(.socketPath, default: "/run/userstore/userstore.sock"),
                 socketMode: socketMode,
-                socketGroup: try string("socketGroup"),
-                migrationsDirectory: try path("migrationsDirectory", default: "/etc/userstore/migrations"),
-                schemaFile: try string("schemaFile") == nil ? nil : try path("schemaFile", default: ""),
-                maxOpenStores: try int("maxOpenStores", minimum: 1, maximum: 1_000_000) ?? 1024,
-                idleTimeoutSeconds: try int("idleTimeoutSeconds", minimum: 1) ?? 300,
+                socketGroup: try string(.socketGroup),
+                migrationsDirectory: try path(.migrationsDirectory, default: "/etc/userstore/migrations"),
+                schemaFile: try string(.schemaFile) == nil ? nil : try path(.schemaFile, default: ""),
+                maxOpenStores: try int(.maxOpenStores, minimum: 1, maximum: 1_000_000) ?? 1024,
+                idleTimeoutSeconds: try int(.idleTimeoutSeconds, minimum: 1) ?? 300,
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
-                slowRequestMilliseconds: try int("slowRequestMilliseconds", minimum: 1) ?? 1000,
-                fleetParallelism: try int("fleetParallelism", minimum: 1, maximum: 256) ?? DaemonConfiguration.defaultFleetParallelism,
+                slowRequestMilliseconds: try int(.slowRequestMilliseconds, minimum: 1) ?? 1000,
+                fleetParallelism: try int(.fleetParallelism, minimum: 1, maximum: 256) ?? DaemonConfiguration.defaultFleetParallelism,
                 sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica))
         }
 
         /// `cluster.*`: nil (one host) without `cluster.host`.
         private func clusterSettings(replica: String?) throws(ConfigurationError) -> ClusterSettings? {
-            guard let host = try string("cluster.host") else {
+            guard let host = try string(.clusterHost) else {
                 for key in ConfigurationLoader.knownKeys where key.hasPrefix("cluster.") && present.contains(key) {
-                    throw error("cluster.host", "is required when \(key) is set: this host's name in the cluster")
+                    throw error(.clusterHost, "is required when \(key) is set: this host's name in the cluster")
                 }
                 return nil
             }
             let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
             guard !host.isEmpty, host.count <= 63, host.allSatisfy(allowed.contains), host.first != "." else {
-                throw error("cluster.host", "must be 1-63 letters, digits, '.', '_' or '-', not starting with '.' (got \"\(host)\")")
+                throw error(.clusterHost, "must be 1-63 letters, digits, '.', '_' or '-', not starting with '.' (got \"\(host)\")")
             }
-            guard let etcd = try optional("cluster.etcd", expected: "a list of URLs", { try reader.requiredStringArray(forKey: ConfigKey("cluster.etcd")) }), !etcd.isEmpty else {
-                throw error("cluster.etcd", "is required: the etcd members' client URLs, e.g. [http://127.0.0.1:2379]")
+            guard let etcd = try optional(.clusterEtcd, expected: "a list of URLs", { try reader.requiredStringArray(forKey: ConfigKey(ConfigurationKey.clusterEtcd.rawValue)) }), !etcd.isEmpty else {
+                throw error(.clusterEtcd, "is required: the etcd members' client URLs, e.g. [http://127.0.0.1:2379]")
             }
             for url in etcd where !(url.hasPrefix("http://") || url.hasPrefix("https://")) || url.split(separator: ":").count != 3 {
-                throw error("cluster.etcd", "every member must be an http://host:port URL (got \"\(url)\")")
+                throw error(.clusterEtcd, "every member must be an http://host:port URL (got \"\(url)\")")
             }
-            guard let address = try string("cluster.address"), HostPort(address) != nil else {
-                throw error("cluster.address", "is required: host:port where other daemons reach this one, e.g. 10.0.0.2:7001")
+            guard let address = try string(.clusterAddress), HostPort(address) != nil else {
+                throw error(.clusterAddress, "is required: host:port where other daemons reach this one, e.g. 10.0.0.2:7001")
             }
             guard let replica else {
-                throw error("cluster.host", "a cluster needs replication.replica (one replica all hosts reach): it is how a user's store reaches the next host that owns it")
+                throw error(.clusterHost, "a cluster needs replication.replica (one replica all hosts reach): it is how a user's store reaches the next host that owns it")
             }
             // A restore reads the newest epoch folder that holds data, which the daemon lists
             // itself: a file:// folder or an s3:// bucket, not an sftp:// server.
             guard replica.hasPrefix("file://") || replica.hasPrefix("s3://") else {
-                throw error("cluster.host", "a cluster needs an s3:// replica (a bucket every host reaches) or a file:// one (a folder every host mounts); sftp:// is not supported with cluster.*")
+                throw error(.clusterHost, "a cluster needs an s3:// replica (a bucket every host reaches) or a file:// one (a folder every host mounts); sftp:// is not supported with cluster.*")
             }
             var settings = ClusterSettings(host: host, etcd: etcd, address: address)
-            settings.leaseSeconds = try int("cluster.leaseSeconds", minimum: 3, maximum: 300) ?? 10
-            settings.forward = try bool("cluster.forward") ?? true
-            settings.forwardTimeoutMilliseconds = try int("cluster.forwardTimeoutMilliseconds", minimum: 100, maximum: 3_600_000) ?? 30_000
-            if let listen = try string("cluster.listen") {
-                guard HostPort(listen) != nil else { throw error("cluster.listen", "must be host:port, e.g. 0.0.0.0:7001 (got \"\(listen)\")") }
+            settings.leaseSeconds = try int(.clusterLeaseSeconds, minimum: 3, maximum: 300) ?? 10
+            settings.forward = try bool(.clusterForward) ?? true
+            settings.forwardTimeoutMilliseconds = try int(.clusterForwardTimeoutMilliseconds, minimum: 100, maximum: 3_600_000) ?? 30_000
+            if let listen = try string(.clusterListen) {
+                guard HostPort(listen) != nil else { throw error(.clusterListen, "must be host:port, e.g. 0.0.0.0:7001 (got \"\(listen)\")") }
                 settings.listen = listen
             }
-            let tlsKeys = ["cluster.tls.certificate", "cluster.tls.key", "cluster.tls.ca"]
-            if tlsKeys.contains(where: present.contains) {
+            let tlsKeys: [ConfigurationKey] = [.clusterTLSCertificate, .clusterTLSKey, .clusterTLSCA]
+            if tlsKeys.contains(where: { present.contains($0.rawValue) }) {
                 var files: [String] = []
                 for key in tlsKeys {
-                    guard present.contains(key) else { throw error(key, "is required with the other cluster.tls keys (PEM files: this host's certificate, its key, the cluster's CA)") }
+                    guard present.contains(key.rawValue) else { throw error(key, "is required with the other cluster.tls keys (PEM files: this host's certificate, its key, the cluster's CA)") }
                     let file = try path(key, default: "")
                     guard FileManager.default.isReadableFile(atPath: file) else { throw error(key, "cannot read \(file)") }
                     files.append(file)
@@ -152,52 +152,52 @@ extension ConfigurationLoader {
                 settings.tls = ClusterTLS(certificate: files[0], key: files[1], ca: files[2])
             }
             if settings.forward && settings.tls == nil {
-                throw error("cluster.forward", "forwarding to other daemons needs mutual TLS: set cluster.tls.certificate, cluster.tls.key and cluster.tls.ca (docs/cluster.md), or cluster.forward: false, and requests for users another host owns get WrongHost")
+                throw error(.clusterForward, "forwarding to other daemons needs mutual TLS: set cluster.tls.certificate, cluster.tls.key and cluster.tls.ca (docs/cluster.md), or cluster.forward: false, and requests for users another host owns get WrongHost")
             }
-            if present.contains("cluster.listen") && settings.tls == nil {
-                throw error("cluster.listen", "needs cluster.tls: other daemons reach this one only over mutual TLS")
+            if present.contains(ConfigurationKey.clusterListen.rawValue) && settings.tls == nil {
+                throw error(.clusterListen, "needs cluster.tls: other daemons reach this one only over mutual TLS")
             }
             return settings
         }
 
         /// `replication.*`: nil (off) without `replication.replica`.
         private func replicationSettings(dataDirectory: String) throws(ConfigurationError) -> ReplicationSettings? {
-            guard let replica = try string("replication.replica") else {
+            guard let replica = try string(.replicationReplica) else {
                 for key in ConfigurationLoader.knownKeys where key.hasPrefix("replication.") && present.contains(key) {
-                    throw error("replication.replica", "is required when \(key) is set: the replica URL (file:///..., s3://..., sftp://...)")
+                    throw error(.replicationReplica, "is required when \(key) is set: the replica URL (file:///..., s3://..., sftp://...)")
                 }
                 return nil
             }
             guard let scheme = replica.range(of: "://").map({ String(replica[..<$0.lowerBound]) }),
                   ReplicationSettings.schemes.contains(scheme), replica.count > scheme.count + 3 else {
-                throw error("replication.replica", "must be a file:///absolute/path, s3://bucket/prefix or sftp://user@host/path URL (got \"\(replica)\")")
+                throw error(.replicationReplica, "must be a file:///absolute/path, s3://bucket/prefix or sftp://user@host/path URL (got \"\(replica)\")")
             }
             if scheme == "file", !replica.dropFirst(7).hasPrefix("/") {
-                throw error("replication.replica", "a file:// replica needs an absolute path: file:///var/lib/userstore-replica (got \"\(replica)\")")
+                throw error(.replicationReplica, "a file:// replica needs an absolute path: file:///var/lib/userstore-replica (got \"\(replica)\")")
             }
             var settings = ReplicationSettings(replica: replica.hasSuffix("/") ? String(replica.dropLast()) : replica,
                                                socket: dataDirectory + "/litestream.sock")
             if scheme == "s3" {
                 settings.s3 = try s3Settings(replica)
                 settings.replica = settings.s3!.url
-            } else if let key = ConfigurationLoader.knownKeys.first(where: { $0.hasPrefix("replication.s3.") && present.contains($0) }) {
+            } else if let key = ConfigurationKey.allCases.first(where: { $0.rawValue.hasPrefix("replication.s3.") && present.contains($0.rawValue) }) {
                 throw error(key, "is only for an s3:// replication.replica")
             }
-            settings.syncIntervalMilliseconds = try int("replication.syncIntervalMilliseconds", minimum: 100, maximum: 3_600_000) ?? 1000
-            settings.maxRegisteredStores = try int("replication.maxRegisteredStores", minimum: 1, maximum: 100_000) ?? 2000
-            settings.durableWrites = try bool("replication.durableWrites") ?? false
-            settings.durableTimeoutMilliseconds = try int("replication.durableTimeoutMilliseconds", minimum: 100, maximum: 600_000) ?? 10_000
-            if try string("replication.socket") != nil { settings.socket = try path("replication.socket", default: "") }
+            settings.syncIntervalMilliseconds = try int(.replicationSyncIntervalMilliseconds, minimum: 100, maximum: 3_600_000) ?? 1000
+            settings.maxRegisteredStores = try int(.replicationMaxRegisteredStores, minimum: 1, maximum: 100_000) ?? 2000
+            settings.durableWrites = try bool(.replicationDurableWrites) ?? false
+            settings.durableTimeoutMilliseconds = try int(.replicationDurableTimeoutMilliseconds, minimum: 100, maximum: 600_000) ?? 10_000
+            if try string(.replicationSocket) != nil { settings.socket = try path(.replicationSocket, default: "") }
             guard settings.socket.utf8.count < 108 else {
-                throw error("replication.socket", "is longer than a Unix socket path may be (107 bytes): \(settings.socket)")
+                throw error(.replicationSocket, "is longer than a Unix socket path may be (107 bytes): \(settings.socket)")
             }
-            settings.litestream = try string("replication.litestream") ?? "litestream"
-            if settings.litestream.contains("/") { settings.litestream = try path("replication.litestream", default: "") }
-            settings.startLitestream = try bool("replication.startLitestream") ?? true
-            settings.restartUnresponsiveSeconds = try int("replication.restartUnresponsiveSeconds", minimum: 0, maximum: 86_400) ?? 60
-            if let address = try string("replication.litestreamMetricsAddress") {
+            settings.litestream = try string(.replicationLitestream) ?? "litestream"
+            if settings.litestream.contains("/") { settings.litestream = try path(.replicationLitestream, default: "") }
+            settings.startLitestream = try bool(.replicationStartLitestream) ?? true
+            settings.restartUnresponsiveSeconds = try int(.replicationRestartUnresponsiveSeconds, minimum: 0, maximum: 86_400) ?? 60
+            if let address = try string(.replicationLitestreamMetricsAddress) {
                 guard case .tcp = MetricsAddress(address) else {
-                    throw error("replication.litestreamMetricsAddress", "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")
+                    throw error(.replicationLitestreamMetricsAddress, "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")
                 }
                 settings.litestreamMetricsAddress = address
             }
@@ -213,7 +213,7 @@ extension ConfigurationLoader {
             let parts = location.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false)
             let bucket = String(parts[0])
             guard !bucket.isEmpty, bucket.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "." || $0 == "_" }) else {
-                throw error("replication.replica", "an s3:// replica names a bucket first: s3://BUCKET/PREFIX (got \"\(replica)\")")
+                throw error(.replicationReplica, "an s3:// replica names a bucket first: s3://BUCKET/PREFIX (got \"\(replica)\")")
             }
             var settings = S3ReplicaSettings(bucket: bucket, prefix: parts.count > 1 ? parts[1].split(separator: "/").joined(separator: "/") : "")
             var query: [String: String] = [:]
@@ -221,61 +221,61 @@ extension ConfigurationLoader {
                 let halves = pair.split(separator: "=", maxSplits: 1)
                 query[String(halves[0])] = halves.count > 1 ? String(halves[1]).removingPercentEncoding ?? String(halves[1]) : ""
             }
-            settings.endpoint = try string("replication.s3.endpoint") ?? query["endpoint"]
+            settings.endpoint = try string(.replicationS3Endpoint) ?? query["endpoint"]
             if let endpoint = settings.endpoint {
                 guard let url = URLComponents(string: endpoint), ["http", "https"].contains(url.scheme), url.host?.isEmpty == false,
                       url.path.isEmpty || url.path == "/" else {
-                    throw error("replication.s3.endpoint", "must be an http://host[:port] or https://host[:port] URL without a path (got \"\(endpoint)\")")
+                    throw error(.replicationS3Endpoint, "must be an http://host[:port] or https://host[:port] URL without a path (got \"\(endpoint)\")")
                 }
                 settings.endpoint = endpoint.hasSuffix("/") ? String(endpoint.dropLast()) : endpoint
             }
-            settings.region = try string("replication.s3.region") ?? query["region"] ?? "us-east-1"
+            settings.region = try string(.replicationS3Region) ?? query["region"] ?? "us-east-1"
             let urlPathStyle = (query["forcePathStyle"] ?? query["force-path-style"]).map { $0 == "true" || $0 == "1" }
-            settings.forcePathStyle = try bool("replication.s3.forcePathStyle") ?? urlPathStyle ?? (settings.endpoint != nil)
-            if try string("replication.s3.credentialsFile") != nil {
-                let file = try path("replication.s3.credentialsFile", default: "")
-                guard FileManager.default.isReadableFile(atPath: file) else { throw error("replication.s3.credentialsFile", "cannot read \(file)") }
+            settings.forcePathStyle = try bool(.replicationS3ForcePathStyle) ?? urlPathStyle ?? (settings.endpoint != nil)
+            if try string(.replicationS3CredentialsFile) != nil {
+                let file = try path(.replicationS3CredentialsFile, default: "")
+                guard FileManager.default.isReadableFile(atPath: file) else { throw error(.replicationS3CredentialsFile, "cannot read \(file)") }
                 settings.credentialsFile = file
             }
-            if let name = try string("replication.s3.credential") {
-                guard !name.isEmpty, !name.contains("/") else { throw error("replication.s3.credential", "must be a systemd credential's name (LoadCredential=NAME:…), got \"\(name)\"") }
+            if let name = try string(.replicationS3Credential) {
+                guard !name.isEmpty, !name.contains("/") else { throw error(.replicationS3Credential, "must be a systemd credential's name (LoadCredential=NAME:…), got \"\(name)\"") }
                 settings.credential = name
             }
-            if try string("replication.s3.caFile") != nil {
-                let file = try path("replication.s3.caFile", default: "")
-                guard FileManager.default.isReadableFile(atPath: file) else { throw error("replication.s3.caFile", "cannot read \(file)") }
+            if try string(.replicationS3CaFile) != nil {
+                let file = try path(.replicationS3CaFile, default: "")
+                guard FileManager.default.isReadableFile(atPath: file) else { throw error(.replicationS3CaFile, "cannot read \(file)") }
                 settings.caFile = file
             }
             return settings
         }
 
-        func error(_ key: String, _ problem: String) -> ConfigurationError {
-            ConfigurationError(file: file, key: key, problem: problem)
+        func error(_ key: ConfigurationKey, _ problem: String) -> ConfigurationError {
+            ConfigurationError(file: file, key: key.rawValue, problem: problem)
         }
 
         /// Runs `read`; nil when the key is absent, a ConfigurationError when it has the wrong type.
-        func optional<T>(_ key: String, expected: String, _ read: () throws -> T) throws(ConfigurationError) -> T? {
+        func optional<T>(_ key: ConfigurationKey, expected: String, _ read: () throws -> T) throws(ConfigurationError) -> T? {
             do {
                 return try read()
             } catch {
-                guard present.contains(key) else { return nil }
+                guard present.contains(key.rawValue) else { return nil }
                 throw self.error(key, "must be \(expected)")
             }
         }
 
-        func string(_ key: String) throws(ConfigurationError) -> String? {
-            try optional(key, expected: "a string") { try reader.requiredString(forKey: ConfigKey(key)) }
+        func string(_ key: ConfigurationKey) throws(ConfigurationError) -> String? {
+            try optional(key, expected: "a string") { try reader.requiredString(forKey: ConfigKey(key.rawValue)) }
         }
 
-        func bool(_ key: String) throws(ConfigurationError) -> Bool? {
-            try optional(key, expected: "true or false") { try reader.requiredBool(forKey: ConfigKey(key)) }
+        func bool(_ key: ConfigurationKey) throws(ConfigurationError) -> Bool? {
+            try optional(key, expected: "true or false") { try reader.requiredBool(forKey: ConfigKey(key.rawValue)) }
         }
 
         /// `auto`, `true` (always) or `false` (never); YAML's booleans and the words both work.
-        func backupMode(_ key: String) throws(ConfigurationError) -> MigrationPolicy.BackupMode? {
-            if let flag = try? reader.requiredBool(forKey: ConfigKey(key)) { return flag ? .always : .never }
-            guard let text = try? reader.requiredString(forKey: ConfigKey(key)) else {
-                guard present.contains(key) else { return nil }
+        func backupMode(_ key: ConfigurationKey) throws(ConfigurationError) -> MigrationPolicy.BackupMode? {
+            if let flag = try? reader.requiredBool(forKey: ConfigKey(key.rawValue)) { return flag ? .always : .never }
+            guard let text = try? reader.requiredString(forKey: ConfigKey(key.rawValue)) else {
+                guard present.contains(key.rawValue) else { return nil }
                 throw error(key, "must be auto, true or false")
             }
             guard let mode = MigrationPolicy.BackupMode(rawValue: text.lowercased()) else {
@@ -284,15 +284,15 @@ extension ConfigurationLoader {
             return mode
         }
 
-        func int(_ key: String, minimum: Int, maximum: Int = Int.max) throws(ConfigurationError) -> Int? {
-            guard let value = try optional(key, expected: "an integer", { try reader.requiredInt(forKey: ConfigKey(key)) }) else { return nil }
+        func int(_ key: ConfigurationKey, minimum: Int, maximum: Int = Int.max) throws(ConfigurationError) -> Int? {
+            guard let value = try optional(key, expected: "an integer", { try reader.requiredInt(forKey: ConfigKey(key.rawValue)) }) else { return nil }
             guard value >= minimum, value <= maximum else {
                 throw error(key, maximum == Int.max ? "must be at least \(minimum) (got \(value))" : "must be between \(minimum) and \(maximum) (got \(value))")
             }
             return value
         }
 
-        func path(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
+        func path(_ key: ConfigurationKey, default fallback: String) throws(ConfigurationError) -> String {
             let value = try string(key) ?? fallback
             guard !value.isEmpty else { throw error(key, "must not be empty") }
             if value.hasPrefix("/") { return value }
@@ -300,8 +300,8 @@ extension ConfigurationLoader {
             return base.appendingPathComponent(value).standardizedFileURL.path
         }
 
-        func ids(_ key: String, resolve: (String) -> UInt32?) throws(ConfigurationError) -> Set<UInt32> {
-            guard let names = try optional(key, expected: "a list of names or numeric ids", { try reader.requiredStringArray(forKey: ConfigKey(key)) }) else { return [] }
+        func ids(_ key: ConfigurationKey, resolve: (String) -> UInt32?) throws(ConfigurationError) -> Set<UInt32> {
+            guard let names = try optional(key, expected: "a list of names or numeric ids", { try reader.requiredStringArray(forKey: ConfigKey(key.rawValue)) }) else { return [] }
             var result = Set<UInt32>()
             for name in names {
                 guard let id = resolve(name) else { throw error(key, "'\(name)' is not a known user or group on this host") }

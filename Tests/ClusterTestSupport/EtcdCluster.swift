@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Real etcd members (Debian's `etcd-server`, installed by scripts/install-deps.sh) on
 /// 127.0.0.1, each with its own data folder under a temporary directory: started by the
@@ -96,23 +97,35 @@ public final class EtcdCluster: @unchecked Sendable {
         return try JSONSerialization.jsonObject(with: data) as? [String: Any]
     }
 
-    /// Ports nobody listens on now (bound to port 0 and released).
+    /// Ports nobody listens on now, below the kernel's ephemeral range (32768 and up): a port
+    /// the kernel handed out for "port 0" could be handed out again to another test's outgoing
+    /// connection before the server bound it (SeaweedFS once failed with "address already in
+    /// use" that way). Taken in turn from a random start, each checked by binding it.
     public static func freePorts(_ count: Int) throws -> [Int] {
-        var sockets: [Int32] = []
-        defer { sockets.forEach { close($0) } }
-        return try (0..<count).map { _ in
-            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-            var address = sockaddr_in()
-            address.sin_family = sa_family_t(AF_INET)
-            address.sin_addr.s_addr = inet_addr("127.0.0.1")
-            let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } }
-            var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-            guard bound == 0, withUnsafeMutablePointer(to: &address, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) } }) == 0 else {
-                throw NSError(domain: "EtcdCluster", code: 2, userInfo: [NSLocalizedDescriptionKey: "no free port"])
+        var ports: [Int] = []
+        while ports.count < count {
+            let candidate = nextPort.withLock { next -> Int in
+                if next == 0 { next = Int.random(in: 20_000..<30_000) }
+                defer { next = next + 1 >= 32_000 ? 20_000 : next + 1 }
+                return next
             }
-            sockets.append(fd)
-            return Int(UInt16(bigEndian: address.sin_port))
+            if isFree(candidate) { ports.append(candidate) }
+            if ports.isEmpty && candidate == 31_999 { throw NSError(domain: "EtcdCluster", code: 2, userInfo: [NSLocalizedDescriptionKey: "no free port"]) }
         }
+        return ports
+    }
+
+    private static let nextPort = Mutex(0)
+
+    /// Whether `port` on 127.0.0.1 can be bound now.
+    private static func isFree(_ port: Int) -> Bool {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = in_port_t(UInt16(port).bigEndian)
+        return withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } } == 0
     }
 }
 

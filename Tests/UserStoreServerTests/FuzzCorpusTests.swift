@@ -3,6 +3,7 @@ import Testing
 @testable import UserStoreCore
 @testable import UserStoreServer
 @testable import Varlink
+import UserStoreFuzzTargets
 
 /// Replays every file of the fuzzers' seed corpora (`Fuzz/corpus/<target>/`) through the very
 /// functions the libFuzzer targets call, so that a seed that once found a bug stays a regression

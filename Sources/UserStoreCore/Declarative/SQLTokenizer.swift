@@ -1,15 +1,15 @@
 import Foundation
 
 /// A token of SQLite's SQL, enough to take CREATE statements apart.
-struct SQLToken: Equatable {
+package struct SQLToken: Equatable {
     enum Kind: Equatable { case word, quotedIdentifier, string, number, blob, punctuation, comment }
     var kind: Kind
     /// The token's text as written (quotes included).
-    var text: String
+    package var text: String
     /// 1-based line of the token's first character.
     var line: Int
     /// Character offsets of the token in the text it came from.
-    var range: Range<Int> = 0..<0
+    package var range: Range<Int> = 0..<0
 
     /// The identifier's value (quotes removed), or the word; lower-cased for comparisons.
     var identifier: String {
@@ -35,8 +35,8 @@ struct SQLToken: Equatable {
 }
 
 /// Splits SQL text into tokens (comments kept, whitespace dropped).
-enum SQLTokenizer {
-    static func tokens(_ sql: String) -> [SQLToken] {
+package enum SQLTokenizer {
+    package static func tokens(_ sql: String) -> [SQLToken] {
         let chars = Array(sql)
         var tokens: [SQLToken] = []
         var index = 0

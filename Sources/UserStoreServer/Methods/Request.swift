@@ -30,14 +30,14 @@ struct Request: Sendable {
 extension SQLRunner.Statement {
     /// The statement of a Query or Execute call whose parameters object is `call`: `sql` (a
     /// string) and `parameters`.
-    static func single(_ view: JSONView, _ call: Int?) throws(VarlinkError) -> Self {
+    package static func single(_ view: JSONView, _ call: Int?) throws(VarlinkError) -> Self {
         guard let call, let sql = view.member("sql", of: call), view.kind(sql) == .string else { throw .invalidParameter("sql") }
         return Self(sql: sql, parameters: view.member("parameters", of: call), index: nil)
     }
 
     /// The statements of a Batch call (`list`: its `statements` array), each an object with
     /// `sql` and optional `parameters`.
-    static func batch(_ view: JSONView, _ list: Int?, maximum: Int) throws(VarlinkError) -> [Self] {
+    package static func batch(_ view: JSONView, _ list: Int?, maximum: Int) throws(VarlinkError) -> [Self] {
         guard let list, view.kind(list) == .array else { throw .invalidParameter("statements") }
         guard view.count(list) <= maximum else { throw Errors.limitExceeded("batchStatements", maximum: maximum) }
         var statements: [Self] = []

@@ -5,12 +5,12 @@ import Varlink
 /// Binds a call's JSON parameters to a prepared statement straight from the request's bytes
 /// (see the value table in io.userstore.Store): no intermediate values, text bound from the
 /// buffer it arrived in.
-enum ValueBinding {
+package enum ValueBinding {
     private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
     /// Binds the parameters at token `parameters` of `view` (nil or null: none; an array:
     /// positional; an object: named) to `statement`.
-    static func bind(_ view: JSONView, _ parameters: Int?, to statement: OpaquePointer, name: String = "parameters") throws(VarlinkError) {
+    package static func bind(_ view: JSONView, _ parameters: Int?, to statement: OpaquePointer, name: String = "parameters") throws(VarlinkError) {
         let count = Int(sqlite3_bind_parameter_count(statement))
         guard let parameters, view.kind(parameters) != .null else {
             guard count == 0 else { throw .invalidParameter("\(name): the statement has \(count) parameter\(count == 1 ? "" : "s"), none given") }

@@ -9,9 +9,9 @@ import Varlink
 /// reply, with the SQLite C API: prepared statements are cached per store, values go from the
 /// statement to JSON without intermediate objects. Runs wherever the store's connection is held:
 /// its serial queue, or an event loop for a read-only statement on an idle store.
-struct SQLRunner {
+package struct SQLRunner {
     /// What a call returns.
-    enum Output {
+    package enum Output {
         /// `{"columns": [...], "rows": [[...]]}` (Query).
         case rows
         /// `{"changes": n, "lastInsertRowId": n}` (Execute).
@@ -29,10 +29,10 @@ struct SQLRunner {
 
     /// One statement of a call: the tokens of its SQL (a string) and parameters in the call's
     /// ``JSONView``, and its place in a Batch (for errors).
-    struct Statement {
-        var sql: Int
-        var parameters: Int?
-        var index: Int?
+    package struct Statement {
+        package var sql: Int
+        package var parameters: Int?
+        package var index: Int?
     }
 
     /// The whole reply (`{"parameters": …}` and its NUL, or an error) to one statement on

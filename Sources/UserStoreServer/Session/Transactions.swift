@@ -13,16 +13,16 @@ import Varlink
 /// `limits.transactionMilliseconds`. Its calls run on the store's queue, never inline.
 ///
 /// Confined to its connection's event loop; other threads reach it through `loop.execute`.
-final class Transactions: @unchecked Sendable {
+package final class Transactions: @unchecked Sendable {
     /// The parts of an interactive transaction a call can be.
-    enum Call {
+    package enum Call {
         case begin
         case end(commit: Bool)
         /// A Query (`.rows`), Execute (`.changes`) or Batch (nil) naming a transaction.
         case statement(SQLRunner.Output?)
 
         /// Whether the call in `view` is about an interactive transaction, and which part.
-        init?(_ view: JSONView) {
+        package init?(_ view: JSONView) {
             switch Method.of(view) {
             case .begin?: self = .begin
             case .commit?: self = .end(commit: true)

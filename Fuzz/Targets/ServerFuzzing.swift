@@ -1,5 +1,6 @@
 import GRDBSQLite
 import UserStoreCore
+import UserStoreServer
 import Varlink
 
 /// What the fuzzer checks on call decoding (`Fuzz/`, scripts/fuzz.sh); the tests replay the

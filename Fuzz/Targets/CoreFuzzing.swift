@@ -1,3 +1,4 @@
+import UserStoreCore
 /// What the fuzzers check on migration files and SQL text (`Fuzz/`, scripts/fuzz.sh); the tests
 /// replay the seed corpora through the same functions. Each traps on a broken invariant.
 package enum CoreFuzzing {

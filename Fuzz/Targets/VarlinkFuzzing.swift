@@ -1,3 +1,4 @@
+import Varlink
 /// What the fuzzers check on the varlink layer (`Fuzz/`, scripts/fuzz.sh); the tests replay
 /// the seed corpora through the same functions. Each traps on a broken invariant.
 package enum VarlinkFuzzing {
