@@ -45,19 +45,25 @@ struct BenchEnvironment {
     }
 
     /// The constant-reply server (bench/userstore-floor.c), one epoll loop per core, on a socket
-    /// of its own; nil when it was not built.
-    func startFloorServer() throws -> (Process, String)? {
+    /// of its own: its pid and socket; nil when it was not built. Started through the shell, not
+    /// as a Foundation `Process`: with it and the daemon both running, `Process.waitUntilExit`
+    /// on the daemon never returned (it spun at half a core).
+    func startFloorServer() -> (pid: Int32, socket: String)? {
         let path = binaries + "/userstore-floor", socket = root + "/floor.sock"
         guard FileManager.default.isExecutableFile(atPath: path) else { return nil }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: path)
-        process.arguments = ["--socket", socket, "--threads", "\(ProcessInfo.processInfo.activeProcessorCount)"]
-        try process.run()
+        let (_, output) = shell("'\(path)' --socket '\(socket)' --threads \(ProcessInfo.processInfo.activeProcessorCount) >/dev/null 2>&1 & echo $!")
+        guard let pid = Int32(output.trimmingCharacters(in: .whitespacesAndNewlines)) else { return nil }
         for _ in 0..<200 { // set-up, not a test: poll until it listens
             if shell("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('\(socket)')\"").0 == 0 { break }
             usleep(20_000)
         }
-        return (process, socket)
+        return (pid, socket)
+    }
+
+    /// Stops the floor server and waits until it is gone.
+    func stopFloorServer(_ pid: Int32) {
+        kill(pid, SIGTERM)
+        for _ in 0..<500 where kill(pid, 0) == 0 { usleep(10_000) }
     }
 
     func stop(_ process: Process) {

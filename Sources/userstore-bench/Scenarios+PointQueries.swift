@@ -65,8 +65,8 @@ extension Scenarios {
             return
         }
         await warm(socket: socket, users: fleet.users, load: load, workload: workload)
-        let floor = try env.startFloorServer()
-        defer { if let floor { env.stop(floor.0) } }
+        let floor = env.startFloorServer()
+        defer { if let floor { env.stopFloorServer(floor.pid) } }
         var postgresAt8: Double?
         for clients in [1, 8, 64] {
             let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
@@ -95,7 +95,7 @@ extension Scenarios {
                                            measured: String(format: "%.2f×", ratio), met: ratio >= 1.0))
             }
             if let floor {
-                let limit = load.run(socket: floor.1, connections: clients, seconds: seconds, workload)
+                let limit = load.run(socket: floor.socket, connections: clients, seconds: seconds, workload)
                 let share = ours.throughput / max(limit.throughput, 1)
                 var note = String(format: "the machine's floor: userstored reaches %.2f of it", share)
                 if let postgresRate { note += String(format: ", PostgreSQL %.2f", postgresRate / max(limit.throughput, 1)) }
