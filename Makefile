@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench soak churn fuzz asan tsan clean cluster-test fuzz-smoke
+.PHONY: deps build release test run install uninstall bench ab-point soak churn fuzz asan tsan clean cluster-test fuzz-smoke
 
 deps:
 	@bash scripts/install-deps.sh
@@ -34,6 +34,15 @@ uninstall:
 ## Benchmarks against PostgreSQL, in-process SQLite and a sqlite3 loop (release build; not part of test).
 bench:
 	bash scripts/bench.sh
+
+## Point queries on two daemons, alternating: the userstored of OLD (a git revision, built in a
+## worktree under .build/ab) against the current tree's, on the same data (scripts/ab-point.sh).
+ab-point:
+	@test -n "$(OLD)" || { echo "usage: make ab-point OLD=<git revision>"; exit 2; }
+	swift build -c release --static-swift-stdlib --product userstored
+	rm -rf .build/ab/$(OLD) && git worktree add -f .build/ab/$(OLD) $(OLD)
+	cd .build/ab/$(OLD) && swift build -c release --static-swift-stdlib --product userstored
+	bash scripts/ab-point.sh .build/ab/$(OLD)/.build/release/userstored "$$(swift build -c release --show-bin-path)/userstored"
 
 ## The cluster harness, full length (scripts/test.sh runs a short one): 3 etcd members, 3
 ## daemons on 127.0.0.2-4, ~300 users, six faults, the history checker (docs/cluster.md).

@@ -40,7 +40,7 @@ struct AdminMethods {
         case .adminExecute: try await send(execute(request, parameters))
         case .top: try await send(VarlinkReply.encode(try top(parameters)))
         case .deleteStore, .exportStore, .importStore, .listBackups, .restoreStore:
-            try await LifecycleMethods(context: context).handle(method, request, send: send)
+            try await StoreLifecycleMethods(context: context).handle(method, request, send: send)
         case .replication, .restoreFromReplica:
             try await ReplicationMethods(context: context).handle(method, request, send: send)
         case .cluster, .moveBucket, .drainHost, .rebalance:

@@ -5,7 +5,7 @@ import Varlink
 
 /// `io.userstore.Admin` for a store's whole life: DeleteStore, ExportStore, ImportStore,
 /// ListBackups, RestoreStore.
-struct LifecycleMethods {
+struct StoreLifecycleMethods {
     let context: DaemonContext
     private var registry: StoreRegistry { context.registry }
 

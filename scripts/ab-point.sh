@@ -1,0 +1,78 @@
+#!/bin/bash
+# Two userstored binaries on the same point-query load, alternating (A B A B ...), so that a
+# change to the request path is judged against the binary before it in the same minutes on the
+# same machine — these VMs drift by 2x from hour to hour. Drives both with the bench's C client
+# (bench/userstore-load.c): 1, 8 and 64 connections one call at a time, and 8 connections in
+# batches of 16 (as pgbench's pipeline mode), on USERS users x 10,000 rows.
+#
+# Usage: bash scripts/ab-point.sh OLD_USERSTORED NEW_USERSTORED
+#   (make ab-point OLD=<rev> builds <rev> in a worktree and runs this against the current tree)
+# Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2).
+set -euo pipefail
+old=$1 new=$2
+users=${USERS:-100} seconds=${SECONDS_PER_RUN:-5} rounds=${ROUNDS:-2}
+cd "$(dirname "$0")/.."
+load="$(swift build -c release --show-bin-path)/userstore-load"
+[ -x "$load" ] || cc -O2 -Wall -pthread -o "$load" bench/userstore-load.c
+work=$(mktemp -d /tmp/ab-point.XXXXXX)
+trap 'kill $(cat "$work"/pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
+mkdir -p "$work/migrations"
+echo "CREATE TABLE kv (id INTEGER PRIMARY KEY, value TEXT NOT NULL);" > "$work/migrations/0001_kv.sql"
+cat > "$work/userstored.yaml" <<EOF
+appVersion: "2.0.0"
+dataDirectory: $work/data
+socketPath: $work/userstore.sock
+migrationsDirectory: $work/migrations
+logTarget: stderr
+maxOpenStores: 1024
+EOF
+
+start() { # binary
+    "$1" --config "$work/userstored.yaml" 2>/dev/null & echo $! > "$work/pid"
+    # Set-up, not a test: wait until the socket answers.
+    for _ in $(seq 600); do
+        python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.connect('$work/userstore.sock')" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "ab-point: $1 did not start" >&2; exit 1
+}
+stop() { kill "$(cat "$work/pid")"; while kill -0 "$(cat "$work/pid")" 2>/dev/null; do sleep 0.05; done; }
+run() { # label, load arguments...
+    local label=$1; shift
+    "$load" --socket "$work/userstore.sock" --threads 2 --seconds "$seconds" --users "$users" "$@" \
+        | python3 -c "import json,sys; r=json.loads(sys.stdin.read().splitlines()[-1]); print('$label', r['throughput'], r['p99_us'])"
+}
+
+# The users' stores, created and migrated by the new daemon, then filled directly.
+start "$new"
+"$load" --socket "$work/userstore.sock" --connections "$users" --threads 2 --seconds 1 --users "$users" --pick connection \
+    --method io.userstore.Store.Open --rows 0 >/dev/null
+stop
+for file in $(find "$work/data/stores" -name '*.sqlite'); do
+    sqlite3 "$file" "INSERT INTO kv (id, value) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000) SELECT x, 'value ' || x FROM c;"
+done
+
+results="$work/results"
+for round in $(seq "$rounds"); do
+    for side in old new; do
+        binary=$old; [ "$side" = new ] && binary=$new
+        start "$binary"
+        "$load" --socket "$work/userstore.sock" --connections 8 --threads 2 --seconds 2 --users "$users" >/dev/null # warm
+        for clients in 1 8 64; do run "$side $clients-connections" --connections "$clients" >> "$results"; done
+        run "$side 8x16-batches" --connections 8 --pipeline 16 --batch 1 >> "$results"
+        stop
+    done
+done
+python3 - "$results" <<'EOF'
+import sys, collections
+rates = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    side, row, rate, p99 = line.split()
+    rates[(row, side)].append(float(rate))
+print("| load | old req/s (runs) | new req/s (runs) | new / old |")
+print("|---|---|---|---|")
+for row in ["1-connections", "8-connections", "64-connections", "8x16-batches"]:
+    old, new = rates[(row, "old")], rates[(row, "new")]
+    mean = lambda v: sum(v) / len(v)
+    print(f"| {row} | {mean(old):.0f} ({', '.join(f'{v:.0f}' for v in old)}) | {mean(new):.0f} ({', '.join(f'{v:.0f}' for v in new)}) | {mean(new) / mean(old):.2f} |")
+EOF
