@@ -1,6 +1,6 @@
 /// Every key `userstored.yaml` may hold (and its `USERSTORED_…` environment override): the one
 /// list of them. The loader refuses a key not listed (a typo), the reader reads values by these
-/// cases, and docs/configuration.md documents each (`ConfigurationTests` checks it does).
+/// cases, and docs/configuration.md documents each (`ConfigurationKeyTests` checks it does).
 public enum ConfigurationKey: String, CaseIterable, Sendable {
     case appVersion
     case dataDirectory

@@ -106,8 +106,8 @@ extension ConfigurationLoader {
         /// `cluster.*`: nil (one host) without `cluster.host`.
         private func clusterSettings(replica: String?) throws(ConfigurationError) -> ClusterSettings? {
             guard let host = try string(.clusterHost) else {
-                for key in ConfigurationLoader.knownKeys where key.hasPrefix("cluster.") && present.contains(key) {
-                    throw error(.clusterHost, "is required when \(key) is set: this host's name in the cluster")
+                if let key = firstPresent(in: "cluster") {
+                    throw error(.clusterHost, "is required when \(key.rawValue) is set: this host's name in the cluster")
                 }
                 return nil
             }
@@ -163,8 +163,8 @@ extension ConfigurationLoader {
         /// `replication.*`: nil (off) without `replication.replica`.
         private func replicationSettings(dataDirectory: String) throws(ConfigurationError) -> ReplicationSettings? {
             guard let replica = try string(.replicationReplica) else {
-                for key in ConfigurationLoader.knownKeys where key.hasPrefix("replication.") && present.contains(key) {
-                    throw error(.replicationReplica, "is required when \(key) is set: the replica URL (file:///..., s3://..., sftp://...)")
+                if let key = firstPresent(in: "replication") {
+                    throw error(.replicationReplica, "is required when \(key.rawValue) is set: the replica URL (file:///..., s3://..., sftp://...)")
                 }
                 return nil
             }
@@ -180,7 +180,7 @@ extension ConfigurationLoader {
             if scheme == "s3" {
                 settings.s3 = try s3Settings(replica)
                 settings.replica = settings.s3!.url
-            } else if let key = ConfigurationKey.allCases.first(where: { $0.rawValue.hasPrefix("replication.s3.") && present.contains($0.rawValue) }) {
+            } else if let key = firstPresent(in: "replication.s3") {
                 throw error(key, "is only for an s3:// replication.replica")
             }
             settings.syncIntervalMilliseconds = try int(.replicationSyncIntervalMilliseconds, minimum: 100, maximum: 3_600_000) ?? 1000
@@ -247,6 +247,12 @@ extension ConfigurationLoader {
                 settings.caFile = file
             }
             return settings
+        }
+
+        /// The first key of `section` (in ``ConfigurationKey``'s order) the file or the
+        /// environment sets.
+        func firstPresent(in section: String) -> ConfigurationKey? {
+            ConfigurationKey.allCases.first { $0.rawValue.hasPrefix(section + ".") && present.contains($0.rawValue) }
         }
 
         func error(_ key: ConfigurationKey, _ problem: String) -> ConfigurationError {

@@ -103,15 +103,16 @@ public final class EtcdCluster: @unchecked Sendable {
     /// use" that way). Taken in turn from a random start, each checked by binding it.
     public static func freePorts(_ count: Int) throws -> [Int] {
         var ports: [Int] = []
-        while ports.count < count {
+        // At most one pass over the 12,000 ports of the range.
+        for _ in 0..<12_000 where ports.count < count {
             let candidate = nextPort.withLock { next -> Int in
-                if next == 0 { next = Int.random(in: 20_000..<30_000) }
+                if next == 0 { next = Int.random(in: 20_000..<32_000) }
                 defer { next = next + 1 >= 32_000 ? 20_000 : next + 1 }
                 return next
             }
             if isFree(candidate) { ports.append(candidate) }
-            if ports.isEmpty && candidate == 31_999 { throw NSError(domain: "EtcdCluster", code: 2, userInfo: [NSLocalizedDescriptionKey: "no free port"]) }
         }
+        guard ports.count == count else { throw NSError(domain: "EtcdCluster", code: 2, userInfo: [NSLocalizedDescriptionKey: "no free port"]) }
         return ports
     }
 

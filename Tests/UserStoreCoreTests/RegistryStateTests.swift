@@ -15,18 +15,17 @@ struct RegistryStateTests {
     /// The state, and what its transitions asked for.
     struct Driver: ~Copyable {
         var state: State
-        var rules = State.Rules(maxOpenStores: 2, servePreviousVersionOnFailure: false)
         var preparations: [String] = []
         var refusals: [StoreError] = []
 
         init() throws {
-            state = State(migrations: try MigrationSet([]))
+            state = State(migrations: try MigrationSet([]), rules: .init(maxOpenStores: 2, servePreviousVersionOnFailure: false))
         }
 
         mutating func request(_ name: String, access: StoreRegistry.Access = .client, mode: StoreRegistry.LeaseMode = .migrate,
                               exists: Bool = true) throws -> State.LeaseStep {
             var asked: [String] = [], refused: [StoreError] = []
-            let step = state.nextStep(for: try UserID(name), access: access, mode: mode, exists: exists, rules: rules,
+            let step = state.nextStep(for: try UserID(name), access: access, mode: mode, exists: exists,
                                       refused: { refused.append($0) }, prepare: { _, preparation in
                 switch preparation {
                 case .bringUpToDate: asked.append("bring \(name) up to date")
@@ -79,7 +78,7 @@ struct RegistryStateTests {
 
     @Test func whenEveryOpenStoreIsInUseARequestWaitsForCapacity() throws {
         var driver = try Driver()
-        driver.rules.maxOpenStores = 1
+        driver.state.rules.maxOpenStores = 1
         let ann = try driver.ready("ann")
         guard case .use = try driver.request("ann") else { Issue.record("ann not served"); return }
         guard case .waitForCapacity = try driver.request("bob") else { Issue.record("bob did not wait for capacity"); return }
@@ -106,7 +105,7 @@ struct RegistryStateTests {
         #expect(refused.description == failure.description)
         guard case .use(let store, let reported?) = try driver.request("ann", access: .admin) else { Issue.record("admin refused"); return }
         #expect(store === ann && reported.description == failure.description)
-        driver.rules.servePreviousVersionOnFailure = true
+        driver.state.rules.servePreviousVersionOnFailure = true
         guard case .use(_, _?) = try driver.request("ann") else { Issue.record("the previous version was not served"); return }
     }
 

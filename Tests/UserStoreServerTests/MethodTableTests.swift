@@ -33,14 +33,14 @@ struct MethodTableTests {
     @Test func everyMethodIsFoundByItsNameAndReadInPlace() throws {
         var tape = JSONTape(maxDepth: 8)
         for method in Method.allCases {
-            #expect(Method(named: method.rawValue) == method)
+            #expect(Method(rawValue: method.rawValue) == method)
             let bytes = Array(#"{"method":"\#(method.rawValue)"}"#.utf8)
             try bytes.withUnsafeBufferPointer { buffer in
                 try tape.parse(buffer)
                 #expect(tape.withView(buffer) { Method.of($0) } == method)
             }
         }
-        #expect(Method(named: "io.userstore.Store.Nope") == nil)
-        #expect(Method(named: "io.userstore.Store") == nil)
+        #expect(Method(rawValue: "io.userstore.Store.Nope") == nil)
+        #expect(Method(rawValue: "io.userstore.Store") == nil)
     }
 }

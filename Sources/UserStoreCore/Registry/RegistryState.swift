@@ -41,9 +41,12 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
     /// the kernel's cache holds as if it were sound. They stay refused (to clients, and to
     /// migrations) until the daemon restarts or the store is replaced (delete, import, restore).
     var damaged: [UserID: String] = [:]
+    /// The limits and policies the transitions follow.
+    var rules: Rules
 
-    init(migrations: MigrationSet) {
+    init(migrations: MigrationSet, rules: Rules) {
         self.migrations = migrations
+        self.rules = rules
     }
 
     // MARK: Leasing
@@ -81,7 +84,7 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
     /// The next step of a request for `user`'s store. `exists`: whether its file exists (read
     /// only for ``StoreRegistry/LeaseMode/asIs``). `refused` hears of a store refused just now;
     /// `prepare` starts a preparation.
-    mutating func nextStep(for user: UserID, access: StoreRegistry.Access, mode: StoreRegistry.LeaseMode, exists: Bool, rules: Rules,
+    mutating func nextStep(for user: UserID, access: StoreRegistry.Access, mode: StoreRegistry.LeaseMode, exists: Bool,
                            refused: (StoreError) -> Void,
                            prepare: (inout Self, Preparation) -> Task<PreparationOutcome, Never>) -> LeaseStep {
         tick += 1
@@ -124,7 +127,7 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
         if let damage = damaged[user], access != .admin || mode == .migrate {
             return .fail(.storeDamaged(user: user, message: damage))
         }
-        if holding < rules.maxOpenStores {
+        if hasRoom {
             return .wait(startOpening(user, prepare(&self, .open(migrate: mode == .migrate))))
         }
         if let victim = idleVictim() {
@@ -138,6 +141,12 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
         entries[user] = entry
         return .use(entry.store!, failure)
     }
+
+    /// One more store may be opened without closing another.
+    var hasRoom: Bool { holding < rules.maxOpenStores }
+
+    /// A request that waits for capacity may ask again: there is room, or an idle store to evict.
+    var hasCapacity: Bool { hasRoom || idleVictim() != nil }
 
     /// Counts a store being opened for `user` (who has no entry; there is room) and enters it
     /// as being prepared by `task`, so that requests for it wait for the task.

@@ -57,7 +57,8 @@ public final class StoreRegistry: Sendable {
         opener.sharedFiles = replication != nil
         preparer = StorePreparer(configuration: configuration, opener: opener, observer: observer, replication: replication,
                                  fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory))
-        self.state = Mutex(RegistryState(migrations: migrations))
+        self.state = Mutex(RegistryState(migrations: migrations, rules: .init(
+            maxOpenStores: configuration.maxOpenStores, servePreviousVersionOnFailure: configuration.policy.servePreviousVersionOnFailure)))
     }
 
     /// The migrations in force.
@@ -146,7 +147,7 @@ public final class StoreRegistry: Sendable {
             try placement?.admit(user)
             let exists = mode == .asIs ? FileManager.default.fileExists(atPath: configuration.layout.storePath(for: user)) : true
             let step = state.withLock { state in
-                state.nextStep(for: user, access: access, mode: mode, exists: exists, rules: rules, refused: { failure in
+                state.nextStep(for: user, access: access, mode: mode, exists: exists, refused: { failure in
                     observer.record(.storeRefused(user: user, error: failure))
                 }, prepare: { state, preparation in
                     self.preparation(&state, user, preparation)
@@ -172,7 +173,7 @@ public final class StoreRegistry: Sendable {
             case .waitForCapacity:
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let resumeNow = state.withLock { state in
-                        if state.holding < configuration.maxOpenStores || state.idleVictim() != nil { return true }
+                        if state.hasCapacity { return true }
                         state.capacityWaiters.append(continuation)
                         return false
                     }
@@ -182,11 +183,6 @@ public final class StoreRegistry: Sendable {
                 throw error
             }
         }
-    }
-
-    /// The limits and policies of the state's transitions.
-    private var rules: RegistryState<Store>.Rules {
-        .init(maxOpenStores: configuration.maxOpenStores, servePreviousVersionOnFailure: configuration.policy.servePreviousVersionOnFailure)
     }
 
     /// Starts `preparation` of `user`'s store in a task of its own. `closeAfter`: see ``prepare``.

@@ -42,10 +42,10 @@ final class Forwarder: Sendable {
         let user: String
     }
 
-    /// Where the call in `view` from `peer` goes, or nil: it is served here. `transactions`:
-    /// those the connection opened elsewhere, by id.
-    func target(of view: JSONView, peer: PeerIdentity, transactions: [String: Transaction]) -> Target? {
-        guard Method.of(view)?.interface == .store,
+    /// Where the call in `view`, of `method`, from `peer` goes, or nil: it is served here.
+    /// `transactions`: those the connection opened elsewhere, by id.
+    func target(of view: JSONView, _ method: Method, peer: PeerIdentity, transactions: [String: Transaction]) -> Target? {
+        guard method.interface == .store,
               let call = view.member("parameters", of: 0), view.kind(call) == .object else { return nil }
         if let named = view.member("transaction", of: call), view.kind(named) == .string {
             // A transaction is served where it was begun (an unknown id: here, NoSuchTransaction).

@@ -28,11 +28,11 @@ struct FastPath {
     /// The methods served here.
     private static let served: Set<Method> = [.open, .query, .execute, .batch]
 
-    /// Handles the call in `view` (a parsed message) from `peer`, appending its reply to
-    /// `writer`, or queueing it with a ``QueuedReply`` from `makeQueuedReply`.
-    func handle(_ view: JSONView, peer: PeerIdentity, limits: RequestLimits, into writer: inout JSONWriter,
+    /// Handles the call in `view` (a parsed message of `method`) from `peer`, appending its reply
+    /// to `writer`, or queueing it with a ``QueuedReply`` from `makeQueuedReply`.
+    func handle(_ view: JSONView, _ method: Method, peer: PeerIdentity, limits: RequestLimits, into writer: inout JSONWriter,
                 makeQueuedReply: () -> QueuedReply) -> Outcome {
-        guard let method = Method.of(view), Self.served.contains(method),
+        guard Self.served.contains(method),
               let call = view.member("parameters", of: 0), view.kind(call) == .object,
               view.member("oneway", of: 0).flatMap(view.bool) != true,
               view.member("more", of: 0).flatMap(view.bool) != true, // streamed: StoreMethods
@@ -41,7 +41,7 @@ struct FastPath {
               let store = context.registry.leaseIfReady(user) else { return .slow }
         // Metrics, when served: the method's handles and the start, read once.
         let handles = context.metrics?.requestHandles(method: method)
-        let started = StoreClock.now()
+        let started = handles == nil ? 0 : StoreClock.now()
         let mark = writer.bytes.count
         let outcome: Outcome
         switch method {
@@ -55,8 +55,8 @@ struct FastPath {
         case .query, .execute, .batch:
             if let dispatch = Self.dispatch(method, view, call, runner: SQLRunner(store: store, limits: limits), into: &writer),
                let durable = try? method == .query ? false : context.isDurable(view, call, user: user.rawValue) {
-                let queued = Queued(context: context, user: user, method: method, durable: durable, handles: handles, started: started)
-                outcome = run(dispatch, view, queued, into: &writer, makeQueuedReply: makeQueuedReply)
+                outcome = run(dispatch, view, Queued(context: context, user: user, method: method, durable: durable, handles: handles),
+                              started: started, into: &writer, makeQueuedReply: makeQueuedReply)
             } else {
                 outcome = writer.bytes.count > mark ? .answered : .slow
             }
@@ -102,13 +102,15 @@ struct FastPath {
     /// Runs `dispatch` for the call in `view`: answered inline, or queued (its reply goes to a
     /// ``QueuedReply``, and the lease ends with it). A durable write is always queued: its reply
     /// waits for the replica.
-    private func run(_ dispatch: StatementDispatch, _ view: JSONView, _ queued: Queued, into writer: inout JSONWriter,
+    /// `started`: when the call arrived, if it is measured (0: the slow-request log times it from
+    /// the queueing on, as an inline answer is never slow).
+    private func run(_ dispatch: StatementDispatch, _ view: JSONView, _ queued: Queued, started: UInt64, into writer: inout JSONWriter,
                      makeQueuedReply: () -> QueuedReply) -> Outcome {
         var dispatch = dispatch
         dispatch.inline = !queued.durable
         let inline = dispatch.run(view, into: &writer) {
-            let reply = makeQueuedReply()
-            return { queued.complete(reply, $0.bytes) }
+            let reply = makeQueuedReply(), started = started == 0 ? StoreClock.now() : started
+            return { queued.complete(reply, $0.bytes, started: started) }
         }
         return inline ? .answered : .queued
     }
@@ -120,16 +122,15 @@ struct FastPath {
         let method: Method
         let durable: Bool
         let handles: DaemonMetrics.RequestHandles?
-        let started: UInt64
 
         /// Hands the reply over once it is ready (a durable write's once the replica has it),
-        /// then ends the lease and records the call.
-        func complete(_ reply: QueuedReply, _ bytes: [UInt8]) {
-            guard durable else { return finish(reply, bytes) }
-            Task { finish(reply, await context.replyWhenReplicated(user, bytes)) }
+        /// then ends the lease and records the call, `started` then.
+        func complete(_ reply: QueuedReply, _ bytes: [UInt8], started: UInt64) {
+            guard durable else { return finish(reply, bytes, started: started) }
+            Task { finish(reply, await context.replyWhenReplicated(user, bytes), started: started) }
         }
 
-        private func finish(_ reply: QueuedReply, _ bytes: [UInt8]) {
+        private func finish(_ reply: QueuedReply, _ bytes: [UInt8], started: UInt64) {
             // Released once the reply is ready: a durable write keeps the store open (and
             // registered) until the replica has it.
             context.registry.release(user)

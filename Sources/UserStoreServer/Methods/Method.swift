@@ -6,7 +6,7 @@ import Varlink
 ///
 /// Adding a method: a case here, its line in the interface file, and its handler's `switch`
 /// (the compiler points at every `switch` that must learn it).
-enum Method: String, CaseIterable, Sendable {
+package enum Method: String, CaseIterable, Sendable {
     // io.userstore.Store
     case open = "io.userstore.Store.Open"
     case query = "io.userstore.Store.Query"
@@ -65,12 +65,9 @@ enum Method: String, CaseIterable, Sendable {
     /// The name within its interface (`Query`).
     var member: Substring { rawValue[rawValue.index(after: rawValue.lastIndex(of: ".")!)...] }
 
-    /// A full method name, or nil when the daemon has no such method.
-    init?(named name: String) { self.init(rawValue: name) }
-
     /// The method named by the string at `token` of `view`, read in place: the request path's
     /// own methods (``Interface/store``) without making a `String`, any other by name.
-    static func named(_ view: JSONView, _ token: Int) -> Method? {
+    private static func named(_ view: JSONView, _ token: Int) -> Method? {
         guard view.kind(token) == .string else { return nil }
         for (method, name) in storeMethodNames where name.withUnsafeBufferPointer({ view.stringEquals(token, $0) }) {
             return method
@@ -79,7 +76,7 @@ enum Method: String, CaseIterable, Sendable {
     }
 
     /// The method of the call in `view` (its `method` member), if the daemon has it.
-    static func of(_ view: JSONView) -> Method? {
+    package static func of(_ view: JSONView) -> Method? {
         guard view.kind(0) == .object, let token = view.member("method", of: 0) else { return nil }
         return named(view, token)
     }

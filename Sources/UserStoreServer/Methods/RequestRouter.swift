@@ -18,7 +18,7 @@ struct RequestRouter {
         var outcome: String?
         defer {
             let elapsed = ContinuousClock.now - started
-            context.metrics?.requestHandles(method: Method(named: call.method)).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
+            context.metrics?.requestHandles(method: Method(rawValue: call.method)).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
                                                                         user: call.parameters["user"]?.stringValue)
         }
         do {
@@ -58,7 +58,7 @@ struct RequestRouter {
         case nil:
             throw VarlinkError.interfaceNotFound(String(call.interface))
         }
-        guard let method = Method(named: call.method) else { throw VarlinkError.methodNotFound(call.method) }
+        guard let method = Method(rawValue: call.method) else { throw VarlinkError.methodNotFound(call.method) }
         switch method.interface {
         case .service: try await ServiceMethods().handle(method, call, send: guarded)
         case .store: try await StoreMethods(context: context).handle(method, request, peer: peer, send: guarded)

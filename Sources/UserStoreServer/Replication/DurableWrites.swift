@@ -26,11 +26,6 @@ extension DaemonContext {
         return asked || replicator.settings.durableWrites
     }
 
-    /// Whether a fast-path write must go to the full handler: it may be durable.
-    func mayBeDurable(_ view: JSONView, _ call: Int) -> Bool {
-        replicator?.settings.durableWrites == true || view.member("durable", of: call) != nil
-    }
-
     /// `reply` (`{"parameters":{…}}` and its NUL, as the daemon writes a reply that is not
     /// streamed) with `fields` added to its parameters.
     static func adding(_ fields: [String: JSONValue], to reply: [UInt8]) -> [UInt8] {

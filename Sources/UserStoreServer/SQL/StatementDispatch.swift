@@ -67,8 +67,9 @@ struct StatementDispatch {
         } == true
     }
 
-    /// Queues the work on the store's serial queue.
-    private func enqueue(_ message: JSONMessage, _ completion: @escaping @Sendable (Outcome) -> Void) {
+    /// Queues the work of the call in `message` on the store's serial queue, whatever it is
+    /// (a transaction's statements, which never run inline, come here directly).
+    func enqueue(_ message: JSONMessage, _ completion: @escaping @Sendable (Outcome) -> Void) {
         let runner = self.runner, work = self.work, transaction = self.transaction, store = self.store
         store.enqueue(transaction: transaction, { db in
             let bytes: [UInt8]

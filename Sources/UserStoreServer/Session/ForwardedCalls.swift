@@ -33,7 +33,7 @@ final class ForwardedCalls: @unchecked Sendable {
 
     /// Forwards the call in `view` (`bytes`, without its NUL) as `target` says: ``Session/Route/later``
     /// when it must wait until every earlier reply is out (a streamed call).
-    func forward(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, to target: Forwarder.Target) -> Session.Route {
+    func forward(_ view: JSONView, _ method: Method, _ bytes: UnsafeBufferPointer<UInt8>, to target: Forwarder.Target) -> Session.Route {
         let oneway = view.member("oneway", of: 0).flatMap(view.bool) == true
         let user: String, host: String, address: String
         switch target {
@@ -46,7 +46,7 @@ final class ForwardedCalls: @unchecked Sendable {
         let parameters = view.member("parameters", of: 0)
         let transaction = parameters.flatMap { view.member("transaction", of: $0) }.flatMap { view.kind($0) == .string ? view.string($0) : nil }
         // Only a Query outside a transaction streams (the owner answers any other call once).
-        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil && Method.of(view) == .query
+        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil && method == .query
         if streamed && !replies.isInOrder { return .later }
         let loop = self.loop
         let maxReplyBytes = max(limits.maxResponseBytes, limits.maxRequestBytes) + (1 << 20)
@@ -76,7 +76,7 @@ final class ForwardedCalls: @unchecked Sendable {
                 }, end: end))
             }
         }
-        let kind = Transactions.Call(view)
+        let kind = Transactions.Call(method, view)
         let begins = kind.map { if case .begin = $0 { true } else { false } } ?? false
         let ends = kind.map { if case .end = $0 { true } else { false } } ?? false
         // Every forwarded call takes a turn among the replies (a oneway one with no bytes): the

@@ -33,10 +33,13 @@ final class Session {
         case later
         /// Run it with the ``RequestRouter`` in a task, alone: nothing else starts until it ends.
         case task(Request)
-        /// A stream relayed from another host, alone like a task: start it with the connection's
-        /// task-reply sink, and call the end handler when the stream is over.
-        case relay(@Sendable (_ send: @escaping ReplySink, _ end: @escaping @Sendable () -> Void) -> Void)
+        /// A stream relayed from another host, alone like a task.
+        case relay(TaskStart)
     }
+
+    /// Starts work that runs alone on the connection: it sends its replies through `send`
+    /// (which waits while the client does not read) and calls `end` when it is over.
+    typealias TaskStart = @Sendable (_ send: @escaping ReplySink, _ end: @escaping @Sendable () -> Void) -> Void
 
     let shared: Shared
     let peer: PeerIdentity
@@ -46,8 +49,6 @@ final class Session {
     /// Calls for users other hosts own (created by the first one).
     private(set) var forwarded: ForwardedCalls?
     private var tape: JSONTape
-    /// The connection is ending (shutdown, an oversized message): calls not started are refused.
-    var stopping = false
 
     init(shared: Shared, peer: PeerIdentity, limits: RequestLimits, replies: ReplyQueue) {
         self.shared = shared
@@ -59,8 +60,9 @@ final class Session {
     }
 
     /// Takes the call in `bytes` (without its NUL) and the descriptors that came with it (it
-    /// owns them from now on, unless it answers ``Route/later``).
-    func handle(_ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32]) -> Route {
+    /// owns them from now on, unless it answers ``Route/later``). `stopping`: the connection is
+    /// ending (shutdown, an oversized message), and calls not started are refused.
+    func handle(_ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32], stopping: Bool) -> Route {
         do {
             try tape.parse(bytes)
         } catch {
@@ -69,26 +71,28 @@ final class Session {
             shared.context.metrics?.requestHandles(method: nil).record(outcome: "InvalidRequest", nanoseconds: 0)
             return .done
         }
-        return tape.withView(bytes) { view in route(view, bytes, descriptors: descriptors) }
+        return tape.withView(bytes) { view in route(view, bytes, descriptors: descriptors, stopping: stopping) }
     }
 
-    private func route(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32]) -> Route {
+    private func route(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32], stopping: Bool) -> Route {
+        // The method, read once: every step below dispatches on it.
+        let method = Method.of(view)
         // Another host owns the user (or holds the transaction the call names): sent there.
-        if let forwarder = shared.forwarder, peer.forwardedFrom == nil,
-           let target = forwarder.target(of: view, peer: peer, transactions: forwarded?.transactions ?? [:]) {
+        if let method, let forwarder = shared.forwarder, peer.forwardedFrom == nil,
+           let target = forwarder.target(of: view, method, peer: peer, transactions: forwarded?.transactions ?? [:]) {
             if stopping { // a transaction open on another host ends with the link: rolled back there
                 return refuse(Errors.shuttingDown, descriptors)
             }
             let forwarded = self.forwarded ?? ForwardedCalls(forwarder: forwarder, loop: replies.loop, limits: limits, replies: replies)
             self.forwarded = forwarded
-            let route = forwarded.forward(view, bytes, to: target)
+            let route = forwarded.forward(view, method, bytes, to: target)
             // No io.userstore.Store call takes descriptors; a call that waits keeps its own.
             if case .later = route {} else { descriptors.forEach { Glibc.close($0) } }
             return route
         }
-        if let call = Transactions.Call(view) {
+        if let method, let call = Transactions.Call(method, view) {
             descriptors.forEach { Glibc.close($0) }
-            transactions.handle(call, view)
+            transactions.handle(call, method, view)
             return .done
         }
         if stopping { return refuse(Errors.shuttingDown, descriptors) }
@@ -97,13 +101,12 @@ final class Session {
             // (`stopping`): the call would be refused for that anyway, as the router does.
             return refuse(shared.context.isShuttingDown ? Errors.shuttingDown : error, descriptors)
         }
-        if descriptors.isEmpty { // only task calls take descriptors
+        if let method, descriptors.isEmpty { // only task calls take descriptors
             var outcome = FastPath.Outcome.slow
             replies.append { writer in
-                outcome = shared.fastPath.handle(view, peer: peer, limits: limits, into: &writer, makeQueuedReply: replies.reserve)
+                outcome = shared.fastPath.handle(view, method, peer: peer, limits: limits, into: &writer, makeQueuedReply: replies.reserve)
             }
-            if case .answered = outcome { return .done }
-            if case .queued = outcome { return .done }
+            if outcome != .slow { return .done }
         }
         guard replies.isInOrder else { return .later }
         do throws(VarlinkError) {

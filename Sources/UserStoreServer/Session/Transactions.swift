@@ -21,13 +21,14 @@ package final class Transactions: @unchecked Sendable {
         /// A Query (`.rows`), Execute (`.changes`) or Batch (nil) naming a transaction.
         case statement(SQLRunner.Output?)
 
-        /// Whether the call in `view` is about an interactive transaction, and which part.
-        package init?(_ view: JSONView) {
-            switch Method.of(view) {
-            case .begin?: self = .begin
-            case .commit?: self = .end(commit: true)
-            case .rollback?: self = .end(commit: false)
-            case let method? where [.query, .execute, .batch].contains(method):
+        /// Whether the call in `view`, of `method`, is about an interactive transaction, and
+        /// which part.
+        package init?(_ method: Method, _ view: JSONView) {
+            switch method {
+            case .begin: self = .begin
+            case .commit: self = .end(commit: true)
+            case .rollback: self = .end(commit: false)
+            case .query, .execute, .batch:
                 guard let call = view.member("parameters", of: 0), let named = view.member("transaction", of: call), view.kind(named) == .string else { return nil }
                 self = .statement(method == .query ? .rows : method == .execute ? .changes : nil)
             default: return nil
@@ -71,12 +72,11 @@ package final class Transactions: @unchecked Sendable {
         return Errors.transactionInProgress(user: transaction.user.rawValue, transaction: transaction.id)
     }
 
-    /// Handles a transaction call (its reply takes its turn among the connection's replies).
-    func handle(_ kind: Call, _ view: JSONView) {
+    /// Handles a transaction call of `method` (its reply takes its turn among the connection's
+    /// replies).
+    func handle(_ kind: Call, _ method: Method, _ view: JSONView) {
         let reply = replies.reserve()
-        if let metrics = context.metrics, let method = view.member("method", of: 0) {
-            reply.measure(metrics.requestHandles(method: Method.named(view, method)))
-        }
+        if let metrics = context.metrics { reply.measure(metrics.requestHandles(method: method)) }
         let call = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
         do throws(VarlinkError) {
             guard view.member("oneway", of: 0).flatMap(view.bool) != true else { throw .invalidParameter("oneway") }
@@ -89,13 +89,8 @@ package final class Transactions: @unchecked Sendable {
             case .statement(let output): try statement(view, call!, output: output, reply)
             }
         } catch {
-            finish(reply, VarlinkReply.encode(error))
+            reply.completeOnLoop(VarlinkReply.encode(error))
         }
-    }
-
-    /// Delivers `bytes` as `reply` (on the loop).
-    private func finish(_ reply: QueuedReply, _ bytes: [UInt8]) {
-        reply.completeOnLoop(bytes)
     }
 
     // MARK: Begin
@@ -128,7 +123,7 @@ package final class Transactions: @unchecked Sendable {
             } catch {
                 loop.execute { [self] in
                     if self.transaction === transaction { self.transaction = nil }
-                    finish(reply, VarlinkReply.encode(Errors.from(error)))
+                    reply.completeOnLoop(VarlinkReply.encode(Errors.from(error)))
                 }
             }
         }
@@ -148,7 +143,7 @@ package final class Transactions: @unchecked Sendable {
                 if let error {
                     registry.release(transaction.user)
                     if self.transaction === transaction { self.transaction = nil }
-                    finish(reply, VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")))
+                    reply.completeOnLoop(VarlinkReply.encode(Errors.sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)")))
                     return
                 }
                 guard !closed, self.transaction === transaction else {
@@ -162,7 +157,7 @@ package final class Transactions: @unchecked Sendable {
                     expire(transaction, reason: "total")
                 }
                 armIdleTimer(transaction)
-                finish(reply, VarlinkReply.encode(["transaction": .string(transaction.id)]))
+                reply.completeOnLoop(VarlinkReply.encode(["transaction": .string(transaction.id)]))
             }
         }
     }
@@ -212,20 +207,17 @@ package final class Transactions: @unchecked Sendable {
         transaction.inFlight += 1
         cancelIdleTimer(transaction)
         let loop = self.loop
-        var unused = JSONWriter()
-        _ = dispatch.run(view, into: &unused) {
-            { outcome in
-                loop.execute { [self] in
-                    transaction.inFlight -= 1
-                    if !outcome.transactionAlive, transaction.state == .open {
-                        // SQLite rolled the transaction back itself (an interrupted write, a full
-                        // disk): the store is free again; the next call learns why.
-                        end(transaction, reason: "rolled back by SQLite after a failed statement", rolledBack: true)
-                    } else if transaction.state == .open, transaction.inFlight == 0 {
-                        armIdleTimer(transaction)
-                    }
-                    finish(reply, outcome.bytes)
+        dispatch.enqueue(JSONMessage(copying: view)) { outcome in
+            loop.execute { [self] in
+                transaction.inFlight -= 1
+                if !outcome.transactionAlive, transaction.state == .open {
+                    // SQLite rolled the transaction back itself (an interrupted write, a full
+                    // disk): the store is free again; the next call learns why.
+                    end(transaction, reason: "rolled back by SQLite after a failed statement", rolledBack: true)
+                } else if transaction.state == .open, transaction.inFlight == 0 {
+                    armIdleTimer(transaction)
                 }
+                reply.completeOnLoop(outcome.bytes)
             }
         }
     }
@@ -246,7 +238,7 @@ package final class Transactions: @unchecked Sendable {
                 registry.release(transaction.user)
                 loop.execute { [self] in
                     if self.transaction === transaction { self.transaction = nil }
-                    finish(reply, bytes)
+                    reply.completeOnLoop(bytes)
                 }
             }
             if let error {

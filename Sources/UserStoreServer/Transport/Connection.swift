@@ -203,8 +203,8 @@ final class Connection: EventHandler, @unchecked Sendable {
             }
             let end = input.offset(afterMessageOf: length)
             let descriptors = passed.take(upTo: end)
-            session.stopping = state.isStopping
-            let route = input.withMessage(length: length) { bytes in session.handle(bytes, descriptors: descriptors) }
+            let stopping = state.isStopping
+            let route = input.withMessage(length: length) { bytes in session.handle(bytes, descriptors: descriptors, stopping: stopping) }
             switch route {
             case .later:
                 // Waits for the replies before it: handled again later, with its descriptors.
@@ -213,10 +213,10 @@ final class Connection: EventHandler, @unchecked Sendable {
                 return
             case .done: break
             case .task(let request): runTask(request)
-            case .relay(let start): relay(start)
+            case .relay(let start): startTask(start)
             }
             input.consume(length)
-            if replies.out.bytes.count >= ReplyQueue.flushThreshold { flushOut() }
+            if replies.readyBytes >= ReplyQueue.flushThreshold { flushOut() }
         }
     }
 
@@ -243,12 +243,9 @@ final class Connection: EventHandler, @unchecked Sendable {
         }
     }
 
-    /// Relays a stream from another host, alone like a task.
-    private func relay(_ start: @Sendable (_ send: @escaping ReplySink, _ end: @escaping @Sendable () -> Void) -> Void) {
-        startTask(start)
-    }
-
-    private func startTask(_ start: (_ send: @escaping ReplySink, _ end: @escaping @Sendable () -> Void) -> Void) {
+    /// Starts work that runs alone (a task call, a stream relayed from another host): earlier
+    /// replies go first, and nothing else starts until it ends.
+    private func startTask(_ start: Session.TaskStart) {
         taskRunning = true
         flushOut() // earlier replies go first
         let loop = self.loop
@@ -266,7 +263,7 @@ final class Connection: EventHandler, @unchecked Sendable {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
             loop.execute { [self] in
                 guard !closed else { continuation.resume(throwing: TransportError.closed); return }
-                replies.out.bytes.append(contentsOf: bytes)
+                replies.append { $0.bytes.append(contentsOf: bytes) }
                 flushOut()
                 // What the socket did not take waits for EPOLLOUT, which must be asked for here:
                 // nothing else runs resume() while the task does (reading is paused).

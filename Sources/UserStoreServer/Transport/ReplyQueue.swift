@@ -27,7 +27,7 @@ final class ReplyQueue: @unchecked Sendable {
     var onDelivery: () -> Void = {}
 
     /// Ready replies behind nothing, not handed to the socket yet.
-    var out = JSONWriter(capacity: 4096)
+    private var out = JSONWriter(capacity: 4096)
     /// Bytes the socket did not take yet: `unsent[unsentStart...]`.
     private var unsent: [UInt8] = []
     private var unsentStart = 0
@@ -51,6 +51,8 @@ final class ReplyQueue: @unchecked Sendable {
     var isWritable: Bool { unsent.count - unsentStart < Self.highWatermark }
     /// Reply bytes held for the client: ready, unsent, and waiting behind a reserved one.
     var heldBytes: Int { out.bytes.count + unsent.count - unsentStart + pending.reduce(0) { $0 + ($1.bytes?.count ?? 0) } }
+    /// Bytes of ready replies not handed to the socket yet.
+    var readyBytes: Int { out.bytes.count }
     /// Bytes wait for the socket (EPOLLOUT).
     var hasUnsent: Bool { unsentStart < unsent.count }
 
