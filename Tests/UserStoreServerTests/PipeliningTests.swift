@@ -17,10 +17,7 @@ import Varlink
     }
 
     @Test(arguments: Serving.allCases) func manyCallsInOneWriteAreAllAnsweredInOrder(serving: Serving) async throws {
-        let daemon = try await serving.start()
-        nonisolated(unsafe) let served = daemon
-        try await onThread {
-            let daemon = served
+        try await serving.run { daemon in
             let client = try daemon.connect()
             _ = try client.call("io.userstore.Store.Open", ["user": "alice"])
             // Fast reads, writes (the store's queue), first opens (a task), errors, a Batch and an
@@ -65,14 +62,10 @@ import Varlink
             }
             #expect(try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"])["rows"] == [[.integer(Int64(inserted))]])
         }
-        await Serving.stop(daemon)
     }
 
     @Test(arguments: Serving.allCases) func readsAndQueuedWritesOfOneStoreKeepTheirOrder(serving: Serving) async throws {
-        let daemon = try await serving.start()
-        nonisolated(unsafe) let served = daemon
-        try await onThread {
-            let daemon = served
+        try await serving.run { daemon in
             let setup = try daemon.connect()
             _ = try setup.call("io.userstore.Store.Execute", ["user": "bob", "sql": "CREATE TABLE counter (n INTEGER NOT NULL)"])
             _ = try setup.call("io.userstore.Store.Execute", ["user": "bob", "sql": "INSERT INTO counter VALUES (0)"])
@@ -109,14 +102,10 @@ import Varlink
             #expect(observed.count == 300)
             #expect(observed == observed.sorted(), "a read saw the counter go back")
         }
-        await Serving.stop(daemon)
     }
 
     @Test(arguments: Serving.allCases) func aSlowStatementOfOneUserNeverHoldsUpAnother(serving: Serving) async throws {
-        let daemon = try await serving.start(extraConfig: "limits:\n  statementTimeoutMilliseconds: 60000\n")
-        nonisolated(unsafe) let served = daemon
-        try await onThread {
-            let daemon = served
+        try await serving.run(extraConfig: "limits:\n  statementTimeoutMilliseconds: 60000\n") { daemon in
             let slowClient = try daemon.connect()
             _ = try slowClient.call("io.userstore.Store.Open", ["user": "slow"])
             let socket = daemon.socketPath
@@ -155,7 +144,6 @@ import Varlink
             let counts = answeredWhileSlow.withLock { $0 }
             #expect(counts.allSatisfy { $0 >= 10 }, "answers per connection while the slow statement ran: \(counts)")
         }
-        await Serving.stop(daemon)
     }
 
     /// A client that sends a burst of calls with large replies and hangs up at once, reading
@@ -184,10 +172,7 @@ import Varlink
     }
 
     @Test(arguments: Serving.allCases) func aClientThatPipelinesAndHangsUpLeavesNothingHalfDone(serving: Serving) async throws {
-        let daemon = try await serving.start()
-        nonisolated(unsafe) let served = daemon
-        try await onThread {
-            let daemon = served
+        try await serving.run { daemon in
             let setup = try daemon.connect()
             _ = try setup.call("io.userstore.Store.Execute", ["user": "carol", "sql": "CREATE TABLE pairs (a INTEGER NOT NULL, b INTEGER NOT NULL)"])
             // 2,000 two-row transactions and single inserts sent at once, then the connection is
@@ -227,14 +212,10 @@ import Varlink
             #expect(rows == expected, "not a prefix of whole calls: \(rows.count) rows")
             #expect(try setup.call("io.userstore.Admin.Verify", ["users": ["carol"]])["failures"] == 0)
         }
-        await Serving.stop(daemon)
     }
 
     @Test(arguments: Serving.allCases) func aClientThatClosesItsSendingSideStillGetsItsReplies(serving: Serving) async throws {
-        let daemon = try await serving.start()
-        nonisolated(unsafe) let served = daemon
-        try await onThread {
-            let daemon = served
+        try await serving.run { daemon in
             let client = try daemon.connect()
             var bytes: [UInt8] = []
             for index in 0..<50 {
@@ -247,6 +228,5 @@ import Varlink
             }
             #expect(throws: VarlinkConnection.TransportError.self) { try client.readReply() } // then the daemon closes
         }
-        await Serving.stop(daemon)
     }
 }

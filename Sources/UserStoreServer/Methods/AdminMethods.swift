@@ -214,7 +214,7 @@ struct AdminMethods {
     }
 
     private func execute(_ request: Request, _ parameters: CallParameters) async throws -> [UInt8] {
-        try await SQLRunner.reply(registry, user: try parameters.user(), access: .admin, message: request.message,
-                                  statement: try request.statement(), output: .both, limits: context.limits)
+        try await StatementDispatch.reply(.statement(try request.statement(), .both), of: request.message, for: try parameters.user(),
+                                          access: .admin, context: context)
     }
 }

@@ -54,20 +54,8 @@ struct StoreMethods {
     private func statement(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
         let durable = try output == .changes && durable(request, user: user)
-        return try await run(.statement(try request.statement(), output), of: request, for: user, durable: durable)
-    }
-
-    /// Runs `work` on `user`'s store where ``StatementDispatch`` decides. The lease keeps the
-    /// store open (and registered) until the reply is ready: for a durable write, until the
-    /// replica has it (an eviction in between would unregister it under the sync).
-    private func run(_ work: StatementDispatch.Work, of request: Request, for user: UserID, durable: Bool) async throws -> [UInt8] {
-        let context = self.context, limits = context.limits
-        return try await context.registry.withStore(user) { store in
-            var dispatch = StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: work)
-            dispatch.inline = !durable
-            let reply = await dispatch.reply(request.message).bytes
-            return durable ? await context.replyWhenReplicated(user, reply) : reply
-        }
+        return try await StatementDispatch.reply(.statement(try request.statement(), output), of: request.message, for: user,
+                                                 durable: durable, context: context)
     }
 
     /// Whether this write call waits for the replica (DurableWrites).
@@ -91,7 +79,8 @@ struct StoreMethods {
         let user = try user(parameters, peer: peer)
         let statements = try request.batchStatements(maximum: context.limits.maxBatchStatements)
         let transaction = try parameters.optionalBool("transaction") ?? true
-        return try await run(.batch(statements, transaction ? .transaction : .statements), of: request, for: user, durable: try durable(request, user: user))
+        return try await StatementDispatch.reply(.batch(statements, transaction ? .transaction : .statements), of: request.message, for: user,
+                                                 durable: try durable(request, user: user), context: context)
     }
 }
 

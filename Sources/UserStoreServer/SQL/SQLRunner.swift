@@ -35,16 +35,6 @@ package struct SQLRunner {
         package var index: Int?
     }
 
-    /// The whole reply (`{"parameters": …}` and its NUL, or an error) to one statement on
-    /// `user`'s store, leased with `access`, run where ``StatementDispatch`` decides; for calls
-    /// that do not come through the event loop's fast path (``FastPath``).
-    static func reply(_ registry: StoreRegistry, user: UserID, access: StoreRegistry.Access, message: JSONMessage,
-                      statement: Statement, output: Output, limits: RequestLimits) async throws -> [UInt8] {
-        try await registry.withStore(user, access: access) { store in
-            await StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: .statement(statement, output)).reply(message).bytes
-        }
-    }
-
     /// Appends the reply to `statement` — its result, or the error it ended with — to `writer`.
     ///
     /// With an `inlineBudget` (running off the store's queue, on an event loop), a statement

@@ -58,6 +58,21 @@ struct StatementDispatch {
         }
     }
 
+    /// The reply to `work` of the call in `message` on `user`'s store, for calls that do not
+    /// come through the event loop's fast path (``FastPath``): the store is leased with `access`
+    /// (opened and migrated first if need be) until the reply is ready — for a durable write,
+    /// until the replica has it (an eviction in between would unregister it under the sync).
+    static func reply(_ work: Work, of message: JSONMessage, for user: UserID, access: StoreRegistry.Access = .client,
+                      durable: Bool = false, context: DaemonContext) async throws -> [UInt8] {
+        let limits = context.limits
+        return try await context.registry.withStore(user, access: access) { store in
+            var dispatch = StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: work)
+            dispatch.inline = !durable
+            let reply = await dispatch.reply(message).bytes
+            return durable ? await context.replyWhenReplicated(user, reply) : reply
+        }
+    }
+
     /// Runs the work right here if it may run inline and the store is idle; true if it did
     /// (its reply is in `writer`).
     private func runInline(_ view: JSONView, into writer: inout JSONWriter) -> Bool {

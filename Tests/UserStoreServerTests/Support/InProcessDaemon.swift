@@ -78,6 +78,20 @@ enum Serving: String, CaseIterable, CustomTestStringConvertible {
         }
     }
 
+    /// Starts a daemon, runs `body` (blocking client code) with it on a thread of its own
+    /// (``onThread(_:)``), and stops the daemon, whether `body` threw or not.
+    func run(extraConfig: String = "", _ body: @escaping @Sendable (any ServedDaemon) throws -> Void) async throws {
+        let daemon = try await start(extraConfig: extraConfig)
+        nonisolated(unsafe) let served = daemon
+        do {
+            try await onThread { try body(served) }
+        } catch {
+            await Self.stop(daemon)
+            throw error
+        }
+        await Self.stop(daemon)
+    }
+
     /// Ends a daemon ``start(extraConfig:)`` returned.
     static func stop(_ daemon: any ServedDaemon) async {
         if let daemon = daemon as? InProcessDaemon { await daemon.stop() }
