@@ -44,34 +44,34 @@ struct BenchCommand: AsyncParsableCommand {
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         chmod(root, 0o755)
         defer { try? FileManager.default.removeItem(atPath: root) }
-        var scenarios = Scenarios(env: BenchEnvironment(root: root, binaries: binaries, repository: repository), seconds: quick ? 2 : seconds,
-                                  quick: quick, load: LoadGenerator.available(in: binaries),
-                                  fleetStores: fleetStores, fleetParallelism: fleetParallelism,
-                                  fleetReleases: Set(fleetReleases.split(separator: ",").map(String.init)), fileSystems: Set(fileSystems.split(separator: ",").map(String.init)))
+        let bench = Bench(env: BenchEnvironment(root: root, binaries: binaries, repository: repository), seconds: quick ? 2 : seconds,
+                          quick: quick, load: LoadGenerator.available(in: binaries))
+        let fleet = FleetMigrationScenario(bench: bench, fleetStores: fleetStores, fleetParallelism: fleetParallelism,
+                                           fleetReleases: Set(fleetReleases.split(separator: ",").map(String.init)),
+                                           fileSystems: Set(fileSystems.split(separator: ",").map(String.init)))
+        let scenarios: [(String, any Scenario)] = [
+            ("1", PointQueryScenario(bench: bench)), ("2", DurableWriteScenario(bench: bench)), ("3", ColdOpenScenario(bench: bench)),
+            ("4", fleet), ("5", MemoryScenario(bench: bench)), ("6", TransactionScenario(bench: bench)),
+            ("7", ReplicationScenario(bench: bench)), ("8", ObjectStoreScenario(bench: bench)),
+        ]
         let selected = Set(only.split(separator: ",").map(String.init))
-        if selected.contains("1") { try await scenarios.pointQueries() }
-        if selected.contains("2") { try await scenarios.durableWrites() }
-        if selected.contains("3") { try await scenarios.coldOpen() }
-        if selected.contains("4") { try await scenarios.fleetMigration() }
-        if selected.contains("5") { try await scenarios.memory() }
-        if selected.contains("6") { try await scenarios.transactions() }
-        if selected.contains("7") { try await scenarios.replication() }
-        if selected.contains("8") { try await scenarios.objectStore() }
+        for (number, scenario) in scenarios where selected.contains(number) { try await scenario.run() }
+        let report = bench.report
 
         let machine = machineInfo()
         var lines = ["| scenario | subject | result | p50 | p99 | note |", "|---|---|---|---|---|---|"]
-        for m in scenarios.measurements {
+        for m in report.measurements {
             lines.append("| \(m.scenario) | \(m.subject) | \(format(m.value)) \(m.unit) | \(m.p50.map { format($0) + " µs" } ?? "") | \(m.p99.map { format($0) + " µs" } ?? "") | \(m.note) |")
         }
         lines += ["", "| target | this run | met |", "|---|---|---|"]
-        for t in scenarios.targets { lines.append("| \(t.target) | \(t.measured) | \(t.met ? "yes" : "**no**") |") }
+        for t in report.targets { lines.append("| \(t.target) | \(t.measured) | \(t.met ? "yes" : "**no**") |") }
         lines += ["", "Machine: \(machine["cpu"] ?? "?"), \(machine["cores"] ?? "?") cores, \(machine["memory"] ?? "?"); \(machine["sqlite"] ?? ""); \(machine["postgres"] ?? ""); \(quick ? "quick mode" : "\(seconds) s per run")."]
         print(lines.joined(separator: "\n"))
 
         let object: [String: Any] = [
             "machine": machine, "quick": quick, "secondsPerRun": quick ? 2 : seconds,
-            "measurements": scenarios.measurements.map(\.json),
-            "targets": scenarios.targets.map { ["target": $0.target, "measured": $0.measured, "met": $0.met] },
+            "measurements": report.measurements.map(\.json),
+            "targets": report.targets.map { ["target": $0.target, "measured": $0.measured, "met": $0.met] },
         ]
         let narrowed = quick || only != Self.allScenarios || fleetStores != nil || fleetParallelism != nil
             || fleetReleases != Self.allReleases || fileSystems != Self.allFileSystems

@@ -19,7 +19,7 @@ struct LoadGenerator {
     /// What to send: a method and SQL; with `rows` > 0, a random id in 1...rows is the one parameter.
     struct Workload {
         var method = "io.userstore.Store.Query"
-        var sql = Scenarios.pointQuery
+        var sql = Bench.pointQuery
         var rows = 10_000
         var users: Int
         /// Each connection uses the user of its own index instead of a random one.

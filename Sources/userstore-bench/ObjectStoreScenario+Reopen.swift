@@ -1,13 +1,13 @@
 import Foundation
 import UserStoreClient
 
-extension Scenarios {
+extension ObjectStoreScenario {
     /// Stores of 10 MB closed by LRU and reopened for one INSERT each (scenario 8, issue #38:
     /// reopening should cost what changed, not the store): the reopen's latency, and — with
     /// replication on — what it uploaded, counted on the S3 side (a boto3 listing of the bucket
     /// before and after: the level-0 LTX objects that appeared; compactions write higher levels
     /// on their own schedule). Returns the latencies' p50 in µs.
-    mutating func reopenCost(mode: String, index: Int, config: String, baselineP50: Double?, bucketPrefix: String?, s3Endpoint: String) async throws -> Double {
+    func reopenCost(mode: String, index: Int, config: String, baselineP50: Double?, bucketPrefix: String?, s3Endpoint: String) async throws -> Double {
         let big = 4, size = 10 * 1_048_576
         let fleet = try await kvFleet(name: "s3-reopen-\(index)", count: 2 * big, rows: 0)
         let (daemon, socket) = try env.startDaemon(name: "s3-reopen-\(index)", data: fleet.data, migrations: fleet.migrations, maxOpenStores: big, extra: config)
@@ -47,10 +47,10 @@ extension Scenarios {
             let bytes = added.values.reduce(0, +)
             let share = Double(bytes) / Double(big * size)
             note += String(format: "uploaded %d level-0 objects, %d bytes: %.3f%% of the stores' size", added.count, bytes, share * 100)
-            targets.append(TargetCheck(target: "reopening an unchanged 10 MB store uploads < 1% of its size (S3 side)",
+            check(TargetCheck(target: "reopening an unchanged 10 MB store uploads < 1% of its size (S3 side)",
                                        measured: String(format: "%.3f%% (%d bytes for %d reopens)", share * 100, bytes, big), met: share < 0.01))
         }
-        measurements.append(Measurement(scenario: "8. replication on S3", subject: "reopen of a closed 10 MB store + 1 INSERT, \(mode)",
+        record(Measurement(scenario: "8. replication on S3", subject: "reopen of a closed 10 MB store + 1 INSERT, \(mode)",
                                         value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "reopens/s",
                                         p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: note))
         return latencies.percentile(0.5)

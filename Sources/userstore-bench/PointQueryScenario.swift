@@ -3,8 +3,9 @@ import GRDB
 import UserStoreClient
 import UserStoreCore
 
-extension Scenarios {
-    // MARK: 1. Point queries
+/// Scenario 1: point queries against PostgreSQL and the machine's floor, one call at a time and pipelined.
+struct PointQueryScenario: Scenario {
+    let bench: Bench
 
     /// `SELECT value FROM kv WHERE id = ?` on 100 and on 1,000 users × 10,000 rows, driven by
     /// the C load generator like pgbench drives PostgreSQL (`-j 2`), alternating with pgbench
@@ -12,7 +13,7 @@ extension Scenarios {
     /// message with a constant reply, bench/userstore-floor.c) at each client count; then
     /// pipelined — in batches, as pgbench's pipeline mode sends them, and as a sliding window,
     /// as concurrent UserStoreClient calls arrive — with the Swift client, and in process.
-    mutating func pointQueries() async throws {
+    func run() async throws {
         let postgres = Postgres.available() ? Postgres(directory: env.root + "/postgres") : nil
         postgres?.start()
         defer { postgres?.stop() }
@@ -33,7 +34,7 @@ extension Scenarios {
 
     /// The cost of metrics: 8-client point queries on 100 users with metrics off and on,
     /// alternating (off, on, off, on) on the same files.
-    private mutating func metricsCost() async throws {
+    private func metricsCost() async throws {
         guard let load else { return }
         log("1. point query: metrics off and on")
         let data = env.root + "/point100-data", migrations = env.root + "/point100-migrations"
@@ -47,21 +48,21 @@ extension Scenarios {
         }
         let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
         let cost = 100 * (off - on) / max(off, 1)
-        measurements.append(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics off (mean of 2)", value: off, unit: "req/s",
+        record(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics off (mean of 2)", value: off, unit: "req/s",
                                         note: rates[false]!.map { format($0) }.joined(separator: ", ")))
-        measurements.append(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics on (mean of 2)", value: on, unit: "req/s",
+        record(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics on (mean of 2)", value: on, unit: "req/s",
                                         note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; cost %.1f%%", cost)))
-        targets.append(TargetCheck(target: "metrics cost ≤ 3% of point-query throughput", measured: String(format: "%.1f%%", cost), met: cost <= 3))
+        check(TargetCheck(target: "metrics cost ≤ 3% of point-query throughput", measured: String(format: "%.1f%%", cost), met: cost <= 3))
     }
 
-    private mutating func pointQueries(users userCount: Int, postgres: Postgres?) async throws {
+    private func pointQueries(users userCount: Int, postgres: Postgres?) async throws {
         let scenario = "1. point query, \(userCount) users"
         log("\(scenario): preparing \(userCount) users x 10,000 rows")
         let fleet = try await kvFleet(name: "point\(userCount)", count: userCount, rows: 10_000)
         let (daemon, socket) = try env.startDaemon(name: "point\(userCount)", data: fleet.data, migrations: fleet.migrations)
         let workload = LoadGenerator.Workload(users: userCount)
         guard let load else {
-            measurements.append(Measurement(scenario: scenario, subject: "userstored", value: 0, unit: "req/s", note: "userstore-load not built"))
+            record(Measurement(scenario: scenario, subject: "userstored", value: 0, unit: "req/s", note: "userstore-load not built"))
             return
         }
         await warm(socket: socket, users: fleet.users, load: load, workload: workload)
@@ -72,15 +73,15 @@ extension Scenarios {
             let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
             let ours = load.run(socket: socket, connections: clients, seconds: seconds, workload)
             let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(ours.requests, 1))
-            measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
+            record(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
                                             value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
                                             note: "daemon CPU \(format(daemonCPU)) µs/request, client CPU \(format(ours.clientCPU)) µs/request" + errors(ours.errors)))
             if clients <= 8 {
                 await compareClientLibrary(connections: clients, socket: socket, users: fleet.users, load: load, workload: workload, scenario: scenario)
             }
             if clients == 8 {
-                targets.append(TargetCheck(target: "p99 < 500 µs at 8 clients (\(userCount) users)", measured: "\(format(ours.p99)) µs", met: ours.p99 < 500))
-                targets.append(TargetCheck(target: "daemon CPU ≤ 20 µs per point query at 8 clients (\(userCount) users)", measured: "\(format(daemonCPU)) µs", met: daemonCPU <= 20))
+                check(TargetCheck(target: "p99 < 500 µs at 8 clients (\(userCount) users)", measured: "\(format(ours.p99)) µs", met: ours.p99 < 500))
+                check(TargetCheck(target: "daemon CPU ≤ 20 µs per point query at 8 clients (\(userCount) users)", measured: "\(format(daemonCPU)) µs", met: daemonCPU <= 20))
             }
             var postgresRate: Double?
             if let postgres {
@@ -88,10 +89,10 @@ extension Scenarios {
                 postgresRate = tps
                 if clients == 8 { postgresAt8 = tps }
                 let ratio = ours.throughput / max(tps, 1)
-                measurements.append(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench -S -M prepared -j 2, \(clients) client\(clients == 1 ? "" : "s")",
+                record(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench -S -M prepared -j 2, \(clients) client\(clients == 1 ? "" : "s")",
                                                 value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
                                                 note: String(format: "userstored / PostgreSQL = %.2f×", ratio)))
-                targets.append(TargetCheck(target: "point queries ≥ 1.0× PostgreSQL at \(clients) client\(clients == 1 ? "" : "s") (\(userCount) users)",
+                check(TargetCheck(target: "point queries ≥ 1.0× PostgreSQL at \(clients) client\(clients == 1 ? "" : "s") (\(userCount) users)",
                                            measured: String(format: "%.2f×", ratio), met: ratio >= 1.0))
             }
             if let floor {
@@ -99,10 +100,10 @@ extension Scenarios {
                 let share = ours.throughput / max(limit.throughput, 1)
                 var note = String(format: "the machine's floor: userstored reaches %.2f of it", share)
                 if let postgresRate { note += String(format: ", PostgreSQL %.2f", postgresRate / max(limit.throughput, 1)) }
-                measurements.append(Measurement(scenario: scenario, subject: "constant-reply server (bench/userstore-floor.c), C client, \(clients) connection\(clients == 1 ? "" : "s")",
+                record(Measurement(scenario: scenario, subject: "constant-reply server (bench/userstore-floor.c), C client, \(clients) connection\(clients == 1 ? "" : "s")",
                                                 value: limit.throughput, unit: "req/s", p50: limit.p50, p99: limit.p99, note: note + errors(limit.errors)))
                 if clients > 1 {
-                    targets.append(TargetCheck(target: "point queries ≥ 0.9 of the floor at \(clients) clients (\(userCount) users)",
+                    check(TargetCheck(target: "point queries ≥ 0.9 of the floor at \(clients) clients (\(userCount) users)",
                                                measured: String(format: "%.2f", share), met: share >= 0.9))
                 }
             }
@@ -113,7 +114,7 @@ extension Scenarios {
         let batchCPUBefore = cpuMicroseconds(of: daemon.processIdentifier)
         let batched = load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, extra: ["--batch", "1"], workload)
         let batchCPU = (cpuMicroseconds(of: daemon.processIdentifier) - batchCPUBefore) / Double(max(batched.requests, 1))
-        measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × batches of 16 (as pgbench's pipeline mode)",
+        record(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × batches of 16 (as pgbench's pipeline mode)",
                                         value: batched.throughput, unit: "req/s", p50: batched.p50, p99: batched.p99,
                                         note: "daemon CPU \(format(batchCPU)) µs/request" + errors(batched.errors)))
 
@@ -126,20 +127,20 @@ extension Scenarios {
         if let postgresAt8 {
             let ratio = pipelined.throughput / max(postgresAt8, 1)
             note += String(format: "; %.2f× pgbench -S at 8 clients", ratio)
-            targets.append(TargetCheck(target: "pipelined point queries ≥ 2× PostgreSQL at 8 connections (\(userCount) users)",
+            check(TargetCheck(target: "pipelined point queries ≥ 2× PostgreSQL at 8 connections (\(userCount) users)",
                                        measured: String(format: "%.2f×", ratio), met: ratio >= 2))
         }
-        measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × 16 pipelined (sliding window)",
+        record(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × 16 pipelined (sliding window)",
                                         value: pipelined.throughput, unit: "req/s", p50: pipelined.p50, p99: pipelined.p99, note: note))
         if let postgres {
             let queries = postgres.pipelined(clients: 8, seconds: Int(seconds.rounded(.up)))
             let ratio = batched.throughput / max(queries, 1)
-            measurements.append(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench pipeline mode, 8 clients × 16 queries",
+            record(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench pipeline mode, 8 clients × 16 queries",
                                             value: queries, unit: "queries/s",
                                             note: String(format: "userstored in batches / PostgreSQL pipelined = %.2f× (sliding window: %.2f×)",
                                                          ratio, pipelined.throughput / max(queries, 1))))
             let wanted = userCount <= 100 ? 1.3 : 1.2
-            targets.append(TargetCheck(target: String(format: "pipelined batches ≥ %.1f× pgbench's pipeline mode (%d users)", wanted, userCount),
+            check(TargetCheck(target: String(format: "pipelined batches ≥ %.1f× pgbench's pipeline mode (%d users)", wanted, userCount),
                                        measured: String(format: "%.2f×", ratio), met: ratio >= wanted))
         }
 
@@ -155,62 +156,13 @@ extension Scenarios {
                 let box = RandomBox(FastRandom(state: UInt64(index + 1) * 104_729))
                 return {
                     let queue = queues[box.below(queues.count)]
-                    return (try? queue.inDatabase { db in try String.fetchOne(db.cachedStatement(sql: Self.pointQuery), arguments: [box.below(10_000) + 1]) }) != nil
+                    return (try? queue.inDatabase { db in try String.fetchOne(db.cachedStatement(sql: Bench.pointQuery), arguments: [box.below(10_000) + 1]) }) != nil
                 }
             }
-            measurements.append(Measurement(scenario: scenario, subject: "in-process GRDB, \(threads) thread\(threads == 1 ? "" : "s")",
+            record(Measurement(scenario: scenario, subject: "in-process GRDB, \(threads) thread\(threads == 1 ? "" : "s")",
                                             value: result.throughput, unit: "req/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
                                             note: "what SQLite itself costs: no socket, no JSON"))
         }
         for queue in queues { try? queue.close() }
-    }
-
-    func errors(_ count: Int) -> String { count == 0 ? "" : "; \(count) errors" }
-
-    // MARK: 2. Durable writes
-
-    /// Single-row INSERTs in autocommit (WAL, `synchronous=FULL`), one user and eight users
-    /// (a connection each), against in-process GRDB with the daemon's connection settings.
-    mutating func durableWrites() async throws {
-        log("2. durable writes")
-        let fleet = try await kvFleet(name: "writes", count: 8, rows: 0)
-        let (daemon, socket) = try env.startDaemon(name: "writes", data: fleet.data, migrations: fleet.migrations)
-        let insert = "INSERT INTO kv (value) VALUES ('durable write')"
-        var daemonRates: [Int: Double] = [:]
-        for users in [1, 8] {
-            guard let load else { break }
-            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
-            let result = load.run(socket: socket, connections: users, seconds: seconds,
-                                  LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
-            let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(result.requests, 1))
-            daemonRates[users] = result.throughput
-            measurements.append(Measurement(scenario: "2. durable INSERT", subject: "userstored, C client, \(users == 1 ? "1 user" : "\(users) users, a connection each")",
-                                            value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
-                                            note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
-        }
-        env.stop(daemon)
-        let layout = StoreLayout(dataDirectory: fleet.data)
-        for threads in [1, 8] {
-            let queues = try (0..<threads).map { index -> DatabaseQueue in
-                var config = Configuration()
-                config.prepareDatabase { db in
-                    // The daemon's own connection settings (StoreOpener).
-                    try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
-                    try db.execute(sql: "PRAGMA synchronous = FULL")
-                }
-                return try DatabaseQueue(path: layout.storePath(for: try UserID(fleet.users[index])), configuration: config)
-            }
-            let result = runLoad(threads: threads, seconds: seconds) { index in
-                { (try? queues[index].inDatabase { try $0.execute(sql: insert) }) != nil }
-            }
-            let share = (daemonRates[threads] ?? 0) / max(result.throughput, 1)
-            measurements.append(Measurement(scenario: "2. durable INSERT", subject: "in-process GRDB (WAL, synchronous=FULL, exclusive locking), \(threads) thread\(threads == 1 ? "" : "s")",
-                                            value: result.throughput, unit: "ops/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
-                                            note: String(format: "userstored reaches %.0f%% of it", 100 * share)))
-            if threads == 8 {
-                targets.append(TargetCheck(target: "durable INSERTs ≥ 80% of in-process GRDB at 8 users", measured: String(format: "%.0f%%", 100 * share), met: share >= 0.8))
-            }
-            for queue in queues { try? queue.close() }
-        }
     }
 }

@@ -1,12 +1,12 @@
 import Foundation
 import UserStoreClient
 
-extension Scenarios {
+extension PointQueryScenario {
     /// UserStoreClient against the C client on the same load, alternating three times (C, the
     /// library with its tasks on Swift's global executor, and on `client.executor`): this
     /// machine's speed drifts by a third from one run to the next, and a ratio of two single
     /// runs measured that drift as much as the clients. Rows give the means and every run.
-    mutating func compareClientLibrary(connections: Int, socket: String, users: [String], load: LoadGenerator,
+    func compareClientLibrary(connections: Int, socket: String, users: [String], load: LoadGenerator,
                                        workload: LoadGenerator.Workload, scenario: String) async {
         let plural = connections == 1 ? "" : "s"
         var c: [LoadGenerator.Result] = []
@@ -26,7 +26,7 @@ extension Scenarios {
         }
         func mean(_ values: [Double]) -> Double { values.reduce(0, +) / Double(max(values.count, 1)) }
         let cMean = mean(c.map(\.throughput))
-        measurements.append(Measurement(scenario: scenario, subject: "userstored, C client, \(connections) connection\(plural) (mean of 3, alternating with UserStoreClient)",
+        record(Measurement(scenario: scenario, subject: "userstored, C client, \(connections) connection\(plural) (mean of 3, alternating with UserStoreClient)",
                                         value: cMean, unit: "req/s", p50: mean(c.map(\.p50)), p99: mean(c.map(\.p99)),
                                         note: "runs " + c.map { format($0.throughput) }.joined(separator: ", ")
                                             + "; client CPU \(format(mean(c.map(\.clientCPU)))) µs/request" + errors(c.map(\.errors).reduce(0, +))))
@@ -35,14 +35,14 @@ extension Scenarios {
             let throughput = mean(runs.map(\.throughput))
             let ratio = throughput / max(cMean, 1)
             let executor = onClientExecutor ? "tasks on client.executor" : "tasks on the global executor"
-            measurements.append(Measurement(scenario: scenario, subject: "userstored, UserStoreClient (Swift library, \(executor)), \(connections) connection\(plural) (mean of 3)",
+            record(Measurement(scenario: scenario, subject: "userstored, UserStoreClient (Swift library, \(executor)), \(connections) connection\(plural) (mean of 3)",
                                             value: throughput, unit: "req/s", p50: mean(runs.map { $0.latencies.percentile(0.5) }),
                                             p99: mean(runs.map { $0.latencies.percentile(0.99) }),
                                             note: String(format: "%.2f× the C client; runs %@; client CPU %@ µs/request", ratio,
                                                          runs.map { format($0.throughput) }.joined(separator: ", "), format(mean(runs.map(\.clientCPU))))
                                                 + errors(runs.map(\.errors).reduce(0, +))))
             if connections == 8 {
-                targets.append(TargetCheck(target: "UserStoreClient (\(executor)) ≥ 0.8× the C client at 8 connections (\(users.count) users)",
+                check(TargetCheck(target: "UserStoreClient (\(executor)) ≥ 0.8× the C client at 8 connections (\(users.count) users)",
                                            measured: String(format: "%.2f×", ratio), met: ratio >= 0.8))
             }
         }
@@ -71,7 +71,7 @@ extension Scenarios {
                     while nanoseconds() < end {
                         let store = client.store(for: users[random.below(users.count)])
                         let sent = nanoseconds()
-                        let rows = try? await store.query(Self.pointQuery, random.below(10_000) + 1)
+                        let rows = try? await store.query(Bench.pointQuery, random.below(10_000) + 1)
                         if rows?.count != 1 { errors += 1 }
                         samples.append(nanoseconds() - sent)
                     }

@@ -1,14 +1,15 @@
 import Foundation
 import UserStoreCore
 
-extension Scenarios {
-    // MARK: 6. TPC-B-like transactions
+/// Scenario 6: interactive TPC-B-like transactions against pgbench's.
+struct TransactionScenario: Scenario {
+    let bench: Bench
 
     /// pgbench's TPC-B-like transaction over the socket — Begin, update an account, read it,
     /// update a teller and a branch, insert a history row, Commit, one call at a time — with
     /// eight connections, each on its own user (10,000 accounts, 10 tellers, 1 branch), against
     /// `pgbench -M prepared` with its built-in tpcb-like script at eight clients, same run.
-    mutating func transactions() async throws {
+    func run() async throws {
         log("6. TPC-B-like transactions")
         let migrations = env.root + "/tpcb-migrations", data = env.root + "/tpcb-data"
         try FileManager.default.createDirectory(atPath: migrations, withIntermediateDirectories: true)
@@ -33,7 +34,7 @@ extension Scenarios {
         let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
         let ours = load.runTPCB(socket: socket, connections: 8, accounts: accounts, seconds: seconds)
         let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(ours.requests, 1))
-        measurements.append(Measurement(scenario: "6. TPC-B-like transaction", subject: "userstored, C client, 8 connections (a user each), 7 calls per transaction",
+        record(Measurement(scenario: "6. TPC-B-like transaction", subject: "userstored, C client, 8 connections (a user each), 7 calls per transaction",
                                         value: ours.throughput, unit: "tps", p50: ours.p50, p99: ours.p99,
                                         note: "daemon CPU \(format(daemonCPU)) µs/transaction" + errors(ours.errors)))
         guard Postgres.available() else { return }
@@ -41,7 +42,7 @@ extension Scenarios {
         postgres.start()
         defer { postgres.stop() }
         let (tps, latencies) = postgres.pgbench("", clients: 8, seconds: Int(seconds.rounded(.up)))
-        measurements.append(Measurement(scenario: "6. TPC-B-like transaction", subject: "PostgreSQL 15 pgbench -M prepared (tpcb-like), 8 clients, scale 1",
+        record(Measurement(scenario: "6. TPC-B-like transaction", subject: "PostgreSQL 15 pgbench -M prepared (tpcb-like), 8 clients, scale 1",
                                         value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
                                         note: String(format: "userstored / PostgreSQL = %.2f×", ours.throughput / max(tps, 1))))
     }

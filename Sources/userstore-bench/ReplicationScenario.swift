@@ -2,13 +2,14 @@ import Foundation
 import UserStoreClient
 import Varlink
 
-extension Scenarios {
-    // MARK: 7. Replication
+/// Scenario 7: durable writes with replication on, and the memory of registered stores.
+struct ReplicationScenario: Scenario {
+    let bench: Bench
 
     /// Durable INSERTs with replication off, on, and on with durable writes (each reply waits
     /// for Litestream to confirm the transaction in a `file://` replica on the same disk), from
     /// the C client; then Litestream's memory per registered store.
-    mutating func replication() async throws {
+    func run() async throws {
         log("7. replication")
         let litestream = env.repository + "/.build/testenv/bin/litestream"
         guard FileManager.default.isExecutableFile(atPath: litestream) else {
@@ -33,7 +34,7 @@ extension Scenarios {
                 let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(result.requests, 1))
                 if index == 0 { baseline[users] = result.throughput }
                 let ratio = index == 0 ? "" : String(format: "; %.2f× replication off", result.throughput / max(baseline[users] ?? 1, 1))
-                measurements.append(Measurement(scenario: "7. replication", subject: "durable INSERT, \(mode.name), \(users == 1 ? "1 user" : "\(users) users, a connection each")",
+                record(Measurement(scenario: "7. replication", subject: "durable INSERT, \(mode.name), \(users == 1 ? "1 user" : "\(users) users, a connection each")",
                                                 value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
                                                 note: "daemon CPU \(format(daemonCPU)) µs/request\(ratio)" + errors(result.errors)))
             }
@@ -44,7 +45,7 @@ extension Scenarios {
 
     /// Litestream's resident memory and descriptors with N stores registered (N opened through
     /// the daemon), against Litestream with none.
-    private mutating func registeredStoreMemory(litestream: String) async throws {
+    private func registeredStoreMemory(litestream: String) async throws {
         let count = quick ? 200 : 1000
         let fleet = try await kvFleet(name: "registered", count: count, rows: 0)
         let config = "replication:\n  replica: file://\(env.root)/replica-memory\n  litestream: \(litestream)\n  maxRegisteredStores: \(count)"
@@ -69,7 +70,7 @@ extension Scenarios {
         await client.shutdown()
         env.stop(daemon)
         let perStore = (rss - idleRSS) * 1024 / Double(max(registered, 1))
-        measurements.append(Measurement(scenario: "7. replication", subject: "Litestream memory with \(registered) stores registered", value: rss, unit: "MiB",
+        record(Measurement(scenario: "7. replication", subject: "Litestream memory with \(registered) stores registered", value: rss, unit: "MiB",
                                         note: "\(format(perStore)) KiB and \(format(Double(fds) / Double(max(registered, 1)))) fds per registered store (\(format(idleRSS)) MiB with none)" + errors(failures)))
     }
 

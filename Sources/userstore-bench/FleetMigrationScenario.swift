@@ -2,8 +2,18 @@ import Foundation
 import UserStoreConfiguration
 import UserStoreCore
 
-extension Scenarios {
-    // MARK: 4. Fleet migration
+/// Scenario 4: `userstorectl migrate --all` over a fleet, on several file systems, against a
+/// shell loop of the sqlite3 CLI and a C floor.
+struct FleetMigrationScenario: Scenario {
+    let bench: Bench
+    /// Stores per run (nil: 10,000, 2,000 with --quick).
+    var fleetStores: Int?
+    /// The daemon's fleetParallelism (nil: its default).
+    var fleetParallelism: Int?
+    /// Which releases run: `additive`, `rebuild`.
+    var fleetReleases: Set<String> = ["additive", "rebuild"]
+    /// Which file systems: `root`, `ext4`, `xfs`.
+    var fileSystems: Set<String> = ["root", "ext4", "xfs"]
 
     /// One kind of release: the migrations pending on every store, and the backup setting.
     struct FleetRelease {
@@ -30,7 +40,7 @@ extension Scenarios {
     /// `userstorectl migrate --all` over `count` stores of 100 rows with 3 pending migrations,
     /// on the root file system and on a journaled ext4 and an XFS made in loop images, each
     /// beside a shell loop of the sqlite3 CLI running the same SQL in the same file system.
-    mutating func fleetMigration() async throws {
+    func run() async throws {
         let count = fleetStores ?? (quick ? 2000 : 10_000), sample = min(count, quick ? 200 : 1000)
         log("4. fleet migration: \(count) stores x 100 rows, 3 pending migrations, per file system")
         let examples = try FileManager.default.contentsOfDirectory(atPath: env.exampleMigrations).sorted()
@@ -68,17 +78,17 @@ extension Scenarios {
                 let loop = try runLoop(release, on: system, seed: seed, sample: sample)
                 results[system.label + release.name] = (rate, loop)
                 let scenario = "4. fleet migration, \(system.label)"
-                measurements.append(Measurement(scenario: scenario, subject: "userstorectl migrate --all: \(release.subject)",
+                record(Measurement(scenario: scenario, subject: "userstorectl migrate --all: \(release.subject)",
                                                 value: rate, unit: "stores/s", note: note))
                 if let (floor, floorNote) = try runFloor(release, on: system, seed: seed, count: count) {
-                    measurements.append(Measurement(scenario: scenario, subject: "SQLite alone: the same statements and syncs per store from C, \(parallelism) threads, no copies (userstore-fleet-floor)",
+                    record(Measurement(scenario: scenario, subject: "SQLite alone: the same statements and syncs per store from C, \(parallelism) threads, no copies (userstore-fleet-floor)",
                                                     value: floor, unit: "stores/s", note: floorNote + String(format: "; userstored reaches %.0f%% of it", 100 * rate / floor)))
                 }
-                measurements.append(Measurement(scenario: scenario, subject: "shell loop of sqlite3, same SQL (\(sample)-store sample)",
+                record(Measurement(scenario: scenario, subject: "shell loop of sqlite3, same SQL (\(sample)-store sample)",
                                                 value: loop, unit: "stores/s", note: String(format: "userstored / loop = %.1f×", rate / loop)))
                 // One at a time; journal commits batch concurrent fsyncs, so parallel runs can pass
                 // it, and the default group commit (syncfs) shares its syncs among stores.
-                measurements.append(Measurement(scenario: scenario, subject: "fsync-bound limit of \(release.name) synced file by file (fleetSyncMethod: fsync), serial: 1 / (\(Int(release.fsyncsPerStore)) fsyncs × \(format(fsync)) µs)",
+                record(Measurement(scenario: scenario, subject: "fsync-bound limit of \(release.name) synced file by file (fleetSyncMethod: fsync), serial: 1 / (\(Int(release.fsyncsPerStore)) fsyncs × \(format(fsync)) µs)",
                                                 value: 1e6 / (release.fsyncsPerStore * fsync), unit: "stores/s",
                                                 note: "fdatasync of 4 KiB measured in this file system; the runs above use fleetSyncMethod: syncfs"))
             }
@@ -88,11 +98,11 @@ extension Scenarios {
         guard let reference = systems.first(where: { $0.label.hasPrefix("ext4") }) ?? systems.first else { return }
         let additiveResult = results[reference.label + "additive"] ?? (0, 1)
         let rebuildResult = results[reference.label + "rebuild"] ?? (0, 1)
-        targets.append(TargetCheck(target: "fleet migration ≥ 1,000 stores/s, additive, auto (\(reference.label))",
+        check(TargetCheck(target: "fleet migration ≥ 1,000 stores/s, additive, auto (\(reference.label))",
                                    measured: "\(format(additiveResult.rate)) stores/s", met: additiveResult.rate >= 1000))
-        targets.append(TargetCheck(target: "fleet migration ≥ 5× the sqlite3 loop, additive, auto (\(reference.label))",
+        check(TargetCheck(target: "fleet migration ≥ 5× the sqlite3 loop, additive, auto (\(reference.label))",
                                    measured: String(format: "%.1f×", additiveResult.rate / additiveResult.loop), met: additiveResult.rate / additiveResult.loop >= 5))
-        targets.append(TargetCheck(target: "fleet migration ≥ 3× the sqlite3 loop, backups forced on (\(reference.label))",
+        check(TargetCheck(target: "fleet migration ≥ 3× the sqlite3 loop, backups forced on (\(reference.label))",
                                    measured: String(format: "%.1f×", rebuildResult.rate / rebuildResult.loop), met: rebuildResult.rate / rebuildResult.loop >= 3))
     }
 

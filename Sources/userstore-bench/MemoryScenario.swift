@@ -2,10 +2,11 @@ import Foundation
 import UserStoreCore
 import UserStoreClient
 
-extension Scenarios {
-    // MARK: 5. Memory
+/// Scenario 5: the daemon's memory and file descriptors per open store.
+struct MemoryScenario: Scenario {
+    let bench: Bench
 
-    mutating func memory() async throws {
+    func run() async throws {
         let count = quick ? 20_000 : 100_000
         log("5. memory: touching \(count) users with maxOpenStores = 1024")
         let seed = try await env.makeSeed(data: env.root + "/memory-seed", migrations: try MigrationSet.load(directory: env.exampleMigrations), user: "seed", fill: "")
@@ -44,9 +45,9 @@ extension Scenarios {
         let storeFDs = fdTargets.filter { $0.hasPrefix(data + "/stores/") }.count
         env.stop(daemon)
         let perStore = Double(storeFDs) / Double(max(openStores, 1))
-        measurements.append(Measurement(scenario: "5. memory", subject: "RSS after touching \(count) users", value: rss / 1024, unit: "MiB",
+        record(Measurement(scenario: "5. memory", subject: "RSS after touching \(count) users", value: rss / 1024, unit: "MiB",
                                         note: "\(fds) open fds, \(storeFDs) of them on the \(openStores) open stores: \(format(perStore)) per store; \(Int(Double(names.count) / seconds)) opens/s over \(format(seconds)) s\(errors(failures))"))
-        targets.append(TargetCheck(target: "memory < 256 MiB RSS after \(count) users", measured: "\(format(rss / 1024)) MiB", met: rss / 1024 < 256))
-        targets.append(TargetCheck(target: "≤ 2 fds per open store", measured: format(perStore), met: perStore <= 2))
+        check(TargetCheck(target: "memory < 256 MiB RSS after \(count) users", measured: "\(format(rss / 1024)) MiB", met: rss / 1024 < 256))
+        check(TargetCheck(target: "≤ 2 fds per open store", measured: format(perStore), met: perStore <= 2))
     }
 }

@@ -1,13 +1,14 @@
 import Foundation
 import UserStoreClient
 
-extension Scenarios {
-    // MARK: 8. Replication on S3
+/// Scenario 8: replication to an S3 object store, and what a reopen costs with it.
+struct ObjectStoreScenario: Scenario {
+    let bench: Bench
 
     /// What replication to a bucket costs per new user and per durable write (issue #38), side by
     /// side with replication off in the same run: SeaweedFS (scripts/s3.sh, its own port) over
     /// its S3 API on loopback; Litestream as the daemon's child; the C client drives the writes.
-    mutating func objectStore() async throws {
+    func run() async throws {
         log("8. replication on S3")
         let litestream = env.repository + "/.build/testenv/bin/litestream"
         let port = 8433
@@ -48,7 +49,7 @@ extension Scenarios {
             reopenP50.append(try await reopenCost(mode: mode.name, index: index, config: reopenConfig, baselineP50: reopenP50.first,
                                                   bucketPrefix: index == 0 ? nil : "bench-\(getpid())-reopen/", s3Endpoint: "http://127.0.0.1:\(port)"))
             let ratio = index == 0 ? "" : String(format: "%.2f× replication off (p50)", latencies.percentile(0.5) / max(newStoreP50[0], 1))
-            measurements.append(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
+            record(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
                                             value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",
                                             p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: ratio + errors(failures)))
             // Durable INSERTs: 8 writers on 8 stores, then 64 writers on the same 8 (8 each).
@@ -62,20 +63,20 @@ extension Scenarios {
                 if writers == 64, let eight = durable["\(index)-8"] {
                     note += String(format: "%@%.1f× the 8 writers' throughput", note.isEmpty ? "" : "; ", result.throughput / max(eight.throughput, 1))
                 }
-                measurements.append(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on 8 stores",
+                record(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on 8 stores",
                                                 value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))
             }
         }
         if newStoreP50.count == 2 {
             let (on, off) = (newStoreP50[1], newStoreP50[0])
-            targets.append(TargetCheck(target: "new store with replication on S3: p50 ≤ 5 ms and ≤ 2× replication off",
+            check(TargetCheck(target: "new store with replication on S3: p50 ≤ 5 ms and ≤ 2× replication off",
                                        measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 5000 && on <= 2 * off))
         }
         if let eight = durable["1-8"], let sixtyFour = durable["1-64"] {
-            targets.append(TargetCheck(target: "durable INSERTs on S3, 8 writers: p50 ≤ 5 ms, p99 ≤ 25 ms",
+            check(TargetCheck(target: "durable INSERTs on S3, 8 writers: p50 ≤ 5 ms, p99 ≤ 25 ms",
                                        measured: "p50 \(format(eight.p50)) µs, p99 \(format(eight.p99)) µs", met: eight.p50 <= 5000 && eight.p99 <= 25000))
             let scale = sixtyFour.throughput / max(eight.throughput, 1)
-            targets.append(TargetCheck(target: "durable INSERTs on S3: 64 writers ≥ 4× the 8 writers' throughput",
+            check(TargetCheck(target: "durable INSERTs on S3: 64 writers ≥ 4× the 8 writers' throughput",
                                        measured: String(format: "%.1f×", scale), met: scale >= 4))
         }
     }

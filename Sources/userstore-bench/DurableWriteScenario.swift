@@ -1,0 +1,53 @@
+import Foundation
+import GRDB
+import UserStoreCore
+
+/// Scenario 2: durable single-row writes through the daemon against in-process GRDB.
+struct DurableWriteScenario: Scenario {
+    let bench: Bench
+
+    /// Single-row INSERTs in autocommit (WAL, `synchronous=FULL`), one user and eight users
+    /// (a connection each), against in-process GRDB with the daemon's connection settings.
+    func run() async throws {
+        log("2. durable writes")
+        let fleet = try await kvFleet(name: "writes", count: 8, rows: 0)
+        let (daemon, socket) = try env.startDaemon(name: "writes", data: fleet.data, migrations: fleet.migrations)
+        let insert = "INSERT INTO kv (value) VALUES ('durable write')"
+        var daemonRates: [Int: Double] = [:]
+        for users in [1, 8] {
+            guard let load else { break }
+            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
+            let result = load.run(socket: socket, connections: users, seconds: seconds,
+                                  LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
+            let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(result.requests, 1))
+            daemonRates[users] = result.throughput
+            record(Measurement(scenario: "2. durable INSERT", subject: "userstored, C client, \(users == 1 ? "1 user" : "\(users) users, a connection each")",
+                                            value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
+                                            note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
+        }
+        env.stop(daemon)
+        let layout = StoreLayout(dataDirectory: fleet.data)
+        for threads in [1, 8] {
+            let queues = try (0..<threads).map { index -> DatabaseQueue in
+                var config = Configuration()
+                config.prepareDatabase { db in
+                    // The daemon's own connection settings (StoreOpener).
+                    try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
+                    try db.execute(sql: "PRAGMA synchronous = FULL")
+                }
+                return try DatabaseQueue(path: layout.storePath(for: try UserID(fleet.users[index])), configuration: config)
+            }
+            let result = runLoad(threads: threads, seconds: seconds) { index in
+                { (try? queues[index].inDatabase { try $0.execute(sql: insert) }) != nil }
+            }
+            let share = (daemonRates[threads] ?? 0) / max(result.throughput, 1)
+            record(Measurement(scenario: "2. durable INSERT", subject: "in-process GRDB (WAL, synchronous=FULL, exclusive locking), \(threads) thread\(threads == 1 ? "" : "s")",
+                                            value: result.throughput, unit: "ops/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
+                                            note: String(format: "userstored reaches %.0f%% of it", 100 * share)))
+            if threads == 8 {
+                check(TargetCheck(target: "durable INSERTs ≥ 80% of in-process GRDB at 8 users", measured: String(format: "%.0f%%", 100 * share), met: share >= 0.8))
+            }
+            for queue in queues { try? queue.close() }
+        }
+    }
+}
