@@ -185,8 +185,15 @@ let package = Package(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
-                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets"]
+                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport"]
         ),
+        // A real userstored on a temporary directory, a raw varlink connection, a NOTIFY_SOCKET:
+        // what the daemon's, the client's and userstorectl's tests share.
+        .target(name: "DaemonTestSupport", dependencies: ["Varlink", "CUnixSocket"], path: "Tests/DaemonTestSupport"),
+        // The Swift client library against the real daemon.
+        .testTarget(name: "UserStoreClientTests", dependencies: ["UserStoreClient", "Varlink", "DaemonTestSupport", "userstored"]),
+        // userstorectl, the real binary, against the real daemon.
+        .testTarget(name: "UserStoreCtlTests", dependencies: ["UserStoreCtl", "Varlink", "DaemonTestSupport", "userstored", "userstorectl"]),
         .testTarget(name: "UserStoreConfigurationTests", dependencies: ["UserStoreConfiguration"]),
         // What the fuzzers check (Fuzz/Targets): outside the shipping modules, reaching their
         // decoding through `package` access; the fuzzer and FuzzCorpusTests feed the same map.

@@ -14,7 +14,7 @@ if (($# == 0)); then
     # control socket) or run the daemon's request path in the test process (its tasks share the
     # two cooperative threads): they run on their own, where the blocking suites cannot starve
     # those threads (CI saw waits of 180 s for 1 s of work).
-    alone='UserStoreServerTests.ClientTests|UserStoreServerTests.LitestreamControlTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests'
+    alone='UserStoreClientTests|UserStoreServerTests.LitestreamControlTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests'
     swift test --skip-build --skip "$cluster|$alone"
     swift test --skip-build --no-parallel --filter "$cluster"
     swift test --skip-build --filter "$alone"
@@ -26,7 +26,7 @@ fi
 if (($# == 0)); then python3 scripts/cluster-test.py --users 300 --seconds 4; fi
 # The client's tests again with three reply threads (a 2-core machine has one by default), so
 # that connections spread over several loops and tasks move between them.
-if (($# == 0)); then USERSTORE_CLIENT_THREADS=3 swift test --skip-build --filter 'UserStoreServerTests.ClientTests'; fi
+if (($# == 0)); then USERSTORE_CLIENT_THREADS=3 swift test --skip-build --filter 'UserStoreClientTests'; fi
 # The libFuzzer runs are not here: their build (every dependency again, with the sanitizers)
 # took a third of CI's 30 minutes. `make fuzz-smoke` runs them for 15 s per target, `make fuzz`
 # for an hour; every seed corpus file is replayed through the same code by FuzzCorpusTests above.

@@ -4,20 +4,20 @@ import Varlink
 
 /// A real `userstored` process on a temporary data directory, configuration and socket.
 /// Start-up is synchronised on the daemon's own READY=1 (through a NOTIFY_SOCKET the test owns).
-final class DaemonHarness {
-    let directory: TemporaryDirectory
-    let socketPath: String
-    let configPath: String
-    let dataDirectory: String
-    let migrationsDirectory: String
-    let notify: NotifySocket
-    private(set) var process: Process?
-    private(set) var stderrPath: String
+public final class DaemonHarness {
+    public let directory: TemporaryDirectory
+    public let socketPath: String
+    public let configPath: String
+    public let dataDirectory: String
+    public let migrationsDirectory: String
+    public let notify: NotifySocket
+    public private(set) var process: Process?
+    public private(set) var stderrPath: String
     /// Variables every start adds to the daemon's environment (S3 credentials, say).
-    var environment: [String: String] = [:]
+    public var environment: [String: String] = [:]
 
     /// Writes the migrations and a configuration (`extraConfig` is appended YAML).
-    init(migrations: [String: String]? = nil, extraConfig: String = "", appVersion: String = "2.0.0") throws {
+    public init(migrations: [String: String]? = nil, extraConfig: String = "", appVersion: String = "2.0.0") throws {
         directory = try TemporaryDirectory()
         chmod(directory.path, 0o755)
         socketPath = directory.path + "/run/userstore.sock"
@@ -39,7 +39,7 @@ final class DaemonHarness {
 
     /// (Re)writes the configuration; `dataDirectory` and `socketPath` default to this harness's
     /// own (another daemon's, to make two collide).
-    func writeConfig(appVersion: String = "2.0.0", dataDirectory: String? = nil, socketPath: String? = nil, extra: String = "") throws {
+    public func writeConfig(appVersion: String = "2.0.0", dataDirectory: String? = nil, socketPath: String? = nil, extra: String = "") throws {
         try """
             appVersion: "\(appVersion)"
             dataDirectory: \(dataDirectory ?? self.dataDirectory)
@@ -51,13 +51,13 @@ final class DaemonHarness {
     }
 
     /// Writes another migration file.
-    func addMigration(_ name: String, _ sql: String) throws {
+    public func addMigration(_ name: String, _ sql: String) throws {
         try sql.write(toFile: migrationsDirectory + "/" + name, atomically: true, encoding: .utf8)
     }
 
     /// Starts the daemon and waits for READY=1. `launcher` prefixes the command (e.g. the
     /// socket-activation helper).
-    func start(environment: [String: String] = [:], launcher: [String] = [], waitForReady: Bool = true) throws {
+    public func start(environment: [String: String] = [:], launcher: [String] = [], waitForReady: Bool = true) throws {
         let readyBefore = notify.lines.filter { $0 == "READY=1" }.count
         let process = Process()
         let daemon = productsDirectory + "/userstored"
@@ -81,14 +81,14 @@ final class DaemonHarness {
         }
     }
 
-    var pid: Int32 { process?.processIdentifier ?? 0 }
+    public var pid: Int32 { process?.processIdentifier ?? 0 }
 
     /// What the daemon wrote on stderr.
-    var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+    public var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
 
     /// Sends `signal` and waits for the exit; returns the exit status.
     @discardableResult
-    func stop(signal: Int32 = SIGTERM) -> Int32 {
+    public func stop(signal: Int32 = SIGTERM) -> Int32 {
         guard let process else { return -1 }
         if process.isRunning { kill(process.processIdentifier, signal) }
         process.waitUntilExit()
@@ -97,7 +97,7 @@ final class DaemonHarness {
     }
 
     /// Waits for the daemon to exit on its own.
-    func waitForExit() -> Int32 {
+    public func waitForExit() -> Int32 {
         guard let process else { return -1 }
         process.waitUntilExit()
         self.process = nil
@@ -105,14 +105,14 @@ final class DaemonHarness {
     }
 
     /// A new client connection (with a receive timeout, so a test never hangs).
-    func connect() throws -> VarlinkConnection {
+    public func connect() throws -> VarlinkConnection {
         let connection = try VarlinkConnection(path: socketPath)
         connection.setReceiveTimeout(seconds: 60)
         return connection
     }
 
     /// The daemon's resident memory in KiB (VmRSS).
-    var residentKiB: Int {
+    public var residentKiB: Int {
         let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
         let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
         return Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0
@@ -128,7 +128,7 @@ final class DaemonHarness {
 
 /// Runs a program and returns (exit status, stdout, stderr).
 @discardableResult
-func run(_ command: [String], environment: [String: String] = [:], input: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
+public func run(_ command: [String], environment: [String: String] = [:], input: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: command[0])
     process.arguments = Array(command.dropFirst())

@@ -4,13 +4,13 @@ import Synchronization
 
 /// A datagram socket standing in for systemd's `NOTIFY_SOCKET`: collects every message the
 /// daemon sends (READY=1, STATUS=..., WATCHDOG=1, STOPPING=1) and lets a test wait for one.
-final class NotifySocket: Sendable {
-    let path: String
+public final class NotifySocket: Sendable {
+    public let path: String
     private let descriptor: Int32
     private let messages = Mutex<[String]>([])
     private let arrived = DispatchSemaphore(value: 0)
 
-    init(path: String) throws {
+    public init(path: String) throws {
         self.path = path
         let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         let result = UnixSocketAddress.with(path: path) { bind(fd, $0, $1) }
@@ -38,13 +38,13 @@ final class NotifySocket: Sendable {
     }
 
     /// Every message so far.
-    var all: [String] { messages.withLock { $0 } }
+    public var all: [String] { messages.withLock { $0 } }
 
     /// Every `KEY=value` line so far.
-    var lines: [String] { all.flatMap { $0.split(separator: "\n").map(String.init) } }
+    public var lines: [String] { all.flatMap { $0.split(separator: "\n").map(String.init) } }
 
     /// Waits until some line satisfies `predicate`; false after `timeout`.
-    func waitFor(timeout: Double = 30, _ predicate: (String) -> Bool) -> Bool {
+    public func waitFor(timeout: Double = 30, _ predicate: (String) -> Bool) -> Bool {
         let deadline = Date().addingTimeInterval(timeout)
         while true {
             if lines.contains(where: predicate) { return true }

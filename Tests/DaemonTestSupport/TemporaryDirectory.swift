@@ -1,10 +1,10 @@
 import Foundation
 
 /// A temporary directory removed when the value is deinitialised.
-final class TemporaryDirectory: Sendable {
-    let path: String
+public final class TemporaryDirectory: Sendable {
+    public let path: String
 
-    init() throws {
+    public init() throws {
         var bytes = Array((NSTemporaryDirectory() + "userstored-test-XXXXXX").utf8CString)
         guard mkdtemp(&bytes) != nil else { throw CocoaError(.fileWriteUnknown) }
         path = String(cString: bytes)
@@ -16,18 +16,21 @@ final class TemporaryDirectory: Sendable {
 }
 
 /// Directory of the built products (the test bundle sits beside the executables).
-var productsDirectory: String {
+public var productsDirectory: String {
     URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
         .deletingLastPathComponent().path
 }
 
 /// The repository's root.
-var repositoryRoot: String {
+public var repositoryRoot: String {
     URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().deletingLastPathComponent().path
+        .deletingLastPathComponent().path
 }
 
 /// The python with the `varlink` package (made by scripts/install-deps.sh), for independent checks.
-var testPython: String {
+public var testPython: String {
     ProcessInfo.processInfo.environment["USERSTORE_TEST_PYTHON"] ?? repositoryRoot + "/.build/testenv/bin/python3"
 }
+
+/// The built `userstorectl` binary.
+public var userstorectlPath: String { productsDirectory + "/userstorectl" }

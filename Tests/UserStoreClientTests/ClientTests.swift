@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import CUnixSocket
 import Foundation
 import Synchronization

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Testing
 import UserStoreCtl
@@ -5,7 +6,7 @@ import Varlink
 
 /// userstorectl, the real binary, against the real daemon.
 @Suite(.serialized) struct CtlTests {
-    static var ctl: String { productsDirectory + "/userstorectl" }
+    static var ctl: String { userstorectlPath }
 
     func ctl(_ arguments: [String], socket: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
         try run([Self.ctl] + arguments, environment: socket.map { ["USERSTORE_SOCKET": $0] } ?? [:])
@@ -240,7 +241,7 @@ import Varlink
 @Suite struct CtlCompletionTests {
     @Test(arguments: ["bash", "zsh", "fish"])
     func completionScriptsNameEverySubcommand(_ shell: String) throws {
-        let result = try run([CtlTests.ctl, "--generate-completion-script", shell])
+        let result = try run([userstorectlPath, "--generate-completion-script", shell])
         #expect(result.status == 0)
         for subcommand in ["status", "list", "migrate", "plan", "verify", "rollback", "backup", "sql", "accept-checksums", "migrations"] {
             #expect(result.stdout.contains(subcommand), "\(shell): \(subcommand)")

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import ClusterTestSupport
 import Foundation
 import Testing
@@ -83,7 +84,7 @@ import Varlink
         let (host, address, epoch) = Self.answer(toB, "user-0")
         #expect(host == "a" && address == "127.0.0.1:7101" && epoch > 0)
         // What an operator sees from b: a owns every bucket and is the controller.
-        let status = try run([CtlTests.ctl, "cluster", "status"], environment: ["USERSTORE_SOCKET": b.socketPath])
+        let status = try run([userstorectlPath, "cluster", "status"], environment: ["USERSTORE_SOCKET": b.socketPath])
         #expect(status.status == 0, "\(status)")
         let lines = status.stdout.split(separator: "\n").map { $0.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ") }
         #expect(lines.contains { $0.hasPrefix("host b acknowledging") && $0.contains("controller a") && $0.contains("unassigned buckets 0") }, "\(status.stdout)")
@@ -182,7 +183,7 @@ import Varlink
         let transaction = try toA.call("io.userstore.Store.Begin", ["user": "mover-0"])["transaction"]!
         _ = try toA.call("io.userstore.Store.Execute", ["transaction": transaction, "sql": "INSERT INTO notes (title) VALUES ('in the transaction')"])
         let bucket = Placement.bucket(for: try UserID("mover-0"))
-        let move = try run([CtlTests.ctl, "cluster", "move", "\(bucket)", "b"], environment: ["USERSTORE_SOCKET": b.socketPath])
+        let move = try run([userstorectlPath, "cluster", "move", "\(bucket)", "b"], environment: ["USERSTORE_SOCKET": b.socketPath])
         #expect(move.status == 0 && move.stdout.contains("moving bucket \(bucket) from a to b"), "\(move)")
         // Once a sees the bucket draining (before that, a request would queue behind the
         // transaction), its requests get Retry at once.
@@ -196,7 +197,7 @@ import Varlink
         #expect(a.stderr.contains("event=cluster-bucket-released"))
 
         // Drain a: every bucket goes to b, with every user's rows.
-        let drain = try run([CtlTests.ctl, "cluster", "drain", "a"], environment: ["USERSTORE_SOCKET": a.socketPath])
+        let drain = try run([userstorectlPath, "cluster", "drain", "a"], environment: ["USERSTORE_SOCKET": a.socketPath])
         #expect(drain.status == 0 && drain.stdout.contains("draining a:"), "\(drain)")
         let drained = ContinuousClock.now
         #expect(Self.eventually { users.allSatisfy { Self.answer(other, $0).0 == "b" } }, "\(a.stderr.suffix(2000))")
@@ -204,7 +205,7 @@ import Varlink
         for user in users.dropFirst() {
             #expect(try toB.call("io.userstore.Store.Query", ["user": .string(user), "sql": "SELECT title FROM notes"])["rows"] == [["before"]])
         }
-        let status = try run([CtlTests.ctl, "cluster", "status"], environment: ["USERSTORE_SOCKET": a.socketPath])
+        let status = try run([userstorectlPath, "cluster", "status"], environment: ["USERSTORE_SOCKET": a.socketPath])
         let lines = status.stdout.split(separator: "\n").map { $0.split(separator: " ", omittingEmptySubsequences: true).joined(separator: " ") }
         #expect(lines.contains { $0.hasPrefix("a 127.0.0.1:7105 yes yes 0 ") } && lines.contains { $0.hasPrefix("b 127.0.0.1:7106 yes no 4096 ") }, "\(status.stdout)")
         #expect(a.stop() == 0)
@@ -214,7 +215,7 @@ import Varlink
     @Test func clusterStatusOnOneHostSaysClusterOff() throws {
         let daemon = try DaemonHarness()
         try daemon.start()
-        let status = try run([CtlTests.ctl, "cluster", "status"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        let status = try run([userstorectlPath, "cluster", "status"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(status.status != 0 && status.stderr.contains("ClusterOff"), "\(status)")
         daemon.stop()
     }

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import ClusterTestSupport
 import Foundation
 import Testing

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Testing
 import Varlink

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import CChildProcess
 import Foundation
 import Testing

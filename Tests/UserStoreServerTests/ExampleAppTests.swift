@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking

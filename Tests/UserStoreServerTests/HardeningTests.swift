@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Testing
 import Varlink
@@ -108,7 +109,7 @@ import Varlink
         // Once found damaged, refused for everything, even what would not read the page.
         #expect(error { _ = try again.call("io.userstore.Store.Query", ["user": "page", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.StoreDamaged")
         #expect(try again.call("io.userstore.Store.Query", ["user": "healthy", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
-        let verify = try run([CtlTests.ctl, "verify", "--all", "--json"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        let verify = try run([userstorectlPath, "verify", "--all", "--json"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(verify.status == 1)
         let lines = verify.stdout.split(separator: "\n").compactMap { try? JSONParser().parse(String($0)) }
         for user in ["page", "truncated", "text", "wal"] {

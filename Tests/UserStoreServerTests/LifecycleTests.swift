@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Testing
 import Varlink
@@ -6,7 +7,7 @@ import Varlink
 /// restore — and the named errors for bad input.
 @Suite(.serialized) struct LifecycleTests {
     func ctl(_ daemon: DaemonHarness, _ arguments: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
-        try run([CtlTests.ctl] + arguments, environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        try run([userstorectlPath] + arguments, environment: ["USERSTORE_SOCKET": daemon.socketPath])
     }
 
     func sqlite3(_ path: String, _ sql: String) throws -> String {

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Testing
 import Varlink
@@ -137,7 +138,7 @@ import Varlink
             rounds += 1
             for _ in 0..<100 { _ = try client.call("io.userstore.Store.Query", ["user": "hot", "sql": "SELECT 1"]) }
             _ = try client.call("io.userstore.Store.Query", ["user": "cold1", "sql": "SELECT 1"])
-            let top = try run([CtlTests.ctl, "top", "--json", "--once", "--seconds", "2"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+            let top = try run([userstorectlPath, "top", "--json", "--once", "--seconds", "2"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
             #expect(top.status == 0, "\(top.stderr)")
             let report = try JSONParser().parse(top.stdout)
             if let first = report["users"]?.arrayValue?.first, first["user"] == "hot" { hottest = report }
@@ -148,7 +149,7 @@ import Varlink
         #expect(report["methods"]?.arrayValue?.contains { $0["method"] == "io.userstore.Store.Query" } == true)
         #expect(report["openStores"] == 3)
         // Human output too.
-        let human = try run([CtlTests.ctl, "top", "--once"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        let human = try run([userstorectlPath, "top", "--once"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(human.stdout.contains("METHOD") && human.stdout.contains("USER"))
         daemon.stop()
     }
@@ -156,7 +157,7 @@ import Varlink
     @Test func withoutMetricsTopSaysSoAndNothingListens() throws {
         let daemon = try DaemonHarness()
         try daemon.start()
-        let top = try run([CtlTests.ctl, "top", "--once"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        let top = try run([userstorectlPath, "top", "--once"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(top.status == 1 && top.stderr.contains("MetricsDisabled"))
         daemon.stop()
     }

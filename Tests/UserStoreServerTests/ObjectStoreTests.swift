@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import ClusterTestSupport
 import Foundation
 import Testing
@@ -186,7 +187,7 @@ import Varlink
         try nobody.start()
         let status = try nobody.connect().call("io.userstore.Admin.Status")["replication"]
         #expect(status?["state"] == "degraded" && status?["replicaProblem"]?.stringValue?.contains("ReplicaUnreachable") == true, "\(String(describing: status))")
-        let ctl = try run([CtlTests.ctl, "replication"], environment: ["USERSTORE_SOCKET": nobody.socketPath])
+        let ctl = try run([userstorectlPath, "replication"], environment: ["USERSTORE_SOCKET": nobody.socketPath])
         #expect(ctl.status == 1 && ctl.stdout.contains("replica: ReplicaUnreachable"), "\(ctl)")
         nobody.stop()
     }

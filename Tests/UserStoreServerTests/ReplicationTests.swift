@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Testing
 import UserStoreClient
@@ -314,7 +315,7 @@ import Varlink
             try Data(bytes).write(to: URL(fileURLWithPath: path))
         }
         try daemon.start()
-        let restore = try run([CtlTests.ctl, "restore", "fay", "--from-replica"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        let restore = try run([userstorectlPath, "restore", "fay", "--from-replica"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(restore.status != 0 && restore.stderr.contains("ReplicaDamaged"), "\(restore)")
         let again = try daemon.connect()
         #expect(try again.call("io.userstore.Store.Query", ["user": "fay", "sql": "SELECT title FROM notes"])["rows"] == [["precious"]])
@@ -374,7 +375,7 @@ import Varlink
         try Self.insert("before", for: "kim", on: client, durable: true)
         let between = Date()
         try Self.insert("after", for: "kim", on: client, durable: true)
-        let ctl = try run([CtlTests.ctl, "restore", "kim", "--from-replica", "--timestamp", Self.rfc3339(between), "--json"],
+        let ctl = try run([userstorectlPath, "restore", "kim", "--from-replica", "--timestamp", Self.rfc3339(between), "--json"],
                           environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(ctl.status == 0, "\(ctl.stderr)")
         let reply = try JSONParser().parse(ctl.stdout)

@@ -1,3 +1,4 @@
+import DaemonTestSupport
 import Foundation
 import Synchronization
 import Testing
@@ -267,7 +268,7 @@ import Varlink
             ROLLBACK;
             SELECT n FROM counter;
             """
-        let piped = try run([CtlTests.ctl, "sql", "shelly"], environment: environment, input: script)
+        let piped = try run([userstorectlPath, "sql", "shelly"], environment: environment, input: script)
         #expect(piped.status == 0, "\(piped.stderr)")
         #expect(piped.stdout.contains("BEGIN") && piped.stdout.contains("COMMIT") && piped.stdout.contains("ROLLBACK"))
         #expect(piped.stdout.contains("a;b"))
@@ -275,13 +276,13 @@ import Varlink
         #expect(try client.call("io.userstore.Store.Query", ["user": "shelly", "sql": "SELECT n FROM counter"])["rows"] == [[5]])
 
         // A failing statement stops a script (exit 1); an open transaction at the end is rolled back.
-        let failing = try run([CtlTests.ctl, "sql", "shelly"], environment: environment,
+        let failing = try run([userstorectlPath, "sql", "shelly"], environment: environment,
                               input: "BEGIN;\nUPDATE counter SET n = 9;\nSELECT * FROM nowhere;\nCOMMIT;\n")
         #expect(failing.status == 1 && failing.stderr.contains("no such table"))
         #expect(try client.call("io.userstore.Store.Query", ["user": "shelly", "sql": "SELECT n FROM counter"])["rows"] == [[5]])
 
         // On a terminal: a prompt that shows the open transaction.
-        let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(CtlTests.ctl) sql shelly", "/dev/null"], environment: environment,
+        let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(userstorectlPath) sql shelly", "/dev/null"], environment: environment,
                           input: "BEGIN;\nUPDATE counter SET n = 7;\nCOMMIT;\n\\q\n")
         #expect(tty.status == 0, "\(tty.stdout)")
         #expect(tty.stdout.contains("shelly=> ") && tty.stdout.contains("shelly*=> "))
