@@ -185,7 +185,8 @@ let package = Package(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
-                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport"]
+                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport",
+                           .product(name: "Prometheus", package: "swift-prometheus")]
         ),
         // A real userstored on a temporary directory, a raw varlink connection, a NOTIFY_SOCKET:
         // what the daemon's, the client's and userstorectl's tests share.

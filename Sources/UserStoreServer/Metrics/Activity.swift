@@ -16,6 +16,12 @@ final class Activity: Sendable {
         var nanoseconds: UInt64 = 0
         /// Calls by latency: bucket `b` holds those under 2^b µs.
         var latency = [Int](repeating: 0, count: 32)
+
+        mutating func add(nanoseconds: UInt64, bucket: Int) {
+            calls += 1
+            self.nanoseconds += nanoseconds
+            latency[bucket] += 1
+        }
     }
 
     /// One user in a window's sketch: its calls (over-counted by at most `error`), time, bytes.
@@ -29,35 +35,53 @@ final class Activity: Sendable {
 
     struct Window {
         var second: UInt64 = 0
-        var methods: [String: MethodStats] = [:]
+        /// A handful of methods, found by a scan: the caller passes the same string each time,
+        /// which compares by identity before any byte (hashing it cost more).
+        var methods: [(method: String, stats: MethodStats)] = []
         var users: [UserStats] = []
+        /// Where each user of `users` is.
+        var positions: [String: Int] = [:]
+
+        /// Counts one call; Space-Saving when the sketch is full.
+        mutating func record(method: String, user: String?, nanoseconds: UInt64, bytes: Int, bucket: Int) {
+            if let index = methods.firstIndex(where: { $0.method == method }) {
+                methods[index].stats.add(nanoseconds: nanoseconds, bucket: bucket)
+            } else {
+                methods.append((method, MethodStats()))
+                methods[methods.count - 1].stats.add(nanoseconds: nanoseconds, bucket: bucket)
+            }
+            guard let user else { return }
+            if let index = positions[user] {
+                users[index].calls += 1
+                users[index].nanoseconds += nanoseconds
+                users[index].bytes += bytes
+            } else if users.count < Activity.sketchSize {
+                positions[user] = users.count
+                users.append(UserStats(user: user, calls: 1, error: 0, nanoseconds: nanoseconds, bytes: bytes))
+            } else {
+                // Space-Saving: the least counted entry gives way and its count carries over.
+                let least = users.indices.min { users[$0].calls < users[$1].calls }!
+                let carried = users[least].calls
+                positions[users[least].user] = nil
+                positions[user] = least
+                users[least] = UserStats(user: user, calls: carried + 1, error: carried, nanoseconds: nanoseconds, bytes: bytes)
+            }
+        }
     }
 
-    private let windows = Mutex([Window](repeating: Window(), count: Activity.windowCount))
+    /// The windows, once per recording thread (``ThreadShards``): a sketch per loop, merged
+    /// when read. A user with more than 1/``sketchSize`` of a window's calls has that share on
+    /// at least one loop, so it is still always in the merged report.
+    private let windows = ThreadShards { [Window](repeating: Window(), count: Activity.windowCount) }
 
     /// Records one call of `method` for `user` that took `nanoseconds` and replied `bytes`.
     func record(method: String, user: String?, nanoseconds: UInt64, bytes: Int) {
         let second = StoreClock.now() / 1_000_000_000
         let bucket = min(31, 64 - (nanoseconds / 1000).leadingZeroBitCount)
-        windows.withLock { windows in
+        windows.record { windows in
             let slot = Int(second % UInt64(Self.windowCount))
             if windows[slot].second != second { windows[slot] = Window(second: second) }
-            windows[slot].methods[method, default: MethodStats()].calls += 1
-            windows[slot].methods[method]!.nanoseconds += nanoseconds
-            windows[slot].methods[method]!.latency[bucket] += 1
-            guard let user else { return }
-            if let index = windows[slot].users.firstIndex(where: { $0.user == user }) {
-                windows[slot].users[index].calls += 1
-                windows[slot].users[index].nanoseconds += nanoseconds
-                windows[slot].users[index].bytes += bytes
-            } else if windows[slot].users.count < Self.sketchSize {
-                windows[slot].users.append(UserStats(user: user, calls: 1, error: 0, nanoseconds: nanoseconds, bytes: bytes))
-            } else {
-                // Space-Saving: the least counted entry gives way and its count carries over.
-                let least = windows[slot].users.indices.min { windows[slot].users[$0].calls < windows[slot].users[$1].calls }!
-                let carried = windows[slot].users[least].calls
-                windows[slot].users[least] = UserStats(user: user, calls: carried + 1, error: carried, nanoseconds: nanoseconds, bytes: bytes)
-            }
+            windows[slot].record(method: method, user: user, nanoseconds: nanoseconds, bytes: bytes, bucket: bucket)
         }
     }
 
@@ -66,9 +90,7 @@ final class Activity: Sendable {
     func report(seconds: Int, limit: Int) -> [String: JSONValue] {
         let now = StoreClock.now() / 1_000_000_000
         let seconds = max(1, min(seconds, Self.windowCount - 1))
-        let recent = windows.withLock { windows in
-            windows.filter { $0.second < now && $0.second >= now - UInt64(seconds) }
-        }
+        let recent = windows.all.joined().filter { $0.second < now && $0.second >= now - UInt64(seconds) }
         var methods: [String: MethodStats] = [:]
         var users: [String: UserStats] = [:]
         for window in recent {

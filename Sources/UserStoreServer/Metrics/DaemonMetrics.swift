@@ -31,7 +31,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         let method: String
         let interface: String
         let ok: CoreMetrics.Counter
-        let duration: CoreMetrics.Timer
+        let duration: DurationHistogram
         private let errors = Mutex<[String: CoreMetrics.Counter]>([:])
         private let registry: PrometheusCollectorRegistry
         private let activity: Activity
@@ -42,15 +42,13 @@ final class DaemonMetrics: StoreObserver, Sendable {
             self.activity = activity
             interface = method.split(separator: ".").dropLast().joined(separator: ".")
             ok = DaemonMetrics.counter(registry, "userstore_requests_total", [("interface", interface), ("method", method), ("outcome", "ok")])
-            duration = CoreMetrics.Timer(label: "userstore_request_duration_seconds", dimensions: [("method", method)],
-                                         handler: registry.makeDurationHistogram(descriptor: DaemonMetrics.descriptor("userstore_request_duration_seconds"),
-                                                                                 labels: [("method", method)], buckets: DaemonMetrics.requestBuckets))
+            duration = DurationHistogram(labels: [("method", method)], buckets: DaemonMetrics.requestBuckets)
         }
 
         /// Records one call for `user` that ended with `outcome` (nil: ok) after `nanoseconds`,
         /// replying `bytes`.
         func record(outcome: String?, nanoseconds: UInt64, user: String? = nil, bytes: Int = 0) {
-            duration.recordNanoseconds(Int64(nanoseconds))
+            duration.record(nanoseconds: Int64(truncatingIfNeeded: nanoseconds))
             activity.record(method: method, user: user, nanoseconds: nanoseconds, bytes: bytes)
             guard let outcome else { return ok.increment() }
             let counter = errors.withLock { errors in
@@ -88,9 +86,25 @@ final class DaemonMetrics: StoreObserver, Sendable {
     /// Pre-made handles of the fast path's methods.
     let open: RequestHandles, query: RequestHandles, execute: RequestHandles, batch: RequestHandles
 
+    /// Every method's handles made so far, by method name.
+    private var allHandles: [RequestHandles] {
+        ([open, query, execute, batch, other] + handles.withLock { Array($0.values) }).sorted { $0.method < $1.method }
+    }
+
+    /// The request duration histogram's lines, after the registry's (it is not one of the
+    /// registry's collectors: see ``DurationHistogram``).
+    private func emitRequestDurations() -> [UInt8] {
+        let name = "userstore_request_duration_seconds"
+        var text = "# HELP \(name) \(Self.help[name]!)\n# TYPE \(name) histogram\n"
+        for handles in allHandles { handles.duration.emit(name: name, into: &text) }
+        return Array(text.utf8)
+    }
+
+    private static let errorPrefix = Array("{\"error\":\"".utf8)
+
     /// The outcome of an encoded reply: nil when it succeeded, else the error's short name.
     static func outcome(of reply: ArraySlice<UInt8>) -> String? {
-        let prefix = Array("{\"error\":\"".utf8)
+        let prefix = errorPrefix
         guard reply.count > prefix.count, reply.starts(with: prefix) else { return nil }
         let start = reply.startIndex + prefix.count
         guard let end = reply[start...].firstIndex(of: UInt8(ascii: "\"")) else { return "unknown" }
@@ -297,7 +311,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
                 recorded = process.cpuSeconds
             }
         }
-        return registry.emitToBuffer()
+        return registry.emitToBuffer() + emitRequestDurations()
     }
 }
 
