@@ -32,11 +32,20 @@ public struct AccessRules: Sendable, Equatable {
         }
     }
 
-    /// The grant for a peer with `uid`, primary `gid` and supplementary `groups`.
-    public func grant(uid: UInt32, gid: UInt32, groups: [UInt32]) -> Grant {
-        let allGroups = Set(groups).union([gid])
-        let admin = uid == 0 || uid == getuid() || adminUsers.contains(uid) || !adminGroups.isDisjoint(with: allGroups)
-        let client = admin || clientUsers.contains(uid) || !clientGroups.isDisjoint(with: allGroups)
+    /// The grant for a peer with `uid`, primary `gid` and supplementary `groups`. `groups` is
+    /// asked for only when a rule names a group the primary `gid` does not decide: it is a
+    /// lookup in the user and group databases (files, or LDAP through NSS), made on the loop
+    /// that accepts the connection.
+    public func grant(uid: UInt32, gid: UInt32, groups: () -> [UInt32]) -> Grant {
+        var looked: Set<UInt32>?
+        func isMember(of named: Set<UInt32>) -> Bool {
+            if named.isEmpty { return false }
+            if named.contains(gid) { return true }
+            if looked == nil { looked = Set(groups()) }
+            return !named.isDisjoint(with: looked!)
+        }
+        let admin = uid == 0 || uid == getuid() || adminUsers.contains(uid) || isMember(of: adminGroups)
+        let client = admin || clientUsers.contains(uid) || isMember(of: clientGroups)
         return Grant(store: client, admin: admin, onlyStore: perUnixUserStores && !admin ? String(uid) : nil)
     }
 

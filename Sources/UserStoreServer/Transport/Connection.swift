@@ -102,8 +102,8 @@ final class Connection: EventHandler, @unchecked Sendable {
                 close(descriptor)
                 return
             }
-            let groups = PeerCredentials.groups(of: uid, primary: gid)
-            peer = PeerIdentity(uid: uid, gid: gid, pid: pid, grant: settings.access.grant(uid: uid, gid: gid, groups: groups))
+            let grant = settings.access.grant(uid: uid, gid: gid) { PeerCredentials.groups(of: uid, primary: gid) }
+            peer = PeerIdentity(uid: uid, gid: gid, pid: pid, grant: grant)
         }
         let connection = Connection(descriptor: descriptor, loop: loop, shared: shared, peer: peer, settings: settings)
         let admission = shared.context.connections.admit(connection, maximum: settings.limits.maxConnections,
