@@ -8,7 +8,8 @@ import Varlink
 /// (the owner may answer some oneway calls, an error for instance, and the link must see one
 /// reply per call), and its reply is dropped here.
 ///
-/// Confined to its connection's event loop; other threads reach it through `loop.execute`.
+/// Confined to its connection's event loop (asserted in debug builds); other threads reach it
+/// through `loop.execute`.
 final class ForwardedCalls: @unchecked Sendable {
     let loop: EventLoop
     let limits: RequestLimits
@@ -28,12 +29,20 @@ final class ForwardedCalls: @unchecked Sendable {
     /// No call waits for another host.
     var isIdle: Bool { links.isIdle }
     /// Ends links whose oldest call waited too long (`cluster.forwardTimeoutMilliseconds`).
-    func sweep(now: UInt64) { links.sweep(now: now) }
-    func closeAll() { links.closeAll() }
+    func sweep(now: UInt64) {
+        assert(loop.inEventLoop)
+        links.sweep(now: now)
+    }
+
+    func closeAll() {
+        assert(loop.inEventLoop)
+        links.closeAll()
+    }
 
     /// Forwards the call in `view` (`bytes`, without its NUL) as `target` says: ``Session/Route/later``
     /// when it must wait until every earlier reply is out (a streamed call).
     func forward(_ view: JSONView, _ method: Method, _ bytes: UnsafeBufferPointer<UInt8>, to target: Forwarder.Target) -> Session.Route {
+        assert(loop.inEventLoop)
         let oneway = view.member("oneway", of: 0).flatMap(view.bool) == true
         let user: String, host: String, address: String
         switch target {

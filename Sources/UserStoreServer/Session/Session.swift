@@ -63,6 +63,7 @@ final class Session {
     /// owns them from now on, unless it answers ``Route/later``). `stopping`: the connection is
     /// ending (shutdown, an oversized message), and calls not started are refused.
     func handle(_ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32], stopping: Bool) -> Route {
+        assert(replies.loop.inEventLoop)
         do {
             try tape.parse(bytes)
         } catch {
@@ -128,10 +129,14 @@ final class Session {
     var isIdle: Bool { !transactions.holdsStore && forwarded?.isIdle != false }
 
     /// Ends calls to other hosts that waited too long.
-    func sweep(now: UInt64) { forwarded?.sweep(now: now) }
+    func sweep(now: UInt64) {
+        assert(replies.loop.inEventLoop)
+        forwarded?.sweep(now: now)
+    }
 
     /// The connection closed: its transaction rolled back, its links to other hosts closed.
     func end() {
+        assert(replies.loop.inEventLoop)
         transactions.abandon()
         forwarded?.closeAll()
         forwarded = nil

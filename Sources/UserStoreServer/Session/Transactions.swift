@@ -12,7 +12,8 @@ import Varlink
 /// back when idle longer than `limits.transactionIdleMilliseconds` or open longer than
 /// `limits.transactionMilliseconds`. Its calls run on the store's queue, never inline.
 ///
-/// Confined to its connection's event loop; other threads reach it through `loop.execute`.
+/// Confined to its connection's event loop (asserted in debug builds); other threads reach it
+/// through `loop.execute`.
 package final class Transactions: @unchecked Sendable {
     /// The parts of an interactive transaction a call can be.
     package enum Call {
@@ -60,6 +61,7 @@ package final class Transactions: @unchecked Sendable {
     /// without naming the transaction. Without this check it would sit behind the transaction
     /// until the idle time-out rolled it back (found by the live fuzz).
     func waitsForOwnTransaction(_ view: JSONView) -> VarlinkError? {
+        assert(loop.inEventLoop)
         guard let transaction, transaction.isLive, view.kind(0) == .object,
               let call = view.member("parameters", of: 0), view.kind(call) == .object else { return nil }
         let user: String?
@@ -75,6 +77,7 @@ package final class Transactions: @unchecked Sendable {
     /// Handles a transaction call of `method` (its reply takes its turn among the connection's
     /// replies).
     func handle(_ kind: Call, _ method: Method, _ view: JSONView) {
+        assert(loop.inEventLoop)
         let reply = replies.reserve()
         if let metrics = context.metrics { reply.measure(metrics.requestHandles(method: method)) }
         let call = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
@@ -301,6 +304,7 @@ package final class Transactions: @unchecked Sendable {
 
     /// The connection closed with a transaction open: rolled back, store released.
     func abandon() {
+        assert(loop.inEventLoop)
         closed = true
         guard let transaction, transaction.state == .open, let store = transaction.store else { return }
         transaction.state = .ended(reason: "connection closed")

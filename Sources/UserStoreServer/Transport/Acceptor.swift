@@ -8,8 +8,8 @@ import Glibc
 /// The listening socket on one ``EventLoop``: every loop waits on it (`EPOLLEXCLUSIVE`: the
 /// kernel wakes one loop per incoming connection), and the loop that wakes accepts; the
 /// ``LoopSpread`` decides which loop serves each connection.
-/// Confined to its loop's thread (reached from elsewhere only through `loop.execute`), hence
-/// `@unchecked Sendable`.
+/// Confined to its loop's thread (asserted in debug builds; reached from elsewhere only through
+/// `loop.execute`), hence `@unchecked Sendable`.
 final class Acceptor: EventHandler, @unchecked Sendable {
     private let listener: Int32
     private let loop: EventLoop
@@ -48,6 +48,7 @@ final class Acceptor: EventHandler, @unchecked Sendable {
     }
 
     func ready(_ events: UInt32) {
+        assert(loop.inEventLoop)
         for _ in 0..<16 {
             let descriptor = us_accept(listener)
             if descriptor >= 0 {
