@@ -83,7 +83,7 @@ let package = Package(
             name: "UserStoreServer",
             dependencies: [
                 "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
-                "UserStoreCluster", "CChildProcess", "UserStoreS3",
+                "UserStoreCluster", "CChildProcess", "UserStoreS3", "UserStoreReplication",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -99,6 +99,21 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: [.embedInCode("Interfaces/io.userstore.Store.varlink"), .embedInCode("Interfaces/io.userstore.Admin.varlink")]
+        ),
+        // The off-host copy (#18, #35): Litestream driven per store, its replica restored,
+        // synced and checked; the daemon's request path uses it through LitestreamReplicator.
+        .target(
+            name: "UserStoreReplication",
+            dependencies: [
+                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3",
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
         ),
         // libedit's line editor and history for userstorectl's interactive sql mode.
         .systemLibrary(name: "CEditLine", providers: [.apt(["libedit-dev"])]),
@@ -185,12 +200,14 @@ let package = Package(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
-                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport",
+                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport", "UserStoreReplication",
                            .product(name: "Prometheus", package: "swift-prometheus")]
         ),
         // A real userstored on a temporary directory, a raw varlink connection, a NOTIFY_SOCKET:
         // what the daemon's, the client's and userstorectl's tests share.
         .target(name: "DaemonTestSupport", dependencies: ["Varlink", "CUnixSocket"], path: "Tests/DaemonTestSupport"),
+        // Litestream's control socket, its sync lanes and bucket counts, against a real Litestream.
+        .testTarget(name: "UserStoreReplicationTests", dependencies: ["UserStoreReplication", "UserStoreCore", "UserStoreConfiguration", "DaemonTestSupport"]),
         // The Swift client library against the real daemon.
         .testTarget(name: "UserStoreClientTests", dependencies: ["UserStoreClient", "Varlink", "DaemonTestSupport", "userstored"]),
         // userstorectl, the real binary, against the real daemon.

@@ -10,22 +10,24 @@ import Synchronization
 /// Counted by Litestream's S3 client itself (`litestream_replica_operation_total` and
 /// `litestream_replica_operation_bytes`), so they include what the daemon never sees: Litestream's
 /// own syncs, compactions and retention deletes. A `file://` replica counts nothing.
-final class BucketTraffic: Sendable {
+package final class BucketTraffic: Sendable {
     /// Requests and bytes by operation (`PUT`, `GET`, `DELETE`, `LIST`).
-    struct Counts: Equatable, Sendable {
-        var requests: [String: Int64] = [:]
-        var bytes: [String: Int64] = [:]
+    package struct Counts: Equatable, Sendable {
+        package var requests: [String: Int64] = [:]
+        package var bytes: [String: Int64] = [:]
+
+        package init() {}
     }
 
     /// One reading of Litestream's page.
-    struct Page: Equatable {
+    package struct Page: Equatable {
         /// `process_start_time_seconds`: which Litestream counted (a new one starts from zero).
         var started: Double?
         var counts = Counts()
     }
 
     /// `host:port` of Litestream's page.
-    let address: String
+    package let address: String
     private let state = Mutex(State())
 
     private struct State {
@@ -35,20 +37,20 @@ final class BucketTraffic: Sendable {
         var lastError: String?
     }
 
-    init(address: String) {
+    package init(address: String) {
         self.address = address
     }
 
     /// Everything counted so far.
-    var totals: Counts { state.withLock { $0.totals } }
+    package var totals: Counts { state.withLock { $0.totals } }
 
     /// Why the last reading failed (nil: it did not).
-    var lastError: String? { state.withLock { $0.lastError } }
+    package var lastError: String? { state.withLock { $0.lastError } }
 
     /// Reads Litestream's page now (within 2 s) and adds what it counted since the last reading.
     /// Never fails: a page that does not come leaves the totals as they were, and says why in
     /// ``lastError``.
-    func refresh() -> EventLoopFuture<Void> {
+    package func refresh() -> EventLoopFuture<Void> {
         let loop = LitestreamControl.http.eventLoopGroup.any()
         let request: HTTPClient.Request
         do {
@@ -70,7 +72,7 @@ final class BucketTraffic: Sendable {
 
     /// Adds what `page` counted since the last page: the difference while the same Litestream
     /// counts, everything on it once a new one does.
-    func add(_ page: Page) {
+    package func add(_ page: Page) {
         state.withLock { state in
             let sameProcess = page.started != nil && page.started == state.last.started
             let before = sameProcess ? state.last.counts : Counts()
@@ -88,7 +90,7 @@ final class BucketTraffic: Sendable {
     /// The two counters and the process start time in a Prometheus text page, summed over
     /// replica types. Every other line is skipped (Litestream 0.5.17 also has a dozen series per
     /// database it ever replicated).
-    static func parse(_ text: String) -> Page {
+    package static func parse(_ text: String) -> Page {
         var page = Page()
         for line in text.split(separator: "\n") where line.first == "l" || line.first == "p" {
             if line.hasPrefix("process_start_time_seconds ") {

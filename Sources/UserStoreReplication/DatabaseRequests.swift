@@ -22,7 +22,7 @@ import Synchronization
 /// deadline; past it, the request already sent stays in flight and keeps the database's turn,
 /// and one still queued is dropped without being sent. A Litestream that never answers holds
 /// its databases until it is killed (``ReplicationMonitor`` does, in child mode).
-final class DatabaseRequests: Sendable {
+package final class DatabaseRequests: Sendable {
     private struct Turn {
         /// Ends when the last request queued for the database has been answered or dropped.
         let done: EventLoopFuture<Void>
@@ -34,29 +34,29 @@ final class DatabaseRequests: Sendable {
     private let numbers = Atomic<UInt64>(0)
     private let group: any EventLoopGroup
 
-    init(group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
+    package init(group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) {
         self.group = group
     }
 
     /// A request that was never sent: an earlier one for the database was still unanswered at
     /// its deadline.
-    struct StillUnanswered: Error, CustomStringConvertible {
+    package struct StillUnanswered: Error, CustomStringConvertible {
         let route: String
-        var description: String {
+        package var description: String {
             "not sent: Litestream had not yet answered an earlier request for this database (\(route) waited for it until its deadline)"
         }
     }
 
     /// The caller's deadline passed while its request was in flight (it stays in flight).
-    struct NotAnswered: Error {}
+    package struct NotAnswered: Error {}
 
     /// How many databases have a request in flight or queued.
-    var busy: Int { turns.withLock { $0.count } }
+    package var busy: Int { turns.withLock { $0.count } }
 
     /// Sends `request` for the database `key` once every earlier request for it has been
     /// answered; the returned future ends with the answer, or fails at `deadline` with
     /// ``NotAnswered`` (sent) or ``StillUnanswered`` (never sent).
-    func send<Reply: Sendable>(_ key: String, route: String, until deadline: NIODeadline,
+    package func send<Reply: Sendable>(_ key: String, route: String, until deadline: NIODeadline,
                                _ request: @escaping @Sendable () -> EventLoopFuture<Reply>) -> EventLoopFuture<Reply> {
         let loop = group.any()
         let answer = loop.makePromise(of: Reply.self)

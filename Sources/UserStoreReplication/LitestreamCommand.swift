@@ -9,26 +9,26 @@ import Foundation
 /// supervisor's — end only with the daemon, so no Litestream outlives its daemon, however the
 /// daemon ends (SIGKILL included; docs/replication.md "Running Litestream"). The process stays in
 /// the daemon's process group and gets none of its descriptors.
-struct LitestreamCommand: Sendable {
+package struct LitestreamCommand: Sendable {
     /// The binary's path (posix spawning needs a path, not a name to look up).
-    let executable: String
+    package let executable: String
     /// Its whole environment (nothing of the daemon's is inherited: a variable such as
     /// `AWS_CA_BUNDLE` breaks Litestream's S3 client).
-    let environment: [String: String]
+    package let environment: [String: String]
 
     /// A run that could not start, did not end in time, or could not be waited for.
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
+    package struct Failure: Error, CustomStringConvertible {
+        package let description: String
     }
 
-    init(_ binary: String, environment: [String: String]) {
+    package init(_ binary: String, environment: [String: String]) {
         executable = Self.resolve(binary)
         self.environment = environment
     }
 
     /// Starts `litestream arguments`, its stdout and stderr on `output` (the daemon's stderr when
     /// -1), and returns its pid. Call it from a thread that lives as long as the daemon.
-    func spawn(_ arguments: [String], output: Int32 = -1) throws(Failure) -> pid_t {
+    package func spawn(_ arguments: [String], output: Int32 = -1) throws(Failure) -> pid_t {
         let argv = ([executable] + arguments).map { strdup($0) } + [nil]
         defer { for pointer in argv { free(pointer) } }
         let variables = environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
@@ -43,7 +43,7 @@ struct LitestreamCommand: Sendable {
     ///
     /// Output goes to a temporary file, not a pipe: a pipe's write end inherited by a process
     /// started at the same moment would keep the read from ending.
-    func run(_ arguments: [String], limit: Duration) throws(Failure) -> (status: Int32, output: String) {
+    package func run(_ arguments: [String], limit: Duration) throws(Failure) -> (status: Int32, output: String) {
         let outputPath = NSTemporaryDirectory() + "userstored-litestream-\(UUID().uuidString).log"
         let output = open(outputPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard output >= 0 else {
@@ -68,7 +68,7 @@ struct LitestreamCommand: Sendable {
 
     /// Waits for child `pid` to end (blocking) and returns its exit status (128 + the signal
     /// when a signal ended it); nil when it cannot be waited for.
-    static func reap(_ pid: pid_t) -> Int32? {
+    package static func reap(_ pid: pid_t) -> Int32? {
         var status: Int32 = 0
         while waitpid(pid, &status, 0) < 0 {
             if errno != EINTR { return nil }
@@ -78,7 +78,7 @@ struct LitestreamCommand: Sendable {
     }
 
     /// `name` found in `$PATH`, or `name` itself.
-    static func resolve(_ name: String) -> String {
+    package static func resolve(_ name: String) -> String {
         guard !name.contains("/") else { return name }
         for folder in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin").split(separator: ":") {
             let candidate = "\(folder)/\(name)"
@@ -88,7 +88,7 @@ struct LitestreamCommand: Sendable {
     }
 
     /// Litestream's last log lines without their timestamps: the reason it gives.
-    static func lastLines(_ output: String) -> String {
+    package static func lastLines(_ output: String) -> String {
         let lines = output.split(separator: "\n").map { line -> String in
             if let message = line.range(of: "msg=") { return String(line[message.upperBound...]) }
             return String(line)
@@ -97,7 +97,7 @@ struct LitestreamCommand: Sendable {
     }
 
     /// Whether Litestream's failure says the replica's data is bad rather than unreachable.
-    static func isDamage(_ message: String) -> Bool {
+    package static func isDamage(_ message: String) -> Bool {
         let lowered = message.lowercased()
         // Not "decode" alone: Litestream wraps transport errors as "decode database: …" too.
         // Format errors name what was wrong with the data (a page header, a checksum, lz4).

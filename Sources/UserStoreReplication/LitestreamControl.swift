@@ -10,16 +10,16 @@ import NIOPosix
 ///
 /// Each call comes in two forms: `async`, and blocking its thread until the reply (or its
 /// deadline) — the blocking form only from the blocking pool, never from an event loop.
-struct LitestreamControl: Sendable {
+package struct LitestreamControl: Sendable {
     /// The control socket's path.
-    let socketPath: String
+    package let socketPath: String
 
     /// The client every control call shares. Connections are kept alive and reused; a sync
     /// pass sends up to 64 `/sync` calls at once and durable writes each wait on one more, so
     /// the pool allows many more connections than AsyncHTTPClient's default 8 (a call queued
     /// behind others would spend its deadline waiting for a connection). A socket that refuses
     /// fails the call at once instead of being retried until the deadline.
-    static let http: HTTPClient = {
+    package static let http: HTTPClient = {
         var configuration = HTTPClient.Configuration()
         configuration.connectionPool = .init(idleTimeout: .seconds(30), concurrentHTTP1ConnectionsPerHostSoftLimit: 512)
         configuration.connectionPool.retryConnectionEstablishment = false
@@ -28,8 +28,8 @@ struct LitestreamControl: Sendable {
     }()
 
     /// A failed request: no connection, a timeout, or Litestream's error reply.
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
+    package struct Failure: Error, CustomStringConvertible {
+        package let description: String
         /// Whether the request may have reached Litestream (false: the connection itself failed,
         /// so no Litestream acted on it).
         var delivered = true
@@ -38,27 +38,27 @@ struct LitestreamControl: Sendable {
     /// A database's registration and unregistration go one at a time, each until Litestream
     /// answers it (``DatabaseRequests``): shared by every control client of the process, keyed
     /// by socket and database.
-    static let requests = DatabaseRequests()
+    package static let requests = DatabaseRequests()
 
     /// `POST /register`: replicate the database at `path` to `replicaURL`; answered by `until`
     /// (10 s from now unless given) at the latest (blocking).
-    func register(_ path: String, replicaURL: String, until deadline: ContinuousClock.Instant = .now + .seconds(10)) throws {
+    package func register(_ path: String, replicaURL: String, until deadline: ContinuousClock.Instant = .now + .seconds(10)) throws {
         _ = try Self.wait(forDatabase(path, .POST, "/register", Register(path: path, replicaURL: replicaURL), until: Self.nio(deadline), reply: Ignored.self))
     }
 
     /// ``register(_:replicaURL:until:)`` without blocking a thread.
-    func register(_ path: String, replicaURL: String, until deadline: ContinuousClock.Instant = .now + .seconds(10)) async throws {
+    package func register(_ path: String, replicaURL: String, until deadline: ContinuousClock.Instant = .now + .seconds(10)) async throws {
         _ = try await Self.get(forDatabase(path, .POST, "/register", Register(path: path, replicaURL: replicaURL), until: Self.nio(deadline), reply: Ignored.self))
     }
 
     /// `POST /unregister`: a final sync, then stop replicating `path` and close Litestream's
     /// connection to it; answered by `until` at the latest (blocking).
-    func unregister(_ path: String, until deadline: ContinuousClock.Instant) throws {
+    package func unregister(_ path: String, until deadline: ContinuousClock.Instant) throws {
         _ = try Self.wait(forDatabase(path, .POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: Ignored.self))
     }
 
     /// ``unregister(_:until:)`` without blocking a thread.
-    func unregister(_ path: String, until deadline: ContinuousClock.Instant) async throws {
+    package func unregister(_ path: String, until deadline: ContinuousClock.Instant) async throws {
         _ = try await Self.get(forDatabase(path, .POST, "/unregister", Unregister(path: path, timeout: Self.seconds(until: deadline)), until: Self.nio(deadline), reply: Ignored.self))
     }
 
@@ -67,12 +67,12 @@ struct LitestreamControl: Sendable {
     /// Not queued behind the database's registration requests (``requests``): Litestream runs
     /// the syncs of one database object one at a time itself, and a sync that finds no database
     /// (not yet registered, or let go of) fails without touching anything.
-    func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) throws -> SyncReply {
+    package func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) throws -> SyncReply {
         try call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
     }
 
     /// ``syncAndWait(_:until:)`` without blocking a thread (durable writes wait here).
-    func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) async throws -> SyncReply {
+    package func syncAndWait(_ path: String, until deadline: ContinuousClock.Instant) async throws -> SyncReply {
         try await call(.POST, "/sync", Sync(path: path, timeout: Self.seconds(until: deadline)), timeout: Self.left(until: deadline), reply: SyncReply.self)
     }
 
@@ -118,14 +118,14 @@ struct LitestreamControl: Sendable {
     private struct Ignored: Codable {}
 
     /// What `/sync` answered: `synced`, `synced_local` or `no_change`, and the positions.
-    struct SyncReply: Decodable {
+    package struct SyncReply: Decodable {
         let status: String
         let txid: Int64
         let replicatedTXID: Int64
 
         enum CodingKeys: String, CodingKey { case status, txid, replicatedTXID = "replicated_txid" }
 
-        init(from decoder: any Decoder) throws {
+        package init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             status = try container.decodeIfPresent(String.self, forKey: .status) ?? ""
             txid = try container.decodeIfPresent(Int64.self, forKey: .txid) ?? 0
@@ -138,7 +138,7 @@ struct LitestreamControl: Sendable {
     }
 
     /// `GET /list`: every registered database and its state.
-    func list() async throws -> [ListedDatabase] {
+    package func list() async throws -> [ListedDatabase] {
         try await call(.GET, "/list", Optional<Ignored>.none, timeout: .seconds(5), reply: Listed.self).databases ?? []
     }
 
@@ -147,7 +147,7 @@ struct LitestreamControl: Sendable {
     }
 
     /// One database in `/list`.
-    struct ListedDatabase: Decodable {
+    package struct ListedDatabase: Decodable {
         let path: String
         /// `replicating`, `open` or `stopped`.
         let status: String
@@ -155,7 +155,7 @@ struct LitestreamControl: Sendable {
 
         enum CodingKeys: String, CodingKey { case path, status, lastSyncAt = "last_sync_at" }
 
-        init(from decoder: any Decoder) throws {
+        package init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             path = try container.decodeIfPresent(String.self, forKey: .path) ?? ""
             status = try container.decodeIfPresent(String.self, forKey: .status) ?? ""
@@ -164,7 +164,7 @@ struct LitestreamControl: Sendable {
     }
 
     /// Which Litestream answers: its pid and when it started (`GET /info`).
-    struct Instance: Equatable, Decodable {
+    package struct Instance: Equatable, Decodable {
         let pid: Int32
         let startedAt: String
         let version: String
@@ -177,7 +177,7 @@ struct LitestreamControl: Sendable {
             self.version = version
         }
 
-        init(from decoder: any Decoder) throws {
+        package init(from decoder: any Decoder) throws {
             let container = try decoder.container(keyedBy: CodingKeys.self)
             pid = try container.decodeIfPresent(Int32.self, forKey: .pid) ?? 0
             startedAt = try container.decodeIfPresent(String.self, forKey: .startedAt) ?? ""
@@ -186,7 +186,7 @@ struct LitestreamControl: Sendable {
     }
 
     /// `GET /info`: which Litestream answers (throws when none does within 5 s).
-    func info() async throws -> Instance {
+    package func info() async throws -> Instance {
         try await call(.GET, "/info", Optional<Ignored>.none, timeout: .seconds(5), reply: Instance.self)
     }
 

@@ -10,7 +10,7 @@ import UserStoreConfiguration
 /// until ``stop()``. The thread lives as long as the child does, and the child is started tied
 /// to it (``LitestreamCommand``): when the daemon dies, however it dies, the kernel kills
 /// Litestream too — an orphaned Litestream would go on shipping stores nobody owns any more.
-final class LitestreamProcess: Sendable {
+package final class LitestreamProcess: Sendable {
     private let settings: ReplicationSettings
     private let configurationPath: String
     private let logger: Logger
@@ -25,7 +25,7 @@ final class LitestreamProcess: Sendable {
         var supervisorRunning = false
     }
 
-    init(settings: ReplicationSettings, environment: [String: String], runtimeDirectory: String, logger: Logger) {
+    package init(settings: ReplicationSettings, environment: [String: String], runtimeDirectory: String, logger: Logger) {
         self.settings = settings
         self.configurationPath = runtimeDirectory + "/litestream.yml"
         self.logger = logger
@@ -34,7 +34,7 @@ final class LitestreamProcess: Sendable {
 
     /// Writes the configuration, ends a Litestream a previous daemon left on the socket, and
     /// starts one; returns once it answers on its socket (or throws after 10 s).
-    func start() async throws {
+    package func start() async throws {
         var yaml = "# Written by userstored: stores are registered through the control socket.\nsocket:\n  enabled: true\n  path: \"\(settings.socket)\"\n  permissions: 0600\n"
         // Its Prometheus page: the daemon reads what it sent to the bucket there (BucketTraffic).
         if let address = settings.litestreamMetricsAddress { yaml += "addr: \"\(address)\"\n" }
@@ -55,7 +55,7 @@ final class LitestreamProcess: Sendable {
 
     /// Stops Litestream (SIGTERM: it finishes its syncs; SIGKILL after 30 s) and waits for it
     /// to exit.
-    func stop() async {
+    package func stop() async {
         let pid = state.withLock { state -> pid_t in
             state.stopping = true
             return state.pid
@@ -78,7 +78,7 @@ final class LitestreamProcess: Sendable {
 
     /// Kills a Litestream that stopped answering (SIGKILL: a hung process may not act on
     /// SIGTERM); the supervisor starts a new one a second later.
-    func killUnresponsive(reason: String) {
+    package func killUnresponsive(reason: String) {
         let pid = self.pid
         guard pid > 0 else { return }
         logger.error("killing litestream (pid \(pid)): \(reason); a new one starts in a second", metadata: [
@@ -88,7 +88,7 @@ final class LitestreamProcess: Sendable {
     }
 
     /// The child's process id (0 when not running).
-    var pid: pid_t { state.withLock { $0.pid } }
+    package var pid: pid_t { state.withLock { $0.pid } }
 
     /// Runs on the supervisor thread: start, wait, start again a second after an exit.
     private func supervise() {

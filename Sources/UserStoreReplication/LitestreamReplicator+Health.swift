@@ -8,7 +8,7 @@ extension LitestreamReplicator {
     /// it did not answer, or every store after it restarted). Returns the stores it replicates
     /// again after a fault: each counts as registered only once ``ReplicaCheck`` compared its
     /// replica with it (``verified(_:)``).
-    func checkHealth() async -> [Store] {
+    package func checkHealth() async -> [Store] {
         let instance: LitestreamControl.Instance
         let listed: [LitestreamControl.ListedDatabase]
         let asked = ContinuousClock.now
@@ -37,7 +37,7 @@ extension LitestreamReplicator {
 
     /// `store` was compared with its replica after a fault and they match: it counts as
     /// registered again.
-    func verified(_ store: Store) {
+    package func verified(_ store: Store) {
         state.withLock { state in
             if state.open[store.path]?.store === store { state.open[store.path]!.registered = true }
         }
@@ -46,14 +46,14 @@ extension LitestreamReplicator {
 
     /// Whether every open store is registered, Litestream answers and the replica does: the
     /// outage is over.
-    var everyStoreRegistered: Bool {
+    package var everyStoreRegistered: Bool {
         state.withLock { $0.unansweredSince == nil && $0.replicaProblem == nil && $0.open.values.allSatisfy(\.registered) }
     }
 
     /// Checks the replica itself — the bucket answers and takes the credentials, the folder is
     /// there — so that health says what reaches the replica, not only whether Litestream's
     /// socket answers.
-    func checkReplica() async {
+    package func checkReplica() async {
         do {
             try await storage.check()
             state.withLock { $0.replicaProblem = nil }
@@ -64,13 +64,13 @@ extension LitestreamReplicator {
 
     /// The replica itself could not be reached or used (`error` names why): degraded until a
     /// check of it succeeds.
-    func replicaFailed(_ error: any Error) {
+    package func replicaFailed(_ error: any Error) {
         state.withLock { $0.replicaProblem = "\(error)" }
         failed("the replica", error)
     }
 
     /// Since when no Litestream has answered the health check (nil while one answers).
-    var unansweredSince: ContinuousClock.Instant? { state.withLock { $0.unansweredSince } }
+    package var unansweredSince: ContinuousClock.Instant? { state.withLock { $0.unansweredSince } }
 
     /// No Litestream answered: every open store stops counting as registered (durable writes
     /// fail; each is compared with its replica before it counts again). If the Litestream that

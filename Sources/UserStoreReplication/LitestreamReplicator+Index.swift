@@ -4,7 +4,7 @@ import ServiceLifecycle
 extension LitestreamReplicator {
     /// Lists which users the bucket holds (one host, `s3://`), trying again every 5 s until the
     /// bucket answers; until then every new user asks the bucket itself.
-    func loadReplicaIndex() async {
+    package func loadReplicaIndex() async {
         guard fencing == nil else { return }
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             do {

@@ -8,7 +8,7 @@ extension LitestreamReplicator {
     /// that cannot be confirmed by then — also when the store does not count as registered (not
     /// open, Litestream not answering, or registered again after a fault and not yet compared
     /// with its replica).
-    func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
+    package func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
         let path = layout.storePath(for: user)
         guard let store = state.withLock({ $0.open[path] }).flatMap({ $0.registered ? $0.store : nil }) else {
             throw StoreError.replicationUnavailable(user: user, message: "the store is not registered with Litestream (\(state.withLock { $0.lastError } ?? "not open"))")
@@ -37,7 +37,7 @@ extension LitestreamReplicator {
 
     /// `POST /sync` with `wait` for the store at `path`, queued behind any other sync of it and
     /// shared with the callers that arrive while it waits (``SyncLanes``); by `deadline`.
-    func sync(_ path: String, until deadline: ContinuousClock.Instant) async throws -> LitestreamControl.SyncReply {
+    package func sync(_ path: String, until deadline: ContinuousClock.Instant) async throws -> LitestreamControl.SyncReply {
         let control = self.control, recorded = syncDuration
         return try await syncLanes.run(path, until: deadline) {
             let started = ContinuousClock.now
@@ -49,7 +49,7 @@ extension LitestreamReplicator {
     /// A sync of `store` failed (Litestream, or the replica behind it, did not confirm it): the
     /// store no longer counts as replicated — durable writes to it fail at once instead of each
     /// waiting out its time-out — until the health check has compared it with its replica.
-    func syncFailed(_ store: Store, _ error: any Error) {
+    package func syncFailed(_ store: Store, _ error: any Error) {
         state.withLock { state in
             if state.open[store.path]?.store === store { state.open[store.path]!.registered = false }
         }
@@ -63,7 +63,7 @@ extension LitestreamReplicator {
     /// (Litestream's own loops alone took up to 1.3 s with its fixed 1 s interval: a local pass,
     /// then an upload pass, each on its own ticker). Returns how long the pass took.
     @discardableResult
-    func syncWrittenStores() async -> Duration {
+    package func syncWrittenStores() async -> Duration {
         let started = ContinuousClock.now
         let written = state.withLock { state in
             state.open.values.filter { $0.registered && $0.store.wal.take() }.map(\.store)

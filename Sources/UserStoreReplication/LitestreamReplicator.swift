@@ -23,38 +23,38 @@ import UserStoreCore
 /// confirmed the unregistration, or that Litestream process has ended. A Litestream that is
 /// alive but does not answer (paused, hung) holds its positions: its stores' WALs grow until it
 /// answers again, or until the daemon kills it (``ReplicationMonitor``, child mode).
-final class LitestreamReplicator: StoreReplication {
-    let settings: ReplicationSettings
-    let layout: StoreLayout
-    let control: LitestreamControl
+package final class LitestreamReplicator: StoreReplication {
+    package let settings: ReplicationSettings
+    package let layout: StoreLayout
+    package let control: LitestreamControl
     /// One `/sync` at a time per store (Litestream mishandles overlapping ones), shared by the
     /// durable writes that wait for it (group commit).
-    let syncLanes = SyncLanes<LitestreamControl.SyncReply>()
-    let command: LitestreamCommand
-    let logger: Logger
-    let state = Mutex(State())
+    package let syncLanes = SyncLanes<LitestreamControl.SyncReply>()
+    package let command: LitestreamCommand
+    package let logger: Logger
+    package let state = Mutex(State())
 
     /// What replication knows now (``ReplicationState``), under its lock.
-    typealias State = ReplicationState
+    package typealias State = ReplicationState
 
     /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
-    let fencing: (any ReplicaFencing)?
+    package let fencing: (any ReplicaFencing)?
     /// The replica itself, for what the daemon does there (erase, find epochs, check).
-    let storage: ReplicaStorage
+    package let storage: ReplicaStorage
     /// Which users the bucket holds (one host, `s3://`), once listed: ``loadReplicaIndex()``.
-    let replicaIndex = ReplicaIndex()
+    package let replicaIndex = ReplicaIndex()
     /// Where each user's copy lives in the replica.
-    let locations: ReplicaLocations
+    package let locations: ReplicaLocations
     /// `litestream restore`, for stores missing here and for comparisons.
-    let restorer: ReplicaRestorer
+    package let restorer: ReplicaRestorer
 
     /// Told how long each sync took (the metrics, when they are served).
-    let syncDuration: (@Sendable (Duration) -> Void)?
+    package let syncDuration: (@Sendable (Duration) -> Void)?
     /// What Litestream sent to the bucket, from its Prometheus page
     /// (`replication.litestreamMetricsAddress`; nil when it has none).
-    let bucketTraffic: BucketTraffic?
+    package let bucketTraffic: BucketTraffic?
 
-    init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil,
+    package init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil,
          syncDuration: (@Sendable (Duration) -> Void)? = nil) {
         self.settings = settings
         self.syncDuration = syncDuration
@@ -71,22 +71,22 @@ final class LitestreamReplicator: StoreReplication {
 
     /// The durable time-out from now: how long a durable write, a final sync or an
     /// unregistration waits for Litestream.
-    var durableDeadline: ContinuousClock.Instant { .now + .milliseconds(settings.durableTimeoutMilliseconds) }
+    package var durableDeadline: ContinuousClock.Instant { .now + .milliseconds(settings.durableTimeoutMilliseconds) }
 
     // MARK: StoreReplication
 
-    func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+    package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let restored = try restorer.restore(user, to: path, timestamp: timestamp)
         if restored != nil { state.withLock { $0.restored += 1 } }
         return restored
     }
 
     /// The epoch `user`'s open store was registered under (more than one host); nil otherwise.
-    func registeredEpoch(of user: UserID) -> Int64? {
+    package func registeredEpoch(of user: UserID) -> Int64? {
         state.withLock { $0.epochs[layout.storePath(for: user)] }
     }
 
-    func newerCopy(of user: UserID, path: String) throws -> Int64? {
+    package func newerCopy(of user: UserID, path: String) throws -> Int64? {
         guard fencing != nil else { return nil }
         let newest: Int64?
         do {
@@ -99,7 +99,7 @@ final class LitestreamReplicator: StoreReplication {
         return newest > local ? newest : nil
     }
 
-    func storeOpened(_ store: Store) {
+    package func storeOpened(_ store: Store) {
         let register = state.withLock { state -> Bool in
             // The running Litestream may still hold the store from before it was closed (it did
             // not confirm the unregistration): held as it is, and the health check settles it.
@@ -112,7 +112,7 @@ final class LitestreamReplicator: StoreReplication {
         if register { _ = self.register(store) } else { updateCheckpointing(of: store) }
     }
 
-    func storeClosing(_ store: Store) {
+    package func storeClosing(_ store: Store) {
         // Only this store's own entry: a request may already have opened the file again (a new
         // Store), whose registration must stay.
         let entry = state.withLock { state -> ReplicatedStore? in
@@ -151,7 +151,7 @@ final class LitestreamReplicator: StoreReplication {
         }
     }
 
-    func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
+    package func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
         // A Litestream that may still hold the old file would ship the new one's pages against
         // the old position (or bring a deleted replica back): it must confirm it let go first.
         if state.withLock({ $0.unconfirmed.contains(path) }) {
@@ -182,7 +182,7 @@ final class LitestreamReplicator: StoreReplication {
     /// Registers `store` with Litestream (blocking); on failure the health check registers it
     /// once Litestream answers.
     @discardableResult
-    func register(_ store: Store) -> Bool {
+    package func register(_ store: Store) -> Bool {
         guard holdForRegistration(store) else { return false }
         do {
             let url = try prepareRegistration(store)
@@ -196,7 +196,7 @@ final class LitestreamReplicator: StoreReplication {
 
     /// Marks `store` held before its registration goes out (a checkpoint of ours must not race
     /// Litestream's first sync of it); false when it was closed meanwhile.
-    func holdForRegistration(_ store: Store) -> Bool {
+    package func holdForRegistration(_ store: Store) -> Bool {
         guard state.withLock({ state -> Bool in
             guard state.open[store.path]?.store === store else { return false }
             state.open[store.path]!.heldSince = .now
@@ -209,7 +209,7 @@ final class LitestreamReplicator: StoreReplication {
 
     /// The replica URL to register `store` under; with more than one host, records its epoch
     /// beside the store first (durably: it must survive a crash).
-    func prepareRegistration(_ store: Store) throws -> String {
+    package func prepareRegistration(_ store: Store) throws -> String {
         // Before Litestream can ship anything of it: a listing running now may miss it.
         replicaIndex.insert(store.user.rawValue)
         let (url, epoch) = locations.replicaLocation(for: store.user)
@@ -222,7 +222,7 @@ final class LitestreamReplicator: StoreReplication {
 
     /// Litestream took `store`: it counts as registered (the normal open). False when it was
     /// closed meanwhile, and then Litestream is told to let go again.
-    func registered(_ store: Store) -> Bool {
+    package func registered(_ store: Store) -> Bool {
         let stillOpen = state.withLock { state -> Bool in
             guard state.open[store.path]?.store === store else { return false }
             state.open[store.path]!.registered = true
@@ -234,7 +234,7 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// A registration that failed: if it never reached Litestream, nothing holds the WAL.
-    func notRegistered(_ store: Store, _ error: any Error) {
+    package func notRegistered(_ store: Store, _ error: any Error) {
         if let failure = error as? LitestreamControl.Failure, !failure.delivered {
             state.withLock { state in
                 if state.open[store.path]?.store === store { state.open[store.path]!.released() }
@@ -247,7 +247,7 @@ final class LitestreamReplicator: StoreReplication {
     /// Sets each open store's own checkpointing (only `store`'s, when given): on for a store
     /// Litestream does not replicate (nobody else checkpoints it, and its WAL would grow without
     /// end) — unless a running Litestream may hold a position in its WAL (the WAL rule above).
-    func updateCheckpointing(of store: Store? = nil) {
+    package func updateCheckpointing(of store: Store? = nil) {
         let (entries, gone) = state.withLock { state in
             let entries = store.map { store in state.open[store.path].map { [$0] } ?? [] } ?? Array(state.open.values)
             return (entries, state.litestream.map { Self.hasEnded($0.pid) } ?? false)
@@ -258,14 +258,14 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// Whether process `pid` has ended (and been reaped): then no Litestream holds what it held.
-    static func hasEnded(_ pid: Int32) -> Bool {
+    package static func hasEnded(_ pid: Int32) -> Bool {
         pid > 0 && kill(pid, 0) != 0 && errno == ESRCH
     }
 
     // MARK: Health
 
     /// Records a failure; the first one of an outage is logged as `replication-degraded`.
-    func failed(_ what: String, _ error: any Error) {
+    package func failed(_ what: String, _ error: any Error) {
         let message = "\(what): \(error)"
         let first = state.withLock { state -> Bool in
             defer { state.lastError = message }
@@ -281,7 +281,7 @@ final class LitestreamReplicator: StoreReplication {
     }
 
     /// Every open store is registered (and, after the fault, checked): the outage is over.
-    func recovered(checked: Int) {
+    package func recovered(checked: Int) {
         let since = state.withLock { state -> Date? in
             defer { state.degradedSince = nil; state.lastError = nil }
             return state.degradedSince
@@ -299,14 +299,10 @@ final class LitestreamReplicator: StoreReplication {
 /// Epoch-fenced replica paths, with more than one host (docs/cluster.md): each owner of a
 /// bucket replicates its users under the bucket's epoch, so a host that lost the bucket (and
 /// may still ship what it had) writes where the next owner never reads after its first write.
-protocol ReplicaFencing: Sendable {
+package protocol ReplicaFencing: Sendable {
     /// `user`'s bucket.
     func bucket(of user: UserID) -> Int
     /// The epoch of `user`'s bucket as this host sees it (nil: no owner record seen).
     func epoch(of user: UserID) -> Int64?
 }
 
-extension Duration {
-    /// The duration in seconds, as a Double (Status and metrics).
-    var inSeconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-}

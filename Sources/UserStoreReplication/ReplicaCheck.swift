@@ -13,12 +13,12 @@ import UserStoreCore
 /// A difference is logged (`replica-diverged`) and repaired: Litestream lets go of the store, the
 /// daemon empties its WAL (no Litestream holds a position in it any more), and registering it
 /// again makes Litestream ship a full snapshot — which is compared once more.
-struct ReplicaCheck: Sendable {
-    let replicator: LitestreamReplicator
-    let registry: StoreRegistry
+package struct ReplicaCheck: Sendable {
+    package let replicator: LitestreamReplicator
+    package let registry: StoreRegistry
 
     /// What one comparison found.
-    enum Outcome: Equatable {
+    package enum Outcome: Equatable {
         /// The replica as of the sync equals the store.
         case matches
         /// They differ, in these tables (or the schema).
@@ -30,7 +30,7 @@ struct ReplicaCheck: Sendable {
 
     /// Compares `store` with its replica and repairs a replica that differs. Returns whether the
     /// store now counts as registered (its replica matches it).
-    func run(_ store: Store) async -> Bool {
+    package func run(_ store: Store) async -> Bool {
         // Leased for the whole check: the store stays open, and is the one the check started on.
         guard let leased = registry.leaseIfReady(store.user) else { return false }
         defer { registry.release(store.user) }
@@ -55,7 +55,7 @@ struct ReplicaCheck: Sendable {
     }
 
     /// Compares `store` (leased by the caller) with its replica as of one sync.
-    func compare(_ store: Store) async -> Outcome {
+    package func compare(_ store: Store) async -> Outcome {
         do {
             // First a sync that holds nothing: the replica catches up while requests go on, and a
             // replica still out of reach fails here without stopping the store's writes.
@@ -130,20 +130,20 @@ struct ReplicaCheck: Sendable {
 }
 
 /// A comparison that could not be made.
-struct ReplicaCheckFailure: Error, CustomStringConvertible {
-    let description: String
+package struct ReplicaCheckFailure: Error, CustomStringConvertible {
+    package let description: String
 }
 
 extension LitestreamReplicator {
     /// The replica URL `user`'s open store is registered under (with more than one host, at the
     /// epoch it was registered with, which a bucket move may have passed since).
-    func registeredURL(for user: UserID) -> String {
+    package func registeredURL(for user: UserID) -> String {
         guard let epoch = registeredEpoch(of: user) else { return locations.replicaURL(for: user) }
         return locations.withSuffix(locations.userFolderSuffix(user) + "/e\(epoch)")
     }
 
     /// Has Litestream let go of `store` (confirmed): from then on nothing holds its WAL position.
-    func letGo(_ store: Store) async throws {
+    package func letGo(_ store: Store) async throws {
         state.withLock { state in
             if state.open[store.path]?.store === store { state.open[store.path]!.registered = false }
         }
@@ -155,7 +155,7 @@ extension LitestreamReplicator {
     }
 
     /// Registers `store` again (it counts as registered once compared).
-    func registerAgain(_ store: Store) async throws {
+    package func registerAgain(_ store: Store) async throws {
         guard holdForRegistration(store) else { throw ReplicaCheckFailure(description: "the store was closed") }
         try await control.register(store.path, replicaURL: try prepareRegistration(store))
     }

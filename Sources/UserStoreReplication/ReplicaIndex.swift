@@ -8,7 +8,7 @@ import Synchronization
 /// registrations (added before Litestream ships anything) and leave through its own erases.
 /// With more than one host a user's bucket moves between hosts, and a new owner must look;
 /// on `file://` a look into the folder costs microseconds anyway.
-final class ReplicaIndex: Sendable {
+package final class ReplicaIndex: Sendable {
     private struct State {
         var loaded = false
         var users: Set<String> = []
@@ -19,15 +19,15 @@ final class ReplicaIndex: Sendable {
     private let state = Mutex(State())
 
     /// Whether the bucket holds anything of `user`: nil until the listing is in (ask the bucket).
-    func holds(_ user: String) -> Bool? {
+    package func holds(_ user: String) -> Bool? {
         state.withLock { $0.loaded ? $0.users.contains(user) : nil }
     }
 
     /// How many users the bucket holds, once listed.
-    var count: Int? { state.withLock { $0.loaded ? $0.users.count : nil } }
+    package var count: Int? { state.withLock { $0.loaded ? $0.users.count : nil } }
 
     /// `user`'s store is about to be registered (Litestream will ship it), or was found there.
-    func insert(_ user: String) {
+    package func insert(_ user: String) {
         state.withLock { state in
             state.users.insert(user)
             state.erased.remove(user)
@@ -35,7 +35,7 @@ final class ReplicaIndex: Sendable {
     }
 
     /// Everything of `user` was erased from the bucket.
-    func remove(_ user: String) {
+    package func remove(_ user: String) {
         state.withLock { state in
             state.users.remove(user)
             if !state.loaded { state.erased.insert(user) }
@@ -44,7 +44,7 @@ final class ReplicaIndex: Sendable {
 
     /// The listing is in: `listed` holds every user it found. Users registered while it ran are
     /// kept; users erased while it ran are not taken from it.
-    func loaded(_ listed: Set<String>) {
+    package func loaded(_ listed: Set<String>) {
         state.withLock { state in
             state.users.formUnion(listed.subtracting(state.erased))
             state.erased = []

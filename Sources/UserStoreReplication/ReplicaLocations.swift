@@ -2,32 +2,32 @@ import Foundation
 import UserStoreCore
 
 /// Where each user's copy lives in the replica, and the files kept beside a store.
-struct ReplicaLocations: Sendable {
+package struct ReplicaLocations: Sendable {
     /// `replication.replica`: the replica's URL.
-    let replica: String
+    package let replica: String
     /// With more than one host: each user's bucket and its epoch, which fence the replica paths.
-    let fencing: (any ReplicaFencing)?
+    package let fencing: (any ReplicaFencing)?
     /// The replica itself, looked into for what it holds.
-    let storage: ReplicaStorage
+    package let storage: ReplicaStorage
     /// Which users the bucket holds (one host, `s3://`), once listed.
-    let replicaIndex: ReplicaIndex
+    package let replicaIndex: ReplicaIndex
 
     /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>`; with more than one
     /// host `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now). Any query
     /// (`s3://b/p?endpoint=…`) is kept at the end.
-    func replicaURL(for user: UserID) -> String {
+    package func replicaURL(for user: UserID) -> String {
         replicaLocation(for: user).url
     }
 
     /// ``replicaURL(for:)`` and the epoch in it (nil with one host), read once.
-    func replicaLocation(for user: UserID) -> (url: String, epoch: Int64?) {
+    package func replicaLocation(for user: UserID) -> (url: String, epoch: Int64?) {
         guard let fencing else { return (withSuffix(userFolderSuffix(user)), nil) }
         let epoch = fencing.epoch(of: user) ?? 0
         return (withSuffix(userFolderSuffix(user) + "/e\(epoch)"), epoch)
     }
 
     /// The folder holding everything replicated for `user` (every epoch, with more than one host).
-    func userFolderSuffix(_ user: UserID) -> String {
+    package func userFolderSuffix(_ user: UserID) -> String {
         guard let fencing else { return "/" + StoreLayout.hashPrefix(of: user) + "/" + user.rawValue }
         return "/\(fencing.bucket(of: user))/" + user.rawValue
     }
@@ -38,7 +38,7 @@ struct ReplicaLocations: Sendable {
     /// replica holds nothing of the user (asked with one listing, or a look into the folder;
     /// an `sftp://` replica, which the daemon cannot look into, is left to Litestream). Throws
     /// when the replica cannot be asked. Blocking.
-    func restoreURL(for user: UserID) throws -> String? {
+    package func restoreURL(for user: UserID) throws -> String? {
         guard fencing != nil else {
             // The index, once listed, answers without a request (one host only).
             if replicaIndex.holds(user.rawValue) == false { return nil }
@@ -55,12 +55,12 @@ struct ReplicaLocations: Sendable {
 
     /// The newest epoch folder of `user` in the replica that holds data (more than one host).
     /// Throws when the replica cannot be asked. Blocking.
-    func newestEpochWithData(_ user: UserID) throws -> Int64? {
+    package func newestEpochWithData(_ user: UserID) throws -> Int64? {
         guard fencing != nil else { return nil }
         return try storage.newestEpochWithData(userFolderSuffix(user))
     }
 
-    func withSuffix(_ suffix: String) -> String {
+    package func withSuffix(_ suffix: String) -> String {
         guard let query = replica.firstIndex(of: "?") else { return replica + suffix }
         var base = String(replica[..<query])
         if base.hasSuffix("/") { base.removeLast() }
@@ -68,14 +68,14 @@ struct ReplicaLocations: Sendable {
     }
 
     /// Litestream's state folder beside a store (`.<name>-litestream`).
-    static func sidecar(of path: String) -> String {
+    package static func sidecar(of path: String) -> String {
         let url = URL(fileURLWithPath: path)
         return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-litestream"
     }
 
     /// The epoch this host last replicated the store at `path` under (more than one host),
     /// beside the store: a later open compares it with the replica's newest epoch.
-    static func epochFile(of path: String) -> String {
+    package static func epochFile(of path: String) -> String {
         let url = URL(fileURLWithPath: path)
         return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-epoch"
     }

@@ -3,13 +3,13 @@ import UserStoreCore
 
 /// Bringing a store back from the replica with `litestream restore`: on open when it is
 /// missing here, for an operator's restore, and for a comparison (``ReplicaCheck``).
-struct ReplicaRestorer: Sendable {
-    let locations: ReplicaLocations
-    let command: LitestreamCommand
+package struct ReplicaRestorer: Sendable {
+    package let locations: ReplicaLocations
+    package let command: LitestreamCommand
     /// `replication.durableTimeoutMilliseconds`: a restore may take six times that (30 s at least).
-    let durableTimeoutMilliseconds: Int
+    package let durableTimeoutMilliseconds: Int
 
-    func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+    package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let started = ContinuousClock.now
         let source: String
         do {
@@ -42,7 +42,7 @@ struct ReplicaRestorer: Sendable {
     /// returns it, integrity-checked; nil when the replica holds nothing (or nothing at that
     /// time). The caller moves or removes it. Litestream renames its output into place before its
     /// integrity check: the copy is staged, and only a clean exit leaves it.
-    func restoreCopy(_ user: UserID, from source: String, arguments: [String], beside path: String) throws -> String? {
+    package func restoreCopy(_ user: UserID, from source: String, arguments: [String], beside path: String) throws -> String? {
         let staged = path + ".restoring"
         let cleanUp = { for suffix in ["", "-wal", "-shm", "-txid", ".tmp"] { unlink(staged + suffix) } }
         cleanUp()

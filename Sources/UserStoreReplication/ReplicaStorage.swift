@@ -7,25 +7,25 @@ import UserStoreS3
 /// copying: erasing a user's copies, finding the newest epoch that holds one (more than one
 /// host), and checking that the replica answers. A `file://` folder, an `s3://` bucket (through
 /// ``S3Client``), or an `sftp://` server, which the daemon cannot reach itself.
-struct ReplicaStorage: Sendable {
-    enum Kind: Sendable {
+package struct ReplicaStorage: Sendable {
+    package enum Kind: Sendable {
         case folder(String)
         case bucket(S3Client, bucket: String, prefix: String)
         case elsewhere
     }
 
-    let kind: Kind
+    package let kind: Kind
     /// Litestream's environment for this replica: the S3 credentials and CA, nothing inherited.
-    let litestreamEnvironment: [String: String]
+    package let litestreamEnvironment: [String: String]
 
     /// A replica that cannot be used as configured (no credentials, an unreadable CA).
-    struct Misconfigured: Error, CustomStringConvertible {
-        let description: String
+    package struct Misconfigured: Error, CustomStringConvertible {
+        package let description: String
     }
 
     /// The storage `settings` name; `environment` is the daemon's (for `AWS_*` credentials and
     /// `$CREDENTIALS_DIRECTORY`).
-    init(_ settings: ReplicationSettings, environment: [String: String] = ProcessInfo.processInfo.environment) throws(Misconfigured) {
+    package init(_ settings: ReplicationSettings, environment: [String: String] = ProcessInfo.processInfo.environment) throws(Misconfigured) {
         var base = ["PATH": environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"]
         if let home = environment["HOME"] { base["HOME"] = home }
         if settings.replica.hasPrefix("file://") {
@@ -57,7 +57,7 @@ struct ReplicaStorage: Sendable {
 
     /// The access key: a systemd credential, else a credentials file, else the daemon's
     /// `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (or Litestream's `LITESTREAM_*` names).
-    static func credentials(_ s3: S3ReplicaSettings, environment: [String: String]) throws(Misconfigured) -> S3Credentials {
+    package static func credentials(_ s3: S3ReplicaSettings, environment: [String: String]) throws(Misconfigured) -> S3Credentials {
         do {
             if let name = s3.credential {
                 guard let folder = environment["CREDENTIALS_DIRECTORY"] else {
@@ -80,14 +80,14 @@ struct ReplicaStorage: Sendable {
     }
 
     /// Whether the daemon can erase copies itself (not on `sftp://`).
-    var canErase: Bool {
+    package var canErase: Bool {
         if case .elsewhere = kind { return false }
         return true
     }
 
     /// Checks that the replica answers: the bucket exists and takes the credentials; the folder
     /// exists or can be made.
-    func check() async throws {
+    package func check() async throws {
         switch kind {
         case .folder(let root):
             try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
@@ -100,7 +100,7 @@ struct ReplicaStorage: Sendable {
 
     /// Removes everything under the user folder `suffix` (`/ab/cd/user`, or `/bucket/user` with
     /// every epoch under it). Blocking.
-    func erase(_ suffix: String) throws {
+    package func erase(_ suffix: String) throws {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
@@ -114,12 +114,12 @@ struct ReplicaStorage: Sendable {
     }
 
     /// Whether the daemon can look into the replica itself (`file://`, `s3://`; not `sftp://`).
-    var canList: Bool { canErase }
+    package var canList: Bool { canErase }
 
     /// Whether anything is stored under the user folder `suffix`: one listing of at most one key
     /// in a bucket, a look into a folder; nil where the daemon cannot look (`sftp://`). Throws
     /// when the replica does not answer. Blocking.
-    func holdsAnything(_ suffix: String) throws -> Bool? {
+    package func holdsAnything(_ suffix: String) throws -> Bool? {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
@@ -137,7 +137,7 @@ struct ReplicaStorage: Sendable {
     /// Every user with anything under the replica's hash folders (`<prefix>/ab/cd/<user>/…`),
     /// from a listing of the whole bucket prefix; nil where the daemon keeps no index (not a
     /// bucket). Throws when the bucket does not answer.
-    func listUsers() async throws -> Set<String>? {
+    package func listUsers() async throws -> Set<String>? {
         guard case .bucket(let client, let bucket, let prefix) = kind else { return nil }
         let root = prefix.isEmpty ? "" : prefix + "/"
         var users: Set<String> = []
@@ -150,7 +150,7 @@ struct ReplicaStorage: Sendable {
 
     /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
     /// nil when none does. Throws when the replica does not answer. Blocking.
-    func newestEpochWithData(_ suffix: String) throws -> Int64? {
+    package func newestEpochWithData(_ suffix: String) throws -> Int64? {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
@@ -176,13 +176,13 @@ struct ReplicaStorage: Sendable {
     }
 
     /// `prefix` and a folder suffix (`/ab/cd/user`) as one key prefix without a leading slash.
-    static func key(_ prefix: String, _ suffix: String) -> String {
+    package static func key(_ prefix: String, _ suffix: String) -> String {
         prefix.isEmpty ? String(suffix.drop { $0 == "/" }) : prefix + suffix
     }
 
     /// Runs `work` and waits for it on this thread (a blocking-pool thread: the daemon's
     /// replication hooks are synchronous).
-    static func blocking<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) throws -> T {
+    package static func blocking<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) throws -> T {
         let result = Mutex<Result<T, any Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task {
@@ -197,7 +197,7 @@ struct ReplicaStorage: Sendable {
 
 extension Result where Failure == any Error {
     /// The result of an async throwing call.
-    init(catching body: () async throws -> Success) async {
+    package init(catching body: () async throws -> Success) async {
         do {
             self = .success(try await body())
         } catch {

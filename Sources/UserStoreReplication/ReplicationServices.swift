@@ -11,13 +11,19 @@ import UserStoreCore
 /// `replication.restartUnresponsiveSeconds` is killed (the supervisor starts a new one): while it
 /// lives it holds the WAL positions of the stores it replicated, so their WALs could not be
 /// checkpointed and would grow without end.
-struct ReplicationMonitor: Service {
-    let replicator: LitestreamReplicator
-    let registry: StoreRegistry
+package struct ReplicationMonitor: Service {
+    package let replicator: LitestreamReplicator
+    package let registry: StoreRegistry
     /// The child (`replication.startLitestream`); nil when Litestream runs on its own.
-    let litestream: LitestreamProcess?
+    package let litestream: LitestreamProcess?
 
-    func run() async throws {
+    package init(replicator: LitestreamReplicator, registry: StoreRegistry, litestream: LitestreamProcess?) {
+        self.replicator = replicator
+        self.registry = registry
+        self.litestream = litestream
+    }
+
+    package func run() async throws {
         let replicator = self.replicator
         // A quarter: the pass itself and Litestream's sync must fit in the rest of the interval.
         let period = Duration.milliseconds(max(25, replicator.settings.syncIntervalMilliseconds / 4))

@@ -1,33 +1,33 @@
 import Foundation
 
 /// What `Status` and `userstorectl replication` show of replication.
-struct ReplicationSnapshot: Sendable {
-    var registered: Int
-    var unregistered: Int
-    var lastError: String?
-    var litestreamPID: Int
-    var litestreamVersion: String
-    var restored: Int
-    var diverged: Int
-    var lastSyncPassSeconds: Double
-    var longestSyncPassSeconds: Double
-    var replicaProblem: String?
+package struct ReplicationSnapshot: Sendable {
+    package var registered: Int
+    package var unregistered: Int
+    package var lastError: String?
+    package var litestreamPID: Int
+    package var litestreamVersion: String
+    package var restored: Int
+    package var diverged: Int
+    package var lastSyncPassSeconds: Double
+    package var longestSyncPassSeconds: Double
+    package var replicaProblem: String?
     /// Syncs asked of Litestream since start, and durable waits answered by a sync another
     /// caller had queued (``SyncLanes``: group commit).
-    var syncs: Int
-    var sharedSyncWaits: Int
+    package var syncs: Int
+    package var sharedSyncWaits: Int
     /// Per open store: its user, whether it is registered, its last sync.
-    var stores: [(user: String, registered: Bool, lastSync: Date?)]
-    var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil }
+    package var stores: [(user: String, registered: Bool, lastSync: Date?)]
+    package var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil }
     /// The longest time since Litestream last synced an open, registered store.
-    var maxLagSeconds: Double {
+    package var maxLagSeconds: Double {
         let now = Date()
         return stores.filter(\.registered).compactMap { $0.lastSync.map { now.timeIntervalSince($0) } }.max() ?? 0
     }
 }
 
 extension LitestreamReplicator {
-    var snapshot: ReplicationSnapshot {
+    package var snapshot: ReplicationSnapshot {
         let syncCounts = syncLanes.counts
         return state.withLock { state in
             let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }

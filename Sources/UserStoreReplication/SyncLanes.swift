@@ -19,7 +19,7 @@ import Synchronization
 /// (`replication.durableTimeoutMilliseconds` from when it asked), and those queued earlier by
 /// theirs, so a caller's wait ends by the deadline of the sync it joined — never later than its
 /// own, at most one durable time-out after the first caller of that sync asked.
-final class SyncLanes<Reply: Sendable>: Sendable {
+package final class SyncLanes<Reply: Sendable>: Sendable {
     private struct Lane {
         /// The last sync queued on the lane: running, or waiting for the one before it.
         var tail: Task<Reply, any Error>
@@ -34,17 +34,17 @@ final class SyncLanes<Reply: Sendable>: Sendable {
     private let counters = Mutex(Counters())
 
     /// How many syncs ran, and how many callers were answered by a sync another caller queued.
-    struct Counters: Sendable, Equatable {
+    package struct Counters: Sendable, Equatable {
         var started = 0
         var joined = 0
     }
 
     /// What the lanes did since they were made.
-    var counts: Counters { counters.withLock { $0 } }
+    package var counts: Counters { counters.withLock { $0 } }
 
     /// A sync that waited behind others of its store until its deadline, and never ran.
-    struct Expired: Error, CustomStringConvertible {
-        let description = "queued behind another sync of the store until its deadline"
+    package struct Expired: Error, CustomStringConvertible {
+        package let description = "queued behind another sync of the store until its deadline"
     }
 
     /// Returns the result of a sync of `path` that starts after this call: the one already
@@ -52,14 +52,14 @@ final class SyncLanes<Reply: Sendable>: Sendable {
     /// sync of that path before it. The wait ends by the deadline of the sync joined (`deadline`
     /// when it is this caller's own); a sync whose deadline passed while it was queued throws
     /// ``Expired`` without running.
-    func run(_ path: String, until deadline: ContinuousClock.Instant,
+    package func run(_ path: String, until deadline: ContinuousClock.Instant,
              _ sync: @escaping @Sendable () async throws -> Reply) async throws -> Reply {
         try await enqueue(path, until: deadline, sync).value
     }
 
     /// ``run(_:until:_:)`` without the wait: the sync this caller gets (joined or its own),
     /// settled before this returns.
-    func enqueue(_ path: String, until deadline: ContinuousClock.Instant,
+    package func enqueue(_ path: String, until deadline: ContinuousClock.Instant,
                  _ sync: @escaping @Sendable () async throws -> Reply) -> Task<Reply, any Error> {
         lanes.withLock { lanes in
             if let lane = lanes[path], !lane.started {

@@ -34,3 +34,11 @@ public var testPython: String {
 
 /// The built `userstorectl` binary.
 public var userstorectlPath: String { productsDirectory + "/userstorectl" }
+
+/// The Litestream the tests run (installed by scripts/install-deps.sh).
+public var litestreamPath: String { repositoryRoot + "/.build/testenv/bin/litestream" }
+
+/// Runs `sql` on the SQLite file at `path` with the sqlite3 shell; its output, trimmed.
+public func sqlite3(_ path: String, _ sql: String) throws -> String {
+    try run(["/usr/bin/sqlite3", path, sql]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+}

@@ -1,5 +1,5 @@
 import Testing
-@testable import UserStoreServer
+@testable import UserStoreReplication
 
 /// Reading Litestream's Prometheus page (no Litestream here: the page's text as 0.5.17 writes
 /// it; ObjectStoreTests reads a live one).

@@ -1,7 +1,7 @@
 import DaemonTestSupport
 import Foundation
 import Testing
-@testable import UserStoreServer
+@testable import UserStoreReplication
 
 /// The daemon's client of Litestream's control socket (AsyncHTTPClient over `http+unix`,
 /// Codable bodies) against a real Litestream 0.5.17, and against sockets that refuse or never
@@ -13,7 +13,7 @@ import Testing
         let socket = folder + "/litestream.sock"
         try "socket:\n  enabled: true\n  path: \"\(socket)\"\n  permissions: 0600\n".write(toFile: folder + "/litestream.yml", atomically: true, encoding: .utf8)
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: ReplicationTests.litestream)
+        process.executableURL = URL(fileURLWithPath: litestreamPath)
         process.arguments = ["replicate", "-config", folder + "/litestream.yml"]
         process.standardOutput = FileHandle.nullDevice
         process.standardError = FileHandle.nullDevice
@@ -70,9 +70,9 @@ import Testing
         #expect(!instance.startedAt.isEmpty)
 
         let store = folder.path + "/ann.sqlite"
-        _ = try ReplicationTests.sqlite3(store, "PRAGMA journal_mode=WAL; CREATE TABLE notes (title TEXT);")
+        _ = try sqlite3(store, "PRAGMA journal_mode=WAL; CREATE TABLE notes (title TEXT);")
         try await control.register(store, replicaURL: "file://" + folder.path + "/replica")
-        _ = try ReplicationTests.sqlite3(store, "INSERT INTO notes VALUES ('first');")
+        _ = try sqlite3(store, "INSERT INTO notes VALUES ('first');")
         let reply = try await control.syncAndWait(store, until: .now + .seconds(10))
         #expect(reply.isReplicated && reply.replicatedTXID >= 1, "\(reply)")
         let listed = try await control.list()
@@ -139,7 +139,7 @@ import Testing
         defer { kill(process.processIdentifier, SIGCONT); process.terminate(); process.waitUntilExit() }
         _ = try await Self.answering(control)
         let store = folder.path + "/ann.sqlite", other = folder.path + "/bob.sqlite"
-        for path in [store, other] { _ = try ReplicationTests.sqlite3(path, "PRAGMA journal_mode=WAL; CREATE TABLE notes (title TEXT);") }
+        for path in [store, other] { _ = try sqlite3(path, "PRAGMA journal_mode=WAL; CREATE TABLE notes (title TEXT);") }
         try await control.register(store, replicaURL: "file://" + folder.path + "/replica/ann")
 
         try Self.pause(process.processIdentifier)

@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
-@testable import UserStoreServer
+@testable import UserStoreReplication
 
 /// ``SyncLanes``: one sync of a store at a time, and callers that arrive while one runs share
 /// the next (group commit).

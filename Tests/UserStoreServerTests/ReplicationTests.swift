@@ -8,7 +8,7 @@ import Varlink
 /// scripts/install-deps.sh) to a `file://` replica: the disaster, eviction, a Litestream crash,
 /// a damaged replica. docs/replication.md quotes the figures the disaster test prints.
 @Suite(.serialized) struct ReplicationTests {
-    static let litestream = repositoryRoot + "/.build/testenv/bin/litestream"
+    static let litestream = litestreamPath
 
     /// A daemon replicating to `replica` (a folder), with Litestream as its child.
     static func daemon(replica: String, extra: String = "") throws -> DaemonHarness {
@@ -66,7 +66,7 @@ import Varlink
     }
 
     static func sqlite3(_ path: String, _ sql: String) throws -> String {
-        try run(["/usr/bin/sqlite3", path, sql]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        try DaemonTestSupport.sqlite3(path, sql)
     }
 
     static func milliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }

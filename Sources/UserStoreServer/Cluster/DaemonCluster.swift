@@ -4,6 +4,7 @@ import ServiceLifecycle
 import UserStoreCluster
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreReplication
 
 /// This daemon's part in a cluster (`cluster.*`, docs/cluster.md): its host lease, the
 /// controller every daemon may become, local copies of the host and bucket records, and the

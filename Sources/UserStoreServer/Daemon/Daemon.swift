@@ -4,6 +4,7 @@ import Logging
 import ServiceLifecycle
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreReplication
 import UserStoreS3
 
 /// `userstored`: loads the configuration and migrations, takes the data directory's lock,

@@ -1,4 +1,5 @@
 import UserStoreCore
+import UserStoreReplication
 import Varlink
 
 /// Durable writes (docs/replication.md): an `Execute`, `Batch` or `Commit` that replies only

@@ -1,6 +1,7 @@
 import Foundation
 import UserStoreCore
 import UserStoreProtocol
+import UserStoreReplication
 import Varlink
 
 /// `io.userstore.Admin.Replication` and `RestoreFromReplica`, and replication in `Status`.

@@ -2,6 +2,7 @@ import Logging
 import Synchronization
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreReplication
 import Varlink
 
 /// Sends one encoded reply (a NUL-terminated message) to the caller.

@@ -1,5 +1,6 @@
 import GRDB
 import UserStoreCore
+import UserStoreReplication
 import Varlink
 
 /// `io.userstore.Store`: Open, Query, Execute, Batch.

@@ -4,6 +4,7 @@ import Foundation
 import Prometheus
 import Synchronization
 import UserStoreCore
+import UserStoreReplication
 
 /// The daemon's metrics: recorded through swift-metrics types (`Counter`, `Timer`, `Meter`,
 /// `FloatingPointCounter`), backed by swift-prometheus collectors registered with their help
