@@ -12,7 +12,9 @@ import UserStoreReplication
 /// (cardinality); docs/metrics.md lists every metric.
 ///
 /// The request path records through handles made once (``requestHandles(method:)``): a counter
-/// increment and a histogram observation per call, no lookup.
+/// increment and a histogram observation per call, no lookup. That histogram,
+/// `userstore_request_duration_seconds`, is a ``DurationHistogram`` (kept per thread, so the
+/// event loops never wait on each other's lock) and is appended to the registry's text.
 final class DaemonMetrics: StoreObserver, Sendable {
     let registry = PrometheusCollectorRegistry()
     /// The last seconds, for `Top`.
