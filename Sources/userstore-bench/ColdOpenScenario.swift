@@ -31,8 +31,8 @@ struct ColdOpenScenario: Scenario {
             p50[template] = latencies.percentile(0.5)
             let ratio = template ? String(format: "%.1f× faster than migrating (p50)", (p50[false] ?? 0) / max(latencies.percentile(0.5), 1)) : ""
             record(Measurement(scenario: "3. cold open", subject: template ? "new store copied from the template (6 migrations)" : "new store + 6 example migrations, step by step",
-                                            value: rate, unit: "stores/s", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
-                                            note: ratio + (failures == 0 ? "" : " \(failures) errors")))
+                               value: rate, unit: "stores/s", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
+                               note: ratio + (failures == 0 ? "" : " \(failures) errors")))
         }
         let templated = p50[true] ?? .infinity
         check(TargetCheck(target: "cold open from the template: p50 < 1 ms", measured: "p50 \(format(templated)) µs", met: templated < 1000))

@@ -16,14 +16,14 @@ struct DurableWriteScenario: Scenario {
         var daemonRates: [Int: Double] = [:]
         for users in [1, 8] {
             guard let load else { break }
-            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
-            let result = load.run(socket: socket, connections: users, seconds: seconds,
-                                  LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
-            let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(result.requests, 1))
+            let (result, daemonCPU) = withCPU(of: daemon.processIdentifier) {
+                load.run(socket: socket, connections: users, seconds: seconds,
+                         LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
+            }
             daemonRates[users] = result.throughput
             record(Measurement(scenario: "2. durable INSERT", subject: "userstored, C client, \(users == 1 ? "1 user" : "\(users) users, a connection each")",
-                                            value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
-                                            note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
+                               value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
+                               note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
         }
         env.stop(daemon)
         let layout = StoreLayout(dataDirectory: fleet.data)
@@ -42,8 +42,8 @@ struct DurableWriteScenario: Scenario {
             }
             let share = (daemonRates[threads] ?? 0) / max(result.throughput, 1)
             record(Measurement(scenario: "2. durable INSERT", subject: "in-process GRDB (WAL, synchronous=FULL, exclusive locking), \(threads) thread\(threads == 1 ? "" : "s")",
-                                            value: result.throughput, unit: "ops/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
-                                            note: String(format: "userstored reaches %.0f%% of it", 100 * share)))
+                               value: result.throughput, unit: "ops/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
+                               note: String(format: "userstored reaches %.0f%% of it", 100 * share)))
             if threads == 8 {
                 check(TargetCheck(target: "durable INSERTs ≥ 80% of in-process GRDB at 8 users", measured: String(format: "%.0f%%", 100 * share), met: share >= 0.8))
             }

@@ -79,18 +79,18 @@ struct FleetMigrationScenario: Scenario {
                 results[system.label + release.name] = (rate, loop)
                 let scenario = "4. fleet migration, \(system.label)"
                 record(Measurement(scenario: scenario, subject: "userstorectl migrate --all: \(release.subject)",
-                                                value: rate, unit: "stores/s", note: note))
+                                   value: rate, unit: "stores/s", note: note))
                 if let (floor, floorNote) = try runFloor(release, on: system, seed: seed, count: count) {
                     record(Measurement(scenario: scenario, subject: "SQLite alone: the same statements and syncs per store from C, \(parallelism) threads, no copies (userstore-fleet-floor)",
-                                                    value: floor, unit: "stores/s", note: floorNote + String(format: "; userstored reaches %.0f%% of it", 100 * rate / floor)))
+                                       value: floor, unit: "stores/s", note: floorNote + String(format: "; userstored reaches %.0f%% of it", 100 * rate / floor)))
                 }
                 record(Measurement(scenario: scenario, subject: "shell loop of sqlite3, same SQL (\(sample)-store sample)",
-                                                value: loop, unit: "stores/s", note: String(format: "userstored / loop = %.1f×", rate / loop)))
+                                   value: loop, unit: "stores/s", note: String(format: "userstored / loop = %.1f×", rate / loop)))
                 // One at a time; journal commits batch concurrent fsyncs, so parallel runs can pass
                 // it, and the default group commit (syncfs) shares its syncs among stores.
                 record(Measurement(scenario: scenario, subject: "fsync-bound limit of \(release.name) synced file by file (fleetSyncMethod: fsync), serial: 1 / (\(Int(release.fsyncsPerStore)) fsyncs × \(format(fsync)) µs)",
-                                                value: 1e6 / (release.fsyncsPerStore * fsync), unit: "stores/s",
-                                                note: "fdatasync of 4 KiB measured in this file system; the runs above use fleetSyncMethod: syncfs"))
+                                   value: 1e6 / (release.fsyncsPerStore * fsync), unit: "stores/s",
+                                   note: "fdatasync of 4 KiB measured in this file system; the runs above use fleetSyncMethod: syncfs"))
             }
         }
 
@@ -99,11 +99,11 @@ struct FleetMigrationScenario: Scenario {
         let additiveResult = results[reference.label + "additive"] ?? (0, 1)
         let rebuildResult = results[reference.label + "rebuild"] ?? (0, 1)
         check(TargetCheck(target: "fleet migration ≥ 1,000 stores/s, additive, auto (\(reference.label))",
-                                   measured: "\(format(additiveResult.rate)) stores/s", met: additiveResult.rate >= 1000))
+                          measured: "\(format(additiveResult.rate)) stores/s", met: additiveResult.rate >= 1000))
         check(TargetCheck(target: "fleet migration ≥ 5× the sqlite3 loop, additive, auto (\(reference.label))",
-                                   measured: String(format: "%.1f×", additiveResult.rate / additiveResult.loop), met: additiveResult.rate / additiveResult.loop >= 5))
+                          measured: String(format: "%.1f×", additiveResult.rate / additiveResult.loop), met: additiveResult.rate / additiveResult.loop >= 5))
         check(TargetCheck(target: "fleet migration ≥ 3× the sqlite3 loop, backups forced on (\(reference.label))",
-                                   measured: String(format: "%.1f×", rebuildResult.rate / rebuildResult.loop), met: rebuildResult.rate / rebuildResult.loop >= 3))
+                          measured: String(format: "%.1f×", rebuildResult.rate / rebuildResult.loop), met: rebuildResult.rate / rebuildResult.loop >= 3))
     }
 
     /// Clones the seed `count` times into `system`, migrates them all through a daemon, and

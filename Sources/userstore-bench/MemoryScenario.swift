@@ -46,7 +46,7 @@ struct MemoryScenario: Scenario {
         env.stop(daemon)
         let perStore = Double(storeFDs) / Double(max(openStores, 1))
         record(Measurement(scenario: "5. memory", subject: "RSS after touching \(count) users", value: rss / 1024, unit: "MiB",
-                                        note: "\(fds) open fds, \(storeFDs) of them on the \(openStores) open stores: \(format(perStore)) per store; \(Int(Double(names.count) / seconds)) opens/s over \(format(seconds)) s\(errors(failures))"))
+                           note: "\(fds) open fds, \(storeFDs) of them on the \(openStores) open stores: \(format(perStore)) per store; \(Int(Double(names.count) / seconds)) opens/s over \(format(seconds)) s\(errors(failures))"))
         check(TargetCheck(target: "memory < 256 MiB RSS after \(count) users", measured: "\(format(rss / 1024)) MiB", met: rss / 1024 < 256))
         check(TargetCheck(target: "≤ 2 fds per open store", measured: format(perStore), met: perStore <= 2))
     }

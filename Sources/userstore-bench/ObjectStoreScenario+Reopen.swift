@@ -48,11 +48,11 @@ extension ObjectStoreScenario {
             let share = Double(bytes) / Double(big * size)
             note += String(format: "uploaded %d level-0 objects, %d bytes: %.3f%% of the stores' size", added.count, bytes, share * 100)
             check(TargetCheck(target: "reopening an unchanged 10 MB store uploads < 1% of its size (S3 side)",
-                                       measured: String(format: "%.3f%% (%d bytes for %d reopens)", share * 100, bytes, big), met: share < 0.01))
+                              measured: String(format: "%.3f%% (%d bytes for %d reopens)", share * 100, bytes, big), met: share < 0.01))
         }
         record(Measurement(scenario: "8. replication on S3", subject: "reopen of a closed 10 MB store + 1 INSERT, \(mode)",
-                                        value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "reopens/s",
-                                        p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: note))
+                           value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "reopens/s",
+                           p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: note))
         return latencies.percentile(0.5)
     }
 

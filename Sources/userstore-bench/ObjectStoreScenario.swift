@@ -50,8 +50,8 @@ struct ObjectStoreScenario: Scenario {
                                                   bucketPrefix: index == 0 ? nil : "bench-\(getpid())-reopen/", s3Endpoint: "http://127.0.0.1:\(port)"))
             let ratio = index == 0 ? "" : String(format: "%.2f× replication off (p50)", latencies.percentile(0.5) / max(newStoreP50[0], 1))
             record(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
-                                            value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",
-                                            p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: ratio + errors(failures)))
+                               value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",
+                               p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: ratio + errors(failures)))
             // Durable INSERTs: 8 writers on 8 stores, then 64 writers on the same 8 (8 each).
             guard let load else { continue }
             for writers in [8, 64] {
@@ -64,20 +64,20 @@ struct ObjectStoreScenario: Scenario {
                     note += String(format: "%@%.1f× the 8 writers' throughput", note.isEmpty ? "" : "; ", result.throughput / max(eight.throughput, 1))
                 }
                 record(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on 8 stores",
-                                                value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))
+                                   value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))
             }
         }
         if newStoreP50.count == 2 {
             let (on, off) = (newStoreP50[1], newStoreP50[0])
             check(TargetCheck(target: "new store with replication on S3: p50 ≤ 5 ms and ≤ 2× replication off",
-                                       measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 5000 && on <= 2 * off))
+                              measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 5000 && on <= 2 * off))
         }
         if let eight = durable["1-8"], let sixtyFour = durable["1-64"] {
             check(TargetCheck(target: "durable INSERTs on S3, 8 writers: p50 ≤ 5 ms, p99 ≤ 25 ms",
-                                       measured: "p50 \(format(eight.p50)) µs, p99 \(format(eight.p99)) µs", met: eight.p50 <= 5000 && eight.p99 <= 25000))
+                              measured: "p50 \(format(eight.p50)) µs, p99 \(format(eight.p99)) µs", met: eight.p50 <= 5000 && eight.p99 <= 25000))
             let scale = sixtyFour.throughput / max(eight.throughput, 1)
             check(TargetCheck(target: "durable INSERTs on S3: 64 writers ≥ 4× the 8 writers' throughput",
-                                       measured: String(format: "%.1f×", scale), met: scale >= 4))
+                              measured: String(format: "%.1f×", scale), met: scale >= 4))
         }
     }
 }

@@ -27,23 +27,23 @@ extension PointQueryScenario {
         func mean(_ values: [Double]) -> Double { values.reduce(0, +) / Double(max(values.count, 1)) }
         let cMean = mean(c.map(\.throughput))
         record(Measurement(scenario: scenario, subject: "userstored, C client, \(connections) connection\(plural) (mean of 3, alternating with UserStoreClient)",
-                                        value: cMean, unit: "req/s", p50: mean(c.map(\.p50)), p99: mean(c.map(\.p99)),
-                                        note: "runs " + c.map { format($0.throughput) }.joined(separator: ", ")
-                                            + "; client CPU \(format(mean(c.map(\.clientCPU)))) µs/request" + errors(c.map(\.errors).reduce(0, +))))
+                           value: cMean, unit: "req/s", p50: mean(c.map(\.p50)), p99: mean(c.map(\.p99)),
+                           note: "runs " + c.map { format($0.throughput) }.joined(separator: ", ")
+                               + "; client CPU \(format(mean(c.map(\.clientCPU)))) µs/request" + errors(c.map(\.errors).reduce(0, +))))
         for onClientExecutor in [false, true] {
             let runs = library[onClientExecutor]!
             let throughput = mean(runs.map(\.throughput))
             let ratio = throughput / max(cMean, 1)
             let executor = onClientExecutor ? "tasks on client.executor" : "tasks on the global executor"
             record(Measurement(scenario: scenario, subject: "userstored, UserStoreClient (Swift library, \(executor)), \(connections) connection\(plural) (mean of 3)",
-                                            value: throughput, unit: "req/s", p50: mean(runs.map { $0.latencies.percentile(0.5) }),
-                                            p99: mean(runs.map { $0.latencies.percentile(0.99) }),
-                                            note: String(format: "%.2f× the C client; runs %@; client CPU %@ µs/request", ratio,
-                                                         runs.map { format($0.throughput) }.joined(separator: ", "), format(mean(runs.map(\.clientCPU))))
-                                                + errors(runs.map(\.errors).reduce(0, +))))
+                               value: throughput, unit: "req/s", p50: mean(runs.map { $0.latencies.percentile(0.5) }),
+                               p99: mean(runs.map { $0.latencies.percentile(0.99) }),
+                               note: String(format: "%.2f× the C client; runs %@; client CPU %@ µs/request", ratio,
+                                            runs.map { format($0.throughput) }.joined(separator: ", "), format(mean(runs.map(\.clientCPU))))
+                                   + errors(runs.map(\.errors).reduce(0, +))))
             if connections == 8 {
                 check(TargetCheck(target: "UserStoreClient (\(executor)) ≥ 0.8× the C client at 8 connections (\(users.count) users)",
-                                           measured: String(format: "%.2f×", ratio), met: ratio >= 0.8))
+                                  measured: String(format: "%.2f×", ratio), met: ratio >= 0.8))
             }
         }
     }

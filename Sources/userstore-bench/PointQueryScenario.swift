@@ -49,9 +49,9 @@ struct PointQueryScenario: Scenario {
         let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
         let cost = 100 * (off - on) / max(off, 1)
         record(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics off (mean of 2)", value: off, unit: "req/s",
-                                        note: rates[false]!.map { format($0) }.joined(separator: ", ")))
+                           note: rates[false]!.map { format($0) }.joined(separator: ", ")))
         record(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics on (mean of 2)", value: on, unit: "req/s",
-                                        note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; cost %.1f%%", cost)))
+                           note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; cost %.1f%%", cost)))
         check(TargetCheck(target: "metrics cost ≤ 3% of point-query throughput", measured: String(format: "%.1f%%", cost), met: cost <= 3))
     }
 
@@ -70,12 +70,10 @@ struct PointQueryScenario: Scenario {
         defer { if let floor { env.stopFloorServer(floor.pid) } }
         var postgresAt8: Double?
         for clients in [1, 8, 64] {
-            let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
-            let ours = load.run(socket: socket, connections: clients, seconds: seconds, workload)
-            let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(ours.requests, 1))
+            let (ours, daemonCPU) = withCPU(of: daemon.processIdentifier) { load.run(socket: socket, connections: clients, seconds: seconds, workload) }
             record(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
-                                            value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
-                                            note: "daemon CPU \(format(daemonCPU)) µs/request, client CPU \(format(ours.clientCPU)) µs/request" + errors(ours.errors)))
+                               value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
+                               note: "daemon CPU \(format(daemonCPU)) µs/request, client CPU \(format(ours.clientCPU)) µs/request" + errors(ours.errors)))
             if clients <= 8 {
                 await compareClientLibrary(connections: clients, socket: socket, users: fleet.users, load: load, workload: workload, scenario: scenario)
             }
@@ -90,10 +88,10 @@ struct PointQueryScenario: Scenario {
                 if clients == 8 { postgresAt8 = tps }
                 let ratio = ours.throughput / max(tps, 1)
                 record(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench -S -M prepared -j 2, \(clients) client\(clients == 1 ? "" : "s")",
-                                                value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
-                                                note: String(format: "userstored / PostgreSQL = %.2f×", ratio)))
+                                   value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
+                                   note: String(format: "userstored / PostgreSQL = %.2f×", ratio)))
                 check(TargetCheck(target: "point queries ≥ 1.0× PostgreSQL at \(clients) client\(clients == 1 ? "" : "s") (\(userCount) users)",
-                                           measured: String(format: "%.2f×", ratio), met: ratio >= 1.0))
+                                  measured: String(format: "%.2f×", ratio), met: ratio >= 1.0))
             }
             if let floor {
                 let limit = load.run(socket: floor.socket, connections: clients, seconds: seconds, workload)
@@ -101,47 +99,45 @@ struct PointQueryScenario: Scenario {
                 var note = String(format: "the machine's floor: userstored reaches %.2f of it", share)
                 if let postgresRate { note += String(format: ", PostgreSQL %.2f", postgresRate / max(limit.throughput, 1)) }
                 record(Measurement(scenario: scenario, subject: "constant-reply server (bench/userstore-floor.c), C client, \(clients) connection\(clients == 1 ? "" : "s")",
-                                                value: limit.throughput, unit: "req/s", p50: limit.p50, p99: limit.p99, note: note + errors(limit.errors)))
+                                   value: limit.throughput, unit: "req/s", p50: limit.p50, p99: limit.p99, note: note + errors(limit.errors)))
                 if clients > 1 {
                     check(TargetCheck(target: "point queries ≥ 0.9 of the floor at \(clients) clients (\(userCount) users)",
-                                               measured: String(format: "%.2f", share), met: share >= 0.9))
+                                      measured: String(format: "%.2f", share), met: share >= 0.9))
                 }
             }
         }
 
         // Pipelined in batches, as pgbench's pipeline mode: 16 calls in one write on each of 8
         // connections, the next batch once all 16 replies are in.
-        let batchCPUBefore = cpuMicroseconds(of: daemon.processIdentifier)
-        let batched = load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, extra: ["--batch", "1"], workload)
-        let batchCPU = (cpuMicroseconds(of: daemon.processIdentifier) - batchCPUBefore) / Double(max(batched.requests, 1))
+        let (batched, batchCPU) = withCPU(of: daemon.processIdentifier) {
+            load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, extra: ["--batch", "1"], workload)
+        }
         record(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × batches of 16 (as pgbench's pipeline mode)",
-                                        value: batched.throughput, unit: "req/s", p50: batched.p50, p99: batched.p99,
-                                        note: "daemon CPU \(format(batchCPU)) µs/request" + errors(batched.errors)))
+                           value: batched.throughput, unit: "req/s", p50: batched.p50, p99: batched.p99,
+                           note: "daemon CPU \(format(batchCPU)) µs/request" + errors(batched.errors)))
 
         // Pipelined as a sliding window: 16 calls in flight on each of 8 connections, each slot
         // refilled as its reply arrives (what many concurrent UserStoreClient calls produce).
-        let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
-        let pipelined = load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, workload)
-        let pipelinedCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(pipelined.requests, 1))
+        let (pipelined, pipelinedCPU) = withCPU(of: daemon.processIdentifier) { load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, workload) }
         var note = "daemon CPU \(format(pipelinedCPU)) µs/request" + errors(pipelined.errors)
         if let postgresAt8 {
             let ratio = pipelined.throughput / max(postgresAt8, 1)
             note += String(format: "; %.2f× pgbench -S at 8 clients", ratio)
             check(TargetCheck(target: "pipelined point queries ≥ 2× PostgreSQL at 8 connections (\(userCount) users)",
-                                       measured: String(format: "%.2f×", ratio), met: ratio >= 2))
+                              measured: String(format: "%.2f×", ratio), met: ratio >= 2))
         }
         record(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × 16 pipelined (sliding window)",
-                                        value: pipelined.throughput, unit: "req/s", p50: pipelined.p50, p99: pipelined.p99, note: note))
+                           value: pipelined.throughput, unit: "req/s", p50: pipelined.p50, p99: pipelined.p99, note: note))
         if let postgres {
             let queries = postgres.pipelined(clients: 8, seconds: Int(seconds.rounded(.up)))
             let ratio = batched.throughput / max(queries, 1)
             record(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench pipeline mode, 8 clients × 16 queries",
-                                            value: queries, unit: "queries/s",
-                                            note: String(format: "userstored in batches / PostgreSQL pipelined = %.2f× (sliding window: %.2f×)",
-                                                         ratio, pipelined.throughput / max(queries, 1))))
+                               value: queries, unit: "queries/s",
+                               note: String(format: "userstored in batches / PostgreSQL pipelined = %.2f× (sliding window: %.2f×)",
+                                            ratio, pipelined.throughput / max(queries, 1))))
             let wanted = userCount <= 100 ? 1.3 : 1.2
             check(TargetCheck(target: String(format: "pipelined batches ≥ %.1f× pgbench's pipeline mode (%d users)", wanted, userCount),
-                                       measured: String(format: "%.2f×", ratio), met: ratio >= wanted))
+                              measured: String(format: "%.2f×", ratio), met: ratio >= wanted))
         }
 
         env.stop(daemon)
@@ -160,8 +156,8 @@ struct PointQueryScenario: Scenario {
                 }
             }
             record(Measurement(scenario: scenario, subject: "in-process GRDB, \(threads) thread\(threads == 1 ? "" : "s")",
-                                            value: result.throughput, unit: "req/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
-                                            note: "what SQLite itself costs: no socket, no JSON"))
+                               value: result.throughput, unit: "req/s", p50: result.latencies.percentile(0.5), p99: result.latencies.percentile(0.99),
+                               note: "what SQLite itself costs: no socket, no JSON"))
         }
         for queue in queues { try? queue.close() }
     }

@@ -28,15 +28,15 @@ struct ReplicationScenario: Scenario {
             guard let load else { break }
             let (daemon, socket) = try env.startDaemon(name: "replicated-\(index)", data: fleet.data, migrations: fleet.migrations, extra: mode.config)
             for users in [1, 8] {
-                let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
-                let result = load.run(socket: socket, connections: users, seconds: seconds,
-                                      LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
-                let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(result.requests, 1))
+                let (result, daemonCPU) = withCPU(of: daemon.processIdentifier) {
+                    load.run(socket: socket, connections: users, seconds: seconds,
+                             LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
+                }
                 if index == 0 { baseline[users] = result.throughput }
                 let ratio = index == 0 ? "" : String(format: "; %.2f× replication off", result.throughput / max(baseline[users] ?? 1, 1))
                 record(Measurement(scenario: "7. replication", subject: "durable INSERT, \(mode.name), \(users == 1 ? "1 user" : "\(users) users, a connection each")",
-                                                value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
-                                                note: "daemon CPU \(format(daemonCPU)) µs/request\(ratio)" + errors(result.errors)))
+                                   value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99,
+                                   note: "daemon CPU \(format(daemonCPU)) µs/request\(ratio)" + errors(result.errors)))
             }
             env.stop(daemon)
         }
@@ -71,7 +71,7 @@ struct ReplicationScenario: Scenario {
         env.stop(daemon)
         let perStore = (rss - idleRSS) * 1024 / Double(max(registered, 1))
         record(Measurement(scenario: "7. replication", subject: "Litestream memory with \(registered) stores registered", value: rss, unit: "MiB",
-                                        note: "\(format(perStore)) KiB and \(format(Double(fds) / Double(max(registered, 1)))) fds per registered store (\(format(idleRSS)) MiB with none)" + errors(failures)))
+                           note: "\(format(perStore)) KiB and \(format(Double(fds) / Double(max(registered, 1)))) fds per registered store (\(format(idleRSS)) MiB with none)" + errors(failures)))
     }
 
     private func residentMiB(of pid: Int32) -> Double {

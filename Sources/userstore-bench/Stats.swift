@@ -104,3 +104,10 @@ func cpuMicroseconds(of pid: Int32) -> Double {
     guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
     return (user + system) * 1e6 / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
+
+/// Runs `load` and returns its result with the CPU time `pid` used per request during it (µs).
+func withCPU(of pid: Int32, _ load: () -> LoadGenerator.Result) -> (result: LoadGenerator.Result, cpuPerRequest: Double) {
+    let before = cpuMicroseconds(of: pid)
+    let result = load()
+    return (result, (cpuMicroseconds(of: pid) - before) / Double(max(result.requests, 1)))
+}

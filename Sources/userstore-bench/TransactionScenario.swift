@@ -31,20 +31,18 @@ struct TransactionScenario: Scenario {
         let (daemon, socket) = try env.startDaemon(name: "tpcb", data: data, migrations: migrations)
         defer { env.stop(daemon) }
         guard let load else { return }
-        let cpuBefore = cpuMicroseconds(of: daemon.processIdentifier)
-        let ours = load.runTPCB(socket: socket, connections: 8, accounts: accounts, seconds: seconds)
-        let daemonCPU = (cpuMicroseconds(of: daemon.processIdentifier) - cpuBefore) / Double(max(ours.requests, 1))
+        let (ours, daemonCPU) = withCPU(of: daemon.processIdentifier) { load.runTPCB(socket: socket, connections: 8, accounts: accounts, seconds: seconds) }
         record(Measurement(scenario: "6. TPC-B-like transaction", subject: "userstored, C client, 8 connections (a user each), 7 calls per transaction",
-                                        value: ours.throughput, unit: "tps", p50: ours.p50, p99: ours.p99,
-                                        note: "daemon CPU \(format(daemonCPU)) µs/transaction" + errors(ours.errors)))
+                           value: ours.throughput, unit: "tps", p50: ours.p50, p99: ours.p99,
+                           note: "daemon CPU \(format(daemonCPU)) µs/transaction" + errors(ours.errors)))
         guard Postgres.available() else { return }
         let postgres = Postgres(directory: env.root + "/postgres-tpcb")
         postgres.start()
         defer { postgres.stop() }
         let (tps, latencies) = postgres.pgbench("", clients: 8, seconds: Int(seconds.rounded(.up)))
         record(Measurement(scenario: "6. TPC-B-like transaction", subject: "PostgreSQL 15 pgbench -M prepared (tpcb-like), 8 clients, scale 1",
-                                        value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
-                                        note: String(format: "userstored / PostgreSQL = %.2f×", ours.throughput / max(tps, 1))))
+                           value: tps, unit: "tps", p50: latencies.percentile(0.5), p99: latencies.percentile(0.99),
+                           note: String(format: "userstored / PostgreSQL = %.2f×", ours.throughput / max(tps, 1))))
     }
 }
 
