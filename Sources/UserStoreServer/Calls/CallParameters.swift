@@ -39,25 +39,23 @@ struct CallParameters {
     }
 
     func optionalStrings(_ key: String) throws(VarlinkError) -> [String]? {
-        guard let value = values[key], !value.isNull else { return nil }
-        guard let array = value.arrayValue else { throw .invalidParameter(key) }
-        var strings: [String] = []
-        for element in array {
-            guard let text = element.stringValue else { throw .invalidParameter(key) }
-            strings.append(text)
-        }
-        return strings
+        try optionalArray(key) { $0.stringValue }
     }
 
     func optionalInts(_ key: String) throws(VarlinkError) -> [Int64]? {
+        try optionalArray(key) { $0.integerValue }
+    }
+
+    /// An optional array whose every element `element` reads (nil: the element is mistyped).
+    private func optionalArray<T>(_ key: String, _ element: (JSONValue) -> T?) throws(VarlinkError) -> [T]? {
         guard let value = values[key], !value.isNull else { return nil }
         guard let array = value.arrayValue else { throw .invalidParameter(key) }
-        var numbers: [Int64] = []
-        for element in array {
-            guard let number = element.integerValue else { throw .invalidParameter(key) }
-            numbers.append(number)
+        var elements: [T] = []
+        for item in array {
+            guard let read = element(item) else { throw .invalidParameter(key) }
+            elements.append(read)
         }
-        return numbers
+        return elements
     }
 
     /// The `user` parameter as a validated ID (`InvalidUser` when it is not one).

@@ -214,7 +214,7 @@ struct AdminMethods {
     }
 
     private func execute(_ request: Request, _ parameters: CallParameters) async throws -> [UInt8] {
-        try await StatementDispatch.reply(.statement(try request.statement(), .both), of: request.message, for: try parameters.user(),
-                                          access: .admin, context: context)
+        try await StatementDispatch.leasedReply(.statement(try request.statement(), .both), of: request.message, for: try parameters.user(),
+                                                access: .admin, context: context)
     }
 }

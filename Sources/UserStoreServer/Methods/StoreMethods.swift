@@ -55,8 +55,8 @@ struct StoreMethods {
     private func statement(_ request: Request, _ parameters: CallParameters, peer: PeerIdentity, output: SQLRunner.Output) async throws -> [UInt8] {
         let user = try user(parameters, peer: peer)
         let durable = try output == .changes && durable(request, user: user)
-        return try await StatementDispatch.reply(.statement(try request.statement(), output), of: request.message, for: user,
-                                                 durable: durable, context: context)
+        return try await StatementDispatch.leasedReply(.statement(try request.statement(), output), of: request.message, for: user,
+                                                       durable: durable, context: context)
     }
 
     /// Whether this write call waits for the replica (DurableWrites).
@@ -80,8 +80,8 @@ struct StoreMethods {
         let user = try user(parameters, peer: peer)
         let statements = try request.batchStatements(maximum: context.limits.maxBatchStatements)
         let transaction = try parameters.optionalBool("transaction") ?? true
-        return try await StatementDispatch.reply(.batch(statements, transaction ? .transaction : .statements), of: request.message, for: user,
-                                                 durable: try durable(request, user: user), context: context)
+        return try await StatementDispatch.leasedReply(.batch(statements, transaction ? .transaction : .statements), of: request.message, for: user,
+                                                       durable: try durable(request, user: user), context: context)
     }
 }
 

@@ -107,9 +107,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
 
     /// The outcome of an encoded reply: nil when it succeeded, else the error's short name.
     static func outcome(of reply: ArraySlice<UInt8>) -> String? {
-        let prefix = errorPrefix
-        guard reply.count > prefix.count, reply.starts(with: prefix) else { return nil }
-        let start = reply.startIndex + prefix.count
+        guard reply.count > errorPrefix.count, reply.starts(with: errorPrefix) else { return nil }
+        let start = reply.startIndex + errorPrefix.count
         guard let end = reply[start...].firstIndex(of: UInt8(ascii: "\"")) else { return "unknown" }
         let name = reply[start..<end]
         let short = name.lastIndex(of: UInt8(ascii: ".")).map { name[($0 + 1)...] } ?? name

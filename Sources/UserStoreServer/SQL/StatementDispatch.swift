@@ -62,7 +62,7 @@ struct StatementDispatch {
     /// come through the event loop's fast path (``FastPath``): the store is leased with `access`
     /// (opened and migrated first if need be) until the reply is ready — for a durable write,
     /// until the replica has it (an eviction in between would unregister it under the sync).
-    static func reply(_ work: Work, of message: JSONMessage, for user: UserID, access: StoreRegistry.Access = .client,
+    static func leasedReply(_ work: Work, of message: JSONMessage, for user: UserID, access: StoreRegistry.Access = .client,
                       durable: Bool = false, context: DaemonContext) async throws -> [UInt8] {
         let limits = context.limits
         return try await context.registry.withStore(user, access: access) { store in
