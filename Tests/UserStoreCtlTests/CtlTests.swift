@@ -6,10 +6,8 @@ import Varlink
 
 /// userstorectl, the real binary, against the real daemon.
 @Suite(.serialized) struct CtlTests {
-    static var ctl: String { userstorectlPath }
-
     func ctl(_ arguments: [String], socket: String? = nil) throws -> (status: Int32, stdout: String, stderr: String) {
-        try run([Self.ctl] + arguments, environment: socket.map { ["USERSTORE_SOCKET": $0] } ?? [:])
+        try run([userstorectlPath] + arguments, environment: socket.map { ["USERSTORE_SOCKET": $0] } ?? [:])
     }
 
     /// Every subcommand's `--help`, found by walking the SUBCOMMANDS lists from the top: its
@@ -83,7 +81,7 @@ import Varlink
         #expect(verify.status == 0, "\(verify.stdout)")
 
         // On a terminal, a live progress bar.
-        let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(Self.ctl) migrate --all --socket \(daemon.socketPath)", "/dev/null"])
+        let tty = try run(["/usr/bin/script", "-q", "-e", "-c", "\(userstorectlPath) migrate --all --socket \(daemon.socketPath)", "/dev/null"])
         #expect(tty.status == 0)
         #expect(tty.stdout.contains("\r[") && tty.stdout.contains("2000/2000 100%"))
 
@@ -92,7 +90,7 @@ import Varlink
         try daemon.addMigration("0004_x.sql", "ALTER TABLE t ADD COLUMN x INTEGER;")
         #expect(try daemon.connect().call("io.userstore.Admin.Reload")["latestVersion"] == 4)
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.ctl)
+        process.executableURL = URL(fileURLWithPath: userstorectlPath)
         process.arguments = ["migrate", "--all", "--json", "--parallel", "1", "--socket", daemon.socketPath]
         let output = Pipe()
         process.standardOutput = output

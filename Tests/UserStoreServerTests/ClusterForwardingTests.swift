@@ -16,7 +16,7 @@ import Varlink
         let daemon = try DaemonHarness(extraConfig: """
             replication:
               replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
-              litestream: \(ReplicationTests.litestream)
+              litestream: \(litestreamPath)
             cluster:
               host: \(host)
               etcd: [\(etcd.endpoints.joined(separator: ", "))]

@@ -12,7 +12,7 @@ import Varlink
     /// processes the daemon started.
     static func recordingLitestream(in directory: TemporaryDirectory) throws -> (binary: String, log: String) {
         let binary = directory.path + "/litestream", log = directory.path + "/subcommands"
-        try "#!/bin/sh\nprintf '%s\\n' \"$1\" >> '\(log)'\nexec '\(ReplicationTests.litestream)' \"$@\"\n"
+        try "#!/bin/sh\nprintf '%s\\n' \"$1\" >> '\(log)'\nexec '\(litestreamPath)' \"$@\"\n"
             .write(toFile: binary, atomically: true, encoding: .utf8)
         chmod(binary, 0o755)
         return (binary, log)
@@ -80,7 +80,7 @@ import Varlink
         #expect(shared > 0 && syncs < Int64(writers * rounds), "syncs \(syncs), shared \(shared)")
         let scratch = try TemporaryDirectory()
         let copy = try ReplicationTests.replicaCopy(of: "shared", daemon: daemon, replica: replica.path, directory: scratch.path)
-        #expect(try ReplicationTests.sqlite3(copy, "SELECT count(*) FROM notes") == String(1 + writers * rounds))
+        #expect(try sqlite3(copy, "SELECT count(*) FROM notes") == String(1 + writers * rounds))
     }
 
     /// Bytes of every level-0 LTX file (what a sync ships; compactions write higher levels on

@@ -8,8 +8,6 @@ import Varlink
 /// scripts/install-deps.sh) to a `file://` replica: the disaster, eviction, a Litestream crash,
 /// a damaged replica. docs/replication.md quotes the figures the disaster test prints.
 @Suite(.serialized) struct ReplicationTests {
-    static let litestream = litestreamPath
-
     /// A daemon replicating to `replica` (a folder), with Litestream as its child.
     static func daemon(replica: String, extra: String = "") throws -> DaemonHarness {
         try daemon(replicaURL: "file://" + replica, extra: extra)
@@ -20,7 +18,7 @@ import Varlink
         try DaemonHarness(extraConfig: """
             replication:
               replica: "\(replicaURL)"
-              litestream: \(litestream)
+              litestream: \(litestreamPath)
             \(extra)
             """)
     }
@@ -60,13 +58,9 @@ import Varlink
     static func replicaCopy(of user: String, daemon: DaemonHarness, replica: String, directory: String) throws -> String {
         let url = try daemon.connect().call("io.userstore.Admin.Replication", ["user": .string(user)])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? ""
         let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
-        let result = try run([litestream, "restore", "-o", output, url])
+        let result = try run([litestreamPath, "restore", "-o", output, url])
         #expect(result.status == 0, "\(result.stderr)")
         return output
-    }
-
-    static func sqlite3(_ path: String, _ sql: String) throws -> String {
-        try DaemonTestSupport.sqlite3(path, sql)
     }
 
     static func milliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
@@ -195,7 +189,7 @@ import Varlink
         #expect(listed.stdout.contains("cat.sqlite") && !listed.stdout.contains("ann.sqlite"), "\(listed.stdout)")
         // No sync interval waited for: the final sync ran before the store closed.
         let copy = try Self.replicaCopy(of: "ann", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        #expect(try Self.sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "first\nlast before eviction")
+        #expect(try sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "first\nlast before eviction")
         daemon.stop()
     }
 
@@ -231,8 +225,8 @@ import Varlink
         // A durable write now confirms everything before it is in the replica.
         try Self.insert("after", for: "dan", on: client, durable: true)
         let copy = try Self.replicaCopy(of: "dan", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        let during = try Self.sqlite3(copy, "SELECT count(*) FROM notes WHERE title = 'during'")
-        let all = try Self.sqlite3(copy, "SELECT count(*) FROM notes")
+        let during = try sqlite3(copy, "SELECT count(*) FROM notes WHERE title = 'during'")
+        let all = try sqlite3(copy, "SELECT count(*) FROM notes")
         #expect(during == "\(written)")
         #expect(all == "\(written + 3)") // before, durable while down (committed here), after
         #expect(daemon.stderr.contains("event=replication-degraded") && daemon.stderr.contains("event=replication-recovered"))
@@ -253,7 +247,7 @@ import Varlink
         try "socket:\n  enabled: true\n  path: \"\(socket)\"\n".write(toFile: configuration, atomically: true, encoding: .utf8)
         func startLitestream() throws -> Process {
             let process = Process()
-            process.executableURL = URL(fileURLWithPath: Self.litestream)
+            process.executableURL = URL(fileURLWithPath: litestreamPath)
             process.arguments = ["replicate", "-config", configuration]
             process.standardOutput = FileHandle.nullDevice
             process.standardError = FileHandle.nullDevice
@@ -291,8 +285,8 @@ import Varlink
         #expect(try waitFor("ok", registered: 1))
         try Self.insert("durable", for: "kim", on: client, durable: true)
         let copy = try Self.replicaCopy(of: "kim", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        let blobs = try Self.sqlite3(copy, "SELECT count(*), sum(length(b)) FROM blobs")
-        let notes = try Self.sqlite3(copy, "SELECT group_concat(title, ',') FROM notes")
+        let blobs = try sqlite3(copy, "SELECT count(*), sum(length(b)) FROM blobs")
+        let notes = try sqlite3(copy, "SELECT group_concat(title, ',') FROM notes")
         #expect(blobs == "2|7000000")
         #expect(notes == "after the checkpoint,durable")
         daemon.stop()
@@ -350,7 +344,7 @@ import Varlink
         }
         // Read straight from the replica, with the store still open and nothing waited for.
         let copy = try Self.replicaCopy(of: "hal", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        #expect(try Self.sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "one\ntwo\nthree")
+        #expect(try sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "one\ntwo\nthree")
         daemon.stop()
 
         let plain = try DaemonHarness()
@@ -383,7 +377,7 @@ import Varlink
         #expect(try client.call("io.userstore.Store.Query", ["user": "kim", "sql": "SELECT title FROM notes"])["rows"] == [["before"]])
         // The live store was kept as a backup, with both rows.
         let backup = reply["previous"]?.stringValue ?? ""
-        #expect(try Self.sqlite3(backup, "SELECT count(*) FROM notes") == "2")
+        #expect(try sqlite3(backup, "SELECT count(*) FROM notes") == "2")
 
         _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "kim"])
         let folder = replica.path + "/" + (try client.call("io.userstore.Admin.Replication", ["user": "kim"])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? "")
