@@ -100,7 +100,49 @@ extension ConfigurationLoader {
                 policy: policy, access: access, limits: limits, logTarget: logTarget,
                 slowRequestMilliseconds: try int(.slowRequestMilliseconds, minimum: 1) ?? 1000,
                 fleetParallelism: try int(.fleetParallelism, minimum: 1, maximum: 256) ?? DaemonConfiguration.defaultFleetParallelism,
-                sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica))
+                sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica),
+                rollout: try rolloutPolicy())
+        }
+
+        /// `rollout.*`: nil (releases are not staged) without `rollout.steps`.
+        private func rolloutPolicy() throws(ConfigurationError) -> RolloutPolicy? {
+            let stepsText: String?
+            if let list = try? reader.requiredStringArray(forKey: ConfigKey(ConfigurationKey.rolloutSteps.rawValue)) {
+                stepsText = list.joined(separator: ",")
+            } else {
+                stepsText = try optional(.rolloutSteps, expected: "percentages, e.g. \"1%,10%,50%,100%\" or [1%, 10%, 50%, 100%]") {
+                    try reader.requiredString(forKey: ConfigKey(ConfigurationKey.rolloutSteps.rawValue))
+                }
+            }
+            guard let stepsText else {
+                if let key = firstPresent(in: "rollout") {
+                    throw error(.rolloutSteps, "is required when \(key.rawValue) is set: the steps of a release, e.g. \"1%,10%,50%,100%\"")
+                }
+                return nil
+            }
+            var waitSeconds = RolloutPolicy.defaultWaitSeconds
+            if let seconds = try? reader.requiredInt(forKey: ConfigKey(ConfigurationKey.rolloutWait.rawValue)), seconds >= 0 {
+                waitSeconds = seconds
+            } else if let wait = try string(.rolloutWait) {
+                guard let seconds = RolloutPolicy.parseDuration(wait) else { throw error(.rolloutWait, "must be a duration like 90s, 10m or 2h (got \"\(wait)\")") }
+                waitSeconds = seconds
+            }
+            var haltOn = RolloutPolicy.defaultHaltOn
+            if let number = try? reader.requiredDouble(forKey: ConfigKey(ConfigurationKey.rolloutHaltOn.rawValue)) {
+                haltOn = number / 100
+            } else if let text = try string(.rolloutHaltOn) {
+                guard let percent = RolloutPolicy.parsePercent(text) else { throw error(.rolloutHaltOn, "must be a percentage like 1% (got \"\(text)\")") }
+                haltOn = percent / 100
+            }
+            let canary = try optional(.rolloutCanary, expected: "a list of user IDs") {
+                try reader.requiredStringArray(forKey: ConfigKey(ConfigurationKey.rolloutCanary.rawValue))
+            } ?? []
+            do {
+                return try RolloutPolicy(steps: try RolloutPolicy.parseSteps(stepsText), canary: canary, waitSeconds: waitSeconds, haltOn: haltOn)
+            } catch {
+                let key: ConfigurationKey = error.description.hasPrefix("canary") ? .rolloutCanary : error.description.hasPrefix("haltOn") ? .rolloutHaltOn : .rolloutSteps
+                throw self.error(key, error.description)
+            }
         }
 
         /// `cluster.*`: nil (one host) without `cluster.host`.

@@ -35,7 +35,7 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
             return CtlError(.someFailed, "WrongHost: user \(parameters["user"].map(text) ?? "?") is on host \(text(host))"
                             + (address.isEmpty ? "" : " (\(address))") + ", epoch \(parameters["epoch"].map(text) ?? "?"): run userstorectl there")
         }
-        let detail = ["message", "reason", "problems", "parameter", "user", "migration"].compactMap { key -> String? in
+        let detail = ["message", "reason", "problems", "parameter", "user", "migration", "migrations", "state", "action"].compactMap { key -> String? in
             guard let value = parameters[key] else { return nil }
             return "\(key): \(text(value))"
         }.joined(separator: "; ")

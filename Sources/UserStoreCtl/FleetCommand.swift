@@ -60,7 +60,7 @@ public struct FleetCommand {
                 command.output.jsonLine(.object(line))
             } else if drawsBar {
                 bar.draw(done: done, total: total, failures: failures.count)
-            } else if failed || command.kind == .migrate && fields["state"] != "current" {
+            } else if failed || command.kind == .migrate && fields["state"] != "current" && fields["state"] != "held" {
                 print("\(user): \(describe(fields))")
             }
         }
@@ -93,6 +93,9 @@ public struct FleetCommand {
                 if !failures.isEmpty {
                     print(command.output.paint("\(failures.count) store\(failures.count == 1 ? "" : "s") \(command.kind == .migrate ? "failed" : "have problems"):", .red))
                     for (user, reason) in failures { print("  \(user): \(reason)") }
+                }
+                if let held = counts["held"], held > 0 {
+                    print("\(held) store\(held == 1 ? " was" : "s were") held back on purpose: the release does not reach \(held == 1 ? "it" : "them") yet (userstorectl release status)")
                 }
                 if interrupted { Output.error("interrupted: stores already started finished or rolled back; run the command again to do the rest") }
             }

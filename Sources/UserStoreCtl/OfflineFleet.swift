@@ -33,7 +33,17 @@ public final class OfflineFleet {
             }
             throw CtlError(.unreachable, "userstorectl: \(error)")
         }
-        registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock)
+        // The daemon's release, as the daemon would see it with these migrations: a fleet run
+        // with the daemon stopped migrates only what a staged release lets migrate.
+        let release: Release
+        do {
+            release = try ReleaseFile.current(at: ReleaseFile.path(dataDirectory: configuration.dataDirectory), migrations: migrations,
+                                              policy: configuration.rollout).release
+        } catch {
+            throw CtlError(.someFailed, "userstorectl: \(error)")
+        }
+        registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
+                                 gate: FixedReleaseGate(release))
     }
 
     /// Every store of the data directory.

@@ -44,6 +44,12 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case clusterBucketReleased = "cluster-bucket-released"
     case clusterListening = "cluster-listening"
     case clusterPeerRefused = "cluster-peer-refused"
+    case releaseStarted = "release-started"
+    case releaseStep = "release-step"
+    case releaseHalted = "release-halted"
+    case releaseResumed = "release-resumed"
+    case releaseAborted = "release-aborted"
+    case releaseComplete = "release-complete"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -90,6 +96,12 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .clusterBucketReleased: return "949a21f231724316994015e5cbe04491"
         case .clusterListening: return "22edc9823dcb4c8aa469a5343bc4c66a"
         case .clusterPeerRefused: return "5a3936033e7040a99a22abe9fa944201"
+        case .releaseStarted: return "2f6f338b4a814f19b88eeb8a80ea169d"
+        case .releaseStep: return "41d1239377bf4fe9bc2b8aa3f50e6ec8"
+        case .releaseHalted: return "a3004a0fadf3494c811ec46a3cf81584"
+        case .releaseResumed: return "9c6fc969ab0a4a41b6f3a2fff10d7720"
+        case .releaseAborted: return "17ea64fa2d634b8696f14433dbd2a278"
+        case .releaseComplete: return "b072e2e0da39413f99078a87ad9069ab"
         }
     }
 }

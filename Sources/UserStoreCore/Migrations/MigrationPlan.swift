@@ -24,6 +24,9 @@ public struct MigrationPlan: Sendable, Equatable {
     public var appliedVersions: [Int64]?
     /// Whether the store is copied before the steps run, and why; nil when nothing runs.
     public var backup: BackupDecision?
+    /// Pending versions a staged release holds back from this store for now (it is outside
+    /// the current step's cohort, or the release is halted or aborted).
+    public var heldVersions: [Int64] = []
 
     /// Nothing to write at all.
     public var isEmpty: Bool { steps.isEmpty && !appVersionChanged && !isNewStore && !reconcile }
@@ -46,6 +49,8 @@ public struct MigrationReport: Sendable, Equatable {
     public var durationMicroseconds: Int64
     /// Statements the desired-schema reconcile ran.
     public var reconciled: [String] = []
+    /// Pending versions a staged release held back from this store (``MigrationPlan/heldVersions``).
+    public var heldVersions: [Int64] = []
 
     /// Whether any migration (or a reconcile that changed something) ran.
     public var migrated: Bool { !applied.isEmpty || !reconciled.isEmpty }

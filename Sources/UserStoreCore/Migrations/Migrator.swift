@@ -29,6 +29,10 @@ struct Migrator: Sendable {
     /// fleet run), and only where no other connection can hold the WAL back from a full
     /// checkpoint (exclusive locking: no replicator).
     var durability: Durability = .lastCommit
+    /// The versions this run may apply (a staged release holds the others back:
+    /// ``MigrationGate``); nil: all. A store held back keeps its recorded app version and is
+    /// not reconciled with the desired schema.
+    var allowed: Set<Int64>?
 
     enum Durability: Sendable {
         case lastCommit, checkpoint
@@ -56,10 +60,12 @@ struct Migrator: Sendable {
             guard userVersion == 0 else {
                 throw StoreError.storeDamaged(user: user, message: "user_version is \(userVersion) but the app_version table is missing")
             }
-            var plan = MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: migrations.latestVersion,
-                                     steps: migrations.migrations, skippedVersions: skipped(migrations.migrations, recorded: appVersion.text),
-                                     appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil)
+            let (steps, held) = admitted(migrations.migrations)
+            var plan = MigrationPlan(isNewStore: true, fromVersion: 0, toVersion: steps.last?.version ?? 0,
+                                     steps: steps, skippedVersions: skipped(steps, recorded: appVersion.text),
+                                     appVersionChanged: false, recordedAppVersion: nil, reconcile: migrations.schema != nil && held.isEmpty)
             plan.appliedVersions = []
+            plan.heldVersions = held
             return plan
         }
         guard info.schemaVersion == userVersion else {
@@ -74,15 +80,23 @@ struct Migrator: Sendable {
             if plan.reconcile { plan.backup = try backupDecision(db, plan) }
             return plan
         }
-        let (pending, applied) = try pendingMigrations(db, latestApplied: userVersion)
+        let (unapplied, applied) = try pendingMigrations(db, latestApplied: userVersion)
+        let (pending, held) = admitted(unapplied)
         var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion,
                                  toVersion: max(userVersion, pending.last?.version ?? 0), steps: pending,
                                  skippedVersions: skipped(pending, recorded: info.appVersion),
-                                 appVersionChanged: appVersionChanged, recordedAppVersion: info.appVersion,
-                                 reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty))
+                                 appVersionChanged: appVersionChanged && held.isEmpty, recordedAppVersion: info.appVersion,
+                                 reconcile: migrations.schema != nil && (schemaChanged || !pending.isEmpty) && held.isEmpty)
         plan.appliedVersions = applied
+        plan.heldVersions = held
         plan.backup = try backupDecision(db, plan)
         return plan
+    }
+
+    /// `steps` split into the ones this run may apply and the versions held back (``allowed``).
+    private func admitted(_ steps: [Migration]) -> (admitted: [Migration], held: [Int64]) {
+        guard let allowed else { return (steps, []) }
+        return (steps.filter { allowed.contains($0.version) }, steps.filter { !allowed.contains($0.version) }.map(\.version))
     }
 
     /// Whether migrating an existing store per `plan` copies it first, and why (the rule of
@@ -160,6 +174,7 @@ struct Migrator: Sendable {
         var report = MigrationReport(user: user, created: created, fromVersion: plan.fromVersion, toVersion: plan.fromVersion,
                                      applied: [], appVersion: plan.recordedAppVersion ?? appVersion.text,
                                      backupPath: nil, durationMicroseconds: 0)
+        report.heldVersions = plan.heldVersions
         if plan.isEmpty { return report }
 
         let reconciles = plan.reconcile && reconciling && migrations.schema != nil
@@ -230,7 +245,7 @@ struct Migrator: Sendable {
             }
         }
         try sync.makeDurable()
-        report.appVersion = appVersion.text
+        if plan.heldVersions.isEmpty || plan.isNewStore { report.appVersion = appVersion.text }
         report.durationMicroseconds = Self.microseconds(since: started)
         if totalSteps > 0 {
             observer.record(.migrationFinished(user: user, from: report.fromVersion, to: report.toVersion,

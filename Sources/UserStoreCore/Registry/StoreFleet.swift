@@ -8,6 +8,9 @@ public struct FleetOutcome: Sendable {
         /// Dry run: something would run.
         case planned
         case failed
+        /// Left at its version on purpose: a staged release does not reach it yet (it is
+        /// outside the current step's cohort, or the release is halted or aborted).
+        case held
     }
 
     public var user: UserID
@@ -31,7 +34,8 @@ public struct StoreFleet: Sendable {
             if dryRun {
                 let plan = try await registry.plan(user)
                 let current = plan.steps.isEmpty && !plan.isNewStore && !plan.reconcile
-                return FleetOutcome(user: user, state: current ? .current : .planned, fromVersion: plan.fromVersion, toVersion: plan.toVersion)
+                let state: FleetOutcome.State = !current ? .planned : plan.heldVersions.isEmpty ? .current : .held
+                return FleetOutcome(user: user, state: state, fromVersion: plan.fromVersion, toVersion: plan.toVersion)
             }
             let wasOpen = isOpen(user)
             let report: MigrationReport
@@ -42,7 +46,8 @@ public struct StoreFleet: Sendable {
                 report = try await registry.migrate(user)
                 if !wasOpen { await closeUnlessUsed(user) }
             }
-            return FleetOutcome(user: user, state: report.migrated ? .migrated : .current, fromVersion: report.fromVersion, toVersion: report.toVersion)
+            let state: FleetOutcome.State = report.migrated ? .migrated : report.heldVersions.isEmpty ? .current : .held
+            return FleetOutcome(user: user, state: state, fromVersion: report.fromVersion, toVersion: report.toVersion)
         } catch {
             return FleetOutcome(user: user, state: .failed, error: StoreRegistry.storeError(error, user: user))
         }

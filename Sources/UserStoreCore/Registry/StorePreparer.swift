@@ -11,6 +11,8 @@ struct StorePreparer: Sendable {
     let replication: (any StoreReplication)?
     /// The group commit of fleet runs (``MigrationPolicy/FleetSyncMethod/syncfs``).
     let fleetSync: FileSystemSync
+    /// Which versions each store may be migrated to now (a staged release); nil: all.
+    let gate: (any MigrationGate)?
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, on one blocking-pool thread without hops. Fails only when the file cannot be opened.
@@ -92,8 +94,9 @@ struct StorePreparer: Sendable {
     /// `syncfs` calls fleet runs have made so far (for tests).
     var fleetFileSystemSyncs: UInt64 { fleetSync.statistics.syncs }
 
-    /// The migrator for `user`; a `simulating` one (for plans run on a copy) takes no backups
-    /// and reports no events.
+    /// The migrator for `user`, held to the versions the gate allows it now; a `simulating`
+    /// one (for plans run on a copy, the new-store template) takes no backups, reports no
+    /// events and is not gated.
     func makeMigrator(_ user: UserID, migrations: MigrationSet, simulating: Bool = false,
                       durability: Migrator.Durability = .lastCommit) -> Migrator {
         var policy = configuration.policy
@@ -101,6 +104,7 @@ struct StorePreparer: Sendable {
         var migrator = Migrator(user: user, migrations: migrations, appVersion: configuration.appVersion, policy: policy,
                                 observer: simulating ? NoStoreObserver() : observer, backups: BackupKeeper(layout: configuration.layout))
         migrator.durability = durability
+        if !simulating { migrator.allowed = gate?.allowedVersions(for: user) }
         return migrator
     }
 

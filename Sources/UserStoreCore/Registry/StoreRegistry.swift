@@ -36,17 +36,18 @@ public final class StoreRegistry: Sendable {
     /// With `replication`, every store is restored from the replica when it is missing here,
     /// replicated while it is open, and its replica follows deletions and replacements. With
     /// `placement`, only the users it admits are served.
+    /// With `gate`, a store is migrated only to the versions the gate allows it (a staged release).
     public convenience init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
                 observer: any StoreObserver = NoStoreObserver(), replication: (any StoreReplication)? = nil,
-                placement: (any StorePlacement)? = nil) {
+                placement: (any StorePlacement)? = nil, gate: (any MigrationGate)? = nil) {
         self.init(configuration: configuration, migrations: migrations, lock: lock, observer: observer,
-                  replication: replication, placement: placement, fleetSync: nil)
+                  replication: replication, placement: placement, fleetSync: nil, gate: gate)
     }
 
     /// As above; `fleetSync`: the group commit of fleet runs (tests pass one that fails).
     init(configuration: RegistryConfiguration, migrations: MigrationSet, lock: DataDirectoryLock,
          observer: any StoreObserver, replication: (any StoreReplication)?, placement: (any StorePlacement)?,
-         fleetSync: FileSystemSync?) {
+         fleetSync: FileSystemSync?, gate: (any MigrationGate)? = nil) {
         precondition(lock.path == configuration.layout.lockPath, "the lock must be the data directory's own")
         self.configuration = configuration
         self.placement = placement
@@ -56,7 +57,7 @@ public final class StoreRegistry: Sendable {
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
         opener.sharedFiles = replication != nil
         preparer = StorePreparer(configuration: configuration, opener: opener, observer: observer, replication: replication,
-                                 fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory))
+                                 fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory), gate: gate)
         self.state = Mutex(RegistryState(migrations: migrations, rules: .init(
             maxOpenStores: configuration.maxOpenStores, servePreviousVersionOnFailure: configuration.policy.servePreviousVersionOnFailure)))
     }
@@ -192,8 +193,10 @@ public final class StoreRegistry: Sendable {
         case .bringUpToDate(let store):
             return prepare(user, existing: store, generation: state.generation, migrations: state.migrations)
         case .open(migrate: true):
+            // A store a staged release holds back is created at the versions before it, step by step.
+            let template = preparer.gate?.allowedVersions(for: user) == nil ? templateForNewStore(&state) : nil
             return prepare(user, existing: nil, generation: state.generation, migrations: state.migrations,
-                           template: templateForNewStore(&state), closeAfter: closeAfter)
+                           template: template, closeAfter: closeAfter)
         case .open(migrate: false):
             return prepare(user, existing: nil, generation: -1, migrations: state.migrations, migrate: false)
         }
@@ -313,6 +316,21 @@ public final class StoreRegistry: Sendable {
         state.withLock { state in
             state.migrations = migrations
             state.generation += 1
+        }
+    }
+
+    /// Has every open store checked against the migrations and the gate again on its next
+    /// use (a staged release moved to another step, halted, resumed or aborted); stores whose
+    /// migration failed are retried then.
+    public func reconsiderStores() {
+        state.withLock { state in state.generation += 1 }
+    }
+
+    /// Whether a store whose migration failed is served at the version it has (as
+    /// `migrations.onFailure: serve-previous` does) — on while a staged release is in force.
+    public func setServesFailedStores(_ serves: Bool) {
+        state.withLock { state in
+            state.rules.servePreviousVersionOnFailure = configuration.policy.servePreviousVersionOnFailure || serves
         }
     }
 

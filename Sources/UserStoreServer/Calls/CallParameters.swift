@@ -46,6 +46,22 @@ struct CallParameters {
         try optionalArray(key) { $0.integerValue }
     }
 
+    func optionalNumber(_ key: String) throws(VarlinkError) -> Double? {
+        guard let value = values[key], !value.isNull else { return nil }
+        guard let number = Self.number(value) else { throw .invalidParameter(key) }
+        return number
+    }
+
+    func optionalNumbers(_ key: String) throws(VarlinkError) -> [Double]? {
+        try optionalArray(key, Self.number)
+    }
+
+    /// An integer or a real as a Double.
+    private static func number(_ value: JSONValue) -> Double? {
+        if case .real(let number) = value { return number }
+        return value.integerValue.map(Double.init)
+    }
+
     /// An optional array whose every element `element` reads (nil: the element is mistyped).
     private func optionalArray<T>(_ key: String, _ element: (JSONValue) -> T?) throws(VarlinkError) -> [T]? {
         guard let value = values[key], !value.isNull else { return nil }

@@ -50,6 +50,23 @@ struct IdleSweeper: Service {
     }
 }
 
+/// Moves a staged release to its next step once the current one has lasted its wait, and
+/// marks it complete once every store is at its version (``ReleaseTracker/tick(now:)``).
+struct ReleaseClock: Service {
+    let release: ReleaseTracker
+
+    func run() async throws {
+        while !Task.isShuttingDownGracefully {
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) }
+            } catch {
+                return
+            }
+            release.tick()
+        }
+    }
+}
+
 /// `SIGHUP` = `Reload`: re-reads configuration and migrations.
 struct HangupReloader: Service {
     let context: DaemonContext

@@ -63,9 +63,18 @@ public enum Daemon {
         }
 
         let index = FleetIndex()
+        // Before any store can migrate: the release decides which may.
+        let release: ReleaseTracker
+        do {
+            release = try ReleaseTracker(dataDirectory: layout.dataDirectory, migrations: migrations, policy: configuration.rollout, index: index, logger: logger)
+        } catch {
+            logger.critical("\(error)", metadata: ["event": "daemon-failed"])
+            printError("userstored: \(error)")
+            return .unavailable
+        }
         // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
         let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
-        let observer = ObserverFanOut(observers: [index, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
+        let observer = ObserverFanOut(observers: [index, release, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
         var peerTLS: PeerTLS?
         if let tls = configuration.cluster?.tls {
             do {
@@ -122,8 +131,9 @@ public enum Daemon {
         // Which Litestream answers, before the first store opens (Status shows it from the start).
         _ = await replicator?.checkHealth()
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
-                                     observer: observer, replication: replicator, placement: cluster)
+                                     observer: observer, replication: replicator, placement: cluster, gate: release)
         cluster?.attach(registry)
+        release.attach(registry)
         do {
             for user in try registry.lifecycle.recoverInterruptedOperations() {
                 logger.notice("finished the deletion of store '\(user)' that a crash had interrupted", metadata: [
@@ -135,7 +145,7 @@ public enum Daemon {
             printError("userstored: \(error)")
             return .unavailable
         }
-        let context = DaemonContext(configuration: configuration, registry: registry, index: index, logger: logger, metrics: metrics,
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index, release: release, logger: logger, metrics: metrics,
                                     replicator: replicator, litestream: litestream, cluster: cluster)
         let notifier = context.notifier
         index.startScan(registry: registry)
@@ -195,6 +205,7 @@ public enum Daemon {
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),
                 .init(service: StatusReporter(context: context, notifier: notifier)),
                 .init(service: IdleSweeper(registry: registry)),
+                .init(service: ReleaseClock(release: release)),
                 .init(service: HangupReloader(context: context)),
                 .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
             ],
@@ -239,6 +250,9 @@ extension DaemonContext {
         settings.withLock {
             $0 = RuntimeSettings(access: configuration.access, limits: configuration.limits, slowRequestMilliseconds: configuration.slowRequestMilliseconds)
         }
+        // The release first: from the moment the registry has the new migrations, the gate
+        // must hold back the stores the new release does not reach yet.
+        try release.reloaded(migrations, policy: configuration.rollout)
         registry.reload(migrations: migrations)
         let generation = registry.statistics.generation
         logger.notice("reloaded: \(migrations.migrations.count) migrations, latest version \(migrations.latestVersion)", metadata: [

@@ -39,6 +39,11 @@ package enum Method: String, CaseIterable, Sendable {
     case moveBucket = "io.userstore.Admin.MoveBucket"
     case drainHost = "io.userstore.Admin.DrainHost"
     case rebalance = "io.userstore.Admin.Rebalance"
+    case release = "io.userstore.Admin.Release"
+    case startRelease = "io.userstore.Admin.StartRelease"
+    case advanceRelease = "io.userstore.Admin.AdvanceRelease"
+    case resumeRelease = "io.userstore.Admin.ResumeRelease"
+    case abortRelease = "io.userstore.Admin.AbortRelease"
 
     // org.varlink.service
     case getInfo = "org.varlink.service.GetInfo"

@@ -52,6 +52,8 @@ final class DaemonContext: Sendable {
     let cluster: DaemonCluster?
     /// Litestream as the daemon's child (`replication.startLitestream`).
     let litestream: LitestreamProcess?
+    /// The release in force and its staging (docs/rollout.md).
+    let release: ReleaseTracker
 
     /// Graceful shutdown has begun: new calls get `ShuttingDown` (read on every request).
     private let shuttingDown = Atomic<Bool>(false)
@@ -86,8 +88,9 @@ final class DaemonContext: Sendable {
         var generation: Int
     }
 
-    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, logger: Logger, metrics: DaemonMetrics? = nil,
-         replicator: LitestreamReplicator? = nil, litestream: LitestreamProcess? = nil, cluster: DaemonCluster? = nil) {
+    init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, release: ReleaseTracker, logger: Logger,
+         metrics: DaemonMetrics? = nil, replicator: LitestreamReplicator? = nil, litestream: LitestreamProcess? = nil, cluster: DaemonCluster? = nil) {
+        self.release = release
         self.metrics = metrics
         self.cluster = cluster
         self.replicator = replicator

@@ -192,6 +192,12 @@ final class DaemonMetrics: StoreObserver, Sendable {
         for state in ["done", "failed", "total"] {
             gauges["fleet." + state] = gauge("userstore_fleet_migration_stores", [("state", state)])
         }
+        gauges["release.step"] = gauge("userstore_release_step_percent")
+        gauges["release.failed"] = gauge("userstore_release_failed_stores")
+        gauges["release.ratio"] = gauge("userstore_release_failure_ratio")
+        for state in Release.State.allCases {
+            gauges["release." + state.rawValue] = gauge("userstore_release_state", [("state", state.rawValue)])
+        }
         self.gauges = gauges
         cpuSeconds = CoreMetrics.FloatingPointCounter(label: "process_cpu_seconds_total", dimensions: [],
                                                       handler: registry.makeCounter(descriptor: Self.descriptor("process_cpu_seconds_total")))
@@ -210,6 +216,10 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_connections": "Open client connections.",
         "userstore_fleet_migration_stores": "The fleet migration running now: stores done, failed, and in all (0 when none runs).",
         "userstore_known_stores": "Stores in the data directory (the fleet index).",
+        "userstore_release_step_percent": "The current step of the release in force, in percent of users (100 when it is not staged).",
+        "userstore_release_failed_stores": "Stores whose migration failed in the release in force.",
+        "userstore_release_failure_ratio": "Failed stores of the release over the known stores its current step reaches (it halts past haltOn).",
+        "userstore_release_state": "1 for the state the release in force is in (none, running, halted, complete, aborted), 0 for the others.",
         "userstore_migration_duration_seconds": "Duration of a store's migration run (every step of it).",
         "userstore_migrations_total": "Migration runs of a store, by outcome.",
         "userstore_open_stores": "Store files open now (maxOpenStores bounds them).",
@@ -304,6 +314,13 @@ final class DaemonMetrics: StoreObserver, Sendable {
         gauges["fleet.done"]?.set(fleet?.done ?? 0)
         gauges["fleet.failed"]?.set(fleet?.failures ?? 0)
         gauges["fleet.total"]?.set(fleet?.total ?? 0)
+        let release = context.release.status()
+        if case .real(let step)? = release["step"] { gauges["release.step"]?.set(step) }
+        gauges["release.failed"]?.set(release["failed"]?.arrayValue?.count ?? 0)
+        if case .real(let ratio)? = release["failureRatio"] { gauges["release.ratio"]?.set(ratio) }
+        for state in Release.State.allCases {
+            gauges["release." + state.rawValue]?.set(release["state"]?.stringValue == state.rawValue ? 1 : 0)
+        }
         let process = ProcessStatistics.read()
         gauges["rss"]?.set(process.residentBytes)
         gauges["fds"]?.set(process.openFiles)

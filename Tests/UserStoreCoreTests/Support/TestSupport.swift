@@ -71,7 +71,8 @@ struct Harness {
     let recorder: EventRecorder
 
     init(directory: TemporaryDirectory, migrations: MigrationSet, appVersion: String = "1.0.0", maxOpenStores: Int = 64,
-         policy: MigrationPolicy = MigrationPolicy(), idleTimeout: Duration = .seconds(300), fleetSync: FileSystemSync? = nil) throws {
+         policy: MigrationPolicy = MigrationPolicy(), idleTimeout: Duration = .seconds(300), fleetSync: FileSystemSync? = nil,
+         gate: (any MigrationGate)? = nil) throws {
         self.directory = directory
         layout = StoreLayout(dataDirectory: directory.path + "/data")
         lock = try DataDirectoryLock(layout: layout)
@@ -79,7 +80,7 @@ struct Harness {
         registry = StoreRegistry(
             configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion(appVersion), maxOpenStores: maxOpenStores,
                                                  idleTimeout: idleTimeout, policy: policy),
-            migrations: migrations, lock: lock, observer: recorder, replication: nil, placement: nil, fleetSync: fleetSync)
+            migrations: migrations, lock: lock, observer: recorder, replication: nil, placement: nil, fleetSync: fleetSync, gate: gate)
     }
 
     /// Creates `users`' stores at `migrations` through a registry of their own, then closes

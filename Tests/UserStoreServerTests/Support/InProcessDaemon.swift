@@ -29,9 +29,14 @@ final class InProcessDaemon: ServedDaemon, @unchecked Sendable {
         let configuration = try await ConfigurationLoader.load(path: files.configPath)
         let migrations = try ConfigurationLoader.loadMigrations(configuration)
         let lock = try DataDirectoryLock(layout: StoreLayout(dataDirectory: configuration.dataDirectory))
-        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock)
         let logger = Logger(label: "in-process-userstored", factory: { _ in SwiftLogNoOpLogHandler() })
-        let context = DaemonContext(configuration: configuration, registry: registry, index: FleetIndex(), logger: logger)
+        let index = FleetIndex()
+        let release = try ReleaseTracker(dataDirectory: configuration.dataDirectory, migrations: migrations, policy: configuration.rollout,
+                                         index: index, logger: logger)
+        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
+                                     observer: ObserverFanOut(observers: [index, release]), gate: release)
+        release.attach(registry)
+        let context = DaemonContext(configuration: configuration, registry: registry, index: index, release: release, logger: logger)
         let server = try await SocketServer.bind(path: configuration.socketPath, inherited: nil, context: context, logger: logger,
                                                  onReady: {}, onStopping: {})
         return InProcessDaemon(files: files, context: context, server: server)

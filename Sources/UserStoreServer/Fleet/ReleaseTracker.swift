@@ -1,0 +1,265 @@
+import Foundation
+import Logging
+import Synchronization
+import UserStoreCore
+import UserStoreReplication
+import Varlink
+
+/// The release in force on this host (docs/rollout.md): which stores its current step lets
+/// migrate (the registry's ``MigrationGate``), what failed (it hears every migration as a
+/// ``StoreObserver``), when it halts, moves to its next step or completes. Kept in
+/// `<dataDirectory>/release.json`, written durably on every change, so that a restart
+/// resumes the release where it was instead of letting every store migrate.
+///
+/// Locking: its own mutex, inside which it reads the fleet index (never the other way round),
+/// and nothing of the registry's (the registry asks the gate under its own lock).
+final class ReleaseTracker: MigrationGate, StoreObserver {
+    private let release: Mutex<Release>
+    private let path: String
+    private let index: FleetIndex
+    private let logger: Logger
+    private let registry = Mutex<StoreRegistry?>(nil)
+    /// Stores this release brought to its version since the daemon started (for the rate).
+    private let migrated = Atomic<Int>(0)
+
+    /// Reads the release kept in `dataDirectory`; when `migrations` are not that release's, a
+    /// new release of them starts (staged by `policy` when given). The first time a data
+    /// directory is served, its migrations are the baseline: nothing to roll out. Throws when
+    /// the file exists but cannot be read or decoded, or cannot be written.
+    init(dataDirectory: String, migrations: MigrationSet, policy: RolloutPolicy?, index: FleetIndex, logger: Logger, now: Date = Date()) throws {
+        path = ReleaseFile.path(dataDirectory: dataDirectory)
+        self.index = index
+        self.logger = logger
+        let (current, started) = try ReleaseFile.current(at: path, migrations: migrations, policy: policy, now: now)
+        release = Mutex(current)
+        try ReleaseFile.write(current, to: path)
+        if started { logStarted(current) }
+    }
+
+    /// Starts serving: the registry is reconsidered on every change of step or state.
+    func attach(_ registry: StoreRegistry) {
+        self.registry.withLock { $0 = registry }
+        registry.setServesFailedStores(snapshot.servesFailedStores)
+    }
+
+    /// The release now.
+    var snapshot: Release { release.withLock { $0 } }
+
+    // MARK: MigrationGate
+
+    func allowedVersions(for user: UserID) -> Set<Int64>? {
+        release.withLock { $0.allowedVersions(for: user) }
+    }
+
+    // MARK: StoreObserver
+
+    func record(_ event: StoreEvent) {
+        switch event {
+        case .migrationFailed(let user, let error):
+            guard case .migrationFailed(_, let version, _, _, _, _) = error else { return }
+            let halted: Release? = release.withLock { release in
+                guard release.state == .running, release.newVersions.contains(version) else { return nil }
+                let halted = release.recordFailure(user, error: error.description, storesReached: storesReached(release))
+                try? persist(release)
+                return halted ? release : nil
+            }
+            if let halted { self.halted(halted) }
+        case .migrationFinished(let user, _, let to, _, _):
+            release.withLock { release in
+                guard release.state == .running || release.state == .halted, to >= release.latest, release.latest > release.baseLatest else { return }
+                migrated.add(1, ordering: .relaxed)
+                if release.failures[user.rawValue] != nil {
+                    release.recordSuccess(user)
+                    try? persist(release)
+                }
+            }
+        default:
+            return
+        }
+    }
+
+    // MARK: Changes
+
+    /// A reload loaded `migrations`: a new release when their versions differ from this one's.
+    func reloaded(_ migrations: MigrationSet, policy: RolloutPolicy?, now: Date = Date()) throws {
+        let started: Release? = try release.withLock { release in
+            guard release.fingerprint != migrations.fingerprint else { return nil }
+            let next = release.successor(versions: migrations.migrations.map(\.version), fingerprint: migrations.fingerprint, policy: policy, now: now)
+            try persist(next)
+            release = next
+            return next
+        }
+        guard let started else { return }
+        registry.withLock { $0 }?.setServesFailedStores(started.servesFailedStores)
+        logStarted(started)
+    }
+
+    /// `release start`: stages the release by `policy` from its first step.
+    func start(_ policy: RolloutPolicy, now: Date = Date()) throws -> Release {
+        let started = try change { try $0.start(policy, now: now) }
+        logStarted(started)
+        return started
+    }
+
+    /// `release next`: the next step now.
+    func advance(now: Date = Date()) throws -> Release {
+        var moved = false
+        let release = try change { moved = try $0.advance(now: now, force: true) }
+        if moved { logStep(release) }
+        return release
+    }
+
+    /// `release resume`: running again after a halt.
+    func resume(now: Date = Date()) throws -> Release {
+        let release = try change { try $0.resume(now: now) }
+        logger.notice("release \(release.id) resumed at step \(RolloutPolicy.format(release.step))%", metadata: [
+            "event": "release-resumed", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
+        ])
+        return release
+    }
+
+    /// `release abort`: refused (``ReleaseError/irreversible(_:)``) when one of `missingDown`
+    /// exists; otherwise every store is held at the versions before the release from now on.
+    func abort(missingDown: [String]) throws -> Release {
+        let release = try change { try $0.abort(missingDown: missingDown) }
+        logger.warning("release \(release.id) aborted: its migrations are rolled back, every store stays at version \(release.baseLatest)", metadata: [
+            "event": "release-aborted", "release": .string(release.id), "base_version": .stringConvertible(release.baseLatest),
+        ])
+        return release
+    }
+
+    /// Moves to the next step when the current one has lasted its wait, and completes the
+    /// release once its last step is reached and every known store is at its version.
+    func tick(now: Date = Date()) {
+        enum Change { case step(Release), complete(Release) }
+        let change: Change? = release.withLock { release in
+            guard release.state == .running else { return nil }
+            if (try? release.advance(now: now)) == true {
+                try? persist(release)
+                return .step(release)
+            }
+            guard index.isComplete, release.completeIfDone(everyStoreAtVersion: everyStore(atLeast: release.latest)) else { return nil }
+            try? persist(release)
+            return .complete(release)
+        }
+        switch change {
+        case .step(let release):
+            registry.withLock { $0 }?.reconsiderStores()
+            logStep(release)
+        case .complete(let release):
+            logger.notice("release \(release.id) complete: every store is at version \(release.latest)", metadata: [
+                "event": "release-complete", "release": .string(release.id), "schema_version": .stringConvertible(release.latest),
+            ])
+        case nil:
+            return
+        }
+    }
+
+    /// Runs `body` on the release, persists it, and has the registry look at every store again.
+    private func change(_ body: (inout Release) throws -> Void) throws -> Release {
+        let changed = try release.withLock { release in
+            var next = release
+            try body(&next)
+            try persist(next)
+            release = next
+            return next
+        }
+        if let registry = registry.withLock({ $0 }) {
+            registry.setServesFailedStores(changed.servesFailedStores)
+            registry.reconsiderStores()
+        }
+        return changed
+    }
+
+    // MARK: Counting
+
+    /// Known stores the current step reaches.
+    private func storesReached(_ release: Release) -> Int {
+        index.reading { entries in entries.keys.reduce(0) { $0 + (release.reaches($1) ? 1 : 0) } }
+    }
+
+    private func everyStore(atLeast version: Int64) -> Bool {
+        index.reading { entries in entries.values.allSatisfy { $0.version >= version && $0.failure == nil } }
+    }
+
+    // MARK: Status
+
+    /// `Admin.Release`'s reply.
+    func status(now: Date = Date()) -> [String: JSONValue] {
+        let release = snapshot
+        var versions: [String: JSONValue] = [:]
+        var reached = 0, atVersion = 0, known = 0
+        index.reading { entries in
+            var counts: [Int64: Int] = [:]
+            for (user, entry) in entries {
+                counts[entry.version, default: 0] += 1
+                known += 1
+                if release.reaches(user) { reached += 1 }
+                if entry.version >= release.latest { atVersion += 1 }
+            }
+            for (version, count) in counts { versions[String(version)] = .integer(Int64(count)) }
+        }
+        let elapsed = max(1, now.timeIntervalSince(release.startedAt))
+        let rate = Double(migrated.load(ordering: .relaxed)) / elapsed
+        var fields: [String: JSONValue] = [
+            "id": .string(release.id), "state": .string(release.state.rawValue), "staged": .bool(release.policy != nil),
+            "step": .real(release.step), "baseVersion": .integer(release.baseLatest), "version": .integer(release.latest),
+            "newVersions": .array(release.newVersions.map { .integer($0) }), "startedAt": .string(RFC3339.format(release.startedAt)),
+            "stepStartedAt": .string(RFC3339.format(release.stageStartedAt)), "versions": .object(versions),
+            "knownStores": .integer(Int64(known)), "storesReached": .integer(Int64(reached)), "storesAtVersion": .integer(Int64(atVersion)),
+            "failed": .array(release.failures.keys.sorted().map { .string($0) }),
+            "failures": .array(release.failures.sorted { $0.key < $1.key }.map { .object(["user": .string($0.key), "error": .string($0.value)]) }),
+            "failureRatio": .real(release.failureRatio(storesReached: reached)),
+            "ratePerSecond": .real((rate * 100).rounded() / 100),
+        ]
+        if let policy = release.policy {
+            fields["steps"] = .array(policy.stages.map { .real($0) })
+            fields["canary"] = .array(policy.canary.map { .string($0) })
+            fields["waitSeconds"] = .integer(Int64(policy.waitSeconds))
+            fields["haltOn"] = .real(policy.haltOn)
+            if release.state == .running, release.stageIndex < policy.stages.count - 1 {
+                let next = release.stageStartedAt.addingTimeInterval(Double(policy.waitSeconds))
+                fields["nextStepAt"] = .string(RFC3339.format(next))
+                let remaining = policy.stages.count - 1 - release.stageIndex
+                fields["secondsToLastStep"] = .integer(Int64(max(0, next.timeIntervalSince(now)) + Double((remaining - 1) * policy.waitSeconds)))
+            }
+        }
+        if rate > 0, release.state == .running {
+            fields["secondsLeft"] = .integer(Int64(Double(max(0, reached - atVersion)) / rate))
+        }
+        if let reason = release.haltReason { fields["haltReason"] = .string(reason) }
+        return fields
+    }
+
+    // MARK: Persistence and the journal
+
+    private func persist(_ release: Release) throws {
+        try ReleaseFile.write(release, to: path)
+    }
+
+    private func halted(_ release: Release) {
+        logger.error("release \(release.id) halted: \(release.haltReason ?? "")", metadata: [
+            "event": "release-halted", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
+            "failed_users": .string(release.failures.keys.sorted().prefix(100).joined(separator: ",")),
+            "failed_stores": .stringConvertible(release.failures.count), "reason": .string(release.haltReason ?? ""),
+        ])
+    }
+
+    private func logStarted(_ release: Release) {
+        let staging = release.policy.map { policy in
+            "staged: " + policy.stages.map { RolloutPolicy.format($0) + "%" }.joined(separator: ", ")
+                + (policy.canary.isEmpty ? "" : " (canary \(policy.canary.joined(separator: ", ")))")
+                + ", \(policy.waitSeconds) s per step, halts past \(RolloutPolicy.format(policy.haltOn * 100))% failed"
+        } ?? "not staged: every store migrates on its next request"
+        logger.notice("release \(release.id) started: versions \(release.newVersions.map(String.init).joined(separator: ", ")) over version \(release.baseLatest), \(staging)", metadata: [
+            "event": "release-started", "release": .string(release.id), "base_version": .stringConvertible(release.baseLatest),
+            "schema_version": .stringConvertible(release.latest), "step_percent": .string(RolloutPolicy.format(release.step)),
+        ])
+    }
+
+    private func logStep(_ release: Release) {
+        logger.notice("release \(release.id) moved to step \(RolloutPolicy.format(release.step))%", metadata: [
+            "event": "release-step", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
+        ])
+    }
+}

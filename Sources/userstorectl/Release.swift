@@ -1,0 +1,192 @@
+import ArgumentParser
+import Foundation
+import UserStoreCore
+import UserStoreCtl
+import Varlink
+
+extension UserStoreCtlCommand {
+    struct Release: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Roll a release (the migrations a reload loaded) out in stages: canary, steps, automatic halt.",
+            discussion: """
+                A reload that loads new migration versions starts a release. Without a rollout policy \
+                (rollout.* in the daemon's configuration, or `release start`) every store migrates on its \
+                next request, as always. With one, only the stores of the current step's cohort migrate \
+                (lazily, or with `migrate --all`); every other store is served at the version it has. A \
+                user's cohort: the first 8 bytes of SHA-256 of the ID, big-endian, modulo 10,000, below \
+                the step's percentage times 100; the same on every host and in every run. The release \
+                halts by itself once the stores that failed to migrate pass --halt-on of the stores the \
+                step reaches. See docs/rollout.md.
+                """,
+            subcommands: [Status.self, Start.self, Next.self, Resume.self, Abort.self],
+            defaultSubcommand: Status.self)
+
+        struct Status: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Show the release in force: its state, step, stores per version, failures, rate and time left.",
+                discussion: """
+                    --json prints one object (io.userstore.Admin.Release's reply): state (none, running, halted, \
+                    complete, aborted), step (percent), versions (schema version -> stores), failed (users), \
+                    failures (with errors), failureRatio, and more. Exit 1 when the release is halted.
+                    """)
+
+            @OptionGroup var connection: ConnectionOptions
+
+            func run() throws {
+                let status = try connection.client().call("io.userstore.Admin.Release", [:])
+                let output = connection.output
+                if output.json {
+                    output.jsonLine(.object(status))
+                } else {
+                    print(Self.render(status, output: output))
+                }
+                if status["state"]?.stringValue == "halted" { throw ExitCode(1) }
+            }
+
+            static func render(_ status: [String: JSONValue], output: Output) -> String {
+                func text(_ key: String) -> String { Output.cell(status[key]) }
+                func percent(_ value: JSONValue?) -> String {
+                    if case .real(let number)? = value { return RolloutPolicy.format(number) + "%" }
+                    return Output.cell(value) + "%"
+                }
+                let state = text("state")
+                let style: Output.Style = state == "halted" || state == "aborted" ? .red : state == "complete" ? .green : .yellow
+                var lines = ["release \(text("id"))   " + output.paint(state, style) + "   schema version \(text("baseVersion")) -> \(text("version"))"]
+                if status["staged"]?.boolValue == true {
+                    let steps = (status["steps"]?.arrayValue ?? []).map { percent($0) }.joined(separator: ", ")
+                    let canary = (status["canary"]?.arrayValue ?? []).compactMap(\.stringValue)
+                    lines.append("step \(percent(status["step"])) of \(steps)" + (canary.isEmpty ? "" : "   canary \(canary.joined(separator: ", "))")
+                                 + "   \(text("waitSeconds")) s per step   halts past \(percent(status["haltOn"].map { value in if case .real(let ratio) = value { .real(ratio * 100) } else { value } }))")
+                } else {
+                    lines.append("not staged: every store migrates on its next request")
+                }
+                let known = Int(status["knownStores"]?.integerValue ?? 0), atVersion = Int(status["storesAtVersion"]?.integerValue ?? 0)
+                var bar = ProgressBar()
+                bar.width = 30
+                lines.append("stores at version \(atVersion)/\(known)   reached by the step \(text("storesReached"))   "
+                             + String(bar.line(done: atVersion, total: known, failures: 0).prefix(bar.width + 2)))
+                let versions = (status["versions"]?.objectValue ?? [:]).sorted { (Int64($0.key) ?? 0) < (Int64($1.key) ?? 0) }
+                lines.append("stores per version: " + (versions.isEmpty ? "none known" : versions.map { "v\($0.key) \(Output.cell($0.value))" }.joined(separator: "   ")))
+                var timing = "rate \(text("ratePerSecond")) stores/s"
+                if let left = status["secondsLeft"]?.integerValue { timing += "   time left ~\(left) s" }
+                if let next = status["nextStepAt"]?.stringValue { timing += "   next step at \(next)" }
+                if let last = status["secondsToLastStep"]?.integerValue { timing += "   last step in \(last) s" }
+                lines.append(timing)
+                if let reason = status["haltReason"]?.stringValue { lines.append(output.paint("halted: \(reason)", .red)) }
+                let failures = status["failures"]?.arrayValue ?? []
+                if !failures.isEmpty {
+                    var ratio = text("failureRatio")
+                    if case .real(let value)? = status["failureRatio"] { ratio = RolloutPolicy.format((value * 1000).rounded() / 10) + "%" }
+                    lines.append(output.paint("\(failures.count) store\(failures.count == 1 ? "" : "s") failed (\(ratio) of the stores reached):", .red))
+                    for failure in failures.prefix(20) { lines.append("  \(Output.cell(failure["user"])): \(Output.cell(failure["error"]))") }
+                    if failures.count > 20 { lines.append("  ... and \(failures.count - 20) more (--json lists them all)") }
+                }
+                return lines.joined(separator: "\n")
+            }
+        }
+
+        struct Start: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Stage the release in force: canary users first, then the steps, halting by itself.",
+                discussion: """
+                    Replaces the release's rollout policy (the configuration's rollout.* or an earlier start) and \
+                    begins again at its first step: the canary users alone (a step of 0%) when --canary is given, \
+                    then each of --steps, each lasting --wait. Stores already migrated stay migrated. Also starts \
+                    a halted or aborted release again; refused when the release is complete or there is none.
+                    """)
+
+            @OptionGroup var connection: ConnectionOptions
+
+            @Option(help: "Users in the release from its first step, comma-separated.")
+            var canary: String?
+
+            @Option(help: "The steps in percent of users, ascending, the last 100% (e.g. 1%,10%,50%,100%).")
+            var steps: String
+
+            @Option(help: "How long each step lasts before the next (90s, 10m, 2h; default 10m).")
+            var wait: String = "10m"
+
+            @Option(name: .customLong("halt-on"), help: "Halt once this share of the stores a step reaches failed to migrate (default 1%).")
+            var haltOn: String = "1%"
+
+            func run() throws {
+                let stepValues: [Double]
+                do { stepValues = try RolloutPolicy.parseSteps(steps) } catch { throw ValidationError(error.description) }
+                guard let seconds = RolloutPolicy.parseDuration(wait) else { throw ValidationError("--wait: \"\(wait)\" is not a duration like 90s, 10m or 2h") }
+                guard let halt = RolloutPolicy.parsePercent(haltOn) else { throw ValidationError("--halt-on: \"\(haltOn)\" is not a percentage like 1%") }
+                let users = canary.map { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } } ?? []
+                do {
+                    _ = try RolloutPolicy(steps: stepValues, canary: users, waitSeconds: seconds, haltOn: halt / 100)
+                } catch {
+                    throw ValidationError(error.description)
+                }
+                let result = try connection.client().call("io.userstore.Admin.StartRelease", [
+                    "steps": .array(stepValues.map { .real($0) }), "canary": .array(users.map { .string($0) }),
+                    "waitSeconds": .integer(Int64(seconds)), "haltOn": .real(halt / 100),
+                ])
+                Release.printBrief(result, verb: "started", output: connection.output)
+            }
+        }
+
+        struct Next: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Move a running staged release to its next step now, without waiting.")
+
+            @OptionGroup var connection: ConnectionOptions
+
+            func run() throws {
+                Release.printBrief(try connection.client().call("io.userstore.Admin.AdvanceRelease", [:]), verb: "at", output: connection.output)
+            }
+        }
+
+        struct Resume: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Run a halted release again (after fixing what failed).",
+                discussion: """
+                    Its failures are forgotten: the stores whose migration failed are tried again on their next \
+                    request (or now with `migrate --all`), and the step's wait starts again. Fix the migration \
+                    file first and reload; where stores already applied the old file, accept its new checksum \
+                    (`accept-checksums`).
+                    """)
+
+            @OptionGroup var connection: ConnectionOptions
+
+            func run() throws {
+                Release.printBrief(try connection.client().call("io.userstore.Admin.ResumeRelease", [:]), verb: "resumed", output: connection.output)
+            }
+        }
+
+        struct Abort: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Roll the release back: every store returns to, and stays at, the version before it.",
+                discussion: """
+                    Refused, with nothing changed, when one of the release's migrations has no -- Down section \
+                    (the error lists them). Otherwise no store migrates to the release's versions from now on, \
+                    lazily or with migrate --all, until a new release starts (a reload with other versions, or \
+                    `release start`), and every store that has them is rolled back. Exit 1 if some store could \
+                    not be rolled back (listed).
+                    """)
+
+            @OptionGroup var connection: ConnectionOptions
+
+            func run() throws {
+                let result = try connection.client().call("io.userstore.Admin.AbortRelease", [:])
+                let failed = result["failed"]?.arrayValue ?? []
+                if connection.output.json {
+                    connection.output.jsonLine(.object(result))
+                } else {
+                    print("release \(Output.cell(result["id"])) aborted: \(Output.cell(result["rolledBack"])) stores rolled back")
+                    for store in failed { print("  \(Output.cell(store["user"])): \(Output.cell(store["error"]))") }
+                }
+                if !failed.isEmpty { throw ExitCode(1) }
+            }
+        }
+
+        static func printBrief(_ result: [String: JSONValue], verb: String, output: Output) {
+            if output.json { return output.jsonLine(.object(result)) }
+            var step = Output.cell(result["step"])
+            if case .real(let number)? = result["step"] { step = RolloutPolicy.format(number) }
+            print("release \(Output.cell(result["id"])) \(verb): \(Output.cell(result["state"])), step \(step)%")
+        }
+    }
+}
