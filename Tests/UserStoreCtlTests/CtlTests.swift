@@ -221,9 +221,11 @@ import Varlink
         let dropColumn = try fixture("drop", ["0001_a.sql": "CREATE TABLE a (x, y);", "0002_b.sql": "ALTER TABLE a DROP COLUMN y;"])
         let padding = try fixture("padding", ["9_a.sql": "CREATE TABLE a (x);", "10_b.sql": "CREATE TABLE b (x);"])
         let vacuum = try fixture("vacuum", ["0001_a.sql": "CREATE TABLE a (x);\nVACUUM;"])
+        let compatible = try fixture("compatible", ["0001_a.sql": "CREATE TABLE a (x);", "0002_b.sql": "-- Compatible\nALTER TABLE a RENAME TO b;"])
         let expectations: [(String, String)] = [
             (duplicate, "duplicate version 1"), (syntax, "0002_b.sql: error: Up statement 1"), (missingTable, "no such table: nowhere"),
             (dropColumn, "drops column y"), (padding, "do not sort in version order"), (vacuum, "VACUUM cannot run inside a transaction"),
+            (compatible, "marked '-- Compatible' but"),
         ]
         for (path, expected) in expectations {
             let result = try ctl(["migrations", "check", path])

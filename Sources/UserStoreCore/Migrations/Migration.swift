@@ -23,6 +23,9 @@ public struct Migration: Sendable, Equatable, Identifiable {
     /// The Up section has a plain INSERT: it only adds unless the store has a trigger or an
     /// `ON CONFLICT REPLACE` clause (checked on the store when deciding on a copy).
     public let insertsRows: Bool
+    /// Marked `-- Compatible`: an older daemon that does not know this migration may still serve
+    /// a store that has it (every Up statement is additive; ``CompatibleChange``).
+    public var compatible = false
 
     public var id: Int64 { version }
 

@@ -3,6 +3,7 @@
 /// File format (all parts optional except some SQL):
 /// ```sql
 /// -- userstore:app-version-below 2.0   (directive: run only on stores last opened by an app < 2.0)
+/// -- Compatible                         (older daemons may serve a store past it: additive only)
 /// -- Up
 /// CREATE TABLE notes (...);
 /// -- Down
@@ -31,6 +32,7 @@ public enum MigrationFileParser {
         var current: Section?
         var seen: Set<String> = []
         var appVersionBelow: AppVersion?
+        var compatible = false
 
         // Swift treats CRLF as one Character, so endings are unified before splitting lines.
         let lines = MigrationChecksum.unifyLineEndings(contents).split(separator: "\n", omittingEmptySubsequences: false)
@@ -43,6 +45,11 @@ public enum MigrationFileParser {
                     throw .repeatedSection(file: fileName, section: section.rawValue)
                 }
                 current = section
+                continue
+            }
+            if CompatibleChange.isMarker(line) {
+                compatible = true
+                directives.append("compatible") // in the checksum: adding or removing it is a change
                 continue
             }
             if let directive = directiveText(in: line) {
@@ -67,10 +74,19 @@ public enum MigrationFileParser {
         let down = seen.contains(Section.down.rawValue)
             ? try statements(of: downLines.joined(separator: "\n"), file: fileName, ignored: &ignored) : nil
 
-        return Migration(
+        if compatible {
+            for statement in up {
+                if let reason = CompatibleChange.problem(with: statement) {
+                    throw .notCompatible(file: fileName, statement: StatementPolicy.summary(of: statement), reason: reason)
+                }
+            }
+        }
+        var migration = Migration(
             version: version, name: name, fileName: fileName, up: up, down: down,
             checksum: MigrationChecksum.of(upSection: upText, directives: directives),
             appVersionBelow: appVersionBelow, ignoredStatements: ignored)
+        migration.compatible = compatible
+        return migration
     }
 
     /// The section a marker line opens, or nil when `line` is not a marker.

@@ -25,6 +25,8 @@ public enum MigrationProblem: Error, Equatable, Sendable, CustomStringConvertibl
     case incompleteStatement(file: String, text: String)
     /// An unknown or malformed `-- userstore:` directive.
     case badDirective(file: String, line: String, message: String)
+    /// A migration marked `-- Compatible` that changes more than it adds.
+    case notCompatible(file: String, statement: String, reason: String)
 
     /// The file this problem is about (the first, for duplicates).
     public var file: String {
@@ -32,7 +34,8 @@ public enum MigrationProblem: Error, Equatable, Sendable, CustomStringConvertibl
         case .unreadableDirectory(let path, _): return path
         case .malformedFileName(let file), .versionOutOfRange(let file), .unreadableFile(let file, _),
              .textBeforeFirstSection(let file), .repeatedSection(let file, _), .missingUp(let file),
-             .forbiddenStatement(let file, _, _), .incompleteStatement(let file, _), .badDirective(let file, _, _):
+             .forbiddenStatement(let file, _, _), .incompleteStatement(let file, _), .badDirective(let file, _, _),
+             .notCompatible(let file, _, _):
             return file
         case .duplicateVersion(_, let files): return files.first ?? ""
         }
@@ -63,6 +66,8 @@ public enum MigrationProblem: Error, Equatable, Sendable, CustomStringConvertibl
             return "\(file): statement is not terminated (missing ';' or unclosed quote, comment or trigger body): \(excerpt)"
         case .badDirective(let file, let line, let message):
             return "\(file): directive '\(line.trimmingWhitespace())': \(message)"
+        case .notCompatible(let file, let statement, let reason):
+            return "\(file): marked '-- Compatible' but '\(statement)' is not an additive change: \(reason)"
         }
     }
 }

@@ -27,6 +27,9 @@ public struct MigrationPlan: Sendable, Equatable {
     /// Pending versions a staged release holds back from this store for now (it is outside
     /// the current step's cohort, or the release is halted or aborted).
     public var heldVersions: [Int64] = []
+    /// Versions the store has that the loaded migrations do not know, every one marked
+    /// `-- Compatible`: the store is served as it is (a rolling deploy's older daemon).
+    public var aheadVersions: [Int64] = []
 
     /// Nothing to write at all.
     public var isEmpty: Bool { steps.isEmpty && !appVersionChanged && !isNewStore && !reconcile }

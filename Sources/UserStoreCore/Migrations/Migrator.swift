@@ -54,7 +54,7 @@ struct Migrator: Sendable {
     func plan(_ db: Database) throws -> MigrationPlan {
         let userVersion = try Bookkeeping.userVersion(db)
         if userVersion > migrations.latestVersion {
-            throw StoreError.storeTooNew(user: user, storeVersion: userVersion, knownVersion: migrations.latestVersion)
+            return try aheadPlan(db, userVersion: userVersion)
         }
         guard let info = try Bookkeeping.read(db) else {
             guard userVersion == 0 else {
@@ -90,6 +90,21 @@ struct Migrator: Sendable {
         plan.appliedVersions = applied
         plan.heldVersions = held
         plan.backup = try backupDecision(db, plan)
+        return plan
+    }
+
+    /// A store migrated past the migrations loaded here (by another host, or a newer build
+    /// during a rolling deploy): served as it is when every migration it is ahead by was marked
+    /// `-- Compatible` when applied; otherwise refused with `StoreTooNew`. Nothing is written to
+    /// it (its recorded app version stays the newer one).
+    private func aheadPlan(_ db: Database, userVersion: Int64) throws -> MigrationPlan {
+        let refusal = StoreError.storeTooNew(user: user, storeVersion: userVersion, knownVersion: migrations.latestVersion)
+        guard let info = try Bookkeeping.read(db), info.schemaVersion == userVersion else { throw refusal }
+        let ahead = try Bookkeeping.applied(above: migrations.latestVersion, db)
+        guard !ahead.isEmpty, ahead.allSatisfy(\.compatible) else { throw refusal }
+        var plan = MigrationPlan(isNewStore: false, fromVersion: userVersion, toVersion: userVersion, steps: [], skippedVersions: [],
+                                 appVersionChanged: false, recordedAppVersion: info.appVersion, reconcile: false)
+        plan.aheadVersions = ahead.map(\.version)
         return plan
     }
 

@@ -136,13 +136,34 @@ enum Bookkeeping {
         try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?)"), arguments: [version]) ?? false
     }
 
-    /// Records `migration` as applied.
+    /// Records `migration` as applied (and, for a `-- Compatible` one, that older daemons may
+    /// serve the store past it).
     static func recordApplied(_ db: Database, _ migration: Migration, durationMicroseconds: Int64, appVersion: AppVersion, skipped: Bool) throws {
         try db.cachedStatement(sql: """
             INSERT INTO schema_migrations (version, name, checksum, applied_at, duration_usec, app_version, skipped, down_sql)
             VALUES (?, ?, ?, \(now), ?, ?, ?, ?)
             """).execute(arguments: [migration.version, migration.name, migration.checksum, durationMicroseconds,
                              appVersion.text, skipped, migration.down?.joined(separator: "\n")])
+        if migration.compatible {
+            // The column exists only in stores that ever applied a compatible migration: older
+            // daemons read the table without it.
+            if try !hasCompatibleColumn(db) {
+                try db.execute(sql: "ALTER TABLE schema_migrations ADD COLUMN compatible INTEGER NOT NULL DEFAULT 0")
+            }
+            try db.execute(sql: "UPDATE schema_migrations SET compatible = 1 WHERE version = ?", arguments: [migration.version])
+        }
+    }
+
+    /// The applied versions above `version`, each with whether it was marked `-- Compatible`
+    /// when applied.
+    static func applied(above version: Int64, _ db: Database) throws -> [(version: Int64, compatible: Bool)] {
+        let compatible = try hasCompatibleColumn(db) ? "compatible" : "0"
+        return try Row.fetchAll(db, sql: "SELECT version, \(compatible) FROM schema_migrations WHERE version > ? ORDER BY version",
+                                arguments: [version]).map { ($0[0], $0[1]) }
+    }
+
+    private static func hasCompatibleColumn(_ db: Database) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM pragma_table_info('schema_migrations') WHERE name = 'compatible')") ?? false
     }
 
     /// Sets `user_version`, the row's schema version and fingerprint from `schema_migrations`

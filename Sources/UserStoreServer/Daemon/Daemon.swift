@@ -252,7 +252,7 @@ extension DaemonContext {
         }
         // The release first: from the moment the registry has the new migrations, the gate
         // must hold back the stores the new release does not reach yet.
-        try release.reloaded(migrations, policy: configuration.rollout)
+        release.reloaded(migrations, policy: configuration.rollout)
         registry.reload(migrations: migrations)
         let generation = registry.statistics.generation
         logger.notice("reloaded: \(migrations.migrations.count) migrations, latest version \(migrations.latestVersion)", metadata: [

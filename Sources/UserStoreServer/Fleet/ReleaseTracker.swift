@@ -21,6 +21,9 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     private let registry = Mutex<StoreRegistry?>(nil)
     /// Stores this release brought to its version since the daemon started (for the rate).
     private let migrated = Atomic<Int>(0)
+    /// The last change could not be written (a full disk): kept in memory, written again by
+    /// every tick until it is.
+    private let unsaved = Atomic<Bool>(false)
 
     /// Reads the release kept in `dataDirectory`; when `migrations` are not that release's, a
     /// new release of them starts (staged by `policy` when given). The first time a data
@@ -32,7 +35,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         self.logger = logger
         let (current, started) = try ReleaseFile.current(at: path, migrations: migrations, policy: policy, now: now)
         release = Mutex(current)
-        try ReleaseFile.write(current, to: path)
+        save(current)
         if started { logStarted(current) }
     }
 
@@ -60,7 +63,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
             let halted: Release? = release.withLock { release in
                 guard release.state == .running, release.newVersions.contains(version) else { return nil }
                 let halted = release.recordFailure(user, error: error.description, storesReached: storesReached(release))
-                try? persist(release)
+                save(release)
                 return halted ? release : nil
             }
             if let halted { self.halted(halted) }
@@ -70,7 +73,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
                 migrated.add(1, ordering: .relaxed)
                 if release.failures[user.rawValue] != nil {
                     release.recordSuccess(user)
-                    try? persist(release)
+                    save(release)
                 }
             }
         default:
@@ -81,11 +84,13 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     // MARK: Changes
 
     /// A reload loaded `migrations`: a new release when their versions differ from this one's.
-    func reloaded(_ migrations: MigrationSet, policy: RolloutPolicy?, now: Date = Date()) throws {
-        let started: Release? = try release.withLock { release in
+    /// A reload is not refused because the release cannot be written now (a full disk): it is
+    /// kept in memory and written once it can.
+    func reloaded(_ migrations: MigrationSet, policy: RolloutPolicy?, now: Date = Date()) {
+        let started: Release? = release.withLock { release in
             guard release.fingerprint != migrations.fingerprint else { return nil }
             let next = release.successor(versions: migrations.migrations.map(\.version), fingerprint: migrations.fingerprint, policy: policy, now: now)
-            try persist(next)
+            save(next)
             release = next
             return next
         }
@@ -133,13 +138,14 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     func tick(now: Date = Date()) {
         enum Change { case step(Release), complete(Release) }
         let change: Change? = release.withLock { release in
+            if unsaved.load(ordering: .relaxed) { save(release) }
             guard release.state == .running else { return nil }
             if (try? release.advance(now: now)) == true {
-                try? persist(release)
+                save(release)
                 return .step(release)
             }
             guard index.isComplete, release.completeIfDone(everyStoreAtVersion: everyStore(atLeast: release.latest)) else { return nil }
-            try? persist(release)
+            save(release)
             return .complete(release)
         }
         switch change {
@@ -156,11 +162,17 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     }
 
     /// Runs `body` on the release, persists it, and has the registry look at every store again.
+    /// An operator's change that cannot be written is refused (``ReleaseNotSaved``), nothing changed.
     private func change(_ body: (inout Release) throws -> Void) throws -> Release {
         let changed = try release.withLock { release in
             var next = release
             try body(&next)
-            try persist(next)
+            do {
+                try ReleaseFile.write(next, to: path)
+            } catch {
+                throw ReleaseNotSaved(path: path, problem: "\(error)")
+            }
+            unsaved.store(false, ordering: .relaxed)
             release = next
             return next
         }
@@ -233,8 +245,18 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
 
     // MARK: Persistence and the journal
 
-    private func persist(_ release: Release) throws {
-        try ReleaseFile.write(release, to: path)
+    /// Writes `release`; when it cannot be written, logs it once and leaves it to the next tick.
+    private func save(_ release: Release) {
+        do {
+            try ReleaseFile.write(release, to: path)
+            if unsaved.exchange(false, ordering: .relaxed) {
+                logger.notice("release \(release.id) written to \(path) again")
+            }
+        } catch {
+            if !unsaved.exchange(true, ordering: .relaxed) {
+                logger.error("release \(release.id) could not be written to \(path) (kept in memory, written again every second until it is): \(error)")
+            }
+        }
     }
 
     private func halted(_ release: Release) {
@@ -262,4 +284,11 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
             "event": "release-step", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
         ])
     }
+}
+
+/// An operator's change of the release could not be written: refused, nothing changed.
+struct ReleaseNotSaved: Error, CustomStringConvertible {
+    let path: String
+    let problem: String
+    var description: String { "the release could not be written to \(path), nothing changed: \(problem)" }
 }

@@ -85,6 +85,8 @@ struct ReleaseMethods {
     private static func mapped(_ body: () throws -> Release) throws -> Release {
         do {
             return try body()
+        } catch let error as ReleaseNotSaved {
+            throw VarlinkError("io.userstore.Admin.ReleaseNotSaved", ["message": .string(error.description)])
         } catch let error as ReleaseError {
             switch error {
             case .noRelease:
