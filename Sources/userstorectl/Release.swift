@@ -18,7 +18,7 @@ extension UserStoreCtlCommand {
                 halts by itself once the stores that failed to migrate pass --halt-on of the stores the \
                 step reaches. See docs/rollout.md.
                 """,
-            subcommands: [Status.self, Start.self, Next.self, Resume.self, Abort.self],
+            subcommands: [Status.self, Start.self, Next.self, Resume.self, Abort.self, Trial.self],
             defaultSubcommand: Status.self)
 
         struct Status: ParsableCommand {
@@ -179,6 +179,72 @@ extension UserStoreCtlCommand {
                     for store in failed { print("  \(Output.cell(store["user"])): \(Output.cell(store["error"]))") }
                 }
                 if !failed.isEmpty { throw ExitCode(1) }
+            }
+        }
+
+        struct Trial: ParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Run the loaded migrations on copies of stores: what the release will do to real data.",
+                discussion: """
+                    Copies each store (consistently, in the data directory's staging folder) and runs the \
+                    pending migrations on the copy: per store whether it succeeded, the error, the run's \
+                    duration and the copy's size before and after; then a summary with the predicted failure \
+                    ratio. Without USER, a random sample of --sample stores (default 100) among those behind \
+                    the latest version. Nothing live changes: a store is held only while it is copied, and \
+                    copies take no open-store slot. --json prints one line per store ({"user", "ok", "error", \
+                    "milliseconds", "bytesBefore", "bytesAfter", ...}) and a final {"summary": true, ...} line. \
+                    Exit 1 when a migration failed on some copy.
+                    """)
+
+            @OptionGroup var connection: ConnectionOptions
+
+            @Option(help: "How many stores to sample (default 100).")
+            var sample: Int?
+
+            @Option(help: "Copies at once (default 4).")
+            var parallel: Int?
+
+            @Argument(help: "Users whose stores to try (default: a sample).")
+            var users: [String] = []
+
+            func validate() throws {
+                if sample != nil && !users.isEmpty { throw ValidationError("give USER... or --sample, not both") }
+                if let sample, sample < 1 { throw ValidationError("--sample must be at least 1") }
+                if let parallel, !(1...64).contains(parallel) { throw ValidationError("--parallel must be between 1 and 64") }
+            }
+
+            func run() throws {
+                var parameters: [String: JSONValue] = [:]
+                if !users.isEmpty { parameters["users"] = .array(users.map { .string($0) }) }
+                if let sample { parameters["sample"] = .integer(Int64(sample)) }
+                if let parallel { parameters["parallel"] = .integer(Int64(parallel)) }
+                let output = connection.output
+                var summary: [String: JSONValue] = [:]
+                var bar = ProgressBar()
+                var done = 0, failures = 0
+                let total = users.isEmpty ? (sample ?? 100) : users.count
+                try connection.client().stream("io.userstore.Admin.TrialRelease", parameters) { reply in
+                    if reply["summary"] == .bool(true) { summary = reply }
+                    if output.json { return output.jsonLine(.object(reply)) }
+                    guard reply["user"] != nil else { return }
+                    done += 1
+                    if reply["ok"] != .bool(true) {
+                        failures += 1
+                        if output.interactive { FileHandle.standardOutput.write(Data("\r\u{1B}[K".utf8)) }
+                        print(output.paint("\(Output.cell(reply["user"])): failed: \(Output.cell(reply["error"]))", .red))
+                    }
+                    if output.interactive { bar.draw(done: done, total: max(done, total), failures: failures) }
+                }
+                if !output.json {
+                    if output.interactive && done > 0 { bar.finish() }
+                    var ratio = Output.cell(summary["predictedFailureRatio"])
+                    if case .real(let value)? = summary["predictedFailureRatio"] { ratio = RolloutPolicy.format((value * 1000).rounded() / 10) + "%" }
+                    print("trial on \(Output.cell(summary["stores"])) stores: \(Output.cell(summary["succeeded"])) ok, \(Output.cell(summary["failed"])) failed"
+                          + " (predicted failure ratio \(ratio)); migration p50 \(Output.cell(summary["millisecondsP50"])) ms,"
+                          + " p99 \(Output.cell(summary["millisecondsP99"])) ms, max \(Output.cell(summary["millisecondsMax"])) ms;"
+                          + " size \(Output.cell(summary["bytesBefore"])) -> \(Output.cell(summary["bytesAfter"])) bytes")
+                }
+                if (summary["failed"]?.integerValue ?? 0) > 0 { throw ExitCode(1) }
             }
         }
 

@@ -9,6 +9,10 @@ import Varlink
 /// failed stores at the version they have; resume and abort.
 @Suite(.serialized) struct RolloutTests {
     private func ctl(_ daemon: DaemonHarness, _ arguments: String...) throws -> (status: Int32, stdout: String, stderr: String) {
+        try ctl(daemon, arguments)
+    }
+
+    private func ctl(_ daemon: DaemonHarness, _ arguments: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
         try run([userstorectlPath] + arguments + ["--socket", daemon.socketPath])
     }
 
@@ -149,5 +153,55 @@ import Varlink
         // With the daemon stopped, a fleet run reads the release and holds the stores back too.
         let offline = try run([userstorectlPath, "migrate", "--all", "--offline", "--config", daemon.configPath])
         #expect(offline.status == 0 && offline.stdout.contains("4 held"), "\(offline.stdout)\(offline.stderr)")
+    }
+
+    @Test func aTrialRunsTheMigrationsOnCopiesAndLeavesEveryLiveStoreAsItWas() throws {
+        let metricsSocket = try TemporaryDirectory().path + "-metrics.sock"
+        let daemon = try DaemonHarness(migrations: ["0001_notes.sql": "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);"],
+                                       extraConfig: "maxOpenStores: 2\nmetrics:\n  listen: unix:\(metricsSocket)\n")
+        try daemon.start()
+        let client = try daemon.connect()
+        let users = (0..<6).map { "user-\($0)" }
+        for (index, user) in users.enumerated() {
+            for body in index % 3 == 0 ? ["dup", "dup"] : ["a", "b"] {
+                _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (body) VALUES (?)", "parameters": [.string(body)]])
+            }
+        }
+        try daemon.addMigration("0002_unique.sql", "CREATE UNIQUE INDEX notes_body ON notes (body);")
+        _ = try client.call("io.userstore.Admin.Reload")
+        let layout = StoreLayout(dataDirectory: daemon.dataDirectory)
+        func fileBytes(_ user: String) throws -> Data { try Data(contentsOf: URL(fileURLWithPath: layout.storePath(for: try UserID(user)))) }
+        // The two stores open now (the last ones written) and the four closed ones.
+        let closedBefore = try users.prefix(4).map(fileBytes)
+        let metrics = MetricsTests()
+        let opensBefore = try metrics.scrape(metricsSocket).value("userstore_store_opens_total", ["kind": "reopened"])
+
+        let trial = try ctl(daemon, ["release", "trial", "--json"] + users)
+        #expect(trial.status == 1, "\(trial.stdout)\(trial.stderr)")
+        let lines = try trial.stdout.split(separator: "\n").map { try JSONParser().parse(Array($0.utf8)).objectValue ?? [:] }
+        let perStore = lines.filter { $0["user"] != nil }
+        #expect(Set(perStore.compactMap { $0["user"]?.stringValue }) == Set(users))
+        for line in perStore {
+            let index = Int(line["user"]!.stringValue!.dropFirst(5))!
+            #expect(line["ok"] == .bool(index % 3 != 0), "\(line)")
+            #expect((line["bytesBefore"]?.integerValue ?? 0) > 0 && line["milliseconds"] != nil)
+            if index % 3 == 0 { #expect(line["error"]?.stringValue?.contains("UNIQUE") == true, "\(line)") }
+            else { #expect((line["bytesAfter"]?.integerValue ?? 0) > (line["bytesBefore"]?.integerValue ?? 0), "\(line)") }
+        }
+        let summary = try #require(lines.last)
+        #expect(summary["summary"] == true && summary["failed"] == 2 && summary["predictedFailureRatio"] == .real(2.0 / 6.0), "\(summary)")
+
+        // Nothing live changed: every store is still at version 1, the closed files are the same
+        // bytes, no store was opened for it, and the staging folder is empty.
+        #expect(try users.prefix(4).map(fileBytes) == closedBefore)
+        #expect(try metrics.scrape(metricsSocket).value("userstore_store_opens_total", ["kind": "reopened"]) == opensBefore)
+        #expect(try client.call("io.userstore.Admin.Status")["openStores"] == 2)
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: layout.stagingDirectory)) ?? []).isEmpty)
+        let sampled = try ctl(daemon, "release", "trial", "--sample", "3", "--json")
+        #expect(sampled.stdout.split(separator: "\n").count == 4, "\(sampled.stdout)")
+        // The release itself then runs as usual: user-1 migrates, user-0 fails.
+        #expect(try schemaVersion(client, "user-1") == 2)
+        #expect(throws: VarlinkError.self) { try client.call("io.userstore.Store.Open", ["user": "user-0"]) }
+        daemon.stop()
     }
 }

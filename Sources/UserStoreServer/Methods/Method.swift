@@ -44,6 +44,7 @@ package enum Method: String, CaseIterable, Sendable {
     case advanceRelease = "io.userstore.Admin.AdvanceRelease"
     case resumeRelease = "io.userstore.Admin.ResumeRelease"
     case abortRelease = "io.userstore.Admin.AbortRelease"
+    case trialRelease = "io.userstore.Admin.TrialRelease"
 
     // org.varlink.service
     case getInfo = "org.varlink.service.GetInfo"

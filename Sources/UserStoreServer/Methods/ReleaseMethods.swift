@@ -9,7 +9,7 @@ struct ReleaseMethods {
     let context: DaemonContext
     private var tracker: ReleaseTracker { context.release }
 
-    func handle(_ method: Method, _ parameters: CallParameters, send: ReplySink) async throws {
+    func handle(_ method: Method, _ parameters: CallParameters, more: Bool, send: ReplySink) async throws {
         switch method {
         case .release:
             // What the clock would do by now (a step whose wait is over, a release now complete)
@@ -25,6 +25,8 @@ struct ReleaseMethods {
             try await send(VarlinkReply.encode(Self.brief(try Self.mapped { try tracker.resume() })))
         case .abortRelease:
             try await send(VarlinkReply.encode(try await abort()))
+        case .trialRelease:
+            try await trial(parameters, more: more, send: send)
         default:
             throw VarlinkError.methodNotFound(method.rawValue)
         }
@@ -75,6 +77,71 @@ struct ReleaseMethods {
             }
         })
         return ["id": .string(aborted.id), "state": .string(aborted.state.rawValue), "rolledBack": .integer(Int64(rolledBack)), "failed": .array(failed)]
+    }
+
+    /// Runs the loaded migrations on copies of `users`, or of `sample` stores (default 100)
+    /// drawn at random among the known stores not at the latest version; one reply per store
+    /// (with `more`), then the summary.
+    private func trial(_ parameters: CallParameters, more: Bool, send: ReplySink) async throws {
+        var users: [UserID] = []
+        for user in try parameters.optionalStrings("users") ?? [] { users.append(try CallParameters.userID(user)) }
+        let sample = try parameters.optionalInt("sample")
+        guard users.isEmpty || sample == nil else { throw VarlinkError.invalidParameter("sample") }
+        if users.isEmpty {
+            let count = Int(sample ?? 100)
+            guard count >= 1 else { throw VarlinkError.invalidParameter("sample") }
+            await context.index.waitForScan()
+            let latest = context.registry.migrations.latestVersion
+            let behind = context.index.reading { entries in entries.filter { $0.value.version >= 0 && $0.value.version < latest }.map(\.key) }
+            users = Array(behind.shuffled().prefix(count))
+        }
+        let parallel = Int(try parameters.optionalInt("parallel") ?? Int64(min(4, context.configuration.fleetParallelism)))
+        guard (1...64).contains(parallel) else { throw VarlinkError.invalidParameter("parallel") }
+        let trial = context.registry.trial
+        var summary = TrialSummary()
+        try await FleetRunner.run(users, parallel: parallel, operation: { user in await trial.run(user) }, report: { _, outcome in
+            summary.add(outcome)
+            if more { try await send(VarlinkReply.encode(Self.fields(outcome), continues: true)) }
+        })
+        try await send(VarlinkReply.encode(summary.fields))
+    }
+
+    private static func fields(_ outcome: TrialOutcome) -> [String: JSONValue] {
+        var fields: [String: JSONValue] = [
+            "user": .string(outcome.user.rawValue), "ok": .bool(outcome.ok), "milliseconds": .real((outcome.milliseconds * 1000).rounded() / 1000),
+            "bytesBefore": .integer(outcome.bytesBefore), "bytesAfter": .integer(outcome.bytesAfter),
+            "fromVersion": .integer(outcome.fromVersion), "toVersion": .integer(outcome.toVersion), "applied": .array(outcome.applied.map { .integer($0) }),
+            "error": outcome.error.map { .string($0.description) } ?? .null,
+        ]
+        if let error = outcome.error { fields["errorName"] = .string(error.varlinkError.name) }
+        return fields
+    }
+
+    /// The trial's totals: the predicted failure ratio, the durations, the sizes.
+    private struct TrialSummary {
+        var stores = 0, failed = 0
+        var milliseconds: [Double] = []
+        var bytesBefore: Int64 = 0, bytesAfter: Int64 = 0
+
+        mutating func add(_ outcome: TrialOutcome) {
+            stores += 1
+            if !outcome.ok { failed += 1 }
+            milliseconds.append(outcome.milliseconds)
+            bytesBefore += outcome.bytesBefore
+            bytesAfter += outcome.bytesAfter
+        }
+
+        var fields: [String: JSONValue] {
+            let sorted = milliseconds.sorted()
+            func quantile(_ q: Double) -> Double { sorted.isEmpty ? 0 : sorted[min(sorted.count - 1, Int(Double(sorted.count) * q))] }
+            func rounded(_ value: Double) -> JSONValue { .real((value * 1000).rounded() / 1000) }
+            return [
+                "summary": .bool(true), "stores": .integer(Int64(stores)), "succeeded": .integer(Int64(stores - failed)), "failed": .integer(Int64(failed)),
+                "predictedFailureRatio": .real(stores == 0 ? 0 : Double(failed) / Double(stores)),
+                "millisecondsP50": rounded(quantile(0.5)), "millisecondsP99": rounded(quantile(0.99)), "millisecondsMax": rounded(sorted.last ?? 0),
+                "millisecondsTotal": rounded(sorted.reduce(0, +)), "bytesBefore": .integer(bytesBefore), "bytesAfter": .integer(bytesAfter),
+            ]
+        }
     }
 
     private static func brief(_ release: Release) -> [String: JSONValue] {
