@@ -48,7 +48,7 @@ public struct DaemonConfiguration: Sendable {
     public var replication: ReplicationSettings? = nil
     /// More than one host (`cluster.*`); nil: this host serves every user.
     public var cluster: ClusterSettings? = nil
-    /// How new releases reach the fleet (`rollout.*`, docs/rollout.md); nil: every store
+    /// How new releases reach the fleet (`rollout.*`, docs/releases.md); nil: every store
     /// migrates on its next request, as without releases.
     public var rollout: RolloutPolicy? = nil
 

@@ -40,6 +40,25 @@ public final class DaemonClient: Sendable {
         }
     }
 
+    /// Connects to the first of `candidates` that answers; the error names every one tried and
+    /// why it failed.
+    public static func connect(trying candidates: [String], searched: String? = nil) throws(CtlError) -> DaemonClient {
+        var reasons: [String] = searched.map { [$0] } ?? []
+        for path in candidates {
+            guard access(path, F_OK) == 0 else {
+                reasons.append("\(path): no such socket")
+                continue
+            }
+            do {
+                return try DaemonClient(socketPath: path)
+            } catch {
+                reasons.append(error.message.replacingOccurrences(of: "userstorectl: cannot reach userstored at ", with: ""))
+            }
+        }
+        throw CtlError(.unreachable, "userstorectl: cannot reach userstored; looked at:\n  " + reasons.joined(separator: "\n  ")
+                       + "\nstart it (systemctl start userstored, or scripts/run.sh in a checkout) or pass --socket PATH")
+    }
+
     deinit {
         let client = self.client
         Task(executorPreference: client.executor) { await client.shutdown() }

@@ -16,7 +16,7 @@ extension UserStoreCtlCommand {
                 user's cohort: the first 8 bytes of SHA-256 of the ID, big-endian, modulo 10,000, below \
                 the step's percentage times 100; the same on every host and in every run. The release \
                 halts by itself once the stores that failed to migrate pass --halt-on of the stores the \
-                step reaches. See docs/rollout.md.
+                step reaches. See docs/releases.md.
                 """,
             subcommands: [Status.self, Start.self, Next.self, Resume.self, Abort.self, Trial.self],
             defaultSubcommand: Status.self)

@@ -24,7 +24,7 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
         subcommands: [
             Status.self, List.self, Migrate.self, Plan.self, Verify.self, Rollback.self, Backup.self,
             Backups.self, Restore.self, Export.self, Import.self, Delete.self, Top.self,
-            SQL.self, AcceptChecksums.self, Migrations.self, Release.self, Replication.self, Cluster.self,
+            SQL.self, AcceptChecksums.self, Migrations.self, Release.self, Query.self, Replication.self, Cluster.self,
         ])
 
     /// Runs the CLI: usage errors exit 2 (not ArgumentParser's 64), as documented.
@@ -97,20 +97,28 @@ protocol DaemonlessCommand {}
 
 /// Options every command that talks to the daemon shares.
 struct ConnectionOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("The daemon's socket.", discussion: "Default: $USERSTORE_SOCKET, else /run/userstore/userstore.sock."))
+    @Option(help: ArgumentHelp("The daemon's socket.", discussion: """
+        Default: $USERSTORE_SOCKET; else a checkout's development daemon (.run/userstore.sock, \
+        looked for from the current directory and from this binary's folder upwards: what \
+        scripts/run.sh serves); else /run/userstore/userstore.sock.
+        """))
     var socket: String?
 
     @Flag(help: "Print JSON for scripts (one object per line for streamed output; stable field names).")
     var json = false
 
-    var socketPath: String {
-        socket ?? ProcessInfo.processInfo.environment["USERSTORE_SOCKET"] ?? DaemonClient.defaultSocket
+    /// The socket given (`--socket`, `$USERSTORE_SOCKET`), or nil: look for one.
+    var givenSocket: String? {
+        socket ?? ProcessInfo.processInfo.environment["USERSTORE_SOCKET"]
     }
 
     var output: Output { Output(json: json) }
 
     func client() throws(CtlError) -> DaemonClient {
-        try DaemonClient(socketPath: socketPath)
+        if let givenSocket { return try DaemonClient(socketPath: givenSocket) }
+        let candidates = SocketDiscovery.candidates()
+        // Only the installed daemon's socket: say where a checkout's was looked for too.
+        return try DaemonClient.connect(trying: candidates, searched: candidates.count == 1 ? SocketDiscovery.searched() : nil)
     }
 }
 

@@ -177,7 +177,7 @@ import Varlink
             "export": ["ann"], "import": ["ann", "/nonexistent/ann.sqlite"], "delete": ["ann", "--yes"], "top": [],
             "sql": ["ann", "SELECT 1"], "accept-checksums": ["ann"], "replication": [],
             "cluster status": [], "cluster move": ["1", "host-b"], "cluster drain": ["host-b"], "cluster rebalance": [],
-            "release status": [], "release start": ["--steps", "10%,100%"], "release next": [], "release resume": [], "release abort": [], "release trial": [],
+            "release status": [], "release start": ["--steps", "10%,100%"], "release next": [], "release resume": [], "release abort": [], "release trial": [], "query": ["--all", "SELECT 1"],
         ]
         let daemonless: [String: [String]] = ["migrations check": [repositoryRoot + "/config/migrations"]]
         let tree = try JSONParser().parse(try ctl(["--experimental-dump-help"]).stdout)
@@ -205,6 +205,23 @@ import Varlink
                 #expect(result.status == 3 && result.stderr.contains(socket), "userstorectl \((leading + command + arguments).joined(separator: " ")): exit \(result.status): \(result.stderr)")
             }
         }
+    }
+
+    @Test func aCheckoutsDevelopmentDaemonIsFoundWithoutAFlagAndTheErrorNamesWhereItLooked() throws {
+        let daemon = try DaemonHarness()
+        let checkout = daemon.directory.path + "/checkout"
+        try FileManager.default.createDirectory(atPath: checkout + "/.run", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: checkout + "/Sources/deep", withIntermediateDirectories: true)
+        try daemon.writeConfig(socketPath: checkout + "/.run/userstore.sock")
+        try daemon.start()
+        let command = ["/bin/sh", "-c", "cd \"$1\" && unset USERSTORE_SOCKET && exec \"$2\" status --json", "sh", checkout + "/Sources/deep", userstorectlPath]
+        let found = try run(command)
+        #expect(found.status == 0, "\(found.stderr)")
+        #expect(found.stdout.contains(daemon.dataDirectory), "\(found.stdout)")
+        daemon.stop()
+        let missing = try run(command)
+        #expect(missing.status == 3, "\(missing.stdout)\(missing.stderr)")
+        #expect(missing.stderr.contains(".run/userstore.sock in \(checkout)/Sources/deep") && missing.stderr.contains("/run/userstore/userstore.sock"), "\(missing.stderr)")
     }
 
     @Test func migrationsCheckCatchesProblemsAndPassesTheExample() throws {

@@ -4,7 +4,7 @@ import Testing
 import UserStoreCore
 import Varlink
 
-/// Staged releases through the real daemon and CLI (docs/rollout.md): only the current step's
+/// Staged releases through the real daemon and CLI (docs/releases.md): only the current step's
 /// cohort migrates, lazily and with `migrate --all`; a release halts by itself and serves its
 /// failed stores at the version they have; resume and abort.
 @Suite(.serialized) struct RolloutTests {

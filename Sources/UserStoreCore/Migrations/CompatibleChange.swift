@@ -1,5 +1,5 @@
 /// The `-- Compatible` marker: a migration that an older daemon, which does not know it, may
-/// serve a store past (mixed versions during a rolling deploy, docs/rollout.md). Only
+/// serve a store past (mixed versions during a rolling deploy, docs/releases.md). Only
 /// additive changes qualify — an older app version's reads and writes work unchanged on them:
 /// new tables, new columns (nullable or with a default: SQLite demands one of the two when
 /// adding a column), new indexes.

@@ -54,7 +54,7 @@ public struct StoreFleet: Sendable {
     }
 
     /// Whether `user`'s store is open (or being opened) now.
-    func isOpen(_ user: UserID) -> Bool {
+    public func isOpen(_ user: UserID) -> Bool {
         registry.state.withLock { $0.entries[user] != nil }
     }
 
@@ -96,7 +96,7 @@ public struct StoreFleet: Sendable {
     /// clients use out of the LRU (under load their requests would pay a reopen: the soak saw
     /// read p99 go from 1 to 20 ms during a fleet run), and every file SQLite opens looks
     /// through a process-wide list of the open ones (`unixOpen`), which grows with them.
-    func closeUnlessUsed(_ user: UserID) async {
+    public func closeUnlessUsed(_ user: UserID) async {
         let store: Store? = registry.state.withLock { state in
             guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
                   case .ready = state.entries.values[index].phase else { return nil }

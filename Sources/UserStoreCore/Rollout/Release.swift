@@ -3,7 +3,7 @@ import Foundation
 /// The migrations a reload (or a start-up) brought in, as one object that moves through the
 /// fleet: which versions it adds to the ones before it, how far it has reached, and what
 /// failed. A pure value: the daemon's release tracker persists it and carries out what its
-/// transitions decide (docs/rollout.md).
+/// transitions decide (docs/releases.md).
 ///
 /// Without a ``RolloutPolicy`` a release is not staged: every store migrates on its next
 /// request, as before releases existed, and the release is `complete` once every known store is

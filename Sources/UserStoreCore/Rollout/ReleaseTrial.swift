@@ -22,7 +22,7 @@ public struct TrialOutcome: Sendable {
 }
 
 /// Runs the loaded migrations on consistent copies of live stores, in the staging folder, to
-/// see what a release will do to real data before it touches any (docs/rollout.md). Nothing
+/// see what a release will do to real data before it touches any (docs/releases.md). Nothing
 /// live changes:
 /// - a store the registry has open is copied through its connection (held only for the copy);
 /// - any other store is copied through a private connection that holds the file for the copy

@@ -3,7 +3,7 @@ import Foundation
 /// How a release reaches the fleet in stages (`rollout:` in the configuration, or
 /// `userstorectl release start`): the canary users first, then cohorts of a growing share of
 /// users, each step held for `waitSeconds`, halted by itself once more than `haltOn` of the
-/// current cohort's stores failed to migrate (docs/rollout.md).
+/// current cohort's stores failed to migrate (docs/releases.md).
 public struct RolloutPolicy: Sendable, Equatable, Codable {
     /// The cohorts' sizes in percent of users, ascending, the last one 100.
     public var steps: [Double]

@@ -5,7 +5,7 @@ import UserStoreCore
 import UserStoreReplication
 import Varlink
 
-/// The release in force on this host (docs/rollout.md): which stores its current step lets
+/// The release in force on this host (docs/releases.md): which stores its current step lets
 /// migrate (the registry's ``MigrationGate``), what failed (it hears every migration as a
 /// ``StoreObserver``), when it halts, moves to its next step or completes. Kept in
 /// `<dataDirectory>/release.json`, written durably on every change, so that a restart

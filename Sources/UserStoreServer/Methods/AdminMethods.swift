@@ -45,6 +45,8 @@ struct AdminMethods {
             try await ReplicationMethods(context: context).handle(method, request, send: send)
         case .cluster, .moveBucket, .drainHost, .rebalance:
             try await ClusterMethods(context: context).handle(method, request, send: send)
+        case .queryStores:
+            try await QueryMethods(context: context).handle(request, parameters, more: call.more, send: send)
         case .release, .startRelease, .advanceRelease, .resumeRelease, .abortRelease, .trialRelease:
             try await ReleaseMethods(context: context).handle(method, parameters, more: call.more, send: send)
         case .open, .query, .execute, .batch, .begin, .commit, .rollback, .getInfo, .getInterfaceDescription:

@@ -45,6 +45,7 @@ package enum Method: String, CaseIterable, Sendable {
     case resumeRelease = "io.userstore.Admin.ResumeRelease"
     case abortRelease = "io.userstore.Admin.AbortRelease"
     case trialRelease = "io.userstore.Admin.TrialRelease"
+    case queryStores = "io.userstore.Admin.QueryStores"
 
     // org.varlink.service
     case getInfo = "org.varlink.service.GetInfo"

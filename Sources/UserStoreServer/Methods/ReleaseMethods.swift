@@ -4,7 +4,7 @@ import UserStoreProtocol
 import Varlink
 
 /// `io.userstore.Admin`'s release methods: the release in force, its staging, halt, resume
-/// and abort (docs/rollout.md). The decisions are ``Release``'s; ``ReleaseTracker`` keeps it.
+/// and abort (docs/releases.md). The decisions are ``Release``'s; ``ReleaseTracker`` keeps it.
 struct ReleaseMethods {
     let context: DaemonContext
     private var tracker: ReleaseTracker { context.release }

@@ -52,7 +52,7 @@ final class DaemonContext: Sendable {
     let cluster: DaemonCluster?
     /// Litestream as the daemon's child (`replication.startLitestream`).
     let litestream: LitestreamProcess?
-    /// The release in force and its staging (docs/rollout.md).
+    /// The release in force and its staging (docs/releases.md).
     let release: ReleaseTracker
 
     /// Graceful shutdown has begun: new calls get `ShuttingDown` (read on every request).
