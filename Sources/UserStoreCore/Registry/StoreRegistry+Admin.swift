@@ -47,6 +47,9 @@ extension StoreRegistry {
         let lease = try await acquire(user, access: .admin, mode: .migrate)
         defer { release(user) }
         if let report = lease.report { return report }
+        // Its migration failed just now, for this call: that is the outcome (a retry could be
+        // held back by a release the failure has just halted, and would read as "held").
+        if lease.preparedNow, let failure = lease.failure, case .migrationFailed = failure { throw failure }
         // A store whose last commits may not be on disk (a failed shared sync) or that SQLite
         // found corrupt: finding nothing to migrate would call it current.
         if let damage = lease.store.damaged { throw StoreError.storeDamaged(user: user, message: damage) }

@@ -135,6 +135,8 @@ public final class StoreRegistry: Sendable {
         let report: MigrationReport?
         /// Why the store is failed or refused (only admin access gets such a store).
         let failure: StoreError?
+        /// A preparation ran for this lease (the failure, if any, is from it, just now).
+        var preparedNow = false
     }
 
     /// What a lease does to the store first: bring it up to date (every request), or nothing
@@ -143,6 +145,7 @@ public final class StoreRegistry: Sendable {
 
     func acquire(_ user: UserID, access: Access, mode: LeaseMode) async throws(StoreError) -> Lease {
         var report: MigrationReport?
+        var preparedNow = false
         while true {
             // Asked again after every wait: the user's bucket may have started moving meanwhile.
             try placement?.admit(user)
@@ -156,10 +159,11 @@ public final class StoreRegistry: Sendable {
             }
             switch step {
             case .use(let store, let failure):
-                return Lease(store: store, report: report, failure: failure)
+                return Lease(store: store, report: report, failure: failure, preparedNow: preparedNow)
             case .wait(let task):
                 switch await task.value {
                 case .prepared(let outcome):
+                    preparedNow = true
                     // After a fleet run's job (below) the store is opened again with nothing
                     // left to apply: the job's report is the one that says what happened.
                     if let outcome, report == nil || outcome.migrated { report = outcome }

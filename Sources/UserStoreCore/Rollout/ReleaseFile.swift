@@ -19,7 +19,17 @@ public enum ReleaseFile {
 
     /// Writes `release` to `path` durably (``DurableFile/write(_:to:)``).
     public static func write(_ release: Release, to path: String) throws {
-        try DurableFile.write(String(decoding: try encoder.encode(release), as: UTF8.self), to: path)
+        try DurableFile.write(try encode(release), to: path)
+    }
+
+    /// `release` as the JSON text kept in the file (and in etcd, for a cluster).
+    public static func encode(_ release: Release) throws -> String {
+        String(decoding: try encoder.encode(release), as: UTF8.self)
+    }
+
+    /// A release from its JSON text.
+    public static func decode(_ bytes: [UInt8]) throws -> Release {
+        try decoder.decode(Release.self, from: Data(bytes))
     }
 
     /// The release in force for `migrations`: the one kept at `path`, or — when `migrations`'

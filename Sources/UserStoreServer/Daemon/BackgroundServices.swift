@@ -62,7 +62,7 @@ struct ReleaseClock: Service {
             } catch {
                 return
             }
-            release.tick()
+            await release.tick()
         }
     }
 }

@@ -63,18 +63,8 @@ public enum Daemon {
         }
 
         let index = FleetIndex()
-        // Before any store can migrate: the release decides which may.
-        let release: ReleaseTracker
-        do {
-            release = try ReleaseTracker(dataDirectory: layout.dataDirectory, migrations: migrations, policy: configuration.rollout, index: index, logger: logger)
-        } catch {
-            logger.critical("\(error)", metadata: ["event": "daemon-failed"])
-            printError("userstored: \(error)")
-            return .unavailable
-        }
         // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
         let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
-        let observer = ObserverFanOut(observers: [index, release, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
         var peerTLS: PeerTLS?
         if let tls = configuration.cluster?.tls {
             do {
@@ -86,6 +76,18 @@ public enum Daemon {
             }
         }
         let cluster = configuration.cluster.map { DaemonCluster(settings: $0, tls: peerTLS, logger: logger) }
+        // Before any store can migrate: the release decides which may (in a cluster, the one in etcd).
+        let release: ReleaseTracker
+        do {
+            release = try ReleaseTracker(dataDirectory: layout.dataDirectory, migrations: migrations, policy: configuration.rollout, index: index,
+                                         logger: logger, shared: cluster.map { SharedRelease(etcd: $0.etcd) })
+        } catch {
+            logger.critical("\(error)", metadata: ["event": "daemon-failed"])
+            printError("userstored: \(error)")
+            return .unavailable
+        }
+        if cluster != nil { release.publishLoaded(policy: configuration.rollout) }
+        let observer = ObserverFanOut(observers: [index, release, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
         var replicator: LitestreamReplicator?
         var litestream: LitestreamProcess?
         if let settings = configuration.replication {

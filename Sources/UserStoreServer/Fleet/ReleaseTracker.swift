@@ -11,14 +11,22 @@ import Varlink
 /// `<dataDirectory>/release.json`, written durably on every change, so that a restart
 /// resumes the release where it was instead of letting every store migrate.
 ///
+/// In a cluster the release lives in etcd (``SharedRelease``): every change is made there and
+/// adopted here, and every tick adopts what other hosts changed (ReleaseTracker+Cluster.swift).
+///
 /// Locking: its own mutex, inside which it reads the fleet index (never the other way round),
 /// and nothing of the registry's (the registry asks the gate under its own lock).
 final class ReleaseTracker: MigrationGate, StoreObserver {
-    private let release: Mutex<Release>
+    let release: Mutex<Release>
     private let path: String
     private let index: FleetIndex
-    private let logger: Logger
-    private let registry = Mutex<StoreRegistry?>(nil)
+    let logger: Logger
+    let registry = Mutex<StoreRegistry?>(nil)
+    /// The cluster's copy (cluster.*); nil: this host's alone.
+    let shared: SharedRelease?
+    /// The etcd revision of the cluster's release last adopted, and the changes of this host
+    /// still on their way there (while any is, a tick does not adopt an older record).
+    let sharedState = Mutex<(revision: Int64, pushing: Int)>((0, 0))
     /// Stores this release brought to its version since the daemon started (for the rate).
     private let migrated = Atomic<Int>(0)
     /// The last change could not be written (a full disk): kept in memory, written again by
@@ -29,10 +37,12 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// new release of them starts (staged by `policy` when given). The first time a data
     /// directory is served, its migrations are the baseline: nothing to roll out. Throws when
     /// the file exists but cannot be read or decoded, or cannot be written.
-    init(dataDirectory: String, migrations: MigrationSet, policy: RolloutPolicy?, index: FleetIndex, logger: Logger, now: Date = Date()) throws {
+    init(dataDirectory: String, migrations: MigrationSet, policy: RolloutPolicy?, index: FleetIndex, logger: Logger,
+         shared: SharedRelease? = nil, now: Date = Date()) throws {
         path = ReleaseFile.path(dataDirectory: dataDirectory)
         self.index = index
         self.logger = logger
+        self.shared = shared
         let (current, started) = try ReleaseFile.current(at: path, migrations: migrations, policy: policy, now: now)
         release = Mutex(current)
         save(current)
@@ -62,8 +72,10 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
             guard case .migrationFailed(_, let version, _, _, _, _) = error else { return }
             let halted: Release? = release.withLock { release in
                 guard release.state == .running, release.newVersions.contains(version) else { return nil }
-                let halted = release.recordFailure(user, error: error.description, storesReached: storesReached(release))
+                let reached = storesReached(release)
+                let halted = release.recordFailure(user, error: error.description, storesReached: reached)
                 save(release)
+                if shared != nil { push { _ = $0.recordFailure(user, error: error.description, storesReached: reached) } }
                 return halted ? release : nil
             }
             if let halted { self.halted(halted) }
@@ -74,6 +86,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
                 if release.failures[user.rawValue] != nil {
                     release.recordSuccess(user)
                     save(release)
+                    if shared != nil { push { $0.recordSuccess(user) } }
                 }
             }
         default:
@@ -94,29 +107,30 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
             release = next
             return next
         }
+        if shared != nil { publishLoaded(policy: policy) }
         guard let started else { return }
         registry.withLock { $0 }?.setServesFailedStores(started.servesFailedStores)
         logStarted(started)
     }
 
     /// `release start`: stages the release by `policy` from its first step.
-    func start(_ policy: RolloutPolicy, now: Date = Date()) throws -> Release {
-        let started = try change { try $0.start(policy, now: now) }
+    func start(_ policy: RolloutPolicy, now: Date = Date()) async throws -> Release {
+        let started = try await mutate { try $0.start(policy, now: now) }
         logStarted(started)
         return started
     }
 
     /// `release next`: the next step now.
-    func advance(now: Date = Date()) throws -> Release {
-        var moved = false
-        let release = try change { moved = try $0.advance(now: now, force: true) }
-        if moved { logStep(release) }
+    func advance(now: Date = Date()) async throws -> Release {
+        let before = snapshot.stageIndex
+        let release = try await mutate { _ = try $0.advance(now: now, force: true) }
+        if release.stageIndex != before { logStep(release) }
         return release
     }
 
     /// `release resume`: running again after a halt.
-    func resume(now: Date = Date()) throws -> Release {
-        let release = try change { try $0.resume(now: now) }
+    func resume(now: Date = Date()) async throws -> Release {
+        let release = try await mutate { try $0.resume(now: now) }
         logger.notice("release \(release.id) resumed at step \(RolloutPolicy.format(release.step))%", metadata: [
             "event": "release-resumed", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
         ])
@@ -125,8 +139,8 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
 
     /// `release abort`: refused (``ReleaseError/irreversible(_:)``) when one of `missingDown`
     /// exists; otherwise every store is held at the versions before the release from now on.
-    func abort(missingDown: [String]) throws -> Release {
-        let release = try change { try $0.abort(missingDown: missingDown) }
+    func abort(missingDown: [String]) async throws -> Release {
+        let release = try await mutate { try $0.abort(missingDown: missingDown) }
         logger.warning("release \(release.id) aborted: its migrations are rolled back, every store stays at version \(release.baseLatest)", metadata: [
             "event": "release-aborted", "release": .string(release.id), "base_version": .stringConvertible(release.baseLatest),
         ])
@@ -134,8 +148,12 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     }
 
     /// Moves to the next step when the current one has lasted its wait, and completes the
-    /// release once its last step is reached and every known store is at its version.
-    func tick(now: Date = Date()) {
+    /// release once its last step is reached and every known store is at its version. In a
+    /// cluster: adopts what other hosts changed, and moves the cluster's release to its next
+    /// step when due (whichever host is first); a cluster's release is not marked complete
+    /// (no host knows every store), which changes nothing: its last step reaches every user.
+    func tick(now: Date = Date()) async {
+        if shared != nil { return await tickInCluster(now: now) }
         enum Change { case step(Release), complete(Release) }
         let change: Change? = release.withLock { release in
             if unsaved.load(ordering: .relaxed) { save(release) }
@@ -159,6 +177,12 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         case nil:
             return
         }
+    }
+
+    /// Applies `body` to the release: to the cluster's (then adopted here) or to this host's.
+    func mutate(_ body: (inout Release) throws -> Void) async throws -> Release {
+        guard shared != nil else { return try change(body) }
+        return try await mutateInCluster(body)
     }
 
     /// Runs `body` on the release, persists it, and has the registry look at every store again.
@@ -246,7 +270,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     // MARK: Persistence and the journal
 
     /// Writes `release`; when it cannot be written, logs it once and leaves it to the next tick.
-    private func save(_ release: Release) {
+    func save(_ release: Release) {
         do {
             try ReleaseFile.write(release, to: path)
             if unsaved.exchange(false, ordering: .relaxed) {
@@ -259,7 +283,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         }
     }
 
-    private func halted(_ release: Release) {
+    func halted(_ release: Release) {
         logger.error("release \(release.id) halted: \(release.haltReason ?? "")", metadata: [
             "event": "release-halted", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
             "failed_users": .string(release.failures.keys.sorted().prefix(100).joined(separator: ",")),
@@ -267,7 +291,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         ])
     }
 
-    private func logStarted(_ release: Release) {
+    func logStarted(_ release: Release) {
         let staging = release.policy.map { policy in
             "staged: " + policy.stages.map { RolloutPolicy.format($0) + "%" }.joined(separator: ", ")
                 + (policy.canary.isEmpty ? "" : " (canary \(policy.canary.joined(separator: ", ")))")
@@ -279,7 +303,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         ])
     }
 
-    private func logStep(_ release: Release) {
+    func logStep(_ release: Release) {
         logger.notice("release \(release.id) moved to step \(RolloutPolicy.format(release.step))%", metadata: [
             "event": "release-step", "release": .string(release.id), "step_percent": .string(RolloutPolicy.format(release.step)),
         ])

@@ -14,15 +14,15 @@ struct ReleaseMethods {
         case .release:
             // What the clock would do by now (a step whose wait is over, a release now complete)
             // is done before it is reported, not up to a second later.
-            tracker.tick()
+            await tracker.tick()
             try await send(VarlinkReply.encode(tracker.status()))
         case .startRelease:
             let policy = try self.policy(parameters)
-            try await send(VarlinkReply.encode(Self.brief(try Self.mapped { try tracker.start(policy) })))
+            try await send(VarlinkReply.encode(Self.brief(try await Self.mapped { try await tracker.start(policy) })))
         case .advanceRelease:
-            try await send(VarlinkReply.encode(Self.brief(try Self.mapped { try tracker.advance() })))
+            try await send(VarlinkReply.encode(Self.brief(try await Self.mapped { try await tracker.advance() })))
         case .resumeRelease:
-            try await send(VarlinkReply.encode(Self.brief(try Self.mapped { try tracker.resume() })))
+            try await send(VarlinkReply.encode(Self.brief(try await Self.mapped { try await tracker.resume() })))
         case .abortRelease:
             try await send(VarlinkReply.encode(try await abort()))
         case .trialRelease:
@@ -54,7 +54,7 @@ struct ReleaseMethods {
             guard let migration = migrations.migration(version: version) else { return nil }
             return migration.down == nil ? migration.fileName : nil
         }
-        let aborted = try Self.mapped { try tracker.abort(missingDown: missingDown) }
+        let aborted = try await Self.mapped { try await tracker.abort(missingDown: missingDown) }
         let base = aborted.baseLatest
         let index = context.index
         let users = index.reading { entries in entries.filter { $0.value.version > base }.map(\.key) }
@@ -149,9 +149,9 @@ struct ReleaseMethods {
     }
 
     /// Runs `body`, turning a ``ReleaseError`` into its Varlink error.
-    private static func mapped(_ body: () throws -> Release) throws -> Release {
+    private static func mapped(_ body: () async throws -> Release) async throws -> Release {
         do {
-            return try body()
+            return try await body()
         } catch let error as ReleaseNotSaved {
             throw VarlinkError("io.userstore.Admin.ReleaseNotSaved", ["message": .string(error.description)])
         } catch let error as ReleaseError {

@@ -1,0 +1,36 @@
+import UserStoreCluster
+import UserStoreCore
+
+/// The release of a cluster, kept in etcd (`/us/v1/release`) so that every host applies the
+/// same release, step and cohort, and a halt on one host stops them all (docs/releases.md).
+struct SharedRelease: Sendable {
+    static let key = "/us/v1/release"
+    let etcd: EtcdClient
+
+    /// A change that kept losing the compare-and-swap to other hosts.
+    struct Contended: Error, CustomStringConvertible {
+        var description: String { "the cluster's release kept changing under this host (\(SharedRelease.key)); try again" }
+    }
+
+    /// The record and its `modRevision`; nil when there is none yet.
+    func read() async throws -> (release: Release, revision: Int64)? {
+        guard let current = try await etcd.get(Self.key) else { return nil }
+        return (try ReleaseFile.decode(current.value), current.modRevision)
+    }
+
+    /// Applies `transform` to the record as it is now (nil: none yet) and writes the result with
+    /// a compare-and-swap, reading and applying again when another host wrote first. A
+    /// transform that returns nil, or the record unchanged, writes nothing. Returns the record
+    /// now (nil: still none).
+    func update(_ transform: (Release?) throws -> Release?) async throws -> (release: Release, revision: Int64)? {
+        for _ in 0..<64 {
+            let current = try await read()
+            guard let next = try transform(current?.release) else { return current }
+            if let current, next == current.release { return current }
+            if let revision = try await etcd.swap(Self.key, expectedModRevision: current?.revision ?? 0, to: try ReleaseFile.encode(next)) {
+                return (next, revision)
+            }
+        }
+        throw Contended()
+    }
+}
