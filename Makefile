@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench ab-point soak churn fuzz asan tsan clean cluster-test fuzz-smoke
+.PHONY: deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke
 
 deps:
 	@bash scripts/install-deps.sh
@@ -43,6 +43,15 @@ ab-point:
 	rm -rf .build/ab/$(OLD) && git worktree add -f .build/ab/$(OLD) $(OLD)
 	cd .build/ab/$(OLD) && swift build -c release --static-swift-stdlib --product userstored
 	bash scripts/ab-point.sh .build/ab/$(OLD)/.build/release/userstored "$$(swift build -c release --show-bin-path)/userstored"
+
+## The cost of a staged release on the request path: the same userstored with no release, and
+## with a staged release in force (a migration loaded, step 50%: half the stores held back at
+## their version), alternating, on the same data (scripts/ab-point.sh; docs/performance.md).
+ab-release:
+	swift build -c release --static-swift-stdlib --product userstored
+	NEW_MIGRATION="CREATE TABLE release_marker (x INTEGER);" \
+	NEW_CONFIG="$$(printf 'rollout:\n  steps: [50%%, 100%%]\n  wait: 1d\n')" \
+	bash scripts/ab-point.sh "$$(swift build -c release --show-bin-path)/userstored" "$$(swift build -c release --show-bin-path)/userstored"
 
 ## The cluster harness, full length (scripts/test.sh runs a short one): 3 etcd members, 3
 ## daemons on 127.0.0.2-4, ~300 users, six faults, the history checker (docs/cluster.md).

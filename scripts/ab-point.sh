@@ -7,7 +7,10 @@
 #
 # Usage: bash scripts/ab-point.sh OLD_USERSTORED NEW_USERSTORED
 #   (make ab-point OLD=<rev> builds <rev> in a worktree and runs this against the current tree)
-# Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2).
+# Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2); for the new side only,
+#   NEW_CONFIG (YAML appended to its configuration) and NEW_MIGRATION (SQL of a migration 0002
+#   it loads): e.g. a staged release in force against none (`make ab-release`).
+# Each side runs on its own copy of the same data.
 set -euo pipefail
 old=$1 new=$2
 users=${USERS:-100} seconds=${SECONDS_PER_RUN:-5} rounds=${ROUNDS:-2}
@@ -27,8 +30,8 @@ logTarget: stderr
 maxOpenStores: 1024
 EOF
 
-start() { # binary
-    "$1" --config "$work/userstored.yaml" 2>/dev/null & echo $! > "$work/pid"
+start() { # binary [configuration]
+    "$1" --config "${2:-$work/userstored.yaml}" 2>/dev/null & echo $! > "$work/pid"
     # Set-up, not a test: wait until the socket answers.
     for _ in $(seq 600); do
         python3 -c "import socket; s=socket.socket(socket.AF_UNIX); s.connect('$work/userstore.sock')" 2>/dev/null && return 0
@@ -52,11 +55,19 @@ for file in $(find "$work/data/stores" -name '*.sqlite'); do
     sqlite3 "$file" "INSERT INTO kv (id, value) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000) SELECT x, 'value ' || x FROM c;"
 done
 
+# The new side's copy: its own data, migrations and configuration.
+cp -a "$work/data" "$work/data-new"
+cp -a "$work/migrations" "$work/migrations-new"
+if [ -n "${NEW_MIGRATION:-}" ]; then echo "$NEW_MIGRATION" > "$work/migrations-new/0002_new.sql"; fi
+sed -e "s|$work/data|$work/data-new|; s|$work/migrations|$work/migrations-new|" "$work/userstored.yaml" > "$work/userstored-new.yaml"
+if [ -n "${NEW_CONFIG:-}" ]; then echo "$NEW_CONFIG" >> "$work/userstored-new.yaml"; fi
+
 results="$work/results"
 for round in $(seq "$rounds"); do
     for side in old new; do
-        binary=$old; [ "$side" = new ] && binary=$new
-        start "$binary"
+        binary=$old; config=$work/userstored.yaml
+        [ "$side" = new ] && binary=$new && config=$work/userstored-new.yaml
+        start "$binary" "$config"
         "$load" --socket "$work/userstore.sock" --connections 8 --threads 2 --seconds 2 --users "$users" >/dev/null # warm
         for clients in 1 8 64; do run "$side $clients-connections" --connections "$clients" >> "$results"; done
         run "$side 8x16-batches" --connections 8 --pipeline 16 --batch 1 >> "$results"
