@@ -71,8 +71,7 @@ public struct ProgressBar {
     /// The line for `done` of `total` with `failures`.
     public func line(done: Int, total: Int, failures: Int) -> String {
         let fraction = total == 0 ? 1 : Double(done) / Double(total)
-        let filled = Int(fraction * Double(width))
-        let bar = String(repeating: "=", count: filled) + (filled < width ? ">" : "") + String(repeating: " ", count: max(0, width - filled - 1))
+        let bar = Self.bar(fraction: fraction, width: width)
         let elapsed = ContinuousClock.now - started
         let seconds = elapsed.inSeconds
         let rate = seconds > 0 ? Double(done) / seconds : 0
@@ -85,6 +84,12 @@ public struct ProgressBar {
         guard ContinuousClock.now - lastDraw >= .milliseconds(100) || done == total else { return }
         lastDraw = .now
         FileHandle.standardOutput.write(Data(("\r" + line(done: done, total: total, failures: failures) + "\u{1B}[K").utf8))
+    }
+
+    /// `=====>     ` for `fraction` (0–1) of `width` characters.
+    public static func bar(fraction: Double, width: Int) -> String {
+        let filled = Int(fraction * Double(width))
+        return String(repeating: "=", count: filled) + (filled < width ? ">" : "") + String(repeating: " ", count: max(0, width - filled - 1))
     }
 
     /// Ends the bar's line.

@@ -49,6 +49,10 @@ extension UserStoreCtlCommand {
                     if case .real(let number)? = value { return RolloutPolicy.format(number) + "%" }
                     return Output.cell(value) + "%"
                 }
+                func ratio(_ key: String) -> String {
+                    if case .real(let value)? = status[key] { return RolloutPolicy.percent(ratio: value) }
+                    return text(key)
+                }
                 let state = text("state")
                 let style: Output.Style = state == "halted" || state == "aborted" ? .red : state == "complete" ? .green : .yellow
                 var lines = ["release \(text("id"))   " + output.paint(state, style) + "   schema version \(text("baseVersion")) -> \(text("version"))"]
@@ -56,15 +60,13 @@ extension UserStoreCtlCommand {
                     let steps = (status["steps"]?.arrayValue ?? []).map { percent($0) }.joined(separator: ", ")
                     let canary = (status["canary"]?.arrayValue ?? []).compactMap(\.stringValue)
                     lines.append("step \(percent(status["step"])) of \(steps)" + (canary.isEmpty ? "" : "   canary \(canary.joined(separator: ", "))")
-                                 + "   \(text("waitSeconds")) s per step   halts past \(percent(status["haltOn"].map { value in if case .real(let ratio) = value { .real(ratio * 100) } else { value } }))")
+                                 + "   \(text("waitSeconds")) s per step   halts past \(ratio("haltOn"))")
                 } else {
                     lines.append("not staged: every store migrates on its next request")
                 }
                 let known = Int(status["knownStores"]?.integerValue ?? 0), atVersion = Int(status["storesAtVersion"]?.integerValue ?? 0)
-                var bar = ProgressBar()
-                bar.width = 30
                 lines.append("stores at version \(atVersion)/\(known)   reached by the step \(text("storesReached"))   "
-                             + String(bar.line(done: atVersion, total: known, failures: 0).prefix(bar.width + 2)))
+                             + "[" + ProgressBar.bar(fraction: known == 0 ? 1 : Double(atVersion) / Double(known), width: 30) + "]")
                 let versions = (status["versions"]?.objectValue ?? [:]).sorted { (Int64($0.key) ?? 0) < (Int64($1.key) ?? 0) }
                 lines.append("stores per version: " + (versions.isEmpty ? "none known" : versions.map { "v\($0.key) \(Output.cell($0.value))" }.joined(separator: "   ")))
                 var timing = "rate \(text("ratePerSecond")) stores/s"
@@ -75,9 +77,7 @@ extension UserStoreCtlCommand {
                 if let reason = status["haltReason"]?.stringValue { lines.append(output.paint("halted: \(reason)", .red)) }
                 let failures = status["failures"]?.arrayValue ?? []
                 if !failures.isEmpty {
-                    var ratio = text("failureRatio")
-                    if case .real(let value)? = status["failureRatio"] { ratio = RolloutPolicy.format((value * 1000).rounded() / 10) + "%" }
-                    lines.append(output.paint("\(failures.count) store\(failures.count == 1 ? "" : "s") failed (\(ratio) of the stores reached):", .red))
+                    lines.append(output.paint("\(failures.count) store\(failures.count == 1 ? "" : "s") failed (\(ratio("failureRatio")) of the stores reached):", .red))
                     for failure in failures.prefix(20) { lines.append("  \(Output.cell(failure["user"])): \(Output.cell(failure["error"]))") }
                     if failures.count > 20 { lines.append("  ... and \(failures.count - 20) more (--json lists them all)") }
                 }
@@ -115,14 +115,15 @@ extension UserStoreCtlCommand {
                 guard let seconds = RolloutPolicy.parseDuration(wait) else { throw ValidationError("--wait: \"\(wait)\" is not a duration like 90s, 10m or 2h") }
                 guard let halt = RolloutPolicy.parsePercent(haltOn) else { throw ValidationError("--halt-on: \"\(haltOn)\" is not a percentage like 1%") }
                 let users = canary.map { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } } ?? []
+                let policy: RolloutPolicy
                 do {
-                    _ = try RolloutPolicy(steps: stepValues, canary: users, waitSeconds: seconds, haltOn: halt / 100)
+                    policy = try RolloutPolicy(steps: stepValues, canary: users, waitSeconds: seconds, haltOn: halt / 100)
                 } catch {
                     throw ValidationError(error.description)
                 }
                 let result = try connection.client().call("io.userstore.Admin.StartRelease", [
-                    "steps": .array(stepValues.map { .real($0) }), "canary": .array(users.map { .string($0) }),
-                    "waitSeconds": .integer(Int64(seconds)), "haltOn": .real(halt / 100),
+                    "steps": .array(policy.steps.map { .real($0) }), "canary": .array(policy.canary.map { .string($0) }),
+                    "waitSeconds": .integer(Int64(policy.waitSeconds)), "haltOn": .real(policy.haltOn),
                 ])
                 Release.printBrief(result, verb: "started", output: connection.output)
             }
@@ -238,7 +239,7 @@ extension UserStoreCtlCommand {
                 if !output.json {
                     if output.interactive && done > 0 { bar.finish() }
                     var ratio = Output.cell(summary["predictedFailureRatio"])
-                    if case .real(let value)? = summary["predictedFailureRatio"] { ratio = RolloutPolicy.format((value * 1000).rounded() / 10) + "%" }
+                    if case .real(let value)? = summary["predictedFailureRatio"] { ratio = RolloutPolicy.percent(ratio: value) }
                     print("trial on \(Output.cell(summary["stores"])) stores: \(Output.cell(summary["succeeded"])) ok, \(Output.cell(summary["failed"])) failed"
                           + " (predicted failure ratio \(ratio)); migration p50 \(Output.cell(summary["millisecondsP50"])) ms,"
                           + " p99 \(Output.cell(summary["millisecondsP99"])) ms, max \(Output.cell(summary["millisecondsMax"])) ms;"

@@ -25,7 +25,8 @@ import Varlink
         return Set(names.compactMap { $0.hasPrefix("e") ? Int64($0.dropFirst()) : nil }).sorted()
     }
 
-    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS) throws -> DaemonHarness {
+    /// A daemon of the cluster `host` on `port`; `extraConfig`: more YAML (a rollout policy, say).
+    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, extraConfig: String = "") throws -> DaemonHarness {
         let daemon = try DaemonHarness(extraConfig: """
             replication:
               replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
@@ -36,6 +37,7 @@ import Varlink
               address: 127.0.0.1:\(port)
               leaseSeconds: 3
               forward: false
+            \(extraConfig)
             """)
         daemon.environment = store.environment
         return daemon

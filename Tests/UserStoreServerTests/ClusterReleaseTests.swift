@@ -8,24 +8,10 @@ import Varlink
 /// A release across three hosts (docs/releases.md): one release in etcd, the same on every
 /// host; a halt on the host whose stores failed stops the rollout on all of them.
 @Suite(.serialized) struct ClusterReleaseTests {
+    /// The cluster's daemon with a rollout policy: one step, halting past 1%.
     static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS) throws -> DaemonHarness {
-        let daemon = try DaemonHarness(extraConfig: """
-            replication:
-              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
-              litestream: \(litestreamPath)
-            cluster:
-              host: \(host)
-              etcd: [\(etcd.endpoints.joined(separator: ", "))]
-              address: 127.0.0.1:\(port)
-              leaseSeconds: 3
-              forward: false
-            rollout:
-              steps: [100%]
-              haltOn: 1%
-              wait: 1h
-            """)
-        daemon.environment = store.environment
-        return daemon
+        try ClusterDaemonTests.daemon(host, port: port, etcd: etcd, store: store,
+                                      extraConfig: "rollout:\n  steps: [100%]\n  haltOn: 1%\n  wait: 1h")
     }
 
     private func release(_ daemon: DaemonHarness) throws -> [String: JSONValue] {

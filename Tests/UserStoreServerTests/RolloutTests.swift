@@ -22,6 +22,18 @@ import Varlink
         return object.objectValue ?? [:]
     }
 
+    /// Two notes per user — the same body for the users whose index `failing` picks, different
+    /// ones for the rest — then a release whose unique index on the body fails on the former only.
+    private func loadUniqueBodyRelease(_ daemon: DaemonHarness, _ client: VarlinkConnection, users: [String], failing: (Int) -> Bool) throws {
+        for (index, user) in users.enumerated() {
+            for body in failing(index) ? ["dup", "dup"] : ["a", "b"] {
+                _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (body) VALUES (?)", "parameters": [.string(body)]])
+            }
+        }
+        try daemon.addMigration("0002_unique.sql", "CREATE UNIQUE INDEX notes_body ON notes (body);")
+        _ = try client.call("io.userstore.Admin.Reload")
+    }
+
     private func schemaVersion(_ client: VarlinkConnection, _ user: String) throws -> Int64? {
         try client.call("io.userstore.Store.Open", ["user": .string(user)])["schemaVersion"]?.integerValue
     }
@@ -82,13 +94,7 @@ import Varlink
         let client = try daemon.connect()
         let users = (0..<20).map { "user-\($0)" }
         // Every fourth user has a duplicate body: a unique index fails on their data only.
-        for (index, user) in users.enumerated() {
-            for body in index % 4 == 0 ? ["dup", "dup"] : ["a", "b"] {
-                _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (body) VALUES (?)", "parameters": [.string(body)]])
-            }
-        }
-        try daemon.addMigration("0002_unique.sql", "CREATE UNIQUE INDEX notes_body ON notes (body);")
-        _ = try client.call("io.userstore.Admin.Reload")
+        try loadUniqueBodyRelease(daemon, client, users: users, failing: { $0 % 4 == 0 })
         let migrate = try ctl(daemon, "migrate", "--all", "--parallel", "1")
         #expect(migrate.status == 1, "\(migrate.stdout)\(migrate.stderr)")
         var release = try status(daemon)
@@ -164,13 +170,7 @@ import Varlink
         try daemon.start()
         let client = try daemon.connect()
         let users = (0..<6).map { "user-\($0)" }
-        for (index, user) in users.enumerated() {
-            for body in index % 3 == 0 ? ["dup", "dup"] : ["a", "b"] {
-                _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (body) VALUES (?)", "parameters": [.string(body)]])
-            }
-        }
-        try daemon.addMigration("0002_unique.sql", "CREATE UNIQUE INDEX notes_body ON notes (body);")
-        _ = try client.call("io.userstore.Admin.Reload")
+        try loadUniqueBodyRelease(daemon, client, users: users, failing: { $0 % 3 == 0 })
         let layout = StoreLayout(dataDirectory: daemon.dataDirectory)
         func fileBytes(_ user: String) throws -> Data { try Data(contentsOf: URL(fileURLWithPath: layout.storePath(for: try UserID(user)))) }
         // The two stores open now (the last ones written) and the four closed ones.

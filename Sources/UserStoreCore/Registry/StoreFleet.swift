@@ -37,14 +37,12 @@ public struct StoreFleet: Sendable {
                 let state: FleetOutcome.State = !current ? .planned : plan.heldVersions.isEmpty ? .current : .held
                 return FleetOutcome(user: user, state: state, fromVersion: plan.fromVersion, toVersion: plan.toVersion)
             }
-            let wasOpen = isOpen(user)
             let report: MigrationReport
             if let migrated = try await migrateUnopened(user) {
                 report = migrated
             } else {
                 // Open already (a request holds it, or there was no room for one more).
-                report = try await registry.migrate(user)
-                if !wasOpen { await closeUnlessUsed(user) }
+                report = try await closingAfter(user) { try await registry.migrate(user) }
             }
             let state: FleetOutcome.State = report.migrated ? .migrated : report.heldVersions.isEmpty ? .current : .held
             return FleetOutcome(user: user, state: state, fromVersion: report.fromVersion, toVersion: report.toVersion)
@@ -53,8 +51,19 @@ public struct StoreFleet: Sendable {
         }
     }
 
+    /// Runs `body` on `user`'s store, then closes the store again if it was not open before (and
+    /// nobody uses it now; a store left failed stays open): a fleet-wide operation must not push
+    /// the stores clients use out of the LRU (``closeUnlessUsed(_:)``).
+    public func closingAfter<T>(_ user: UserID, _ body: () async throws -> T) async throws -> T {
+        let wasOpen = isOpen(user)
+        let result: Result<T, any Error>
+        do { result = .success(try await body()) } catch { result = .failure(error) }
+        if !wasOpen { await closeUnlessUsed(user) }
+        return try result.get()
+    }
+
     /// Whether `user`'s store is open (or being opened) now.
-    public func isOpen(_ user: UserID) -> Bool {
+    func isOpen(_ user: UserID) -> Bool {
         registry.state.withLock { $0.entries[user] != nil }
     }
 
@@ -96,7 +105,7 @@ public struct StoreFleet: Sendable {
     /// clients use out of the LRU (under load their requests would pay a reopen: the soak saw
     /// read p99 go from 1 to 20 ms during a fleet run), and every file SQLite opens looks
     /// through a process-wide list of the open ones (`unixOpen`), which grows with them.
-    public func closeUnlessUsed(_ user: UserID) async {
+    func closeUnlessUsed(_ user: UserID) async {
         let store: Store? = registry.state.withLock { state in
             guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
                   case .ready = state.entries.values[index].phase else { return nil }

@@ -108,7 +108,7 @@ public struct Release: Sendable, Equatable, Codable {
         guard ratio > policy.haltOn else { return false }
         state = .halted
         haltReason = "\(failures.count) of \(max(1, storesReached)) stores of the \(RolloutPolicy.format(step))% step failed to migrate "
-            + "(\(RolloutPolicy.format((ratio * 1000).rounded() / 10))% > haltOn \(RolloutPolicy.format(policy.haltOn * 100))%)"
+            + "(\(RolloutPolicy.percent(ratio: ratio)) > haltOn \(RolloutPolicy.percent(ratio: policy.haltOn)))"
         return true
     }
 

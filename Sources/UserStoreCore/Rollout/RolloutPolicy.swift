@@ -33,7 +33,7 @@ public struct RolloutPolicy: Sendable, Equatable, Codable {
             do { _ = try UserID(user) } catch { throw .init("canary: \(error)") }
         }
         guard waitSeconds >= 0 else { throw .init("wait: must not be negative") }
-        guard (0...1).contains(haltOn) else { throw .init("haltOn: must be between 0% and 100% (got \(Self.format(haltOn * 100))%)") }
+        guard (0...1).contains(haltOn) else { throw .init("haltOn: must be between 0% and 100% (got \(Self.percent(ratio: haltOn)))") }
         self.steps = steps
         self.canary = canary
         self.waitSeconds = waitSeconds
@@ -78,6 +78,11 @@ public struct RolloutPolicy: Sendable, Equatable, Codable {
     /// `10`, `0.5` (no trailing `.0`).
     public static func format(_ percent: Double) -> String {
         percent == percent.rounded() ? String(Int64(percent)) : String(percent)
+    }
+
+    /// A ratio (0–1) as a percentage to two decimals: 0.0625 → `6.25%`, 0.01 → `1%`.
+    public static func percent(ratio: Double) -> String {
+        format((ratio * 10_000).rounded() / 100) + "%"
     }
 }
 

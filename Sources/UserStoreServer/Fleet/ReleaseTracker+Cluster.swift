@@ -96,13 +96,8 @@ extension ReleaseTracker {
             return previous
         }
         guard let previous, previous != release else { return }
-        let gateChanged = previous.id != release.id || previous.state != release.state || previous.stageIndex != release.stageIndex
-            || previous.policy != release.policy
-        if let registry = registry.withLock({ $0 }) {
-            registry.setServesFailedStores(release.servesFailedStores)
-            if gateChanged { registry.reconsiderStores() }
-        }
-        if gateChanged {
+        carryOut(from: previous, to: release)
+        if previous.state != release.state || previous.stageIndex != release.stageIndex || previous.id != release.id {
             logger.notice("release \(release.id) is \(release.state.rawValue) at step \(RolloutPolicy.format(release.step))% (the cluster's release)")
         }
     }

@@ -43,9 +43,11 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         self.index = index
         self.logger = logger
         self.shared = shared
+        let kept = FileManager.default.fileExists(atPath: path)
         let (current, started) = try ReleaseFile.current(at: path, migrations: migrations, policy: policy, now: now)
         release = Mutex(current)
-        save(current)
+        // Written only when it changed: a restart on the same migrations costs no fsync.
+        if started || !kept { save(current) }
         if started { logStarted(current) }
     }
 
@@ -100,16 +102,16 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// A reload is not refused because the release cannot be written now (a full disk): it is
     /// kept in memory and written once it can.
     func reloaded(_ migrations: MigrationSet, policy: RolloutPolicy?, now: Date = Date()) {
-        let started: Release? = release.withLock { release in
+        let change: (Release, Release)? = release.withLock { release in
             guard release.fingerprint != migrations.fingerprint else { return nil }
-            let next = release.successor(versions: migrations.migrations.map(\.version), fingerprint: migrations.fingerprint, policy: policy, now: now)
-            save(next)
-            release = next
-            return next
+            let previous = release
+            release = release.successor(versions: migrations.migrations.map(\.version), fingerprint: migrations.fingerprint, policy: policy, now: now)
+            save(release)
+            return (previous, release)
         }
         if shared != nil { publishLoaded(policy: policy) }
-        guard let started else { return }
-        registry.withLock { $0 }?.setServesFailedStores(started.servesFailedStores)
+        guard let (previous, started) = change else { return }
+        carryOut(from: previous, to: started)
         logStarted(started)
     }
 
@@ -154,21 +156,22 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// (no host knows every store), which changes nothing: its last step reaches every user.
     func tick(now: Date = Date()) async {
         if shared != nil { return await tickInCluster(now: now) }
-        enum Change { case step(Release), complete(Release) }
+        enum Change { case step(from: Release, to: Release), complete(Release) }
         let change: Change? = release.withLock { release in
             if unsaved.load(ordering: .relaxed) { save(release) }
             guard release.state == .running else { return nil }
+            let previous = release
             if (try? release.advance(now: now)) == true {
                 save(release)
-                return .step(release)
+                return .step(from: previous, to: release)
             }
             guard index.isComplete, release.completeIfDone(everyStoreAtVersion: everyStore(atLeast: release.latest)) else { return nil }
             save(release)
             return .complete(release)
         }
         switch change {
-        case .step(let release):
-            registry.withLock { $0 }?.reconsiderStores()
+        case .step(let previous, let release):
+            carryOut(from: previous, to: release)
             logStep(release)
         case .complete(let release):
             logger.notice("release \(release.id) complete: every store is at version \(release.latest)", metadata: [
@@ -188,7 +191,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// Runs `body` on the release, persists it, and has the registry look at every store again.
     /// An operator's change that cannot be written is refused (``ReleaseNotSaved``), nothing changed.
     private func change(_ body: (inout Release) throws -> Void) throws -> Release {
-        let changed = try release.withLock { release in
+        let (previous, changed) = try release.withLock { release in
             var next = release
             try body(&next)
             do {
@@ -197,14 +200,23 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
                 throw ReleaseNotSaved(path: path, problem: "\(error)")
             }
             unsaved.store(false, ordering: .relaxed)
-            release = next
-            return next
+            defer { release = next }
+            return (release, next)
         }
-        if let registry = registry.withLock({ $0 }) {
-            registry.setServesFailedStores(changed.servesFailedStores)
+        carryOut(from: previous, to: changed)
+        return changed
+    }
+
+    /// Carries a change of the release out on the registry: whether failed stores are served,
+    /// and — when what the gate allows changed — every open store looked at again on its next
+    /// use (stores whose migration failed are retried then).
+    func carryOut(from previous: Release, to release: Release) {
+        guard let registry = registry.withLock({ $0 }) else { return }
+        registry.setServesFailedStores(release.servesFailedStores)
+        if previous.id != release.id || previous.state != release.state || previous.stageIndex != release.stageIndex
+            || previous.policy != release.policy {
             registry.reconsiderStores()
         }
-        return changed
     }
 
     // MARK: Counting
@@ -219,6 +231,11 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     }
 
     // MARK: Status
+
+    /// The failure ratio of the current step (failures over the known stores it reaches).
+    func failureRatio(of release: Release) -> Double {
+        release.failureRatio(storesReached: storesReached(release))
+    }
 
     /// `Admin.Release`'s reply.
     func status(now: Date = Date()) -> [String: JSONValue] {
@@ -295,7 +312,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         let staging = release.policy.map { policy in
             "staged: " + policy.stages.map { RolloutPolicy.format($0) + "%" }.joined(separator: ", ")
                 + (policy.canary.isEmpty ? "" : " (canary \(policy.canary.joined(separator: ", ")))")
-                + ", \(policy.waitSeconds) s per step, halts past \(RolloutPolicy.format(policy.haltOn * 100))% failed"
+                + ", \(policy.waitSeconds) s per step, halts past \(RolloutPolicy.percent(ratio: policy.haltOn)) failed"
         } ?? "not staged: every store migrates on its next request"
         logger.notice("release \(release.id) started: versions \(release.newVersions.map(String.init).joined(separator: ", ")) over version \(release.baseLatest), \(staging)", metadata: [
             "event": "release-started", "release": .string(release.id), "base_version": .stringConvertible(release.baseLatest),

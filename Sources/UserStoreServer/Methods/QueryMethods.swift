@@ -24,21 +24,19 @@ struct QueryMethods {
         let registry = context.registry, perStore = limits
         var done = 0, failures = 0, rows = 0
         try await FleetRunner.run(users, parallel: parallel, operation: { user -> Result<[UInt8], VarlinkError> in
-            let wasOpen = registry.fleet.isOpen(user)
-            defer { if !wasOpen { Task { await registry.fleet.closeUnlessUsed(user) } } }
             do {
-                return .success(try await registry.withExistingStore(user) { store in
-                    try await store.read { db in
-                        var writer = JSONWriter(capacity: 256)
-                        let runner = SQLRunner(store: store, limits: perStore)
-                        try message.withView { view throws(VarlinkError) in
-                            try runner.run(db.sqliteConnection!, view, statement, output: .rows, into: &writer)
+                return .success(try await registry.fleet.closingAfter(user) {
+                    try await registry.withExistingStore(user) { store in
+                        try await store.read { db in
+                            var writer = JSONWriter(capacity: 256)
+                            let runner = SQLRunner(store: store, limits: perStore)
+                            try message.withView { view throws(VarlinkError) in
+                                try runner.run(db.sqliteConnection!, view, statement, output: .rows, into: &writer)
+                            }
+                            return writer.bytes
                         }
-                        return writer.bytes
                     }
                 })
-            } catch let error as VarlinkError {
-                return .failure(error)
             } catch {
                 return .failure(Errors.from(error))
             }

@@ -63,7 +63,8 @@ struct ReleaseMethods {
         let registry = context.registry
         try await FleetRunner.run(users, parallel: context.configuration.fleetParallelism, operation: { user -> Result<Int64, StoreError> in
             do {
-                let (_, version) = try await registry.rollback(user, to: base)
+                // Stores the abort opened are closed again (a fleet run's rule).
+                let (_, version) = try await registry.fleet.closingAfter(user) { try await registry.rollback(user, to: base) }
                 index.update(user, version: version, failure: nil)
                 return .success(version)
             } catch {

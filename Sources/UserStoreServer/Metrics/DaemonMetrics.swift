@@ -314,12 +314,12 @@ final class DaemonMetrics: StoreObserver, Sendable {
         gauges["fleet.done"]?.set(fleet?.done ?? 0)
         gauges["fleet.failed"]?.set(fleet?.failures ?? 0)
         gauges["fleet.total"]?.set(fleet?.total ?? 0)
-        let release = context.release.status()
-        if case .real(let step)? = release["step"] { gauges["release.step"]?.set(step) }
-        gauges["release.failed"]?.set(release["failed"]?.arrayValue?.count ?? 0)
-        if case .real(let ratio)? = release["failureRatio"] { gauges["release.ratio"]?.set(ratio) }
+        let release = context.release.snapshot
+        gauges["release.step"]?.set(release.step)
+        gauges["release.failed"]?.set(release.failures.count)
+        gauges["release.ratio"]?.set(context.release.failureRatio(of: release))
         for state in Release.State.allCases {
-            gauges["release." + state.rawValue]?.set(release["state"]?.stringValue == state.rawValue ? 1 : 0)
+            gauges["release." + state.rawValue]?.set(release.state == state ? 1 : 0)
         }
         let process = ProcessStatistics.read()
         gauges["rss"]?.set(process.residentBytes)
