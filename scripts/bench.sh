@@ -26,4 +26,6 @@ cc -O2 -Wall -pthread -o "$bin/userstore-load" bench/userstore-load.c
 cc -O2 -Wall -pthread -o "$bin/userstore-floor" bench/userstore-floor.c
 # What SQLite alone allows a fleet migration (scenario 4), also C: bench/userstore-fleet-floor.c.
 cc -O2 -Wall -pthread -o "$bin/userstore-fleet-floor" bench/userstore-fleet-floor.c -lsqlite3
+# What SQLite alone allows a point query on the same files (scenario 1): bench/userstore-sqlite-floor.c.
+cc -O2 -Wall -pthread -o "$bin/userstore-sqlite-floor" bench/userstore-sqlite-floor.c -lsqlite3
 exec "$bin/userstore-bench" --repository "$PWD" "$@"

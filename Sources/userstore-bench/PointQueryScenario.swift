@@ -115,6 +115,16 @@ struct PointQueryScenario: Scenario {
         record(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × batches of 16 (as pgbench's pipeline mode)",
                            value: batched.throughput, unit: "req/s", p50: batched.p50, p99: batched.p99,
                            note: "daemon CPU \(format(batchCPU)) µs/request" + errors(batched.errors)))
+        // The same batches against the constant-reply server: the kernel's and the client's part.
+        var batchFloor: Double?
+        if let floor {
+            let limit = load.run(socket: floor.socket, connections: 8, pipeline: 16, seconds: seconds, extra: ["--batch", "1"], workload)
+            batchFloor = limit.throughput
+            record(Measurement(scenario: scenario, subject: "constant-reply server (bench/userstore-floor.c), C client, 8 connections × batches of 16",
+                               value: limit.throughput, unit: "req/s", p50: limit.p50, p99: limit.p99,
+                               note: String(format: "the machine's floor for batches: userstored reaches %.2f of it", batched.throughput / max(limit.throughput, 1))
+                                   + "; client CPU \(format(limit.clientCPU)) µs/request" + errors(limit.errors)))
+        }
 
         // Pipelined as a sliding window: 16 calls in flight on each of 8 connections, each slot
         // refilled as its reply arrives (what many concurrent UserStoreClient calls produce).
@@ -128,8 +138,10 @@ struct PointQueryScenario: Scenario {
         }
         record(Measurement(scenario: scenario, subject: "userstored, C client, 8 connections × 16 pipelined (sliding window)",
                            value: pipelined.throughput, unit: "req/s", p50: pipelined.p50, p99: pipelined.p99, note: note))
+        var pipelineQueries: Double?
         if let postgres {
             let queries = postgres.pipelined(clients: 8, seconds: Int(seconds.rounded(.up)))
+            pipelineQueries = queries
             let ratio = batched.throughput / max(queries, 1)
             record(Measurement(scenario: scenario, subject: "PostgreSQL 15 pgbench pipeline mode, 8 clients × 16 queries",
                                value: queries, unit: "queries/s",
@@ -141,6 +153,9 @@ struct PointQueryScenario: Scenario {
         }
 
         env.stop(daemon)
+        if let pipelineQueries, let batchFloor {
+            sqliteAlone(scenario: scenario, users: fleet.users, data: fleet.data, batchFloor: batchFloor, postgres: pipelineQueries, userCount: userCount)
+        }
 
         // In-process GRDB on the same files: what SQLite itself costs (no socket, no JSON).
         guard userCount == (quick ? 100 : 1000) else { return }
@@ -160,5 +175,34 @@ struct PointQueryScenario: Scenario {
                                note: "what SQLite itself costs: no socket, no JSON"))
         }
         for queue in queues { try? queue.close() }
+    }
+
+    /// SQLite alone on the files userstored just served (bench/userstore-sqlite-floor.c: the
+    /// point query from C, two threads, no socket, no JSON), and with it the most any server
+    /// that runs one SQLite query per request on these files could reach here in batches: each
+    /// request costs at least SQLite's CPU plus the kernel's and the client's (the constant-reply
+    /// server's batches), on the same two cores.
+    private func sqliteAlone(scenario: String, users: [String], data: String, batchFloor: Double, postgres: Double, userCount: Int) {
+        let binary = env.binaries + "/userstore-sqlite-floor", list = env.root + "/sqlite-floor-\(userCount)"
+        guard FileManager.default.isExecutableFile(atPath: binary) else { return }
+        let layout = StoreLayout(dataDirectory: data)
+        let paths = users.compactMap { try? layout.storePath(for: UserID($0)) }
+        guard (try? paths.joined(separator: "\n").write(toFile: list, atomically: true, encoding: .utf8)) != nil else { return }
+        let (status, output) = shell("'\(binary)' --files '\(list)' --threads 2 --seconds \(seconds)")
+        guard status == 0, let line = output.split(separator: "\n").last,
+              let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+              let alone = (object["throughput"] as? NSNumber)?.doubleValue, alone > 0 else {
+            log("userstore-sqlite-floor failed (\(status)): \(output)")
+            return
+        }
+        let cpu = (object["cpu_us"] as? NSNumber)?.doubleValue ?? 0
+        record(Measurement(scenario: scenario, subject: "SQLite alone: the point query from C on the same files, 2 threads (bench/userstore-sqlite-floor.c)",
+                           value: alone, unit: "queries/s",
+                           note: "\(format(cpu)) µs of CPU per query; " + String(format: "%.2f× pgbench's pipeline mode", alone / max(postgres, 1))))
+        let bound = 1 / (1 / alone + 1 / batchFloor)
+        let wanted = userCount <= 100 ? 1.3 : 1.2
+        record(Measurement(scenario: scenario, subject: "the most a server running one SQLite query per request could reach in batches here (SQLite alone + the batch floor)",
+                           value: bound, unit: "req/s",
+                           note: String(format: "%.2f× pgbench's pipeline mode; the target asks %.1f×", bound / max(postgres, 1), wanted)))
     }
 }
