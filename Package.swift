@@ -35,6 +35,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 "CSQLiteSettings",
                 "CSyncFS",
+                "Varlink",
             ]
         ),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.

@@ -30,4 +30,15 @@ static inline int userstore_limit_malloc_arenas(int count) {
     return mallopt(M_ARENA_MAX, count);
 }
 
+/// SQLite's pre-update hook (the change stream's recorder, UserStoreCore/Changes). Debian's
+/// libsqlite3 is built with SQLITE_ENABLE_PREUPDATE_HOOK, but sqlite3.h declares these only
+/// when the including code defines that macro too, and GRDB's module includes the header
+/// first; declared here under names of our own bound to SQLite's symbols (asm labels).
+void *userstore_preupdate_hook(sqlite3 *db,
+                               void (*callback)(void *context, sqlite3 *db, int operation, char const *schema,
+                                                char const *table, sqlite3_int64 old_rowid, sqlite3_int64 new_rowid),
+                               void *context) __asm__("sqlite3_preupdate_hook");
+int userstore_preupdate_new(sqlite3 *db, int column, sqlite3_value **value) __asm__("sqlite3_preupdate_new");
+int userstore_preupdate_count(sqlite3 *db) __asm__("sqlite3_preupdate_count");
+
 #endif

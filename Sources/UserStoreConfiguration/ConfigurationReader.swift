@@ -62,6 +62,11 @@ extension ConfigurationLoader {
             limits.requestReadSeconds = try int(.limitsRequestReadSeconds, minimum: 1) ?? limits.requestReadSeconds
             limits.idleConnectionSeconds = try int(.limitsIdleConnectionSeconds, minimum: 1) ?? limits.idleConnectionSeconds
             limits.maxConnectionsPerUser = try int(.limitsMaxConnectionsPerUser, minimum: 1) ?? limits.maxConnectionsPerUser
+            limits.watchMaxBufferedBytes = try int(.watchMaxBufferedBytes, minimum: 4096) ?? limits.watchMaxBufferedBytes
+            var watch: ChangeRetention? = ChangeRetention()
+            watch?.keepChanges = try int(.watchKeepChanges, minimum: 1) ?? ChangeRetention().keepChanges
+            watch?.keepSeconds = try int(.watchKeepSeconds, minimum: 1) ?? ChangeRetention().keepSeconds
+            if try bool(.watchEnabled) != true { watch = nil }
 
             var socketMode: UInt32 = 0o660
             if let mode = try string(.socketMode) {
@@ -87,7 +92,7 @@ extension ConfigurationLoader {
             guard let logTarget = DaemonConfiguration.LogTarget(rawValue: logTargetText) else {
                 throw error(.logTarget, "must be auto, journal or stderr (got \"\(logTargetText)\")")
             }
-            return DaemonConfiguration(
+            var configuration = DaemonConfiguration(
                 appVersion: appVersion,
                 dataDirectory: dataDirectory,
                 socketPath: try path(.socketPath, default: "/run/userstore/userstore.sock"),
@@ -102,6 +107,8 @@ extension ConfigurationLoader {
                 fleetParallelism: try int(.fleetParallelism, minimum: 1, maximum: 256) ?? DaemonConfiguration.defaultFleetParallelism,
                 sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica),
                 rollout: try rolloutPolicy())
+            configuration.watch = watch
+            return configuration
         }
 
         /// `rollout.*`: nil (releases are not staged) without `rollout.steps`.

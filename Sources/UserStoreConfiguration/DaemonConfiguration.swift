@@ -51,6 +51,9 @@ public struct DaemonConfiguration: Sendable {
     /// How new releases reach the fleet (`rollout.*`, docs/releases.md); nil: every store
     /// migrates on its next request, as without releases.
     public var rollout: RolloutPolicy? = nil
+    /// What stores keep of their committed changes for watchers (`watch.*`, docs/watch.md); nil:
+    /// the change stream is off (`watch.enabled: false`, the default for now: docs/watch.md).
+    public var watch: ChangeRetention? = nil
 
     /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
     /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.
@@ -61,8 +64,10 @@ public struct DaemonConfiguration: Sendable {
     /// The registry configuration these settings imply.
     public var registryConfiguration: RegistryConfiguration {
         // Only open stores are registered with Litestream, so its limit bounds the open stores.
-        RegistryConfiguration(layout: StoreLayout(dataDirectory: dataDirectory), appVersion: appVersion,
+        var configuration = RegistryConfiguration(layout: StoreLayout(dataDirectory: dataDirectory), appVersion: appVersion,
                               maxOpenStores: min(maxOpenStores, replication?.maxRegisteredStores ?? maxOpenStores), idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
+        configuration.changeRetention = watch
+        return configuration
     }
 }
 
@@ -172,6 +177,9 @@ public struct RequestLimits: Sendable, Equatable {
     public var idleConnectionSeconds: Int = 3_600
     /// Most concurrent connections of one Unix user (`limits.maxConnectionsPerUser`).
     public var maxConnectionsPerUser: Int = 512
+    /// A watcher whose unsent changes pass this many bytes is dropped with `WatchTooSlow`
+    /// (`watch.maxBufferedBytes`).
+    public var watchMaxBufferedBytes: Int = 8 << 20
 
     public init() {}
 }

@@ -130,6 +130,11 @@ public final class VarlinkConnection {
         }
     }
 
+    /// Hangs up now (a client that goes away in the middle of a call).
+    public func hangUp() {
+        shutdown(descriptor, Int32(SHUT_RDWR))
+    }
+
     /// Sets a receive timeout (0: none), so a test never hangs on a silent daemon.
     public func setReceiveTimeout(seconds: Int) {
         var timeout = timeval(tv_sec: seconds, tv_usec: 0)

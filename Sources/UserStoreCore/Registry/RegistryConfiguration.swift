@@ -12,6 +12,9 @@ public struct RegistryConfiguration: Sendable {
     public var policy: MigrationPolicy
     /// How long a statement waits for a lock held by another process.
     public var busyTimeoutSeconds: Double
+    /// Whether stores record their committed changes for watchers, and how much they keep
+    /// (nil: no change stream, the default; `watch.enabled`).
+    public var changeRetention: ChangeRetention? = nil
 
     public init(layout: StoreLayout, appVersion: AppVersion, maxOpenStores: Int = 1024,
                 idleTimeout: Duration = .seconds(300), policy: MigrationPolicy = MigrationPolicy(),

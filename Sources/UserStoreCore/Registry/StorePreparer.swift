@@ -56,6 +56,7 @@ struct StorePreparer: Sendable {
                 let migration = Result { () throws -> MigrationReport? in
                     try store.writeBlocking { db in
                         var report = try migrator.migrate(db, created: created)
+                        if !created { store.migrated(report) }
                         if let copied {
                             try Bookkeeping.stampCreation(db)
                             report.fromVersion = 0

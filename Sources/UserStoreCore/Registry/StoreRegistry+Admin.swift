@@ -55,7 +55,8 @@ extension StoreRegistry {
         if let damage = lease.store.damaged { throw StoreError.storeDamaged(user: user, message: damage) }
         let migrator = preparer.makeMigrator(user, migrations: migrations)
         do {
-            let report = try await lease.store.write { db in try migrator.migrate(db, created: false) }
+            let store = lease.store
+            let report = try await store.write { db in store.migrated(try migrator.migrate(db, created: false)) }
             setPhase(user, ready: true)
             return report
         } catch {

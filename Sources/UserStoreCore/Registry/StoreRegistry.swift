@@ -56,6 +56,7 @@ public final class StoreRegistry: Sendable {
         self.lock = lock
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
         opener.sharedFiles = replication != nil
+        opener.changeRetention = configuration.changeRetention
         preparer = StorePreparer(configuration: configuration, opener: opener, observer: observer, replication: replication,
                                  fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory), gate: gate)
         self.state = Mutex(RegistryState(migrations: migrations, rules: .init(
@@ -228,7 +229,7 @@ public final class StoreRegistry: Sendable {
             if let existing {
                 store = existing
                 do {
-                    migration = .success(try await existing.write { db in try migrator.migrate(db, created: false) })
+                    migration = .success(try await existing.write { db in existing.migrated(try migrator.migrate(db, created: false)) })
                 } catch {
                     migration = .failure(error)
                 }

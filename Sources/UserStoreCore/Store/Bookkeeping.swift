@@ -10,7 +10,7 @@ import GRDBSQLite
 /// - `PRAGMA user_version`: equal to `app_version.schema_version`.
 enum Bookkeeping {
     /// The tables the daemon owns (lower-case); clients may read them, never change them.
-    static let tables: Set<String> = ["app_version", "schema_migrations"]
+    static let tables: Set<String> = ["app_version", "schema_migrations", "userstore_watch", "userstore_changes"]
     /// Tables Litestream creates in every store it replicates; not the app's schema.
     static let replicatorPrefix = "_litestream_"
 

@@ -73,9 +73,12 @@ public final class Store: Sendable {
     /// The WAL hook of a replicated store (a registry with a ``StoreReplication``): which commits
     /// the replicator has yet to sync, and whether the store checkpoints itself.
     public let wal: WALHook
+    /// Records committed changes for the store's watchers (nil: the change stream is off).
+    public let recorder: ChangeRecorder?
 
-    init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard, wal: WALHook = WALHook()) {
+    init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard, wal: WALHook = WALHook(), recorder: ChangeRecorder? = nil) {
         self.wal = wal
+        self.recorder = recorder
         self.connection = queue.inDatabase { $0.sqliteConnection! }
         self.user = user
         self.path = path
@@ -110,7 +113,11 @@ public final class Store: Sendable {
                 return schedule.waiting.remove(at: index)
             }
             guard let next else { return }
-            let after = connectionLock.withLock { _ in next.run(db) }
+            let after = connectionLock.withLock { _ in
+                let after = next.run(db)
+                recorder?.afterWork(connection)
+                return after
+            }
             // Before the completion: the caller's next request may find the store idle.
             queued.subtract(1, ordering: .relaxed)
             after()
@@ -149,7 +156,10 @@ public final class Store: Sendable {
     /// else can reach yet (being opened), where a hop to the queue's thread would only add
     /// latency. Blocks: never call it on an event loop or the cooperative pool.
     func writeBlocking<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
-        try connectionLock.withLock { _ in try queue.inDatabase(body) }
+        try connectionLock.withLock { _ in
+            defer { recorder?.afterWork(connection) }
+            return try queue.inDatabase(body)
+        }
     }
 
     /// Runs `body` right now on the calling thread with the raw connection when nothing is
@@ -190,6 +200,9 @@ public final class Store: Sendable {
             var failure: DatabaseError?
             if db.isInsideTransaction {
                 do {
+                    if commit, let recorder {
+                        do { try recorder.flush(connection) } catch { throw DatabaseError(resultCode: .SQLITE_ERROR, message: "change log: \((error as? ChangeLogError)?.message ?? "\(error)")") }
+                    }
                     try db.execute(sql: commit ? "COMMIT" : "ROLLBACK")
                 } catch {
                     failure = error as? DatabaseError
@@ -243,6 +256,14 @@ public final class Store: Sendable {
             return true
         }
         if held { queued.subtract(1, ordering: .relaxed) }
+    }
+
+    /// Notes a migration of the store for its watchers (a reset: the app re-reads), and
+    /// returns its report. Call it from the work that migrated.
+    @discardableResult
+    public func migrated(_ report: MigrationReport) -> MigrationReport {
+        if report.migrated { recorder?.requestReset() }
+        return report
     }
 
     /// Waits for the work already submitted (blocking; on a ``BlockingPool`` thread).

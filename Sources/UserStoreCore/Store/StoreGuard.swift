@@ -57,6 +57,19 @@ public final class StoreGuard: @unchecked Sendable {
         return try body()
     }
 
+    /// Whether a client's statement is running (its changes are the client's own, recorded for
+    /// watchers; anything else changing rows is the daemon's work).
+    public var runningClientStatement: Bool { clientRules }
+
+    /// Runs `body` (the daemon's own statements amid a client's: its transaction control, the
+    /// change log) with the client rules lifted, and puts them back after.
+    public func withoutClientRules<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+        let saved = clientRules
+        clientRules = false
+        defer { clientRules = saved }
+        return try body()
+    }
+
     /// Gives up the client statement being run, as if its `yieldAt` had passed (for one that
     /// must not run where it is, whatever its duration).
     public func yield() {

@@ -10,6 +10,8 @@ struct StoreOpener: Sendable {
     /// Another process reads the files too (a replicator): normal locking and no automatic
     /// checkpoints (a registry with a ``StoreReplication``).
     var sharedFiles = false
+    /// Stores record their committed changes for watchers (nil: they do not).
+    var changeRetention: ChangeRetention?
 
     /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`
     /// when one is given — or, without `create`, throws ``StoreError/noSuchStore(user:)``.
@@ -32,6 +34,7 @@ struct StoreOpener: Sendable {
         }
         let guardian = StoreGuard()
         let sharedFiles = self.sharedFiles
+        let recorder = changeRetention.map { ChangeRecorder(guardian: guardian, retention: $0) }
         let wal = WALHook()
         var configuration = Configuration()
         configuration.label = "userstore.\(user.rawValue)"
@@ -63,11 +66,13 @@ struct StoreOpener: Sendable {
             // thread (Store.runIfIdle), where they would trap.
             sqlite3_commit_hook(db.sqliteConnection!, nil, nil)
             sqlite3_rollback_hook(db.sqliteConnection!, nil, nil)
+            // The change stream's recorder takes the commit and rollback hooks instead.
+            recorder?.install(on: db.sqliteConnection!)
             if sharedFiles { wal.install(on: db.sqliteConnection!) }
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)
-            return (Store(user: user, path: path, queue: queue, guardian: guardian, wal: wal), created)
+            return (Store(user: user, path: path, queue: queue, guardian: guardian, wal: wal, recorder: recorder), created)
         } catch let error as DatabaseError {
             switch error.resultCode {
             case .SQLITE_NOTADB, .SQLITE_CORRUPT:

@@ -49,7 +49,7 @@ struct AdminMethods {
             try await QueryMethods(context: context).handle(request, parameters, more: call.more, send: send)
         case .release, .startRelease, .advanceRelease, .resumeRelease, .abortRelease, .trialRelease:
             try await ReleaseMethods(context: context).handle(method, parameters, more: call.more, send: send)
-        case .open, .query, .execute, .batch, .begin, .commit, .rollback, .getInfo, .getInterfaceDescription:
+        case .open, .query, .execute, .batch, .begin, .commit, .rollback, .watch, .getInfo, .getInterfaceDescription:
             throw VarlinkError.methodNotFound(call.method)
         }
     }

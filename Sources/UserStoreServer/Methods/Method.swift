@@ -15,6 +15,7 @@ package enum Method: String, CaseIterable, Sendable {
     case begin = "io.userstore.Store.Begin"
     case commit = "io.userstore.Store.Commit"
     case rollback = "io.userstore.Store.Rollback"
+    case watch = "io.userstore.Store.Watch"
 
     // io.userstore.Admin
     case status = "io.userstore.Admin.Status"
@@ -63,7 +64,7 @@ package enum Method: String, CaseIterable, Sendable {
 
     var interface: Interface {
         switch self {
-        case .open, .query, .execute, .batch, .begin, .commit, .rollback: .store
+        case .open, .query, .execute, .batch, .begin, .commit, .rollback, .watch: .store
         case .getInfo, .getInterfaceDescription: .service
         default: .admin
         }
@@ -89,7 +90,7 @@ package enum Method: String, CaseIterable, Sendable {
     }
 
     /// The ``Interface/store`` methods, most frequent first.
-    static let storeMethods: [Method] = [.query, .execute, .open, .batch, .begin, .commit, .rollback]
+    static let storeMethods: [Method] = [.query, .execute, .open, .batch, .begin, .commit, .rollback, .watch]
 
     private static let storeMethodNames = storeMethods.map { ($0, Array($0.rawValue.utf8)) }
 }

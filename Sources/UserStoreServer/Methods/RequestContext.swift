@@ -108,6 +108,14 @@ final class DaemonContext: Sendable {
 }
 
 extension DaemonContext {
+    /// Journals a watcher dropped for falling behind (the only watch event the journal gets).
+    func logWatchDropped(user: String, position: Int64, maxBufferedBytes: Int) {
+        logger.warning("watcher too slow, dropped", metadata: [
+            "event": "watch-dropped", "user": .string(user), "position": .stringConvertible(position),
+            "max_buffered_bytes": .stringConvertible(maxBufferedBytes),
+        ])
+    }
+
     /// Logs a request slower than `slowRequestMilliseconds`. The method name and user are
     /// logged; SQL and parameters are users' data and are not.
     func logIfSlow(method: String, user: String, elapsed: Duration) {

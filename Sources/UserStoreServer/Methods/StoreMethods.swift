@@ -1,9 +1,10 @@
 import GRDB
+import GRDBSQLite
 import UserStoreCore
 import UserStoreReplication
 import Varlink
 
-/// `io.userstore.Store`: Open, Query, Execute, Batch.
+/// `io.userstore.Store`: Open, Query, Execute, Batch, Watch.
 struct StoreMethods {
     let context: DaemonContext
 
@@ -16,6 +17,14 @@ struct StoreMethods {
         case .query: try await send(statement(request, parameters, peer: peer, output: .rows))
         case .execute: try await send(statement(request, parameters, peer: peer, output: .changes))
         case .batch: try await send(batch(request, parameters, peer: peer))
+        case .watch:
+            guard call.more else { throw VarlinkError.expectedMore() }
+            let tables = try parameters.optionalStrings("tables").map { Set($0.map { $0.lowercased() }) }
+            let since = try parameters.optionalInt("since")
+            if let since, since < 0 { throw VarlinkError("io.userstore.Store.InvalidRequest", ["reason": .string("since must be a position (0 or more)")]) }
+            try await StoreWatch(context: context, user: try user(parameters, peer: peer), tables: tables, since: since,
+                                 values: try parameters.optionalBool("values") ?? false,
+                                 maxBufferedBytes: context.limits.watchMaxBufferedBytes).run(send: send)
         default: throw VarlinkError.methodNotFound(call.method)
         }
     }
@@ -116,9 +125,12 @@ struct BatchRunner {
 
     private func run(_ db: Database, _ view: JSONView, statements: [SQLRunner.Statement], mode: Mode) throws -> [UInt8] {
         var writer = JSONWriter(capacity: 256 * max(statements.count, 1))
+        let recorder = runner.store.recorder
         switch mode {
         case .transaction: try db.execute(sql: "BEGIN IMMEDIATE")
-        case .savepoint: try db.execute(sql: "SAVEPOINT userstore_batch")
+        case .savepoint:
+            try db.execute(sql: "SAVEPOINT userstore_batch")
+            recorder?.savepoint(.begin("userstore_batch"))
         case .statements: break
         }
         do {
@@ -131,8 +143,14 @@ struct BatchRunner {
                 writer.raw("]}")
             }
             switch mode {
-            case .transaction: try db.execute(sql: "COMMIT")
-            case .savepoint: try db.execute(sql: "RELEASE userstore_batch")
+            case .transaction:
+                do { try recorder?.flush(db.sqliteConnection!) } catch {
+                    throw Errors.sqlError(code: SQLITE_ERROR, message: "the store's change log could not be written: \(error.message)")
+                }
+                try db.execute(sql: "COMMIT")
+            case .savepoint:
+                try db.execute(sql: "RELEASE userstore_batch")
+                recorder?.savepoint(.release("userstore_batch"))
             case .statements: break
             }
         } catch {
@@ -144,6 +162,8 @@ struct BatchRunner {
                 if db.isInsideTransaction {
                     try? db.execute(sql: "ROLLBACK TO userstore_batch")
                     try? db.execute(sql: "RELEASE userstore_batch")
+                    recorder?.savepoint(.rollback("userstore_batch"))
+                    recorder?.savepoint(.release("userstore_batch"))
                 }
             case .statements: break
             }

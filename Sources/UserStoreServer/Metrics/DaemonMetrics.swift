@@ -128,6 +128,10 @@ final class DaemonMetrics: StoreObserver, Sendable {
     private let backupBytes: CoreMetrics.Counter
     private let transactions: [String: CoreMetrics.Counter]
     let transactionsOpen = Atomic<Int>(0)
+    private let watchers: CoreMetrics.Meter
+    private let watchersOpen = Atomic<Int>(0)
+    private let watchesDropped: CoreMetrics.Counter
+    private let watchEvents: CoreMetrics.Counter
 
     // Read when scraped.
     private let gauges: [String: CoreMetrics.Meter]
@@ -169,6 +173,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
         transactions = Dictionary(uniqueKeysWithValues: ["committed", "rolled_back", "expired", "aborted"].map { outcome in
             (outcome, Self.counter(registry, "userstore_transactions_total", [("outcome", outcome)]))
         })
+        watchers = gauge("userstore_watchers")
+        watchesDropped = Self.counter(registry, "userstore_watchers_dropped_total")
+        watchEvents = Self.counter(registry, "userstore_watch_events_total")
         var gauges: [String: CoreMetrics.Meter] = [
             "connections": gauge("userstore_connections"),
             "open": gauge("userstore_open_stores"),
@@ -237,6 +244,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
         "userstore_stores": "Stores by state (the fleet index): current, pending (behind the migrations), failed, too_new.",
+        "userstore_watchers": "Watch calls streaming now (io.userstore.Store.Watch).",
+        "userstore_watchers_dropped_total": "Watch calls ended with WatchTooSlow: their client let more than watch.maxBufferedBytes of changes wait.",
+        "userstore_watch_events_total": "Change events sent to watchers (one per transaction per watcher).",
         "userstore_transactions_open": "Interactive transactions open now (each holds its user's store).",
         "userstore_transactions_total": "Interactive transactions ended, by outcome: committed, rolled back by the client, expired (time-out or connection closed), aborted (by SQLite).",
     ]
@@ -267,6 +277,11 @@ final class DaemonMetrics: StoreObserver, Sendable {
     }
 
     /// A transaction ended: `committed`, `rolled_back`, `expired` or `aborted`.
+    func watchStarted() { watchers.set(Double(watchersOpen.add(1, ordering: .relaxed).newValue)) }
+    func watchEnded() { watchers.set(Double(watchersOpen.subtract(1, ordering: .relaxed).newValue)) }
+    func watchDropped() { watchesDropped.increment() }
+    func watchEventSent() { watchEvents.increment() }
+
     func transactionEnded(_ outcome: String) {
         transactions[outcome]?.increment()
         transactionsOpen.subtract(1, ordering: .relaxed)

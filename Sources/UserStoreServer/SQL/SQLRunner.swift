@@ -84,7 +84,10 @@ package struct SQLRunner {
                     return .failure(Errors.sqlError(code: SQLITE_INTERRUPT, message: "moved to the store's queue", index: statement.index))
                 }
                 try ValueBinding.bind(view, statement.parameters, to: prepared)
-                try execute(prepared, on: connection, output: output, index: statement.index, start: start, into: &writer)
+                try ChangeRecording(store: store, connection: connection, statement: prepared, inTransaction: inTransaction).around {
+                    () throws(VarlinkError) in
+                    try execute(prepared, on: connection, output: output, index: statement.index, start: start, into: &writer)
+                }
                 return .success(())
             } catch {
                 return .failure(error)
@@ -196,30 +199,8 @@ enum ValueWriter {
         writer.raw(byte: UInt8(ascii: "]"))
     }
 
+    @inline(__always)
     static func write(column: Int32, of statement: OpaquePointer, into writer: inout JSONWriter) {
-        switch sqlite3_column_type(statement, column) {
-        case SQLITE_INTEGER:
-            writer.write(sqlite3_column_int64(statement, column))
-        case SQLITE_FLOAT:
-            writer.write(sqlite3_column_double(statement, column))
-        case SQLITE_TEXT:
-            let count = Int(sqlite3_column_bytes(statement, column))
-            guard let text = sqlite3_column_text(statement, column) else { writer.write(""); return }
-            let bytes = UnsafeBufferPointer(start: text, count: count)
-            if bytes.allSatisfy({ $0 < 0x80 }) || String(validating: bytes, as: UTF8.self) != nil {
-                writer.writeString(utf8: bytes)
-            } else {
-                // Text that is not UTF-8 (made by CAST of a blob) cannot be JSON text as is.
-                writer.write(String(decoding: bytes, as: UTF8.self))
-            }
-        case SQLITE_BLOB:
-            let count = Int(sqlite3_column_bytes(statement, column))
-            let data = count == 0 ? Data() : Data(bytes: sqlite3_column_blob(statement, column)!, count: count)
-            writer.raw("{\"blob\":")
-            writer.write(data.base64EncodedString())
-            writer.raw(byte: UInt8(ascii: "}"))
-        default:
-            writer.raw("null")
-        }
+        ValueJSON.write(column: column, of: statement, into: &writer)
     }
 }

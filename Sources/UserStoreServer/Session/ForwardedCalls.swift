@@ -55,7 +55,7 @@ final class ForwardedCalls: @unchecked Sendable {
         let parameters = view.member("parameters", of: 0)
         let transaction = parameters.flatMap { view.member("transaction", of: $0) }.flatMap { view.kind($0) == .string ? view.string($0) : nil }
         // Only a Query outside a transaction streams (the owner answers any other call once).
-        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil && method == .query
+        let streamed = !oneway && view.member("more", of: 0).flatMap(view.bool) == true && transaction == nil && (method == .query || method == .watch)
         if streamed && !replies.isInOrder { return .later }
         let loop = self.loop
         let maxReplyBytes = max(limits.maxResponseBytes, limits.maxRequestBytes) + (1 << 20)

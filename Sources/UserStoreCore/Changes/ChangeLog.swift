@@ -1,0 +1,143 @@
+import GRDBSQLite
+
+/// The committed changes a store keeps for its watchers, in the store's own file (so they are
+/// replicated, exported and erased with it): two bookkeeping tables, created by the first
+/// transaction that records a change.
+///
+/// - `userstore_watch`: one row: the store's current **position** (one more per recorded
+///   transaction, never reused) and the last position trimmed away.
+/// - `userstore_changes`: one row per changed row (`ordinal` within its transaction) or per
+///   reset, keyed by position; values as the JSON object a watcher receives.
+///
+/// Every function runs on the connection's holder, inside the transaction being recorded where
+/// it writes.
+enum ChangeLog {
+    static let positionTable = "userstore_watch"
+    static let changeTable = "userstore_changes"
+
+    static let create = """
+        CREATE TABLE IF NOT EXISTS userstore_watch (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            position INTEGER NOT NULL,
+            trimmed_through INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS userstore_changes (
+            position INTEGER NOT NULL,
+            ordinal INTEGER NOT NULL,
+            committed_at INTEGER NOT NULL,
+            table_name TEXT,
+            operation TEXT NOT NULL,
+            row_id INTEGER,
+            row_values TEXT,
+            PRIMARY KEY (position, ordinal)
+        ) WITHOUT ROWID;
+        """
+
+    static let nextPosition = """
+        INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, 1, 0)
+        ON CONFLICT (id) DO UPDATE SET position = position + 1 RETURNING position
+        """
+    static let insertChange = """
+        INSERT INTO userstore_changes (position, ordinal, committed_at, table_name, operation, row_id, row_values)
+        VALUES (?, ?, ?, ?, ?, ?, ?)
+        """
+
+    /// Whether the tables exist on `connection`.
+    static func exists(_ connection: OpaquePointer) -> Bool {
+        var found = false
+        _ = withStatement(connection, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'userstore_watch'") { statement in
+            found = sqlite3_step(statement) == SQLITE_ROW
+        }
+        return found
+    }
+
+    /// The store's position and the last position trimmed away; (0, 0) before anything was
+    /// recorded.
+    static func state(_ connection: OpaquePointer) -> (position: Int64, trimmedThrough: Int64) {
+        guard exists(connection) else { return (0, 0) }
+        var state: (Int64, Int64) = (0, 0)
+        _ = withStatement(connection, "SELECT position, trimmed_through FROM userstore_watch WHERE id = 1") { statement in
+            if sqlite3_step(statement) == SQLITE_ROW {
+                state = (sqlite3_column_int64(statement, 0), sqlite3_column_int64(statement, 1))
+            }
+        }
+        return state
+    }
+
+    /// Drops what is past the limits: positions more than `keepChanges` behind `position`, and
+    /// those committed before `cutoffMilliseconds` (Unix time). Records the highest dropped.
+    static func trim(_ connection: OpaquePointer, position: Int64, keepChanges: Int, cutoffMilliseconds: Int64) throws(ChangeLogError) {
+        var through = max(0, position - Int64(keepChanges))
+        try withStatement(connection, "SELECT max(position) FROM userstore_changes WHERE committed_at < ?") { statement in
+            sqlite3_bind_int64(statement, 1, cutoffMilliseconds)
+            if sqlite3_step(statement) == SQLITE_ROW, sqlite3_column_type(statement, 0) != SQLITE_NULL {
+                through = max(through, sqlite3_column_int64(statement, 0))
+            }
+        }.get()
+        guard through > 0 else { return }
+        try withStatement(connection, "DELETE FROM userstore_changes WHERE position <= ?") { statement in
+            sqlite3_bind_int64(statement, 1, through)
+            _ = sqlite3_step(statement)
+        }.get()
+        try withStatement(connection, "UPDATE userstore_watch SET trimmed_through = max(trimmed_through, ?) WHERE id = 1") { statement in
+            sqlite3_bind_int64(statement, 1, through)
+            _ = sqlite3_step(statement)
+        }.get()
+    }
+
+    /// The recorded transactions after `since`, in order, at most `limit`.
+    static func events(_ connection: OpaquePointer, after since: Int64, limit: Int) -> [ChangeEvent] {
+        guard exists(connection) else { return [] }
+        var events: [ChangeEvent] = []
+        _ = withStatement(connection, """
+            SELECT position, committed_at, table_name, operation, row_id, row_values FROM userstore_changes
+            WHERE position > ? AND position <= (SELECT max(position) FROM (SELECT DISTINCT position FROM userstore_changes WHERE position > ? ORDER BY position LIMIT ?))
+            ORDER BY position, ordinal
+            """) { statement in
+            sqlite3_bind_int64(statement, 1, since)
+            sqlite3_bind_int64(statement, 2, since)
+            sqlite3_bind_int64(statement, 3, Int64(limit))
+            while sqlite3_step(statement) == SQLITE_ROW {
+                let position = sqlite3_column_int64(statement, 0)
+                let operation = text(statement, 3) ?? ""
+                if events.last?.position != position {
+                    events.append(ChangeEvent(position: position, committedAt: sqlite3_column_int64(statement, 1), reset: false, changes: []))
+                }
+                if operation == "reset" {
+                    events[events.count - 1].reset = true
+                    continue
+                }
+                guard let kind = ChangeEvent.Operation(rawValue: operation), let table = text(statement, 2) else { continue }
+                events[events.count - 1].changes.append(ChangeEvent.Change(table: table, operation: kind, rowid: sqlite3_column_int64(statement, 4),
+                                                                           values: text(statement, 5).map { Array($0.utf8) }))
+            }
+        }
+        return events
+    }
+
+    private static func text(_ statement: OpaquePointer, _ column: Int32) -> String? {
+        guard sqlite3_column_type(statement, column) != SQLITE_NULL, let text = sqlite3_column_text(statement, column) else { return nil }
+        return String(cString: text)
+    }
+
+    /// Prepares `sql`, runs `body` with it, finalizes it.
+    @discardableResult
+    static func withStatement(_ connection: OpaquePointer, _ sql: String, _ body: (OpaquePointer) -> Void) -> Result<Void, ChangeLogError> {
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(connection, sql, -1, &statement, nil) == SQLITE_OK, let statement else {
+            return .failure(ChangeLogError(message: String(cString: sqlite3_errmsg(connection))))
+        }
+        defer { sqlite3_finalize(statement) }
+        body(statement)
+        let code = sqlite3_errcode(connection)
+        guard code == SQLITE_OK || code == SQLITE_ROW || code == SQLITE_DONE else {
+            return .failure(ChangeLogError(message: String(cString: sqlite3_errmsg(connection))))
+        }
+        return .success(())
+    }
+}
+
+/// The change log could not be read or written (SQLite's message).
+public struct ChangeLogError: Error, Sendable {
+    public let message: String
+}

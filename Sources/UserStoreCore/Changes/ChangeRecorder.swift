@@ -1,0 +1,342 @@
+import CSQLiteSettings
+import Foundation
+import GRDBSQLite
+import Varlink
+
+/// How much of its change log a store keeps (`watch.*` in the configuration).
+public struct ChangeRetention: Sendable, Equatable {
+    /// Transactions kept, at least (trimmed in steps of ``ChangeRecorder/trimEvery``).
+    public var keepChanges: Int
+    /// Seconds a transaction is kept, at least.
+    public var keepSeconds: Int
+
+    public init(keepChanges: Int = 10_000, keepSeconds: Int = 7 * 86_400) {
+        self.keepChanges = keepChanges
+        self.keepSeconds = keepSeconds
+    }
+}
+
+/// Records the rows each committed transaction of a store changed, for its watchers, inside that
+/// same transaction: nothing committed goes unrecorded, nothing rolled back is recorded.
+///
+/// SQLite's pre-update hook (Debian's libsqlite3 has it; the session extension would also need a
+/// primary key on every table) hands over every row a statement inserts, updates or deletes,
+/// with its new values. While a **client** statement runs (``StoreGuard`` under its client
+/// rules) the row is kept as a change; a change made by anything else — a migration, the
+/// daemon's own work, an import — only marks the store for a **reset**. ``flush(_:)`` writes
+/// the transaction's changes into ``ChangeLog`` just before its COMMIT (the paths that commit
+/// client work call it); ``afterWork(_:)``, after each piece of work on the connection, writes a
+/// pending reset in a transaction of its own and publishes what committed to ``feed``.
+///
+/// Touched only by the connection's holder (the store's queue), hence `@unchecked Sendable`.
+public final class ChangeRecorder: @unchecked Sendable {
+    /// Positions between trims of the log.
+    public static let trimEvery: Int64 = 64
+    /// Changed rows one transaction may report; past that it is reported as a reset.
+    public static let maxChangesPerTransaction = 10_000
+
+    /// Where committed events go.
+    public let feed = ChangeFeed()
+    public let retention: ChangeRetention
+    private let guardian: StoreGuard
+
+    private struct Pending {
+        var table: String
+        var operation: ChangeEvent.Operation
+        var rowid: Int64
+        /// The new row's values, each JSON-encoded, in column order (nil for a delete).
+        var values: [[UInt8]]?
+    }
+
+    private var pending: [Pending] = []
+    /// Savepoints open in the current transaction, with the number of changes before each.
+    private var savepoints: [(name: String, mark: Int)] = []
+    /// Rows were changed by something other than a client statement (or too many to list).
+    private var resetPending = false
+    /// Flushed in the transaction that is committing; published once it has.
+    private var awaiting: ChangeEvent?
+    private var tablesReady = false
+    /// Whether the log's tables exist (nil: not looked yet).
+    private var logExists: Bool?
+    /// Column names per table, read at flush; emptied when the schema changes.
+    private var columnNames: [String: [String]] = [:]
+    private var schemaVersion: Int64 = -1
+
+    init(guardian: StoreGuard, retention: ChangeRetention) {
+        self.guardian = guardian
+        self.retention = retention
+    }
+
+    /// Installs the hooks on `connection`, which must not outlive `self`.
+    func install(on connection: OpaquePointer) {
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        _ = userstore_preupdate_hook(connection, { context, connection, operation, schema, table, oldRowid, newRowid in
+            guard let context, let connection, let schema, let table, strcmp(schema, "main") == 0 else { return }
+            let recorder = Unmanaged<ChangeRecorder>.fromOpaque(context).takeUnretainedValue()
+            recorder.preupdate(connection, operation, String(cString: table), oldRowid, newRowid)
+        }, context)
+        sqlite3_rollback_hook(connection, { context in
+            Unmanaged<ChangeRecorder>.fromOpaque(context!).takeUnretainedValue().discard()
+        }, context)
+        sqlite3_commit_hook(connection, { context in
+            let recorder = Unmanaged<ChangeRecorder>.fromOpaque(context!).takeUnretainedValue()
+            // Client changes committed without a flush (a path that forgot it): the log cannot
+            // get them into this transaction any more; watchers are told to re-read instead.
+            if !recorder.pending.isEmpty { recorder.markReset() }
+            return 0
+        }, context)
+    }
+
+    /// Whether `table` is the daemon's, SQLite's or the replicator's, not the app's.
+    static func isInternal(_ table: String) -> Bool {
+        let name = table.lowercased()
+        return name.hasPrefix("sqlite_") || name.hasPrefix("userstore_") || StoreGuard.isBookkeeping(name)
+    }
+
+    private func preupdate(_ connection: OpaquePointer, _ operation: Int32, _ table: String, _ oldRowid: Int64, _ newRowid: Int64) {
+        guard !Self.isInternal(table) else { return }
+        guard guardian.runningClientStatement, !resetPending else { markReset(); return }
+        guard pending.count < Self.maxChangesPerTransaction else { markReset(); return }
+        switch operation {
+        case SQLITE_DELETE:
+            pending.append(Pending(table: table, operation: .delete, rowid: oldRowid, values: nil))
+        case SQLITE_INSERT, SQLITE_UPDATE:
+            var values: [[UInt8]] = []
+            let count = userstore_preupdate_count(connection)
+            values.reserveCapacity(Int(count))
+            for column in 0..<count {
+                var value: OpaquePointer?
+                var writer = JSONWriter(capacity: 16)
+                if userstore_preupdate_new(connection, column, &value) == SQLITE_OK, let value {
+                    ValueJSON.write(value: value, into: &writer)
+                } else {
+                    writer.raw("null")
+                }
+                values.append(writer.bytes)
+            }
+            pending.append(Pending(table: table, operation: operation == SQLITE_INSERT ? .insert : .update, rowid: newRowid, values: values))
+        default:
+            break
+        }
+    }
+
+    private func markReset() {
+        resetPending = true
+        pending.removeAll(keepingCapacity: false)
+        savepoints.removeAll()
+    }
+
+    /// Forgets the transaction's changes (it rolled back).
+    func discard() {
+        pending.removeAll()
+        savepoints.removeAll()
+        resetPending = false
+        awaiting = nil
+    }
+
+    // MARK: Savepoints inside a transaction
+
+    /// A client's `SAVEPOINT name`, `RELEASE [SAVEPOINT] name` or `ROLLBACK TO [SAVEPOINT]
+    /// name` ran: keeps the changes in step with what the transaction still holds.
+    public func savepoint(_ statement: SavepointStatement) {
+        switch statement {
+        case .begin(let name):
+            savepoints.append((name.lowercased(), pending.count))
+        case .release(let name):
+            if let index = savepoints.lastIndex(where: { $0.name == name.lowercased() }) { savepoints.removeSubrange(index...) }
+        case .rollback(let name):
+            guard let index = savepoints.lastIndex(where: { $0.name == name.lowercased() }) else { markReset(); return }
+            pending.removeSubrange(min(savepoints[index].mark, pending.count)...)
+            savepoints.removeSubrange((index + 1)...)
+        }
+    }
+
+    /// A savepoint statement, as ``savepoint(_:)`` follows them.
+    public enum SavepointStatement: Sendable, Equatable {
+        case begin(String), release(String), rollback(String)
+
+        /// The savepoint statement `sql` is, if it is one (nil: any other statement).
+        public static func parse(_ sql: String) -> SavepointStatement? {
+            let words = sql.split(whereSeparator: { $0.isWhitespace || $0 == ";" }).map { String($0) }
+            guard let first = words.first?.uppercased() else { return nil }
+            func name(after index: Int) -> String? {
+                var index = index
+                if index < words.count, words[index].uppercased() == "SAVEPOINT" { index += 1 }
+                guard index < words.count else { return nil }
+                return words[index].trimmingCharacters(in: CharacterSet(charactersIn: "\"'`[]"))
+            }
+            switch first {
+            case "SAVEPOINT": return name(after: 1).map { .begin($0) }
+            case "RELEASE": return name(after: 1).map { .release($0) }
+            case "ROLLBACK":
+                guard words.count > 1 else { return nil }
+                var index = 1
+                if words[index].uppercased() == "TRANSACTION" { index += 1 }
+                guard index < words.count, words[index].uppercased() == "TO" else { return nil }
+                return name(after: index + 1).map { .rollback($0) }
+            default: return nil
+            }
+        }
+    }
+
+    // MARK: Writing the log
+
+    /// Whether the transaction has anything to record.
+    public var hasPending: Bool { !pending.isEmpty || resetPending }
+
+    /// Writes the open transaction's changes (or its reset) into the log; call it inside the
+    /// transaction, right before its COMMIT. Their event is published once the COMMIT is
+    /// through (``afterWork(_:)``).
+    public func flush(_ connection: OpaquePointer) throws(ChangeLogError) {
+        guard hasPending else { return }
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try guardian.withoutClientRules { () throws(ChangeLogError) in
+            if !tablesReady {
+                guard sqlite3_exec(connection, ChangeLog.create, nil, nil, nil) == SQLITE_OK else {
+                    throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection)))
+                }
+                tablesReady = true
+                logExists = true
+            }
+            var position: Int64 = 0
+            try ChangeLog.withStatement(connection, ChangeLog.nextPosition) { statement in
+                if sqlite3_step(statement) == SQLITE_ROW { position = sqlite3_column_int64(statement, 0) }
+                _ = sqlite3_step(statement)
+            }.get()
+            guard position > 0 else { throw ChangeLogError(message: "the store's position could not be advanced") }
+            var event = ChangeEvent(position: position, committedAt: now, reset: resetPending, changes: [])
+            if !resetPending {
+                refreshColumnNames(connection)
+                event.changes = pending.map { change in
+                    ChangeEvent.Change(table: change.table, operation: change.operation, rowid: change.rowid,
+                                       values: change.values.map { row(of: change.table, $0, connection) })
+                }
+            }
+            try insert(event, connection)
+            if position % Self.trimEvery == 0 {
+                try ChangeLog.trim(connection, position: position, keepChanges: retention.keepChanges,
+                                   cutoffMilliseconds: now - Int64(retention.keepSeconds) * 1000)
+            }
+            awaiting = event
+        }
+        pending.removeAll(keepingCapacity: true)
+        savepoints.removeAll()
+        resetPending = false
+    }
+
+    private func insert(_ event: ChangeEvent, _ connection: OpaquePointer) throws(ChangeLogError) {
+        var failed = false
+        try ChangeLog.withStatement(connection, ChangeLog.insertChange) { statement in
+            func row(_ ordinal: Int, _ table: String?, _ operation: String, _ rowid: Int64?, _ values: [UInt8]?) {
+                sqlite3_bind_int64(statement, 1, event.position)
+                sqlite3_bind_int64(statement, 2, Int64(ordinal))
+                sqlite3_bind_int64(statement, 3, event.committedAt)
+                if let table { sqlite3_bind_text(statement, 4, table, -1, SQLITE_TRANSIENT) } else { sqlite3_bind_null(statement, 4) }
+                sqlite3_bind_text(statement, 5, operation, -1, SQLITE_TRANSIENT)
+                if let rowid { sqlite3_bind_int64(statement, 6, rowid) } else { sqlite3_bind_null(statement, 6) }
+                if let values {
+                    values.withUnsafeBytes { sqlite3_bind_text(statement, 7, $0.baseAddress!.assumingMemoryBound(to: CChar.self), Int32($0.count), SQLITE_TRANSIENT) }
+                } else {
+                    sqlite3_bind_null(statement, 7)
+                }
+                failed = sqlite3_step(statement) != SQLITE_DONE
+                sqlite3_reset(statement)
+            }
+            if event.reset {
+                row(0, nil, "reset", nil, nil)
+            } else {
+                for (ordinal, change) in event.changes.enumerated() {
+                    row(ordinal, change.table, change.operation.rawValue, change.rowid, change.values)
+                    if failed { break }
+                }
+            }
+        }.get()
+        if failed { throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection))) }
+    }
+
+    /// `{"column": value, …}` from the values in column order.
+    private func row(of table: String, _ values: [[UInt8]], _ connection: OpaquePointer) -> [UInt8] {
+        let names = columnNames(table, connection)
+        var writer = JSONWriter(capacity: 64)
+        writer.raw(byte: UInt8(ascii: "{"))
+        for (index, value) in values.enumerated() {
+            if index > 0 { writer.raw(byte: UInt8(ascii: ",")) }
+            writer.write(index < names.count ? names[index] : "column\(index + 1)")
+            writer.raw(byte: UInt8(ascii: ":"))
+            writer.bytes.append(contentsOf: value)
+        }
+        writer.raw(byte: UInt8(ascii: "}"))
+        return writer.bytes
+    }
+
+    private func refreshColumnNames(_ connection: OpaquePointer) {
+        var version: Int64 = 0
+        ChangeLog.withStatement(connection, "PRAGMA schema_version") { statement in
+            if sqlite3_step(statement) == SQLITE_ROW { version = sqlite3_column_int64(statement, 0) }
+        }
+        if version != schemaVersion {
+            columnNames.removeAll()
+            schemaVersion = version
+        }
+    }
+
+    private func columnNames(_ table: String, _ connection: OpaquePointer) -> [String] {
+        if let names = columnNames[table] { return names }
+        var names: [String] = []
+        // table_xinfo: generated columns too, which the pre-update hook also hands over.
+        ChangeLog.withStatement(connection, "SELECT name FROM pragma_table_xinfo(?)") { statement in
+            sqlite3_bind_text(statement, 1, table, -1, SQLITE_TRANSIENT)
+            while sqlite3_step(statement) == SQLITE_ROW { names.append(String(cString: sqlite3_column_text(statement, 0))) }
+        }
+        columnNames[table] = names
+        return names
+    }
+
+    /// After each piece of work on the connection: once no transaction is open, records a
+    /// pending reset (its own transaction) and publishes what committed.
+    func afterWork(_ connection: OpaquePointer) {
+        guard sqlite3_get_autocommit(connection) != 0 else { return }
+        // A store that never recorded a change and has no watcher needs no reset: nobody can
+        // hold a position in it (and a fleet migration must not write a log into every store).
+        if resetPending, !hasLog(connection), feed.isEmpty { resetPending = false }
+        if resetPending {
+            if sqlite3_exec(connection, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK {
+                do {
+                    try flush(connection)
+                    if sqlite3_exec(connection, "COMMIT", nil, nil, nil) != SQLITE_OK { sqlite3_exec(connection, "ROLLBACK", nil, nil, nil) }
+                } catch {
+                    sqlite3_exec(connection, "ROLLBACK", nil, nil, nil)
+                }
+            }
+        }
+        if let event = awaiting {
+            awaiting = nil
+            feed.publish(event)
+        }
+    }
+
+    private func hasLog(_ connection: OpaquePointer) -> Bool {
+        if let logExists { return logExists }
+        let exists = ChangeLog.exists(connection)
+        logExists = exists
+        return exists
+    }
+
+    /// Marks the store for a reset (its schema or contents changed under the watchers: a
+    /// migration that changed no row still changes what the app reads).
+    public func requestReset() {
+        resetPending = true
+    }
+
+    /// The store's position and the last one trimmed away (on the connection's holder).
+    public func state(_ connection: OpaquePointer) -> (position: Int64, trimmedThrough: Int64) {
+        ChangeLog.state(connection)
+    }
+
+    /// The recorded events after `since` (at most `limit`), on the connection's holder.
+    public func events(_ connection: OpaquePointer, after since: Int64, limit: Int) -> [ChangeEvent] {
+        ChangeLog.events(connection, after: since, limit: limit)
+    }
+}
+
+private let SQLITE_TRANSIENT = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
