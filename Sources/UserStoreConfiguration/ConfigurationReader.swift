@@ -66,7 +66,7 @@ extension ConfigurationLoader {
             var watch: ChangeRetention? = ChangeRetention()
             watch?.keepChanges = try int(.watchKeepChanges, minimum: 1) ?? ChangeRetention().keepChanges
             watch?.keepSeconds = try int(.watchKeepSeconds, minimum: 1) ?? ChangeRetention().keepSeconds
-            if try bool(.watchEnabled) != true { watch = nil }
+            if try bool(.watchEnabled) == false { watch = nil }
 
             var socketMode: UInt32 = 0o660
             if let mode = try string(.socketMode) {

@@ -52,8 +52,8 @@ public struct DaemonConfiguration: Sendable {
     /// migrates on its next request, as without releases.
     public var rollout: RolloutPolicy? = nil
     /// What stores keep of their committed changes for watchers (`watch.*`, docs/watch.md); nil:
-    /// the change stream is off (`watch.enabled: false`, the default for now: docs/watch.md).
-    public var watch: ChangeRetention? = nil
+    /// the change stream is off (`watch.enabled: false`).
+    public var watch: ChangeRetention? = ChangeRetention()
 
     /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
     /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.

@@ -557,4 +557,43 @@ import Varlink
         }
         await client.shutdown()
     }
+
+    @Test(.timeLimit(.minutes(3)))
+    func aWatchDeliversEachChangeOnceAndResumesByItselfAcrossARestart() async throws {
+        let daemon = try Self.startedDaemon()
+        try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in
+            let carol = client.store(for: "carol")
+            _ = try await carol.open()
+            var events = carol.watch(tables: ["notes"], values: true).makeAsyncIterator()
+            let ready = try #require(try await events.next())
+            #expect(ready.kind == .ready)
+            try await carol.execute("INSERT INTO notes(body, n) VALUES ('one', 1)")
+            let first = try #require(try await events.next())
+            #expect(first.kind == .changes && first.position == ready.position + 1)
+            let change = try #require(first.changes.first)
+            #expect(change.table == "notes" && change.operation == .insert && change.rowid == 1)
+            #expect(change.values?["body"] == .text("one") && change.values?["n"] == .integer(1))
+
+            // The daemon restarts under the watch: the sequence connects again and resumes after
+            // `first` by itself — a new ready, then the next change, nothing twice.
+            #expect(daemon.stop() == 0)
+            try daemon.start()
+            var updated = false
+            for _ in 0..<100 where !updated {
+                do {
+                    try await carol.execute("UPDATE notes SET n = 2") // idempotent: safe to send again
+                    updated = true
+                } catch let error as UserStoreError where error.kind == .connectionClosed || error.kind == .connectionFailed {
+                    try await Task.sleep(for: .milliseconds(50)) // the pool's reconnect back-off
+                }
+            }
+            #expect(updated)
+            let again = try #require(try await events.next())
+            #expect(again.kind == .ready && again.position >= first.position)
+            let second = try #require(try await events.next())
+            #expect(second.kind == .changes && second.position == first.position + 1)
+            #expect(second.changes.first?.operation == .update && second.changes.first?.values?["n"] == .integer(2))
+        }
+    }
+
 }

@@ -48,6 +48,58 @@ import Testing
         return ((response as! HTTPURLResponse).statusCode, data)
     }
 
+    /// The last `id:` line's position in Server-Sent Events text.
+    static func lastID(in text: String) -> Int64? {
+        text.components(separatedBy: "\n").last { $0.hasPrefix("id: ") }.flatMap { Int64($0.dropFirst(4).trimmingCharacters(in: .whitespaces)) }
+    }
+
+    /// A `GET /notes/events` read over a plain socket, a chunk at a time (10 s at most per read).
+    final class EventStream {
+        let descriptor: Int32
+        var received = ""
+
+        init(port: Int, user: String, lastEventID: Int64? = nil) throws {
+            descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(port).bigEndian)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+            guard connected == 0 else { throw POSIXError(.ECONNREFUSED) }
+            var timeout = timeval(tv_sec: 10, tv_usec: 0)
+            setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+            var head = "GET /notes/events HTTP/1.1\r\nHost: 127.0.0.1\r\nX-User: \(user)\r\nAccept: text/event-stream\r\n"
+            if let lastEventID { head += "Last-Event-ID: \(lastEventID)\r\n" }
+            head += "\r\n"
+            _ = head.withCString { send(descriptor, $0, strlen($0), 0) }
+        }
+
+        deinit { close(descriptor) }
+
+        /// What arrived up to and including `marker` (after `start`, if given); throws when
+        /// nothing more comes within the time-out.
+        func read(until marker: String, after start: String? = nil) throws -> String {
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            while true {
+                if let start, let from = received.range(of: start), let end = received.range(of: marker, range: from.upperBound..<received.endIndex) {
+                    let found = String(received[..<end.upperBound])
+                    received.removeSubrange(..<end.upperBound)
+                    return found
+                }
+                if start == nil, let end = received.range(of: marker) {
+                    let found = String(received[..<end.upperBound])
+                    received.removeSubrange(..<end.upperBound)
+                    return found
+                }
+                let count = recv(descriptor, &buffer, buffer.count, 0)
+                guard count > 0 else { throw POSIXError(.ETIMEDOUT) }
+                received += String(decoding: buffer[..<count], as: UTF8.self)
+            }
+        }
+    }
+
     /// Runs blocking `body` on a thread of its own, not on the cooperative pool (two threads
     /// here), which a minute-long build would take from every other suite running in parallel.
     static func offPool<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
@@ -115,6 +167,20 @@ import Testing
         // Who the caller is matters: no header, or a user ID the daemon refuses, is a 400.
         #expect(try await request("GET", base, user: nil).0 == 400)
         #expect(try await request("GET", base, user: "../etc").0 == 400)
+
+        // Server-Sent Events: a stream opened, a note written through the REST API from another
+        // connection, and the stream carries it; reconnecting with Last-Event-ID resumes after it.
+        let events = try EventStream(port: port, user: "carol")
+        let ready = try events.read(until: "event: ready")
+        let start = try #require(Self.lastID(in: ready))
+        _ = try await request("POST", base, user: "carol", json: #"{"title": "streamed"}"#)
+        let change = try events.read(until: "\n\n", after: "event: changes")
+        #expect(change.contains("\"title\":\"streamed\"") && change.contains("\"operation\":\"insert\""), "\(change)")
+        #expect(Self.lastID(in: change) == start + 1)
+        _ = try await request("POST", base, user: "carol", json: #"{"title": "while away"}"#)
+        let resumed = try EventStream(port: port, user: "carol", lastEventID: start + 1)
+        let missed = try resumed.read(until: "\n\n", after: "event: changes")
+        #expect(missed.contains("while away") && !missed.contains("\"streamed\""), "\(missed)")
 
         // The daemon going away is a 503 for the app's callers; back, the app serves again.
         daemon.stop()

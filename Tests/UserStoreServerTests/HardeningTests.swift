@@ -85,10 +85,13 @@ import Varlink
         }
         daemon.stop()
         func path(_ user: String) -> String { storeFiles(daemon.dataDirectory).first { $0.hasSuffix("/\(user).sqlite") }! }
-        // Random bytes over the last page (the notes), half the file cut off, text, a garbage WAL.
+        // Random bytes over the notes' last page (dbstat: the change log shares the file), half
+        // the file cut off, text, a garbage WAL.
+        _ = try run(["/usr/bin/sqlite3", path("page"), "PRAGMA wal_checkpoint(TRUNCATE)"])
+        let lastPage = try run(["/usr/bin/sqlite3", path("page"), "SELECT max(pageno) FROM dbstat WHERE name = 'notes'"])
+        let pageNumber = try #require(UInt64(lastPage.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "\(lastPage)")
         let page = try FileHandle(forUpdating: URL(fileURLWithPath: path("page")))
-        let size = try page.seekToEnd()
-        try page.seek(toOffset: size - 4096)
+        try page.seek(toOffset: (pageNumber - 1) * 4096)
         try page.write(contentsOf: Data((0..<4096).map { _ in UInt8.random(in: 0...255) }))
         try page.close()
         let truncated = try FileHandle(forUpdating: URL(fileURLWithPath: path("truncated")))

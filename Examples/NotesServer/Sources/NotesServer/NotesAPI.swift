@@ -20,7 +20,8 @@ struct NoteInput: Decodable {
 }
 
 /// The routes: `GET /notes`, `POST /notes`, `GET /notes/:id`, `PATCH /notes/:id`,
-/// `DELETE /notes/:id`, and `GET /notes/count` (through a transaction, as an example of one).
+/// `DELETE /notes/:id`, `GET /notes/count` (through a transaction, as an example of one), and
+/// `GET /notes/events`: the user's note changes as Server-Sent Events (``NoteEvents``).
 struct NotesAPI {
     let client: UserStoreClient
 
@@ -46,6 +47,9 @@ struct NotesAPI {
                 return ["notes": notes, "pinned": pinned]
             }
             return counts
+        }
+        router.get("/notes/events") { request, _ -> Response in
+            try NoteEvents(store: try store(request), lastEventID: request.headers[NoteEvents.lastEventID]).response()
         }
         router.get("/notes/:id") { request, context -> Note in
             let notes = try await store(request).query(Note.self, "SELECT id, title, body, pinned, created_at FROM notes WHERE id = ?",
