@@ -26,6 +26,7 @@ struct DurableWriteScenario: Scenario {
                                note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
         }
         env.stop(daemon)
+        watchCost(fleet: fleet, insert: insert)
         let layout = StoreLayout(dataDirectory: fleet.data)
         for threads in [1, 8] {
             let queues = try (0..<threads).map { index -> DatabaseQueue in
@@ -49,5 +50,28 @@ struct DurableWriteScenario: Scenario {
             }
             for queue in queues { try? queue.close() }
         }
+    }
+
+    /// What recording changes for watchers costs a writer nobody watches: 8 users' durable
+    /// INSERTs with `watch.enabled` false and true, alternating (off, on, off, on).
+    private func watchCost(fleet: (data: String, migrations: String, users: [String]), insert: String) {
+        guard let load else { return }
+        var rates: [Bool: [Double]] = [false: [], true: []]
+        var p99: [Bool: [Double]] = [false: [], true: []]
+        for enabled in [false, true, false, true] {
+            guard let (daemon, socket) = try? env.startDaemon(name: "writes-watch-\(enabled)", data: fleet.data, migrations: fleet.migrations,
+                                                              extra: "watch:\n  enabled: \(enabled)") else { return }
+            let result = load.run(socket: socket, connections: 8, seconds: seconds,
+                                  LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
+            rates[enabled]!.append(result.throughput)
+            p99[enabled]!.append(result.p99)
+            env.stop(daemon)
+        }
+        let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
+        record(Measurement(scenario: "2. durable INSERT, watch", subject: "userstored, 8 users, watch.enabled false (mean of 2)", value: off, unit: "req/s",
+                           p99: p99[false]!.reduce(0, +) / 2, note: rates[false]!.map { format($0) }.joined(separator: ", ")))
+        record(Measurement(scenario: "2. durable INSERT, watch", subject: "userstored, 8 users, watch.enabled true, no watcher (mean of 2)", value: on, unit: "req/s",
+                           p99: p99[true]!.reduce(0, +) / 2,
+                           note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; on / off = %.2f", on / max(off, 1))))
     }
 }

@@ -21,6 +21,28 @@ struct PointQueryScenario: Scenario {
             try await pointQueries(users: userCount, postgres: postgres)
         }
         try await metricsCost()
+        try await watchCost()
+    }
+
+    /// What the change stream costs a read: 8-client point queries on 100 users with
+    /// `watch.enabled` false and true, alternating (off, on, off, on), on the same files.
+    private func watchCost() async throws {
+        guard let load else { return }
+        log("1. point query: watch off and on")
+        let data = env.root + "/point100-data", migrations = env.root + "/point100-migrations"
+        let workload = LoadGenerator.Workload(users: 100)
+        var rates: [Bool: [Double]] = [false: [], true: []]
+        for enabled in [false, true, false, true] {
+            let (daemon, socket) = try env.startDaemon(name: "watch-\(enabled)", data: data, migrations: migrations, extra: "watch:\n  enabled: \(enabled)")
+            await warm(socket: socket, users: users(100), load: load, workload: workload)
+            rates[enabled]!.append(load.run(socket: socket, connections: 8, seconds: seconds, workload).throughput)
+            env.stop(daemon)
+        }
+        let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
+        record(Measurement(scenario: "1. point query, watch", subject: "userstored, 8 connections, 100 users, watch.enabled false (mean of 2)", value: off, unit: "req/s",
+                           note: rates[false]!.map { format($0) }.joined(separator: ", ")))
+        record(Measurement(scenario: "1. point query, watch", subject: "userstored, 8 connections, 100 users, watch.enabled true, no watcher (mean of 2)", value: on, unit: "req/s",
+                           note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; on / off = %.2f", on / max(off, 1))))
     }
 
     /// Every store open and every page in its cache (one full scan each), as pgbench's table

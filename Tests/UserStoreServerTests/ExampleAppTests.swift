@@ -50,7 +50,10 @@ import Testing
 
     /// The last `id:` line's position in Server-Sent Events text.
     static func lastID(in text: String) -> Int64? {
-        text.components(separatedBy: "\n").last { $0.hasPrefix("id: ") }.flatMap { Int64($0.dropFirst(4).trimmingCharacters(in: .whitespaces)) }
+        // By Unicode scalars: chunked encoding's "\r\n" is one Character, which would glue the
+        // chunk's size to the line after it.
+        let lines = text.unicodeScalars.split(separator: "\n").map { String(String.UnicodeScalarView($0)).trimmingCharacters(in: .whitespacesAndNewlines) }
+        return lines.last { $0.hasPrefix("id: ") }.flatMap { Int64($0.dropFirst(4)) }
     }
 
     /// A `GET /notes/events` read over a plain socket, a chunk at a time (10 s at most per read).

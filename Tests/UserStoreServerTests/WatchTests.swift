@@ -174,4 +174,71 @@ import Varlink
         #expect(event["position"]?.integerValue == start + 2, "the change to a is not this watcher's")
         #expect(event["changes"]?.arrayValue?.first?.objectValue?["table"]?.stringValue == "b")
     }
+    @Test(.timeLimit(.minutes(5)))
+    func aSlowWatcherIsDroppedWithItsPositionAndResumesWithoutLosingAnything() throws {
+        let daemon = try DaemonHarness(extraConfig: Self.watchOn + "  maxBufferedBytes: 65536\n")
+        try daemon.start()
+        let writer = try daemon.connect()
+        try execute(writer, "slow", "CREATE TABLE blob (id INTEGER PRIMARY KEY, body TEXT)")
+        let watcher = try daemon.connect()
+        watcher.setReceiveTimeout(seconds: 30)
+        let start = try watch(watcher, user: "slow", values: true)
+        // The watcher reads nothing while 2,000 transactions of ~2 KB each commit: far more than
+        // the socket's buffers and maxBufferedBytes hold. The writer is never held up.
+        let body = String(repeating: "x", count: 2000)
+        for _ in 0..<2000 { try execute(writer, "slow", "INSERT INTO blob (body) VALUES (?)", [.string(body)]) }
+        var last = start
+        var dropped: VarlinkError?
+        while dropped == nil {
+            do {
+                let event = try next(watcher)
+                let position = try #require(event["position"]?.integerValue)
+                #expect(position == last + 1)
+                last = position
+            } catch let error as VarlinkError {
+                dropped = error
+            }
+        }
+        #expect(dropped?.name == "io.userstore.Store.WatchTooSlow")
+        #expect(dropped?.parameters["position"]?.integerValue == last, "the last position delivered")
+        #expect(last < start + 2000, "dropped before the end")
+        // Resumed from there: the rest, in order, nothing missing.
+        let resumed = try daemon.connect()
+        resumed.setReceiveTimeout(seconds: 30)
+        #expect(try watch(resumed, user: "slow", since: last) == start + 2000)
+        for expected in (last + 1)...(start + 2000) { #expect(try next(resumed)["position"]?.integerValue == expected) }
+    }
+
+    @Test(.timeLimit(.minutes(5)))
+    func evictionBetweenTwoWatchesLosesNothingAndAnImportIsAReset() throws {
+        let daemon = try DaemonHarness(extraConfig: Self.watchOn + "maxOpenStores: 1\n")
+        try daemon.start()
+        let client = try daemon.connect()
+        try execute(client, "evicted", "CREATE TABLE t (x)")
+        let first = try daemon.connect()
+        let start = try watch(first, user: "evicted")
+        try execute(client, "evicted", "INSERT INTO t VALUES (1)")
+        #expect(try next(first)["position"]?.integerValue == start + 1)
+        first.hangUp()
+        // Another user's store takes the only slot: "evicted" is closed, then written again.
+        try execute(client, "other", "CREATE TABLE u (y)")
+        try execute(client, "evicted", "INSERT INTO t VALUES (2)")
+        let second = try daemon.connect()
+        #expect(try watch(second, user: "evicted", since: start + 1) == start + 2)
+        #expect(try next(second)["position"]?.integerValue == start + 2)
+
+        // A restore replaces the store under a watcher: the watch ends (Retry), and a watch from
+        // the last position gets one reset, at a position past every earlier one.
+        let backup = try #require(try client.call("io.userstore.Admin.Backup", ["user": "evicted"])["path"]?.stringValue)
+        try execute(client, "evicted", "INSERT INTO t VALUES (3)") // position start + 3, then restored away
+        #expect(try next(second)["position"]?.integerValue == start + 3)
+        _ = try client.call("io.userstore.Admin.RestoreStore", ["user": "evicted", "backup": .string(backup)])
+        #expect((try? next(second)) == nil, "the watch ended")
+        let third = try daemon.connect()
+        let position = try watch(third, user: "evicted", since: start + 3)
+        #expect(position == start + 4)
+        let reset = try next(third)
+        #expect(reset["position"]?.integerValue == start + 4 && reset["reset"]?.boolValue == true)
+    }
+
 }

@@ -1,3 +1,4 @@
+import Foundation
 import GRDBSQLite
 
 /// The committed changes a store keeps for its watchers, in the store's own file (so they are
@@ -62,6 +63,40 @@ enum ChangeLog {
             }
         }
         return state
+    }
+
+    /// Makes the file at `staged`, about to replace the store at `current` (closed; it may not
+    /// exist), go on from the current store's position: its next position is past both files'
+    /// and is a reset, so that a watcher resuming from any position it was given learns that
+    /// the store changed under it, and no position is used twice.
+    static func continuePositions(from current: String, into staged: String) throws(ChangeLogError) {
+        var previous: Int64 = 0
+        if FileManager.default.fileExists(atPath: current) {
+            var connection: OpaquePointer?
+            if sqlite3_open_v2(current, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection {
+                previous = state(connection).position
+            }
+            sqlite3_close(connection)
+        }
+        var connection: OpaquePointer?
+        guard sqlite3_open_v2(staged, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
+            sqlite3_close(connection)
+            throw ChangeLogError(message: "cannot open \(staged) to carry the change log's position")
+        }
+        defer { sqlite3_close(connection) }
+        let position = max(previous, state(connection).position) + 1
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let sql = create + "BEGIN IMMEDIATE;"
+            + "INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, \(position), \(position - 1))"
+            + " ON CONFLICT (id) DO UPDATE SET position = \(position), trimmed_through = \(position - 1);"
+            + "DELETE FROM userstore_changes;"
+            + "INSERT INTO userstore_changes (position, ordinal, committed_at, operation) VALUES (\(position), 0, \(now), 'reset');"
+            + "COMMIT;"
+        guard sqlite3_exec(connection, sql, nil, nil, nil) == SQLITE_OK else {
+            let message = String(cString: sqlite3_errmsg(connection))
+            sqlite3_exec(connection, "ROLLBACK", nil, nil, nil)
+            throw ChangeLogError(message: message)
+        }
     }
 
     /// Drops what is past the limits: positions more than `keepChanges` behind `position`, and

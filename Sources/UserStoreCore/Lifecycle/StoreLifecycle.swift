@@ -53,6 +53,7 @@ public struct StoreLifecycle: Sendable {
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer) : nil
+            try self.carryChangePositions(user, into: staged)
             try files.publish(staged, as: user)
             try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
@@ -125,9 +126,21 @@ public struct StoreLifecycle: Sendable {
         return try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer) : nil
+            try self.carryChangePositions(user, into: staged)
             try files.publish(staged, as: user)
             try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return copy
+        }
+    }
+
+    /// With the change stream on: the replacing file goes on from the live store's position,
+    /// with a reset (docs/watch.md, "Resuming"), so positions never repeat across a replacement.
+    private func carryChangePositions(_ user: UserID, into staged: String) throws {
+        guard registry.configuration.changeRetention != nil else { return }
+        do {
+            try ChangeLog.continuePositions(from: registry.configuration.layout.storePath(for: user), into: staged)
+        } catch {
+            throw StoreError.storageFailure(user: user, message: "the change log's position could not be carried over: \(error.message)")
         }
     }
 

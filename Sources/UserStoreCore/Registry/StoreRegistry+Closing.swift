@@ -25,6 +25,7 @@ extension StoreRegistry {
                 let store = state.entries[user]?.store
                 let task = Task<PreparationOutcome, Never> {
                     if let store {
+                        store.recorder?.feed.endAll() // a watch's lease would hold the store open
                         await self.drain(user)
                         await self.preparer.close(store)
                     }

@@ -97,6 +97,8 @@ struct StoreWatch {
             case .tick:
                 if context.isShuttingDown { throw Errors.shuttingDown }
                 try await send([]) // throws once the client has gone
+            case .ended:
+                throw Errors.retry(user: user.rawValue, reason: "the store is being closed (deleted, replaced or moved): watch again with since")
             case .tooSlow:
                 context.logWatchDropped(user: user.rawValue, position: delivered, maxBufferedBytes: maxBufferedBytes)
                 context.metrics?.watchDropped()
@@ -127,6 +129,8 @@ final class WatchBuffer: Sendable {
         case event(position: Int64, bytes: [UInt8])
         case tick
         case tooSlow
+        /// The store is being closed (deleted, replaced, moved): the watch lets go of it.
+        case ended
     }
 
     let items: AsyncStream<Item>
@@ -153,7 +157,9 @@ final class WatchBuffer: Sendable {
 
     /// Subscribes to `feed` for the events after `position` (on the store's queue).
     func subscribe(to feed: ChangeFeed, after position: Int64) {
-        let key = feed.subscribe { [self] event in offer(event) }
+        let key = feed.subscribe(ChangeFeed.Subscriber(event: { [self] event in offer(event) }, end: { [self] in
+            continuation.yield(.ended)
+        }))
         state.withLock {
             $0.feed = feed
             $0.key = key

@@ -1,6 +1,7 @@
 import Foundation
 import HTTPTypes
 import Hummingbird
+import ServiceLifecycle
 import UserStoreClient
 
 /// `GET /notes/events`: the user's note changes as Server-Sent Events, from the daemon's change
@@ -30,9 +31,26 @@ struct NoteEvents {
         headers[.contentType] = "text/event-stream"
         headers[.cacheControl] = "no-cache"
         return Response(status: .ok, headers: headers, body: ResponseBody { writer in
-            for try await event in changes {
-                try await writer.write(ByteBuffer(string: Self.format(event)))
+            // An event stream never ends by itself: the app's graceful shutdown (SIGTERM) ends it,
+            // or the server would wait for it forever.
+            let (events, relay) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
+            let forwarding = Task {
+                do {
+                    for try await event in changes { relay.yield(event) }
+                    relay.finish()
+                } catch {
+                    relay.finish(throwing: error)
+                }
             }
+            try await withGracefulShutdownHandler {
+                for try await event in events {
+                    try await writer.write(ByteBuffer(string: Self.format(event)))
+                }
+            } onGracefulShutdown: {
+                forwarding.cancel()
+                relay.finish()
+            }
+            forwarding.cancel()
             try await writer.finish(nil)
         })
     }
