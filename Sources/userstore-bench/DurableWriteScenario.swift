@@ -53,7 +53,10 @@ struct DurableWriteScenario: Scenario {
     }
 
     /// What recording changes for watchers costs a writer nobody watches: 8 users' durable
-    /// INSERTs with `watch.enabled` false and true, alternating (off, on, off, on).
+    /// INSERTs with `watch.enabled` false and true, alternating (off, on, off, on); then on,
+    /// with a watcher on each store that never reads (dropped with WatchTooSlow once
+    /// `watch.maxBufferedBytes` wait), against none, alternating: a slow watcher must not slow
+    /// the writers.
     private func watchCost(fleet: (data: String, migrations: String, users: [String]), insert: String) {
         guard let load else { return }
         var rates: [Bool: [Double]] = [false: [], true: []]
@@ -67,11 +70,52 @@ struct DurableWriteScenario: Scenario {
             p99[enabled]!.append(result.p99)
             env.stop(daemon)
         }
+        let workload = LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true)
+        var stuck: [Bool: [(Double, Double)]] = [false: [], true: []]
+        for watched in [false, true, false, true] {
+            guard let (daemon, socket) = try? env.startDaemon(name: "writes-stuck-\(watched)", data: fleet.data, migrations: fleet.migrations,
+                                                              extra: "watch:\n  enabled: true\n  maxBufferedBytes: 65536") else { return }
+            let watchers = watched ? Self.stuckWatchers(socket: socket, users: fleet.users) : nil
+            let result = load.run(socket: socket, connections: 8, seconds: seconds, workload)
+            watchers?.terminate()
+            stuck[watched]!.append((result.throughput, result.p99))
+            env.stop(daemon)
+        }
+        func mean(_ runs: [(Double, Double)], _ pick: ((Double, Double)) -> Double) -> Double { runs.map(pick).reduce(0, +) / Double(max(runs.count, 1)) }
+        for watched in [false, true] {
+            let runs = stuck[watched]!
+            record(Measurement(scenario: "2. durable INSERT, watch", subject: watched ? "userstored, 8 users, a watcher on each store that never reads (mean of 2)"
+                                                                                      : "userstored, 8 users, no watcher (mean of 2, alternating with the row below)",
+                               value: mean(runs) { $0.0 }, unit: "req/s", p99: mean(runs) { $0.1 },
+                               note: "runs " + runs.map { format($0.0) + " (p99 " + format($0.1) + " µs)" }.joined(separator: ", ")))
+        }
         let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
         record(Measurement(scenario: "2. durable INSERT, watch", subject: "userstored, 8 users, watch.enabled false (mean of 2)", value: off, unit: "req/s",
                            p99: p99[false]!.reduce(0, +) / 2, note: rates[false]!.map { format($0) }.joined(separator: ", ")))
         record(Measurement(scenario: "2. durable INSERT, watch", subject: "userstored, 8 users, watch.enabled true, no watcher (mean of 2)", value: on, unit: "req/s",
                            p99: p99[true]!.reduce(0, +) / 2,
                            note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; on / off = %.2f", on / max(off, 1))))
+    }
+
+    /// A process holding a Watch (values on) on each of `users`' stores that never reads a reply.
+    static func stuckWatchers(socket: String, users: [String]) -> Process? {
+        let script = """
+            import json, socket, sys, time
+            held = []
+            for user in sys.argv[2:]:
+                s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+                s.sendall(json.dumps({"method": "io.userstore.Store.Watch", "parameters": {"user": user, "values": True}, "more": True}).encode() + b"\\0")
+                held.append(s)
+            print("watching", flush=True)
+            time.sleep(3600)
+            """
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = ["-c", script, socket] + users
+        let output = Pipe()
+        process.standardOutput = output
+        guard (try? process.run()) != nil else { return nil }
+        _ = output.fileHandleForReading.availableData // "watching": every watch sent
+        return process
     }
 }

@@ -254,6 +254,30 @@ import Varlink
         #expect(example.status == 0, "\(example.stdout)")
         #expect(example.stdout.contains("ok"))
     }
+
+    @Test(.timeLimit(.minutes(3)))
+    func watchPrintsEachCommittedChangeAsAJSONLineAndALostPositionExitsOne() throws {
+        let daemon = try DaemonHarness(migrations: ["0001_t.sql": "CREATE TABLE t (v TEXT);"])
+        try daemon.start()
+        let client = try daemon.connect()
+        for value in ["one", "two"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": "tail", "sql": "INSERT INTO t VALUES (?)", "parameters": [.string(value)]])
+        }
+        // From position 0: ready, then both transactions; it follows until stopped (here by
+        // timeout(1) after 3 s).
+        let watched = try run(["/usr/bin/timeout", "-s", "KILL", "3", userstorectlPath, "watch", "tail", "--since", "0", "--values", "--socket", daemon.socketPath])
+        #expect([9, 137].contains(watched.status), "\(watched)") // killed by timeout(1) (SIGKILL: the test process may hand SIGTERM down ignored)
+        let lines = watched.stdout.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+        #expect(lines.count == 3, "\(watched.stdout)")
+        #expect(lines.first?["ready"] as? Bool == true && lines.first?["position"] as? Int == 2)
+        #expect(lines.dropFirst().map { $0["position"] as? Int } == [1, 2])
+        let last = try #require(lines.last?["changes"] as? [[String: Any]])
+        #expect(last.first?["operation"] as? String == "insert" && (last.first?["values"] as? [String: Any])?["v"] as? String == "two", "\(watched.stdout)")
+
+        let lost = try ctl(["watch", "tail", "--since", "7"], socket: daemon.socketPath)
+        #expect(lost.status == 1 && lost.stderr.contains("PositionLost"), "\(lost)")
+    }
+
 }
 
 @Suite struct CtlCompletionTests {
@@ -265,4 +289,5 @@ import Varlink
             #expect(result.stdout.contains(subcommand), "\(shell): \(subcommand)")
         }
     }
+
 }

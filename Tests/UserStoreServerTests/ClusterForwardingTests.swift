@@ -125,6 +125,18 @@ import Varlink
         #expect(try toB.call("io.userstore.Store.Query", ["user": "fwd-3", "sql": "SELECT title FROM notes"])["rows"] == [["oneway"]])
         _ = try toB.call("io.userstore.Store.Rollback", ["transaction": open])
 
+        // A watch through b: put in place on a, and a change made on a comes back through b.
+        let watcher = try b.connect()
+        watcher.setReceiveTimeout(seconds: 60)
+        try watcher.send(VarlinkCall(method: "io.userstore.Store.Watch", parameters: ["user": "fwd-5"], more: true))
+        let ready = try watcher.readReply().checked()
+        #expect(ready.parameters["ready"] == true && ready.continues, "\(ready)")
+        let start = try #require(ready.parameters["position"]?.integerValue)
+        _ = try toA.call("io.userstore.Store.Execute", ["user": "fwd-5", "sql": "INSERT INTO notes (title) VALUES ('watched')"])
+        let change = try watcher.readReply().checked()
+        #expect(change.parameters["position"]?.integerValue == start + 1 && change.continues, "\(change)")
+        #expect(change.parameters["changes"]?.arrayValue?.first?.objectValue?["table"] == "notes")
+
         // b kept nothing of a's users.
         #expect(try run(["/usr/bin/find", b.dataDirectory, "-name", "fwd-*.sqlite"]).stdout.isEmpty)
         #expect(a.stop() == 0)

@@ -241,4 +241,23 @@ import Varlink
         #expect(reset["position"]?.integerValue == start + 4 && reset["reset"]?.boolValue == true)
     }
 
+
+    @Test(.timeLimit(.minutes(5)))
+    func aMigrationOfAWatchedStoreIsOneReset() throws {
+        let daemon = try DaemonHarness(migrations: ["0001_t.sql": "CREATE TABLE t (x);\n"], extraConfig: Self.watchOn)
+        try daemon.start()
+        let client = try daemon.connect()
+        try execute(client, "migrated", "INSERT INTO t VALUES (1)")
+        let watcher = try daemon.connect()
+        let start = try watch(watcher, user: "migrated")
+        try daemon.addMigration("0002_u.sql", "CREATE TABLE u (y);\n")
+        _ = try client.call("io.userstore.Admin.Reload")
+        try execute(client, "migrated", "INSERT INTO u VALUES (2)") // migrated first, on its next use
+        let reset = try next(watcher)
+        #expect(reset["position"]?.integerValue == start + 1 && reset["reset"]?.boolValue == true, "\(reset)")
+        let insert = try next(watcher)
+        #expect(insert["position"]?.integerValue == start + 2)
+        #expect(insert["changes"]?.arrayValue?.first?.objectValue?["table"]?.stringValue == "u")
+    }
+
 }

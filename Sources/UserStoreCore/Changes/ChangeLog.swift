@@ -103,12 +103,19 @@ enum ChangeLog {
     /// those committed before `cutoffMilliseconds` (Unix time). Records the highest dropped.
     static func trim(_ connection: OpaquePointer, position: Int64, keepChanges: Int, cutoffMilliseconds: Int64) throws(ChangeLogError) {
         var through = max(0, position - Int64(keepChanges))
-        try withStatement(connection, "SELECT max(position) FROM userstore_changes WHERE committed_at < ?") { statement in
+        // The oldest kept transaction first (the key's first row): only when it is past the age
+        // limit is the log scanned for the last one that is.
+        var oldestExpired = false
+        try withStatement(connection, "SELECT committed_at < ? FROM userstore_changes ORDER BY position LIMIT 1") { statement in
+            sqlite3_bind_int64(statement, 1, cutoffMilliseconds)
+            oldestExpired = sqlite3_step(statement) == SQLITE_ROW && sqlite3_column_int64(statement, 0) != 0
+        }.get()
+        if oldestExpired { try withStatement(connection, "SELECT max(position) FROM userstore_changes WHERE committed_at < ?") { statement in
             sqlite3_bind_int64(statement, 1, cutoffMilliseconds)
             if sqlite3_step(statement) == SQLITE_ROW, sqlite3_column_type(statement, 0) != SQLITE_NULL {
                 through = max(through, sqlite3_column_int64(statement, 0))
             }
-        }.get()
+        }.get() }
         guard through > 0 else { return }
         try withStatement(connection, "DELETE FROM userstore_changes WHERE position <= ?") { statement in
             sqlite3_bind_int64(statement, 1, through)
