@@ -177,7 +177,7 @@ import Varlink
             "export": ["ann"], "import": ["ann", "/nonexistent/ann.sqlite"], "delete": ["ann", "--yes"], "top": [],
             "sql": ["ann", "SELECT 1"], "accept-checksums": ["ann"], "replication": [],
             "cluster status": [], "cluster move": ["1", "host-b"], "cluster drain": ["host-b"], "cluster rebalance": [],
-            "release status": [], "release start": ["--steps", "10%,100%"], "release next": [], "release resume": [], "release abort": [], "release trial": [], "query": ["--all", "SELECT 1"],
+            "release status": [], "release start": ["--steps", "10%,100%"], "release next": [], "release resume": [], "release abort": [], "release trial": [], "query": ["--all", "SELECT 1"], "watch": ["ann"],
         ]
         let daemonless: [String: [String]] = ["migrations check": [repositoryRoot + "/config/migrations"]]
         let tree = try JSONParser().parse(try ctl(["--experimental-dump-help"]).stdout)

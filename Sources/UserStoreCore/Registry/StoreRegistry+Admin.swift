@@ -77,7 +77,11 @@ extension StoreRegistry {
             let migrator = preparer.makeMigrator(user, migrations: migrations)
             defer { setPhase(user, ready: false, stale: true) }
             do {
-                return try await store.write { db in (try migrator.rollback(db, to: version), try Bookkeeping.userVersion(db)) }
+                return try await store.write { db in
+                    let undone = try migrator.rollback(db, to: version)
+                    if !undone.isEmpty { store.recorder?.requestReset() } // watchers re-read (docs/watch.md)
+                    return (undone, try Bookkeeping.userVersion(db))
+                }
             } catch {
                 throw Self.storeError(error, user: user)
             }
