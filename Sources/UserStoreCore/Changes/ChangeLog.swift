@@ -34,10 +34,6 @@ enum ChangeLog {
         ) WITHOUT ROWID;
         """
 
-    static let nextPosition = """
-        INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, 1, 0)
-        ON CONFLICT (id) DO UPDATE SET position = position + 1 RETURNING position
-        """
     static let insertChange = """
         INSERT INTO userstore_changes (position, ordinal, committed_at, table_name, operation, row_id, row_values)
         VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -57,7 +53,11 @@ enum ChangeLog {
     static func state(_ connection: OpaquePointer) -> (position: Int64, trimmedThrough: Int64) {
         guard exists(connection) else { return (0, 0) }
         var state: (Int64, Int64) = (0, 0)
-        _ = withStatement(connection, "SELECT position, trimmed_through FROM userstore_watch WHERE id = 1") { statement in
+        _ = withStatement(connection, """
+            SELECT max(coalesce((SELECT position FROM userstore_watch WHERE id = 1), 0),
+                       coalesce((SELECT max(position) FROM userstore_changes), 0)),
+                   coalesce((SELECT trimmed_through FROM userstore_watch WHERE id = 1), 0)
+            """) { statement in
             if sqlite3_step(statement) == SQLITE_ROW {
                 state = (sqlite3_column_int64(statement, 0), sqlite3_column_int64(statement, 1))
             }
@@ -121,8 +121,13 @@ enum ChangeLog {
             sqlite3_bind_int64(statement, 1, through)
             _ = sqlite3_step(statement)
         }.get()
-        try withStatement(connection, "UPDATE userstore_watch SET trimmed_through = max(trimmed_through, ?) WHERE id = 1") { statement in
-            sqlite3_bind_int64(statement, 1, through)
+        // The position too: a trim may empty the log, where the position is read from otherwise.
+        try withStatement(connection, """
+            INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET position = max(position, excluded.position), trimmed_through = max(trimmed_through, excluded.trimmed_through)
+            """) { statement in
+            sqlite3_bind_int64(statement, 1, position)
+            sqlite3_bind_int64(statement, 2, through)
             _ = sqlite3_step(statement)
         }.get()
     }

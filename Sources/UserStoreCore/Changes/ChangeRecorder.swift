@@ -56,6 +56,11 @@ public final class ChangeRecorder: @unchecked Sendable {
     /// Flushed in the transaction that is committing; published once it has.
     private var awaiting: ChangeEvent?
     private var tablesReady = false
+    /// The store's position as this connection last wrote it (nil: read it from the file).
+    private var lastPosition: Int64?
+    private var lastPositionPending: Int64?
+    /// Statements kept prepared for the connection's life (``finalize()``).
+    private var prepared: [String: OpaquePointer] = [:]
     /// Whether the log's tables exist (nil: not looked yet).
     private var logExists: Bool?
     /// Column names per table, read at flush; emptied when the schema changes.
@@ -128,6 +133,7 @@ public final class ChangeRecorder: @unchecked Sendable {
 
     /// Forgets the transaction's changes (it rolled back).
     func discard() {
+        lastPosition = nil // what was counted in the rolled-back transaction is read again
         pending.removeAll()
         savepoints.removeAll()
         resetPending = false
@@ -198,12 +204,11 @@ public final class ChangeRecorder: @unchecked Sendable {
                 tablesReady = true
                 logExists = true
             }
-            var position: Int64 = 0
-            try ChangeLog.withStatement(connection, ChangeLog.nextPosition) { statement in
-                if sqlite3_step(statement) == SQLITE_ROW { position = sqlite3_column_int64(statement, 0) }
-                _ = sqlite3_step(statement)
-            }.get()
-            guard position > 0 else { throw ChangeLogError(message: "the store's position could not be advanced") }
+            // The position is counted here: this connection is the file's only writer. It is read
+            // once per connection (the log's newest position; `userstore_watch` holds it when
+            // trims emptied the log) and written to `userstore_watch` only when trimming, so a
+            // commit writes one page of the log, not two.
+            let position = (lastPosition ?? ChangeLog.state(connection).position) + 1
             var event = ChangeEvent(position: position, committedAt: now, reset: resetPending, changes: [])
             if !resetPending {
                 refreshColumnNames(connection)
@@ -213,12 +218,14 @@ public final class ChangeRecorder: @unchecked Sendable {
                 }
             }
             try insert(event, connection)
+            lastPositionPending = position
             if position % Self.trimEvery == 0 {
                 try ChangeLog.trim(connection, position: position, keepChanges: retention.keepChanges,
                                    cutoffMilliseconds: now - Int64(retention.keepSeconds) * 1000)
             }
             awaiting = event
         }
+        lastPosition = lastPositionPending
         pending.removeAll(keepingCapacity: true)
         savepoints.removeAll()
         resetPending = false
@@ -226,7 +233,7 @@ public final class ChangeRecorder: @unchecked Sendable {
 
     private func insert(_ event: ChangeEvent, _ connection: OpaquePointer) throws(ChangeLogError) {
         var failed = false
-        try ChangeLog.withStatement(connection, ChangeLog.insertChange) { statement in
+        try withPrepared(connection, ChangeLog.insertChange) { statement in
             func row(_ ordinal: Int, _ table: String?, _ operation: String, _ rowid: Int64?, _ values: [UInt8]?) {
                 sqlite3_bind_int64(statement, 1, event.position)
                 sqlite3_bind_int64(statement, 2, Int64(ordinal))
@@ -250,7 +257,7 @@ public final class ChangeRecorder: @unchecked Sendable {
                     if failed { break }
                 }
             }
-        }.get()
+        }
         if failed { throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection))) }
     }
 
@@ -271,8 +278,9 @@ public final class ChangeRecorder: @unchecked Sendable {
 
     private func refreshColumnNames(_ connection: OpaquePointer) {
         var version: Int64 = 0
-        ChangeLog.withStatement(connection, "PRAGMA schema_version") { statement in
+        _ = try? withPrepared(connection, "PRAGMA schema_version") { statement in
             if sqlite3_step(statement) == SQLITE_ROW { version = sqlite3_column_int64(statement, 0) }
+            sqlite3_reset(statement)
         }
         if version != schemaVersion {
             columnNames.removeAll()
@@ -320,6 +328,39 @@ public final class ChangeRecorder: @unchecked Sendable {
         let exists = ChangeLog.exists(connection)
         logExists = exists
         return exists
+    }
+
+    /// Runs `body` with `sql` prepared once for the connection's life.
+    private func withPrepared(_ connection: OpaquePointer, _ sql: String, _ body: (OpaquePointer) -> Void) throws(ChangeLogError) {
+        var statement = prepared[sql]
+        if statement == nil {
+            guard sqlite3_prepare_v3(connection, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil) == SQLITE_OK, let made = statement else {
+                throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection)))
+            }
+            prepared[sql] = made
+        }
+        body(statement!)
+    }
+
+    /// `BEGIN IMMEDIATE`, `COMMIT` or `ROLLBACK` for a client's autocommit write
+    /// (ChangeRecording), prepared once; SQLite's result code.
+    public func transactionControl(_ connection: OpaquePointer, _ sql: StaticString) -> Int32 {
+        var code = SQLITE_MISUSE
+        do {
+            try withPrepared(connection, "\(sql)") { statement in
+                code = sqlite3_step(statement)
+                sqlite3_reset(statement)
+            }
+        } catch {
+            return SQLITE_ERROR
+        }
+        return code == SQLITE_DONE ? SQLITE_OK : code
+    }
+
+    /// Finalizes the statements kept prepared; before the connection closes.
+    func finalize() {
+        for statement in prepared.values { sqlite3_finalize(statement) }
+        prepared.removeAll()
     }
 
     /// Marks the store for a reset (its schema or contents changed under the watchers: a

@@ -281,8 +281,11 @@ public final class Store: Sendable {
 
     /// Closes the connection after the work already submitted.
     func close() {
-        let statements = self.statements
-        queue.writeWithoutTransaction { _ in statements.finalizeAll() }
+        let statements = self.statements, recorder = self.recorder
+        queue.writeWithoutTransaction { _ in
+            statements.finalizeAll()
+            recorder?.finalize()
+        }
         try? queue.close()
     }
 }

@@ -25,7 +25,7 @@ struct ChangeRecording {
             return
         }
         guard sqlite3_stmt_readonly(statement) == 0 else { return try body() }
-        try exec("BEGIN IMMEDIATE")
+        try control(recorder, "BEGIN IMMEDIATE")
         do throws(VarlinkError) {
             try body()
             do {
@@ -33,9 +33,9 @@ struct ChangeRecording {
             } catch {
                 throw Errors.sqlError(code: SQLITE_ERROR, message: "the store's change log could not be written: \(error.message)")
             }
-            try exec("COMMIT")
+            try control(recorder, "COMMIT")
         } catch {
-            if sqlite3_get_autocommit(connection) == 0 { _ = try? exec("ROLLBACK") }
+            if sqlite3_get_autocommit(connection) == 0 { _ = try? control(recorder, "ROLLBACK") }
             throw error
         }
     }
@@ -53,9 +53,9 @@ struct ChangeRecording {
         return ChangeRecorder.SavepointStatement.parse(String(cString: sql))
     }
 
-    /// The daemon's own transaction control, beside the client's statement.
-    private func exec(_ sql: String) throws(VarlinkError) {
-        let code = store.guardian.withoutClientRules { sqlite3_exec(connection, sql, nil, nil, nil) }
+    /// The daemon's own transaction control, beside the client's statement (prepared once).
+    private func control(_ recorder: ChangeRecorder, _ sql: StaticString) throws(VarlinkError) {
+        let code = store.guardian.withoutClientRules { recorder.transactionControl(connection, sql) }
         guard code == SQLITE_OK else {
             throw Errors.sqlite(code: sqlite3_extended_errcode(connection), message: String(cString: sqlite3_errmsg(connection)),
                                 user: store.user.rawValue, index: nil)
