@@ -260,6 +260,10 @@ import Varlink
         let daemon = try DaemonHarness(migrations: ["0001_t.sql": "CREATE TABLE t (v TEXT);"])
         try daemon.start()
         let client = try daemon.connect()
+        // Watched once: from then on the store records its changes.
+        let first = try daemon.connect()
+        try first.send(VarlinkCall(method: "io.userstore.Store.Watch", parameters: ["user": "tail"], more: true))
+        #expect(try first.readReply().parameters["ready"] == true)
         for value in ["one", "two"] {
             _ = try client.call("io.userstore.Store.Execute", ["user": "tail", "sql": "INSERT INTO t VALUES (?)", "parameters": [.string(value)]])
         }

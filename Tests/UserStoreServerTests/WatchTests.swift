@@ -141,6 +141,10 @@ import Varlink
         try daemon.start()
         let writer = try daemon.connect()
         try execute(writer, "trim", "CREATE TABLE t (id INTEGER PRIMARY KEY)")
+        // Watched once (the store records from then on), then 130 transactions nobody watches.
+        let first = try daemon.connect()
+        #expect(try watch(first, user: "trim") == 0)
+        first.hangUp()
         for _ in 0..<130 { try execute(writer, "trim", "INSERT INTO t DEFAULT VALUES") }
         let watcher = try daemon.connect()
         do {
@@ -241,6 +245,22 @@ import Varlink
         #expect(reset["position"]?.integerValue == start + 4 && reset["reset"]?.boolValue == true)
     }
 
+
+    @Test(.timeLimit(.minutes(5)))
+    func aStoreNobodyWatchedRecordsNothing() throws {
+        let daemon = try DaemonHarness(extraConfig: Self.watchOn)
+        try daemon.start()
+        let client = try daemon.connect()
+        try execute(client, "quiet", "CREATE TABLE t (x)")
+        for n in 0..<5 { try execute(client, "quiet", "INSERT INTO t VALUES (?)", [.integer(Int64(n))]) }
+        let tables = try client.call("io.userstore.Store.Query", ["user": "quiet", "sql": "SELECT count(*) FROM sqlite_master WHERE name LIKE 'userstore_%'"])
+        #expect(tables["rows"] == [[0]], "no change log in a store never watched")
+        // The first watch starts the recording: it begins at position 0, and what follows counts.
+        let watcher = try daemon.connect()
+        #expect(try watch(watcher, user: "quiet") == 0)
+        try execute(client, "quiet", "INSERT INTO t VALUES (99)")
+        #expect(try next(watcher)["position"]?.integerValue == 1)
+    }
 
     @Test(.timeLimit(.minutes(5)))
     func aMigrationOfAWatchedStoreIsOneReset() throws {

@@ -69,11 +69,13 @@ enum ChangeLog {
     /// exist), go on from the current store's position: its next position is past both files'
     /// and is a reset, so that a watcher resuming from any position it was given learns that
     /// the store changed under it, and no position is used twice.
+    /// Neither file recording (never watched): nothing to carry.
     static func continuePositions(from current: String, into staged: String) throws(ChangeLogError) {
-        var previous: Int64 = 0
+        var previous: Int64 = 0, recorded = false
         if FileManager.default.fileExists(atPath: current) {
             var connection: OpaquePointer?
             if sqlite3_open_v2(current, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection {
+                recorded = exists(connection)
                 previous = state(connection).position
             }
             sqlite3_close(connection)
@@ -84,6 +86,7 @@ enum ChangeLog {
             throw ChangeLogError(message: "cannot open \(staged) to carry the change log's position")
         }
         defer { sqlite3_close(connection) }
+        guard recorded || exists(connection) else { return }
         let position = max(previous, state(connection).position) + 1
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         let sql = create + "BEGIN IMMEDIATE;"

@@ -99,7 +99,7 @@ public final class ChangeRecorder: @unchecked Sendable {
     }
 
     private func preupdate(_ connection: OpaquePointer, _ operation: Int32, _ table: String, _ oldRowid: Int64, _ newRowid: Int64) {
-        guard !Self.isInternal(table) else { return }
+        guard logExists == true, !Self.isInternal(table) else { return }
         guard guardian.runningClientStatement, !resetPending else { markReset(); return }
         guard pending.count < Self.maxChangesPerTransaction else { markReset(); return }
         switch operation {
@@ -321,6 +321,25 @@ public final class ChangeRecorder: @unchecked Sendable {
             awaiting = nil
             feed.publish(event)
         }
+    }
+
+    /// Whether the store records its changes: from the first Watch of it on (``startRecording(_:)``).
+    /// A store nobody ever watched records nothing and pays nothing; once watched, every commit
+    /// is recorded, watched at that moment or not, so that a watcher can resume. Read once per
+    /// connection.
+    public func isRecording(_ connection: OpaquePointer) -> Bool { hasLog(connection) }
+
+    /// Makes the store record its changes from now on (the log's tables); called by a Watch on
+    /// the store's queue, outside any transaction, before it reads the position.
+    public func startRecording(_ connection: OpaquePointer) throws(ChangeLogError) {
+        guard !hasLog(connection) else { return }
+        try guardian.withoutClientRules { () throws(ChangeLogError) in
+            guard sqlite3_exec(connection, ChangeLog.create, nil, nil, nil) == SQLITE_OK else {
+                throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection)))
+            }
+        }
+        logExists = true
+        tablesReady = true
     }
 
     private func hasLog(_ connection: OpaquePointer) -> Bool {

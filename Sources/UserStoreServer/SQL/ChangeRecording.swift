@@ -3,7 +3,8 @@ import UserStoreCore
 import Varlink
 
 /// Keeps a client statement's changes in the store's change log (``ChangeRecorder``), in the
-/// transaction that commits them:
+/// transaction that commits them, once the store records (it was watched once; until then
+/// nothing here runs):
 ///
 /// - a statement that writes outside a transaction (autocommit) runs inside `BEGIN IMMEDIATE`
 ///   … its changes into the log … `COMMIT`, so the log and the rows commit together (a read-only
@@ -18,7 +19,7 @@ struct ChangeRecording {
     let inTransaction: Bool
 
     func around(_ body: () throws(VarlinkError) -> Void) throws(VarlinkError) {
-        guard let recorder = store.recorder else { return try body() }
+        guard let recorder = store.recorder, recorder.isRecording(connection) else { return try body() }
         if sqlite3_get_autocommit(connection) == 0 {
             try body()
             if inTransaction, let savepoint = savepointStatement() { recorder.savepoint(savepoint) }

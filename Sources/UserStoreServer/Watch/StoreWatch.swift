@@ -1,3 +1,4 @@
+import GRDBSQLite
 import Synchronization
 import UserStoreCore
 import Varlink
@@ -35,6 +36,11 @@ struct StoreWatch {
             let buffer = WatchBuffer(tables: tables, values: values, maxBytes: maxBufferedBytes)
             let user = self.user, since = self.since
             let start: Result<Int64, VarlinkError> = try await store.write { db in
+                do {
+                    try recorder.startRecording(db.sqliteConnection!)
+                } catch {
+                    return .failure(Errors.sqlError(code: SQLITE_ERROR, message: "the store's change log could not be created: \((error as? ChangeLogError)?.message ?? "\(error)")"))
+                }
                 let (position, trimmed) = recorder.state(db.sqliteConnection!)
                 if let since, since < trimmed || since > position {
                     return .failure(Self.positionLost(user, oldest: trimmed + 1))
