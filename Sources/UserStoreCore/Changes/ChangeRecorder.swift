@@ -62,7 +62,7 @@ public final class ChangeRecorder: @unchecked Sendable {
     /// Statements kept prepared for the connection's life (``finalize()``).
     private var prepared: [String: OpaquePointer] = [:]
     /// Whether the log's tables exist (nil: not looked yet).
-    private var logExists: Bool?
+    fileprivate var logExists: Bool?
     /// Column names per table, read at flush; emptied when the schema changes.
     private var columnNames: [String: [String]] = [:]
     private var schemaVersion: Int64 = -1
@@ -78,6 +78,7 @@ public final class ChangeRecorder: @unchecked Sendable {
         _ = userstore_preupdate_hook(connection, { context, connection, operation, schema, table, oldRowid, newRowid in
             guard let context, let connection, let schema, let table, strcmp(schema, "main") == 0 else { return }
             let recorder = Unmanaged<ChangeRecorder>.fromOpaque(context).takeUnretainedValue()
+            guard recorder.logExists == true else { return } // not recording: nothing to look at
             recorder.preupdate(connection, operation, String(cString: table), oldRowid, newRowid)
         }, context)
         sqlite3_rollback_hook(connection, { context in
