@@ -26,7 +26,7 @@ struct DurableWriteScenario: Scenario {
                                note: "daemon CPU \(format(daemonCPU)) µs/request" + errors(result.errors)))
         }
         env.stop(daemon)
-        watchCost(fleet: fleet, insert: insert)
+        await watchCost(fleet: fleet, insert: insert)
         let layout = StoreLayout(dataDirectory: fleet.data)
         for threads in [1, 8] {
             let queues = try (0..<threads).map { index -> DatabaseQueue in
@@ -57,50 +57,30 @@ struct DurableWriteScenario: Scenario {
     /// with a watcher on each store that never reads (dropped with WatchTooSlow once
     /// `watch.maxBufferedBytes` wait), against none, alternating: a slow watcher must not slow
     /// the writers.
-    private func watchCost(fleet: (data: String, migrations: String, users: [String]), insert: String) {
+    private func watchCost(fleet: (data: String, migrations: String, users: [String]), insert: String) async {
         guard let load else { return }
-        var rates: [Bool: [Double]] = [false: [], true: []]
-        var p99: [Bool: [Double]] = [false: [], true: []]
-        for enabled in [false, true, false, true] {
-            guard let (daemon, socket) = try? env.startDaemon(name: "writes-watch-\(enabled)", data: fleet.data, migrations: fleet.migrations,
-                                                              extra: "watch:\n  enabled: \(enabled)") else { return }
-            let result = load.run(socket: socket, connections: 8, seconds: seconds,
-                                  LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true))
-            rates[enabled]!.append(result.throughput)
-            p99[enabled]!.append(result.p99)
-            env.stop(daemon)
-        }
         let workload = LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: insert, rows: 0, users: 8, userPerConnection: true)
-        var stuck: [Bool: [(Double, Double)]] = [false: [], true: []]
+        await alternating(scenario: "2. durable INSERT, watch", subject: { "userstored, 8 users, watch.enabled \($0)" + ($0 ? ", no watcher" : "") }) { on in
+            guard let (daemon, socket) = try? env.startDaemon(name: "writes-watch-\(on)", data: fleet.data, migrations: fleet.migrations,
+                                                              extra: "watch:\n  enabled: \(on)") else { return nil }
+            defer { env.stop(daemon) }
+            return load.run(socket: socket, connections: 8, seconds: seconds, workload)
+        }
         // Every store watched once first, so that both sides record (a store records from its
         // first watch on): what differs is only the watcher that never reads.
         if let (daemon, socket) = try? env.startDaemon(name: "writes-stuck-start", data: fleet.data, migrations: fleet.migrations) {
             Self.stuckWatchers(socket: socket, users: fleet.users)?.terminate()
             env.stop(daemon)
         }
-        for watched in [false, true, false, true] {
+        await alternating(scenario: "2. durable INSERT, watch",
+                          subject: { "userstored, 8 users, stores recording, " + ($0 ? "a watcher on each that never reads" : "no watcher") }) { watched in
             guard let (daemon, socket) = try? env.startDaemon(name: "writes-stuck-\(watched)", data: fleet.data, migrations: fleet.migrations,
-                                                              extra: "watch:\n  enabled: true\n  maxBufferedBytes: 65536") else { return }
+                                                              extra: "watch:\n  enabled: true\n  maxBufferedBytes: 65536") else { return nil }
+            defer { env.stop(daemon) }
             let watchers = watched ? Self.stuckWatchers(socket: socket, users: fleet.users) : nil
-            let result = load.run(socket: socket, connections: 8, seconds: seconds, workload)
-            watchers?.terminate()
-            stuck[watched]!.append((result.throughput, result.p99))
-            env.stop(daemon)
+            defer { watchers?.terminate() }
+            return load.run(socket: socket, connections: 8, seconds: seconds, workload)
         }
-        func mean(_ runs: [(Double, Double)], _ pick: ((Double, Double)) -> Double) -> Double { runs.map(pick).reduce(0, +) / Double(max(runs.count, 1)) }
-        for watched in [false, true] {
-            let runs = stuck[watched]!
-            record(Measurement(scenario: "2. durable INSERT, watch", subject: watched ? "userstored, 8 users, stores recording, a watcher on each that never reads (mean of 2)"
-                                                                                      : "userstored, 8 users, stores recording, no watcher (mean of 2, alternating with the row below)",
-                               value: mean(runs) { $0.0 }, unit: "req/s", p99: mean(runs) { $0.1 },
-                               note: "runs " + runs.map { format($0.0) + " (p99 " + format($0.1) + " µs)" }.joined(separator: ", ")))
-        }
-        let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
-        record(Measurement(scenario: "2. durable INSERT, watch", subject: "userstored, 8 users, watch.enabled false (mean of 2)", value: off, unit: "req/s",
-                           p99: p99[false]!.reduce(0, +) / 2, note: rates[false]!.map { format($0) }.joined(separator: ", ")))
-        record(Measurement(scenario: "2. durable INSERT, watch", subject: "userstored, 8 users, watch.enabled true, no watcher (mean of 2)", value: on, unit: "req/s",
-                           p99: p99[true]!.reduce(0, +) / 2,
-                           note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; on / off = %.2f", on / max(off, 1))))
     }
 
     /// A process holding a Watch (values on) on each of `users`' stores that never reads a reply.

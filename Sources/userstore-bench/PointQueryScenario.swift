@@ -25,24 +25,18 @@ struct PointQueryScenario: Scenario {
     }
 
     /// What the change stream costs a read: 8-client point queries on 100 users with
-    /// `watch.enabled` false and true, alternating (off, on, off, on), on the same files.
+    /// `watch.enabled` false and true, alternating, on the same files.
     private func watchCost() async throws {
         guard let load else { return }
         log("1. point query: watch off and on")
         let data = env.root + "/point100-data", migrations = env.root + "/point100-migrations"
         let workload = LoadGenerator.Workload(users: 100)
-        var rates: [Bool: [Double]] = [false: [], true: []]
-        for enabled in [false, true, false, true] {
-            let (daemon, socket) = try env.startDaemon(name: "watch-\(enabled)", data: data, migrations: migrations, extra: "watch:\n  enabled: \(enabled)")
+        try await alternating(scenario: "1. point query, watch", subject: { "userstored, 8 connections, 100 users, watch.enabled \($0)" + ($0 ? ", no watcher" : "") }) { on in
+            let (daemon, socket) = try env.startDaemon(name: "watch-\(on)", data: data, migrations: migrations, extra: "watch:\n  enabled: \(on)")
+            defer { env.stop(daemon) }
             await warm(socket: socket, users: users(100), load: load, workload: workload)
-            rates[enabled]!.append(load.run(socket: socket, connections: 8, seconds: seconds, workload).throughput)
-            env.stop(daemon)
+            return load.run(socket: socket, connections: 8, seconds: seconds, workload)
         }
-        let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
-        record(Measurement(scenario: "1. point query, watch", subject: "userstored, 8 connections, 100 users, watch.enabled false (mean of 2)", value: off, unit: "req/s",
-                           note: rates[false]!.map { format($0) }.joined(separator: ", ")))
-        record(Measurement(scenario: "1. point query, watch", subject: "userstored, 8 connections, 100 users, watch.enabled true, no watcher (mean of 2)", value: on, unit: "req/s",
-                           note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; on / off = %.2f", on / max(off, 1))))
     }
 
     /// Every store open and every page in its cache (one full scan each), as pgbench's table
@@ -55,26 +49,21 @@ struct PointQueryScenario: Scenario {
     }
 
     /// The cost of metrics: 8-client point queries on 100 users with metrics off and on,
-    /// alternating (off, on, off, on) on the same files.
+    /// alternating, on the same files.
     private func metricsCost() async throws {
         guard let load else { return }
         log("1. point query: metrics off and on")
         let data = env.root + "/point100-data", migrations = env.root + "/point100-migrations"
         let workload = LoadGenerator.Workload(users: 100)
-        var rates: [Bool: [Double]] = [false: [], true: []]
-        for metrics in [false, true, false, true] {
+        let cost = { (off: Double, on: Double) in 100 * (off - on) / max(off, 1) }
+        let (off, on) = try await alternating(scenario: "1. point query, metrics", subject: { "userstored, 8 connections, 100 users, metrics \($0 ? "on" : "off")" },
+                                        note: { String(format: "cost %.1f%%", cost($0, $1)) }) { metrics in
             let (daemon, socket) = try env.startDaemon(name: "metrics-\(metrics)", data: data, migrations: migrations, metrics: metrics)
+            defer { env.stop(daemon) }
             await warm(socket: socket, users: users(100), load: load, workload: workload)
-            rates[metrics]!.append(load.run(socket: socket, connections: 8, seconds: seconds, workload).throughput)
-            env.stop(daemon)
+            return load.run(socket: socket, connections: 8, seconds: seconds, workload)
         }
-        let off = rates[false]!.reduce(0, +) / 2, on = rates[true]!.reduce(0, +) / 2
-        let cost = 100 * (off - on) / max(off, 1)
-        record(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics off (mean of 2)", value: off, unit: "req/s",
-                           note: rates[false]!.map { format($0) }.joined(separator: ", ")))
-        record(Measurement(scenario: "1. point query, metrics", subject: "userstored, 8 connections, 100 users, metrics on (mean of 2)", value: on, unit: "req/s",
-                           note: rates[true]!.map { format($0) }.joined(separator: ", ") + String(format: "; cost %.1f%%", cost)))
-        check(TargetCheck(target: "metrics cost ≤ 3% of point-query throughput", measured: String(format: "%.1f%%", cost), met: cost <= 3))
+        check(TargetCheck(target: "metrics cost ≤ 3% of point-query throughput", measured: String(format: "%.1f%%", cost(off, on)), met: cost(off, on) <= 3))
     }
 
     private func pointQueries(users userCount: Int, postgres: Postgres?) async throws {

@@ -42,6 +42,29 @@ extension Scenario {
     func check(_ target: TargetCheck) { bench.report.add(target) }
     func errors(_ count: Int) -> String { count == 0 ? "" : "; \(count) errors" }
 
+    /// Runs `measure` for side B off and on in turn (off, on, off, on) — each run on a daemon of
+    /// its own, so that the VM's drift falls on both sides — and records each side's mean as a
+    /// row (`subject(on)`), the runs in its note, the second also `note(off, on)` (default: the
+    /// ratio). Returns the two means.
+    @discardableResult
+    func alternating(scenario: String, subject: (Bool) -> String, note: (Double, Double) -> String = { String(format: "on / off = %.2f", $1 / max($0, 1)) },
+                     _ measure: (Bool) async throws -> LoadGenerator.Result?) async rethrows -> (off: Double, on: Double) {
+        var runs: [Bool: [LoadGenerator.Result]] = [false: [], true: []]
+        for on in [false, true, false, true] {
+            if let result = try await measure(on) { runs[on]!.append(result) }
+        }
+        func mean(_ side: Bool, _ pick: (LoadGenerator.Result) -> Double) -> Double {
+            runs[side]!.map(pick).reduce(0, +) / Double(max(runs[side]!.count, 1))
+        }
+        let off = mean(false) { $0.throughput }, on = mean(true) { $0.throughput }
+        for side in [false, true] {
+            let list = runs[side]!.map { format($0.throughput) + " (p99 " + format($0.p99) + " µs)" }.joined(separator: ", ")
+            record(Measurement(scenario: scenario, subject: subject(side) + " (mean of \(runs[side]!.count))", value: mean(side) { $0.throughput },
+                               unit: "req/s", p99: mean(side) { $0.p99 }, note: "runs " + list + (side ? "; " + note(off, on) : "")))
+        }
+        return (off, on)
+    }
+
     func users(_ count: Int, prefix: String = "u") -> [String] { (0..<count).map { String(format: "\(prefix)%05d", $0) } }
 
     /// The kv migrations directory and a data directory of `count` users with `rows` rows each.
