@@ -60,4 +60,5 @@ enum Method {
     static let begin = "io.userstore.Store.Begin"
     static let commit = "io.userstore.Store.Commit"
     static let rollback = "io.userstore.Store.Rollback"
+    static let watch = "io.userstore.Store.Watch"
 }

@@ -75,18 +75,16 @@ extension UserStore {
             var position = since
             var pause: Duration = .milliseconds(50)
             while !Task.isCancelled {
-                var parameters: [String: JSONValue] = ["user": .string(user), "values": .bool(values)]
-                if let tables { parameters["tables"] = .array(tables.map { .string($0) }) }
-                if let position { parameters["since"] = .integer(position) }
+                var message = CallMessage(method: Method.watch)
+                message.field("user", user)
+                message.field("values", values)
+                if let tables { message.field("tables", tables) }
+                // A position the store no longer has (older than it keeps, or past it: the store
+                // went back to an older copy) is the daemon's PositionLost, which ends the watch.
+                if let position { message.field("since", position) }
                 do {
-                    let message = CallMessage.watch(parameters)
-                    for try await event in try await client.stream(message, as: WatchStreamDecoder.self) {
-                        if event.kind == .ready && position != nil && event.position < position! {
-                            // The store went back (restored from an older copy): what came after
-                            // it is not there any more.
-                            throw UserStoreError.positionLost(user: user, oldest: event.position + 1)
-                        }
-                        if event.kind != .ready { position = event.position } else if position == nil { position = event.position }
+                    for try await event in try await client.stream(message.finish(more: true), as: WatchStreamDecoder.self) {
+                        if event.kind != .ready || position == nil { position = event.position }
                         continuation.yield(event)
                         pause = .milliseconds(50)
                     }
@@ -105,26 +103,6 @@ extension UserStore {
         }
         continuation.onTermination = { _ in task.cancel() }
         return ChangeSequence(stream: stream)
-    }
-}
-
-extension UserStoreError {
-    /// The error a watch ends with when its position is gone, as the daemon names it.
-    static func positionLost(user: String, oldest: Int64) -> UserStoreError {
-        var writer = JSONWriter()
-        writer.write(JSONValue.object(["user": .string(user), "oldest": .integer(oldest)]))
-        guard let message = try? JSONMessage(bytes: writer.bytes) else { return .protocolViolation("PositionLost") }
-        return message.withView { view in UserStoreError(daemonError: "io.userstore.Store.PositionLost", view, parameters: 0) }
-    }
-}
-
-extension CallMessage {
-    /// `io.userstore.Store.Watch` with `more`.
-    static func watch(_ parameters: [String: JSONValue]) -> [UInt8] {
-        var writer = JSONWriter()
-        writer.write(VarlinkCall(method: "io.userstore.Store.Watch", parameters: parameters, more: true).message)
-        writer.raw(byte: 0)
-        return writer.bytes
     }
 }
 

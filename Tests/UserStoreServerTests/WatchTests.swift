@@ -280,4 +280,25 @@ import Varlink
         #expect(insert["changes"]?.arrayValue?.first?.objectValue?["table"]?.stringValue == "u")
     }
 
+
+    @Test(.timeLimit(.minutes(2)))
+    func rowsASavepointRolledBackAreNotReported() throws {
+        let daemon = try DaemonHarness(extraConfig: Self.watchOn)
+        try daemon.start()
+        let client = try daemon.connect()
+        try execute(client, "saved", "CREATE TABLE t (x TEXT)")
+        let watcher = try daemon.connect()
+        let start = try watch(watcher, user: "saved", values: true)
+        let transaction = try #require(try client.call("io.userstore.Store.Begin", ["user": "saved"])["transaction"])
+        for sql in ["INSERT INTO t VALUES ('kept')", "/* a comment */ SAVEPOINT \"Inner\"", "INSERT INTO t VALUES ('undone')",
+                    "ROLLBACK TO inner", "INSERT INTO t VALUES ('after')"] {
+            _ = try client.call("io.userstore.Store.Execute", ["transaction": transaction, "sql": .string(sql)])
+        }
+        _ = try client.call("io.userstore.Store.Commit", ["transaction": transaction])
+        let event = try next(watcher)
+        #expect(event["position"]?.integerValue == start + 1)
+        let values = (event["changes"]?.arrayValue ?? []).compactMap { $0.objectValue?["values"]?.objectValue?["x"]?.stringValue }
+        #expect(values == ["kept", "after"], "\(event)")
+    }
+
 }

@@ -31,6 +31,21 @@ struct CallMessage {
         flag ? writer.raw("true") : writer.raw("false")
     }
 
+    mutating func field(_ name: StaticString, _ integer: Int64) {
+        self.name(name)
+        writer.write(integer)
+    }
+
+    mutating func field(_ name: StaticString, _ texts: [String]) {
+        self.name(name)
+        writer.raw(byte: UInt8(ascii: "["))
+        for (offset, text) in texts.enumerated() {
+            if offset > 0 { writer.raw(byte: UInt8(ascii: ",")) }
+            writer.write(text)
+        }
+        writer.raw(byte: UInt8(ascii: "]"))
+    }
+
     /// `sql` and, when there are any, `parameters`.
     mutating func statement(_ statement: Statement) {
         name("sql")

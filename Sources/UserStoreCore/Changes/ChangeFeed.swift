@@ -30,12 +30,6 @@ public final class ChangeFeed: Sendable {
         _ = subscribers.withLock { $0.removeValue(forKey: key) }
     }
 
-    /// Whether nobody watches.
-    public var isEmpty: Bool { subscribers.withLock { $0.isEmpty } }
-
-    /// How many watch.
-    public var count: Int { subscribers.withLock { $0.count } }
-
     func publish(_ event: ChangeEvent) {
         let current = subscribers.withLock { Array($0.values) }
         for subscriber in current { subscriber.event(event) }

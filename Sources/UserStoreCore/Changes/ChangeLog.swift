@@ -2,8 +2,8 @@ import Foundation
 import GRDBSQLite
 
 /// The committed changes a store keeps for its watchers, in the store's own file (so they are
-/// replicated, exported and erased with it): two bookkeeping tables, created by the first
-/// transaction that records a change.
+/// replicated, exported and erased with it): two bookkeeping tables, created by the store's
+/// first Watch (``ChangeRecorder/startRecording(_:)``).
 ///
 /// - `userstore_watch`: one row: the store's current **position** (one more per recorded
 ///   transaction, never reused) and the last position trimmed away.
@@ -13,9 +13,6 @@ import GRDBSQLite
 /// Every function runs on the connection's holder, inside the transaction being recorded where
 /// it writes.
 enum ChangeLog {
-    static let positionTable = "userstore_watch"
-    static let changeTable = "userstore_changes"
-
     static let create = """
         CREATE TABLE IF NOT EXISTS userstore_watch (
             id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -137,7 +134,6 @@ enum ChangeLog {
 
     /// The recorded transactions after `since`, in order, at most `limit`.
     static func events(_ connection: OpaquePointer, after since: Int64, limit: Int) -> [ChangeEvent] {
-        guard exists(connection) else { return [] }
         var events: [ChangeEvent] = []
         _ = withStatement(connection, """
             SELECT position, committed_at, table_name, operation, row_id, row_values FROM userstore_changes

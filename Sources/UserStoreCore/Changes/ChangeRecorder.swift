@@ -55,7 +55,6 @@ public final class ChangeRecorder: @unchecked Sendable {
     private var resetPending = false
     /// Flushed in the transaction that is committing; published once it has.
     private var awaiting: ChangeEvent?
-    private var tablesReady = false
     /// The store's position as this connection last wrote it (nil: read it from the file).
     private var lastPosition: Int64?
     private var lastPositionPending: Int64?
@@ -100,7 +99,7 @@ public final class ChangeRecorder: @unchecked Sendable {
     }
 
     private func preupdate(_ connection: OpaquePointer, _ operation: Int32, _ table: String, _ oldRowid: Int64, _ newRowid: Int64) {
-        guard logExists == true, !Self.isInternal(table) else { return }
+        guard !Self.isInternal(table) else { return }
         guard guardian.runningClientStatement, !resetPending else { markReset(); return }
         guard pending.count < Self.maxChangesPerTransaction else { markReset(); return }
         switch operation {
@@ -162,26 +161,25 @@ public final class ChangeRecorder: @unchecked Sendable {
     public enum SavepointStatement: Sendable, Equatable {
         case begin(String), release(String), rollback(String)
 
-        /// The savepoint statement `sql` is, if it is one (nil: any other statement).
+        /// The savepoint statement `sql` is, if it is one (nil: any other statement). Comments
+        /// and quoted names are read as SQLite reads them (``SQLTokenizer``).
         public static func parse(_ sql: String) -> SavepointStatement? {
-            let words = sql.split(whereSeparator: { $0.isWhitespace || $0 == ";" }).map { String($0) }
-            guard let first = words.first?.uppercased() else { return nil }
+            guard let first = SQLScript.firstKeyword(of: sql), ["SAVEPOINT", "RELEASE", "ROLLBACK"].contains(first) else { return nil }
+            let words = SQLTokenizer.tokens(sql).filter { $0.kind != .comment && $0.text != ";" }
+            // The name: the token after the keyword, an optional SAVEPOINT and (for ROLLBACK) TO.
             func name(after index: Int) -> String? {
                 var index = index
-                if index < words.count, words[index].uppercased() == "SAVEPOINT" { index += 1 }
-                guard index < words.count else { return nil }
-                return words[index].trimmingCharacters(in: CharacterSet(charactersIn: "\"'`[]"))
+                if index < words.count, words[index].identifier == "savepoint" { index += 1 }
+                return index < words.count ? words[index].identifier : nil
             }
             switch first {
             case "SAVEPOINT": return name(after: 1).map { .begin($0) }
             case "RELEASE": return name(after: 1).map { .release($0) }
-            case "ROLLBACK":
-                guard words.count > 1 else { return nil }
+            default: // ROLLBACK [TRANSACTION] TO [SAVEPOINT] name; a plain ROLLBACK is not one
                 var index = 1
-                if words[index].uppercased() == "TRANSACTION" { index += 1 }
-                guard index < words.count, words[index].uppercased() == "TO" else { return nil }
+                if index < words.count, words[index].identifier == "transaction" { index += 1 }
+                guard index < words.count, words[index].identifier == "to" else { return nil }
                 return name(after: index + 1).map { .rollback($0) }
-            default: return nil
             }
         }
     }
@@ -189,22 +187,15 @@ public final class ChangeRecorder: @unchecked Sendable {
     // MARK: Writing the log
 
     /// Whether the transaction has anything to record.
-    public var hasPending: Bool { !pending.isEmpty || resetPending }
+    private var hasPending: Bool { !pending.isEmpty || resetPending }
 
     /// Writes the open transaction's changes (or its reset) into the log; call it inside the
     /// transaction, right before its COMMIT. Their event is published once the COMMIT is
     /// through (``afterWork(_:)``).
     public func flush(_ connection: OpaquePointer) throws(ChangeLogError) {
-        guard hasPending else { return }
+        guard hasPending, logExists == true else { return } // the log's tables exist once recording
         let now = Int64(Date().timeIntervalSince1970 * 1000)
         try guardian.withoutClientRules { () throws(ChangeLogError) in
-            if !tablesReady {
-                guard sqlite3_exec(connection, ChangeLog.create, nil, nil, nil) == SQLITE_OK else {
-                    throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection)))
-                }
-                tablesReady = true
-                logExists = true
-            }
             // The position is counted here: this connection is the file's only writer. It is read
             // once per connection (the log's newest position; `userstore_watch` holds it when
             // trims emptied the log) and written to `userstore_watch` only when trimming, so a
@@ -243,7 +234,7 @@ public final class ChangeRecorder: @unchecked Sendable {
                 sqlite3_bind_text(statement, 5, operation, -1, SQLITE_TRANSIENT)
                 if let rowid { sqlite3_bind_int64(statement, 6, rowid) } else { sqlite3_bind_null(statement, 6) }
                 if let values {
-                    values.withUnsafeBytes { sqlite3_bind_text(statement, 7, $0.baseAddress!.assumingMemoryBound(to: CChar.self), Int32($0.count), SQLITE_TRANSIENT) }
+                    _ = values.withUnsafeBytes { sqlite3_bind_text(statement, 7, $0.baseAddress!.assumingMemoryBound(to: CChar.self), Int32($0.count), SQLITE_TRANSIENT) }
                 } else {
                     sqlite3_bind_null(statement, 7)
                 }
@@ -305,17 +296,15 @@ public final class ChangeRecorder: @unchecked Sendable {
     /// pending reset (its own transaction) and publishes what committed.
     func afterWork(_ connection: OpaquePointer) {
         guard sqlite3_get_autocommit(connection) != 0 else { return }
-        // A store that never recorded a change and has no watcher needs no reset: nobody can
-        // hold a position in it (and a fleet migration must not write a log into every store).
-        if resetPending, !hasLog(connection), feed.isEmpty { resetPending = false }
-        if resetPending {
-            if sqlite3_exec(connection, "BEGIN IMMEDIATE", nil, nil, nil) == SQLITE_OK {
-                do {
-                    try flush(connection)
-                    if sqlite3_exec(connection, "COMMIT", nil, nil, nil) != SQLITE_OK { sqlite3_exec(connection, "ROLLBACK", nil, nil, nil) }
-                } catch {
-                    sqlite3_exec(connection, "ROLLBACK", nil, nil, nil)
-                }
+        // A store that does not record needs no reset: nobody holds a position in it (and a
+        // fleet migration must not write a log into every store).
+        if resetPending, !hasLog(connection) { resetPending = false }
+        if resetPending, transactionControl(connection, "BEGIN IMMEDIATE") == SQLITE_OK {
+            do {
+                try flush(connection)
+                if transactionControl(connection, "COMMIT") != SQLITE_OK { _ = transactionControl(connection, "ROLLBACK") }
+            } catch {
+                _ = transactionControl(connection, "ROLLBACK")
             }
         }
         if let event = awaiting {
@@ -340,7 +329,6 @@ public final class ChangeRecorder: @unchecked Sendable {
             }
         }
         logExists = true
-        tablesReady = true
     }
 
     private func hasLog(_ connection: OpaquePointer) -> Bool {

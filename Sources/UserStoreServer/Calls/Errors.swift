@@ -1,4 +1,5 @@
 import GRDB
+import GRDBSQLite
 import UserStoreConfiguration
 import UserStoreCore
 import UserStoreProtocol
@@ -25,6 +26,11 @@ enum Errors {
     }
 
     static let shuttingDown = VarlinkError("io.userstore.Store.ShuttingDown")
+
+    /// The store's change log (docs/watch.md) could not be written or created.
+    static func changeLog(_ error: ChangeLogError) -> VarlinkError {
+        sqlError(code: SQLITE_ERROR, message: "the store's change log could not be written: \(error.message)")
+    }
 
     /// The error for SQLite's `code` (an extended result code) on `user`'s store: the disk
     /// (full, I/O error) is `StorageFailure`, a damaged file `StoreDamaged`, anything else the

@@ -1,5 +1,4 @@
 import GRDB
-import GRDBSQLite
 import UserStoreCore
 import UserStoreReplication
 import Varlink
@@ -21,7 +20,7 @@ struct StoreMethods {
             guard call.more else { throw VarlinkError.expectedMore() }
             let tables = try parameters.optionalStrings("tables").map { Set($0.map { $0.lowercased() }) }
             let since = try parameters.optionalInt("since")
-            if let since, since < 0 { throw VarlinkError("io.userstore.Store.InvalidRequest", ["reason": .string("since must be a position (0 or more)")]) }
+            if let since, since < 0 { throw VarlinkError.invalidRequest("since must be a position (0 or more)") }
             try await StoreWatch(context: context, user: try user(parameters, peer: peer), tables: tables, since: since,
                                  values: try parameters.optionalBool("values") ?? false,
                                  maxBufferedBytes: context.limits.watchMaxBufferedBytes).run(send: send)
@@ -144,9 +143,7 @@ struct BatchRunner {
             }
             switch mode {
             case .transaction:
-                do { try recorder?.flush(db.sqliteConnection!) } catch {
-                    throw Errors.sqlError(code: SQLITE_ERROR, message: "the store's change log could not be written: \(error.message)")
-                }
+                do { try recorder?.flush(db.sqliteConnection!) } catch { throw Errors.changeLog(error) }
                 try db.execute(sql: "COMMIT")
             case .savepoint:
                 try db.execute(sql: "RELEASE userstore_batch")

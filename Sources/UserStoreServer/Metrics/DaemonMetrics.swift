@@ -128,7 +128,6 @@ final class DaemonMetrics: StoreObserver, Sendable {
     private let backupBytes: CoreMetrics.Counter
     private let transactions: [String: CoreMetrics.Counter]
     let transactionsOpen = Atomic<Int>(0)
-    private let watchers: CoreMetrics.Meter
     private let watchersOpen = Atomic<Int>(0)
     private let watchesDropped: CoreMetrics.Counter
     private let watchEvents: CoreMetrics.Counter
@@ -173,7 +172,6 @@ final class DaemonMetrics: StoreObserver, Sendable {
         transactions = Dictionary(uniqueKeysWithValues: ["committed", "rolled_back", "expired", "aborted"].map { outcome in
             (outcome, Self.counter(registry, "userstore_transactions_total", [("outcome", outcome)]))
         })
-        watchers = gauge("userstore_watchers")
         watchesDropped = Self.counter(registry, "userstore_watchers_dropped_total")
         watchEvents = Self.counter(registry, "userstore_watch_events_total")
         var gauges: [String: CoreMetrics.Meter] = [
@@ -181,6 +179,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
             "open": gauge("userstore_open_stores"),
             "known": gauge("userstore_known_stores"),
             "transactions": gauge("userstore_transactions_open"),
+            "watchers": gauge("userstore_watchers"),
             "rss": gauge("process_resident_memory_bytes"),
             "fds": gauge("process_open_fds"),
             "start": gauge("process_start_time_seconds"),
@@ -277,8 +276,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
     }
 
     /// A transaction ended: `committed`, `rolled_back`, `expired` or `aborted`.
-    func watchStarted() { watchers.set(Double(watchersOpen.add(1, ordering: .relaxed).newValue)) }
-    func watchEnded() { watchers.set(Double(watchersOpen.subtract(1, ordering: .relaxed).newValue)) }
+    func watchStarted() { watchersOpen.add(1, ordering: .relaxed) }
+    func watchEnded() { watchersOpen.subtract(1, ordering: .relaxed) }
     func watchDropped() { watchesDropped.increment() }
     func watchEventSent() { watchEvents.increment() }
 
@@ -314,6 +313,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         gauges["stores.failed"]?.set(counts[.failed] ?? 0)
         gauges["stores.too_new"]?.set(counts[.tooNew] ?? 0)
         gauges["transactions"]?.set(transactionsOpen.load(ordering: .relaxed))
+        gauges["watchers"]?.set(watchersOpen.load(ordering: .relaxed))
         if let replication = context.replicator?.snapshot {
             gauges["replication.degraded"]?.set(replication.degraded ? 1 : 0)
             gauges["replication.registered"]?.set(replication.registered)

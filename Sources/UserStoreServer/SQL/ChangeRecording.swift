@@ -32,7 +32,7 @@ struct ChangeRecording {
             do {
                 try store.guardian.withoutClientRules { () throws(ChangeLogError) in try recorder.flush(connection) }
             } catch {
-                throw Errors.sqlError(code: SQLITE_ERROR, message: "the store's change log could not be written: \(error.message)")
+                throw Errors.changeLog(error)
             }
             try control(recorder, "COMMIT")
         } catch {
@@ -43,15 +43,7 @@ struct ChangeRecording {
 
     /// The client's savepoint statement, if this is one (only read inside a transaction).
     private func savepointStatement() -> ChangeRecorder.SavepointStatement? {
-        guard let sql = sqlite3_sql(statement) else { return nil }
-        switch sql.pointee {
-        case CChar(UInt8(ascii: "S")), CChar(UInt8(ascii: "s")), CChar(UInt8(ascii: "R")), CChar(UInt8(ascii: "r")): break
-        default:
-            // Leading blanks or comments: the slow look.
-            guard sql.pointee == CChar(UInt8(ascii: " ")) || sql.pointee == CChar(UInt8(ascii: "\n")) || sql.pointee == CChar(UInt8(ascii: "-"))
-                    || sql.pointee == CChar(UInt8(ascii: "/")) || sql.pointee == CChar(UInt8(ascii: "\t")) else { return nil }
-        }
-        return ChangeRecorder.SavepointStatement.parse(String(cString: sql))
+        sqlite3_sql(statement).flatMap { ChangeRecorder.SavepointStatement.parse(String(cString: $0)) }
     }
 
     /// The daemon's own transaction control, beside the client's statement (prepared once).

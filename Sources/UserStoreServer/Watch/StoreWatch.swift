@@ -1,4 +1,3 @@
-import GRDBSQLite
 import Synchronization
 import UserStoreCore
 import Varlink
@@ -31,21 +30,21 @@ struct StoreWatch {
     func run(send: ReplySink) async throws {
         try await context.registry.withStore(user) { store in
             guard let recorder = store.recorder else {
-                throw VarlinkError("io.userstore.Store.InvalidRequest", ["reason": .string("the change stream is off (watch.enabled: false)")])
+                throw VarlinkError.invalidRequest("the change stream is off (watch.enabled: false)")
             }
             let buffer = WatchBuffer(tables: tables, values: values, maxBytes: maxBufferedBytes)
             let user = self.user, since = self.since
             let start: Result<Int64, VarlinkError> = try await store.write { db in
-                do {
+                do throws(ChangeLogError) {
                     try recorder.startRecording(db.sqliteConnection!)
                 } catch {
-                    return .failure(Errors.sqlError(code: SQLITE_ERROR, message: "the store's change log could not be created: \((error as? ChangeLogError)?.message ?? "\(error)")"))
+                    return .failure(Errors.changeLog(error))
                 }
                 let (position, trimmed) = recorder.state(db.sqliteConnection!)
                 if let since, since < trimmed || since > position {
                     return .failure(Self.positionLost(user, oldest: trimmed + 1))
                 }
-                buffer.subscribe(to: recorder.feed, after: position)
+                buffer.subscribe(to: recorder.feed)
                 return .success(position)
             }
             let position = try start.get()
@@ -59,16 +58,13 @@ struct StoreWatch {
                 writer.write(position)
                 writer.raw(byte: UInt8(ascii: "}"))
             })
-            var delivered = since ?? position
-            if let since, since < position {
-                delivered = try await catchUp(store, recorder, from: since, to: position, send: send)
-            }
-            try await follow(buffer, delivered: delivered, send: send)
+            if let since, since < position { try await catchUp(store, recorder, from: since, to: position, send: send) }
+            try await follow(buffer, delivered: position, send: send)
         }
     }
 
-    /// Sends the logged transactions after `since` up to `position`; returns the last position sent.
-    private func catchUp(_ store: Store, _ recorder: ChangeRecorder, from since: Int64, to position: Int64, send: ReplySink) async throws -> Int64 {
+    /// Sends the logged transactions after `since` up to `position`.
+    private func catchUp(_ store: Store, _ recorder: ChangeRecorder, from since: Int64, to position: Int64, send: ReplySink) async throws {
         var cursor = since
         while cursor < position {
             let after = cursor
@@ -79,7 +75,6 @@ struct StoreWatch {
             }
             cursor = min(last.position, position)
         }
-        return position
     }
 
     /// Sends each new transaction as it commits, until the client goes, the daemon stops or the
@@ -120,10 +115,7 @@ struct StoreWatch {
     /// `{"parameters": …, "continues": true}` and its NUL.
     static func reply(_ parameters: (inout JSONWriter) -> Void) -> [UInt8] {
         var writer = JSONWriter(capacity: 256)
-        writer.raw("{\"parameters\":")
-        parameters(&writer)
-        writer.raw(",\"continues\":true}")
-        writer.raw(byte: 0)
+        VarlinkReply.encode(continues: true, into: &writer, parameters)
         return writer.bytes
     }
 }
@@ -151,7 +143,6 @@ final class WatchBuffer: Sendable {
         var dropped = false
         var feed: ChangeFeed?
         var key: UInt64?
-        var after: Int64 = 0
     }
 
     init(tables: Set<String>?, values: Bool, maxBytes: Int) {
@@ -161,15 +152,14 @@ final class WatchBuffer: Sendable {
         self.maxBytes = maxBytes
     }
 
-    /// Subscribes to `feed` for the events after `position` (on the store's queue).
-    func subscribe(to feed: ChangeFeed, after position: Int64) {
+    /// Subscribes to `feed` (on the store's queue, where every later commit is published).
+    func subscribe(to feed: ChangeFeed) {
         let key = feed.subscribe(ChangeFeed.Subscriber(event: { [self] event in offer(event) }, end: { [self] in
             continuation.yield(.ended)
         }))
         state.withLock {
             $0.feed = feed
             $0.key = key
-            $0.after = position
         }
     }
 
@@ -183,7 +173,7 @@ final class WatchBuffer: Sendable {
         guard event.concerns(tables) else { return }
         let bytes = StoreWatch.reply { writer in event.encode(into: &writer, tables: tables, values: values) }
         let accepted = state.withLock { state -> Bool? in
-            guard !state.dropped, event.position > state.after else { return nil }
+            guard !state.dropped else { return nil }
             if state.buffered + bytes.count > maxBytes {
                 state.dropped = true
                 return false
