@@ -124,4 +124,27 @@ struct RegistryStateTests {
         guard case .wait = try driver.request("ann", access: .admin, mode: .asIs) else { Issue.record("admin could not open it as it is"); return }
         #expect(driver.preparations.last == "open ann as it is")
     }
+
+    @Test func theFastPathLeasesOnlyAReadyUpToDateSoundStoreAndCountsItsLeases() throws {
+        var driver = try Driver()
+        let ann = try driver.ready("ann"), annID = try UserID("ann")
+        #expect(driver.state.leaseIfReady(try UserID("bob")) == nil, "a store that is not open was leased")
+        let before = driver.state.tick
+        #expect(driver.state.leaseIfReady(annID) === ann)
+        #expect(driver.state.leaseIfReady(annID) === ann)
+        #expect(driver.state.entries[annID]?.leases == 2)
+        #expect(driver.state.tick == before + 2, "a lease does not mark the store as recently used")
+        _ = driver.state.release(annID)
+        _ = driver.state.release(annID)
+        #expect(driver.state.entries[annID]?.leases == 0)
+        #expect(driver.state.entries[annID]?.isIdle == true)
+
+        driver.state.generation += 1 // a reload: the slow path brings it up to date first
+        #expect(driver.state.leaseIfReady(annID) == nil)
+        #expect(driver.state.entries[annID]?.leases == 0, "a refused fast-path lease was counted")
+        #expect(driver.state.tick == before + 2)
+
+        _ = try driver.ready("cat", damaged: "database disk image is malformed")
+        #expect(driver.state.leaseIfReady(try UserID("cat")) == nil, "a damaged store was leased")
+    }
 }

@@ -157,16 +157,22 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
         return task
     }
 
+    /// `user`'s store, leased, when it is ready under the current generation and not found
+    /// damaged; nil (nothing changed) otherwise. The event loops' fast path: one probe, and the
+    /// entry changed in place (reading `entries.values[index]` would copy it, retaining all it holds).
+    mutating func leaseIfReady(_ user: UserID) -> S? {
+        guard let index = entries.index(forKey: user) else { return nil }
+        let store = entries.values[index].leaseIfReady(generation: generation, tick: tick &+ 1)
+        if store != nil { tick &+= 1 }
+        return store
+    }
+
     /// Ends a lease; returns who waited for the last one to end.
     mutating func release(_ user: UserID) -> [CheckedContinuation<Void, Never>] {
         guard let index = entries.index(forKey: user) else { return [] }
-        entries.values[index].leases -= 1
-        entries.values[index].lastUsed = .now
-        guard entries.values[index].leases == 0 else { return [] }
+        guard let drainWaiters = entries.values[index].release() else { return [] }
         if !capacityWaiters.isEmpty { wakeWaiters() }
-        guard !entries.values[index].drainWaiters.isEmpty else { return [] }
-        defer { entries.values[index].drainWaiters.removeAll() }
-        return entries.values[index].drainWaiters
+        return drainWaiters
     }
 
     // MARK: Ends of preparations
@@ -279,9 +285,26 @@ struct RegistryEntry<S: RegistryStore> {
         return true
     }
 
+    /// `lastUsed` is set when the lease ends: only idle entries are judged by it.
     mutating func lease(tick: UInt64) {
         leases += 1
         self.tick = tick
+    }
+
+    /// Leases the store if it is ready under `generation` and not found damaged.
+    mutating func leaseIfReady(generation current: Int, tick: UInt64) -> S? {
+        guard case .ready(let generation) = phase, generation == current,
+              let store, store.damaged == nil else { return nil }
+        lease(tick: tick)
+        return store
+    }
+
+    /// Ends a lease. When it was the last: who waited for that (taken out), else nil.
+    mutating func release() -> [CheckedContinuation<Void, Never>]? {
+        leases -= 1
         lastUsed = .now
+        guard leases == 0 else { return nil }
+        defer { drainWaiters = [] }
+        return drainWaiters
     }
 }

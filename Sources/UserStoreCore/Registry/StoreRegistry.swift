@@ -114,14 +114,7 @@ public final class StoreRegistry: Sendable {
     public func leaseIfReady(_ user: UserID) -> Store? {
         // Refused here: the slow path throws the reason.
         if let placement { do { try placement.admit(user) } catch { return nil } }
-        return state.withLock { state in
-            guard let index = state.entries.index(forKey: user),
-                  case .ready(let generation) = state.entries.values[index].phase, generation == state.generation,
-                  state.entries.values[index].store?.damaged == nil else { return nil }
-            state.tick += 1
-            state.entries.values[index].lease(tick: state.tick)
-            return state.entries.values[index].store
-        }
+        return state.withLock { $0.leaseIfReady(user) }
     }
 
     /// The recorded versions of `user`'s store (opening and migrating it like any request).

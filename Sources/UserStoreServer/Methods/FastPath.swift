@@ -25,14 +25,19 @@ struct FastPath {
         case slow
     }
 
-    /// The methods served here.
-    private static let served: Set<Method> = [.open, .query, .execute, .batch]
+    /// Whether `method` is served here (a `switch`: no hashing on the hot path).
+    private static func serves(_ method: Method) -> Bool {
+        switch method {
+        case .open, .query, .execute, .batch: true
+        default: false
+        }
+    }
 
     /// Handles the call in `view` (a parsed message of `method`) from `peer`, appending its reply
     /// to `writer`, or queueing it with a ``QueuedReply`` from `makeQueuedReply`.
     func handle(_ view: JSONView, _ method: Method, peer: PeerIdentity, limits: RequestLimits, into writer: inout JSONWriter,
                 makeQueuedReply: () -> QueuedReply) -> Outcome {
-        guard Self.served.contains(method),
+        guard Self.serves(method),
               let call = view.member("parameters", of: 0), view.kind(call) == .object,
               view.member("oneway", of: 0).flatMap(view.bool) != true,
               view.member("more", of: 0).flatMap(view.bool) != true, // streamed: StoreMethods

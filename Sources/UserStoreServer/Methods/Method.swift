@@ -77,7 +77,8 @@ package enum Method: String, CaseIterable, Sendable {
     /// own methods (``Interface/store``) without making a `String`, any other by name.
     private static func named(_ view: JSONView, _ token: Int) -> Method? {
         guard view.kind(token) == .string else { return nil }
-        for (method, name) in storeMethodNames where name.withUnsafeBufferPointer({ view.stringEquals(token, $0) }) {
+        // Compared with the raw values' own bytes: literals, so no copy and no reference counting.
+        for method in storeMethods where method.rawValue.utf8.withContiguousStorageIfAvailable({ view.stringEquals(token, $0) }) == true {
             return method
         }
         return Method(rawValue: view.string(token))
@@ -91,6 +92,4 @@ package enum Method: String, CaseIterable, Sendable {
 
     /// The ``Interface/store`` methods, most frequent first.
     static let storeMethods: [Method] = [.query, .execute, .open, .batch, .begin, .commit, .rollback, .watch]
-
-    private static let storeMethodNames = storeMethods.map { ($0, Array($0.rawValue.utf8)) }
 }
