@@ -34,10 +34,14 @@ let package = Package(
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 "CSQLiteSettings",
+                "CSQLiteSizeCache",
                 "CSyncFS",
                 "Varlink",
             ]
         ),
+        // A VFS layer that keeps a database's size while its EXCLUSIVE lock is held, instead of
+        // an fstat per read transaction on a store whose WAL is empty (docs/performance.md).
+        .target(name: "CSQLiteSizeCache", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")]),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // syncfs(2) (glibc declares it only under _GNU_SOURCE): a fleet run's group commit.
