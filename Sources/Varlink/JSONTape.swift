@@ -164,6 +164,7 @@ public struct JSONTape: Sendable {
             index += 1 // the opening quote
             let start = index
             var escaped = false
+            skipPlainBytes()
             while index < bytes.count {
                 let byte = bytes[index]
                 if byte == UInt8(ascii: "\"") {
@@ -174,6 +175,7 @@ public struct JSONTape: Sendable {
                 if byte == UInt8(ascii: "\\") {
                     escaped = true
                     try checkEscape()
+                    skipPlainBytes()
                 } else if byte < 0x20 {
                     throw fail("control character in string")
                 } else if byte < 0x80 {
@@ -184,6 +186,25 @@ public struct JSONTape: Sendable {
                 }
             }
             throw fail("unterminated string")
+        }
+
+        /// Moves `index` past whole words of 8 plain string bytes (printable ASCII but `"` and
+        /// `\\`), which need no look one by one: most of a request is such bytes. A word with
+        /// anything else (or a false alarm) is left to the byte loop.
+        @inline(__always)
+        mutating func skipPlainBytes() {
+            let ones: UInt64 = 0x0101_0101_0101_0101, highs: UInt64 = 0x8080_8080_8080_8080
+            /// Whether any byte of `word` is zero (no false negatives).
+            @inline(__always) func anyZero(_ word: UInt64) -> Bool { (word &- ones) & ~word & highs != 0 }
+            while index + 8 <= bytes.count {
+                let word = UnsafeRawPointer(bytes.baseAddress! + index).loadUnaligned(as: UInt64.self)
+                let special = word & highs != 0 // non-ASCII
+                    || (word &- 0x20 &* ones) & ~word & highs != 0 // a control character (< 0x20)
+                    || anyZero(word ^ (0x22 &* ones)) // "
+                    || anyZero(word ^ (0x5C &* ones)) // \
+                if special { return }
+                index += 8
+            }
         }
 
         /// Checks the escape at `index` (a backslash) and moves past it.

@@ -23,6 +23,34 @@ struct JSONTapeTests {
         #expect(try parse(#"{"k": 1, "k": 2}"#) == ["k": 2])
     }
 
+    /// Strings are skipped 8 bytes at a time while they hold nothing special: a quote, an
+    /// escape, a control character or non-ASCII at any offset of a word, in strings of any
+    /// length, must still be seen.
+    @Test func everySpecialByteIsSeenAtEveryOffset() throws {
+        for length in 0...40 {
+            for offset in 0..<max(length, 1) where offset < length || length == 0 {
+                let before = String(repeating: "a", count: offset), after = String(repeating: "b", count: max(length - offset - 1, 0))
+                if length == 0 { #expect(try parse("\"\"") == .string("")); continue }
+                // An escaped quote, an escaped backslash, a two-byte and a three-byte character.
+                #expect(try parse("\"\(before)\\\"\(after)\"") == .string(before + "\"" + after))
+                #expect(try parse("\"\(before)\\\\\(after)\"") == .string(before + "\\" + after))
+                #expect(try parse("\"\(before)é\(after)\"") == .string(before + "é" + after))
+                #expect(try parse("\"\(before)€\(after)\"") == .string(before + "€" + after))
+                // The closing quote there: what follows is the next value.
+                #expect(try parse("[\"\(before)\", \"\(after)\"]") == [.string(before), .string(after)])
+                // Refused wherever they are.
+                let plain = Array(("\"" + before + "x" + after + "\"").utf8)
+                for bad: UInt8 in [0x00, 0x01, 0x0A, 0x1F, 0x80, 0xC3, 0xFF] {
+                    var bytes = plain
+                    bytes[1 + offset] = bad
+                    #expect(refuses(bytes), "byte \(bad) at offset \(offset) of \(length) was accepted")
+                }
+                #expect(refuses(Array(("\"" + before).utf8)), "an unterminated string was accepted")
+            }
+        }
+        #expect(try parse("\"\u{7F}~ !#[]\"") == .string("\u{7F}~ !#[]"))
+    }
+
     @Test func escapesAndUnicodeDecode() throws {
         #expect(try parse(#""a\"b\\c\/d\b\f\n\r\t""#) == .string("a\"b\\c/d\u{8}\u{c}\n\r\t"))
         #expect(try parse(#""\u0000 \u00e9 \u20ac \ud83c\udf89""#) == .string("\u{0} é € 🎉"))

@@ -12,11 +12,12 @@ public struct UserID: Hashable, Sendable, CustomStringConvertible, Comparable {
 
     /// Validates `rawValue`; throws ``UserIDError`` naming the first problem.
     public init(_ rawValue: String) throws(UserIDError) {
-        let bytes = Array(rawValue.utf8)
-        guard !bytes.isEmpty else { throw .empty }
+        // Read in place (no copy of the bytes: this runs for every request).
+        let bytes = rawValue.utf8
+        guard let first = bytes.first else { throw .empty }
         guard bytes.count <= Self.maxLength else { throw .tooLong(bytes.count) }
-        if bytes[0] == UInt8(ascii: ".") || bytes[0] == UInt8(ascii: "-") {
-            throw .badFirstCharacter(Character(UnicodeScalar(bytes[0])))
+        if first == UInt8(ascii: ".") || first == UInt8(ascii: "-") {
+            throw .badFirstCharacter(Character(UnicodeScalar(first)))
         }
         for (offset, byte) in bytes.enumerated() where !Self.isAllowed(byte) {
             throw .forbiddenByte(byte, offset: offset)

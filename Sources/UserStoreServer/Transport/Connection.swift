@@ -154,13 +154,15 @@ final class Connection: EventHandler, @unchecked Sendable {
             // Closed by what the last turn handled: its descriptor is gone (and its number may
             // already belong to another connection), so never read it again.
             guard !shouldPauseReading, !state.clientClosed, !closed else { return }
-            var descriptors = [Int32](repeating: -1, count: Self.maxPassedDescriptors)
             var count: Int32 = 0, room = 0
-            let received = input.withFreeSpace { space in
-                room = space.count
-                return descriptors.withUnsafeMutableBufferPointer { fds in
-                    us_recv_with_fds(descriptor, space.baseAddress!, space.count, fds.baseAddress, Int32(Self.maxPassedDescriptors), &count)
+            // Descriptors land on the stack: no allocation per read.
+            let received = withUnsafeTemporaryAllocation(of: Int32.self, capacity: Self.maxPassedDescriptors) { fds in
+                let received = input.withFreeSpace { space in
+                    room = space.count
+                    return us_recv_with_fds(descriptor, space.baseAddress!, space.count, fds.baseAddress, Int32(Self.maxPassedDescriptors), &count)
                 }
+                if received > 0, count > 0 { passed.received(fds.prefix(Int(count)), endingAt: input.receivedOffset - 1) }
+                return received
             }
             if received < 0 {
                 if errno == EINTR { continue }
@@ -174,7 +176,6 @@ final class Connection: EventHandler, @unchecked Sendable {
                 return
             }
             lastActivity = StoreClock.now()
-            passed.received(descriptors.prefix(Int(count)), endingAt: input.receivedOffset - 1)
             processInput()
             // Part of a message waits for the rest: its time is counted from now on.
             if !input.isEmpty { partialSince = partialSince ?? lastActivity } else { partialSince = nil }
