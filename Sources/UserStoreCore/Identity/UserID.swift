@@ -12,17 +12,24 @@ public struct UserID: Hashable, Sendable, CustomStringConvertible, Comparable {
 
     /// Validates `rawValue`; throws ``UserIDError`` naming the first problem.
     public init(_ rawValue: String) throws(UserIDError) {
-        // Read in place (no copy of the bytes: this runs for every request).
-        let bytes = rawValue.utf8
-        guard let first = bytes.first else { throw .empty }
-        guard bytes.count <= Self.maxLength else { throw .tooLong(bytes.count) }
-        if first == UInt8(ascii: ".") || first == UInt8(ascii: "-") {
-            throw .badFirstCharacter(Character(UnicodeScalar(first)))
-        }
-        for (offset, byte) in bytes.enumerated() where !Self.isAllowed(byte) {
-            throw .forbiddenByte(byte, offset: offset)
-        }
+        // Read in place where the string's bytes are contiguous (native strings: every request's).
+        let problem = rawValue.utf8.withContiguousStorageIfAvailable(Self.problem(in:))
+            ?? Array(rawValue.utf8).withUnsafeBufferPointer(Self.problem(in:))
+        if let problem { throw problem }
         self.rawValue = rawValue
+    }
+
+    /// The first problem of `bytes` as a user ID, if any.
+    private static func problem(in bytes: UnsafeBufferPointer<UInt8>) -> UserIDError? {
+        guard let first = bytes.first else { return .empty }
+        guard bytes.count <= maxLength else { return .tooLong(bytes.count) }
+        if first == UInt8(ascii: ".") || first == UInt8(ascii: "-") {
+            return .badFirstCharacter(Character(UnicodeScalar(first)))
+        }
+        for offset in bytes.indices where !isAllowed(bytes[offset]) {
+            return .forbiddenByte(bytes[offset], offset: offset)
+        }
+        return nil
     }
 
     /// Whether `byte` may appear in a user ID.
