@@ -57,9 +57,9 @@ public final class ChangeRecorder: @unchecked Sendable {
     private var awaiting: ChangeEvent?
     /// The store's position as this connection last wrote it (nil: read it from the file).
     private var lastPosition: Int64?
-    private var lastPositionPending: Int64?
-    /// Statements kept prepared for the connection's life (``finalize()``).
-    private var prepared: [String: OpaquePointer] = [:]
+    /// The log's statements and the daemon's transaction control, prepared once for the
+    /// connection's life (``finalize()``).
+    private let statements = StatementCache(capacity: 8)
     /// Whether the log's tables exist (nil: not looked yet).
     fileprivate var logExists: Bool?
     /// Column names per table, read at flush; emptied when the schema changes.
@@ -195,7 +195,7 @@ public final class ChangeRecorder: @unchecked Sendable {
     public func flush(_ connection: OpaquePointer) throws(ChangeLogError) {
         guard hasPending, logExists == true else { return } // the log's tables exist once recording
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        try guardian.withoutClientRules { () throws(ChangeLogError) in
+        lastPosition = try guardian.withoutClientRules { () throws(ChangeLogError) -> Int64 in
             // The position is counted here: this connection is the file's only writer. It is read
             // once per connection (the log's newest position; `userstore_watch` holds it when
             // trims emptied the log) and written to `userstore_watch` only when trimming, so a
@@ -210,14 +210,13 @@ public final class ChangeRecorder: @unchecked Sendable {
                 }
             }
             try insert(event, connection)
-            lastPositionPending = position
             if position % Self.trimEvery == 0 {
                 try ChangeLog.trim(connection, position: position, keepChanges: retention.keepChanges,
                                    cutoffMilliseconds: now - Int64(retention.keepSeconds) * 1000)
             }
             awaiting = event
+            return position
         }
-        lastPosition = lastPositionPending
         pending.removeAll(keepingCapacity: true)
         savepoints.removeAll()
         resetPending = false
@@ -340,14 +339,17 @@ public final class ChangeRecorder: @unchecked Sendable {
 
     /// Runs `body` with `sql` prepared once for the connection's life.
     private func withPrepared(_ connection: OpaquePointer, _ sql: String, _ body: (OpaquePointer) -> Void) throws(ChangeLogError) {
-        var statement = prepared[sql]
-        if statement == nil {
-            guard sqlite3_prepare_v3(connection, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil) == SQLITE_OK, let made = statement else {
-                throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection)))
-            }
-            prepared[sql] = made
+        var sql = sql
+        let statement = sql.withUTF8 { bytes -> OpaquePointer? in
+            if let kept = statements.take(bytes) { return kept }
+            var statement: OpaquePointer?
+            guard sqlite3_prepare_v3(connection, bytes.baseAddress, Int32(bytes.count), UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil) == SQLITE_OK,
+                  let statement else { return nil }
+            statements.keep(statement, for: bytes)
+            return statement
         }
-        body(statement!)
+        guard let statement else { throw ChangeLogError(message: String(cString: sqlite3_errmsg(connection))) }
+        body(statement)
     }
 
     /// `BEGIN IMMEDIATE`, `COMMIT` or `ROLLBACK` for a client's autocommit write
@@ -367,8 +369,7 @@ public final class ChangeRecorder: @unchecked Sendable {
 
     /// Finalizes the statements kept prepared; before the connection closes.
     func finalize() {
-        for statement in prepared.values { sqlite3_finalize(statement) }
-        prepared.removeAll()
+        statements.finalizeAll()
     }
 
     /// Marks the store for a reset (its schema or contents changed under the watchers: a
