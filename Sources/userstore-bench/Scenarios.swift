@@ -59,7 +59,7 @@ extension Scenario {
         let off = mean(false) { $0.throughput }, on = mean(true) { $0.throughput }
         for side in [false, true] {
             let list = runs[side]!.map { format($0.throughput) + " (p99 " + format($0.p99) + " µs)" }.joined(separator: ", ")
-            record(Measurement(scenario: scenario, subject: subject(side) + " (mean of \(runs[side]!.count))", value: mean(side) { $0.throughput },
+            record(Measurement(scenario: scenario, subject: subject(side) + " (mean of \(runs[side]!.count))", value: side ? on : off,
                                unit: "req/s", p99: mean(side) { $0.p99 }, note: "runs " + list + (side ? "; " + note(off, on) : "")))
         }
         return (off, on)

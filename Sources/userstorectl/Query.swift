@@ -63,7 +63,7 @@ extension UserStoreCtlCommand {
                 return .string(argument)
             }
             if !parameters.isEmpty { call["parameters"] = .array(parameters) }
-            if let users { call["users"] = .array(users.split(separator: ",").map { .string($0.trimmingCharacters(in: .whitespaces)) }) }
+            if let users { call["users"] = .array(commaSeparated(users).map { .string($0) }) }
             if all { call["all"] = true }
             if cohort { call["cohort"] = true }
             if let state { call["state"] = .string(state) }

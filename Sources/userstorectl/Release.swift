@@ -114,7 +114,7 @@ extension UserStoreCtlCommand {
                 do { stepValues = try RolloutPolicy.parseSteps(steps) } catch { throw ValidationError(error.description) }
                 guard let seconds = RolloutPolicy.parseDuration(wait) else { throw ValidationError("--wait: \"\(wait)\" is not a duration like 90s, 10m or 2h") }
                 guard let halt = RolloutPolicy.parsePercent(haltOn) else { throw ValidationError("--halt-on: \"\(haltOn)\" is not a percentage like 1%") }
-                let users = canary.map { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } } ?? []
+                let users = canary.map(commaSeparated) ?? []
                 let policy: RolloutPolicy
                 do {
                     policy = try RolloutPolicy(steps: stepValues, canary: users, waitSeconds: seconds, haltOn: halt / 100)

@@ -95,6 +95,11 @@ func hoistSharedOptions(_ arguments: [String], root: any ParsableCommand.Type = 
 /// is accepted and ignored, like before any other command.
 protocol DaemonlessCommand {}
 
+/// The items of a comma-separated option (`--users a,b`, `--tables t,u`), each trimmed.
+func commaSeparated(_ text: String) -> [String] {
+    text.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+}
+
 /// Options every command that talks to the daemon shares.
 struct ConnectionOptions: ParsableArguments {
     @Option(help: ArgumentHelp("The daemon's socket.", discussion: """

@@ -37,12 +37,12 @@ extension UserStoreCtlCommand {
         func run() throws {
             var parameters: [String: JSONValue] = ["user": .string(user), "values": .bool(values)]
             if let since { parameters["since"] = .integer(since) }
-            if let tables {
-                parameters["tables"] = .array(tables.split(separator: ",").map { .string($0.trimmingCharacters(in: .whitespaces)) })
-            }
+            if let tables { parameters["tables"] = .array(commaSeparated(tables).map { .string($0) }) }
             let client = try connection.client()
             client.interruptOnSignal()
             try client.stream("io.userstore.Store.Watch", parameters) { reply in
+                // One write per line, not Output.jsonLine's print (which a pipe buffers): whoever
+                // reads a watch sees each change as it commits.
                 FileHandle.standardOutput.write(Data((JSONValue.object(reply).serialized + "\n").utf8))
             }
         }

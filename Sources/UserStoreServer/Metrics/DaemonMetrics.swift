@@ -275,12 +275,14 @@ final class DaemonMetrics: StoreObserver, Sendable {
         }
     }
 
-    /// A transaction ended: `committed`, `rolled_back`, `expired` or `aborted`.
+    /// A watch began or ended (`userstore_watchers`, read at scrape), was dropped for reading
+    /// too slowly, or sent a transaction.
     func watchStarted() { watchersOpen.add(1, ordering: .relaxed) }
     func watchEnded() { watchersOpen.subtract(1, ordering: .relaxed) }
     func watchDropped() { watchesDropped.increment() }
     func watchEventSent() { watchEvents.increment() }
 
+    /// A transaction ended: `committed`, `rolled_back`, `expired` or `aborted`.
     func transactionEnded(_ outcome: String) {
         transactions[outcome]?.increment()
         transactionsOpen.subtract(1, ordering: .relaxed)
