@@ -5,8 +5,8 @@ import GRDBSQLite
 /// SQLite settings that hold for the whole process and must be made before SQLite initialises
 /// (its first connection): call ``apply()`` first thing in `main`.
 public enum SQLiteProcessSettings {
-    /// Whether the settings are in force. False when SQLite was already initialised: correct,
-    /// only less frugal.
+    /// Whether the settings are in force. False when SQLite was already initialised, or the VFS
+    /// layer below could not be registered: correct, only less frugal.
     ///
     /// Page caches start empty rather than with a bulk allocation of 20 pages: with 1,024 small
     /// stores open, those pre-allocations (one for the main database, one for the temp database

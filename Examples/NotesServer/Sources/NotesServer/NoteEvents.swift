@@ -33,24 +33,9 @@ struct NoteEvents {
         return Response(status: .ok, headers: headers, body: ResponseBody { writer in
             // An event stream never ends by itself: the app's graceful shutdown (SIGTERM) ends it,
             // or the server would wait for it forever.
-            let (events, relay) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
-            let forwarding = Task {
-                do {
-                    for try await event in changes { relay.yield(event) }
-                    relay.finish()
-                } catch {
-                    relay.finish(throwing: error)
-                }
+            for try await event in changes.cancelOnGracefulShutdown() {
+                try await writer.write(ByteBuffer(string: Self.format(event)))
             }
-            try await withGracefulShutdownHandler {
-                for try await event in events {
-                    try await writer.write(ByteBuffer(string: Self.format(event)))
-                }
-            } onGracefulShutdown: {
-                forwarding.cancel()
-                relay.finish()
-            }
-            forwarding.cancel()
             try await writer.finish(nil)
         })
     }
