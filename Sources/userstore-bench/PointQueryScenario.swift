@@ -80,6 +80,7 @@ struct PointQueryScenario: Scenario {
         let floor = env.startFloorServer()
         defer { if let floor { env.stopFloorServer(floor.pid) } }
         var postgresAt8: Double?
+        var floorRates: [Int: Double] = [:]
         for clients in [1, 8, 64] {
             let (ours, daemonCPU) = withCPU(of: daemon.processIdentifier) { load.run(socket: socket, connections: clients, seconds: seconds, workload) }
             record(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
@@ -107,6 +108,7 @@ struct PointQueryScenario: Scenario {
             if let floor {
                 let limit = load.run(socket: floor.socket, connections: clients, seconds: seconds, workload)
                 let share = ours.throughput / max(limit.throughput, 1)
+                floorRates[clients] = limit.throughput
                 var note = String(format: "the machine's floor: userstored reaches %.2f of it", share)
                 if let postgresRate { note += String(format: ", PostgreSQL %.2f", postgresRate / max(limit.throughput, 1)) }
                 record(Measurement(scenario: scenario, subject: "constant-reply server (bench/userstore-floor.c), C client, \(clients) connection\(clients == 1 ? "" : "s")",
@@ -165,7 +167,8 @@ struct PointQueryScenario: Scenario {
 
         env.stop(daemon)
         if let pipelineQueries, let batchFloor {
-            sqliteAlone(scenario: scenario, users: fleet.users, data: fleet.data, batchFloor: batchFloor, postgres: pipelineQueries, userCount: userCount)
+            sqliteAlone(scenario: scenario, users: fleet.users, data: fleet.data, batchFloor: batchFloor, floors: floorRates,
+                        postgres: pipelineQueries, userCount: userCount)
         }
 
         // In-process GRDB on the same files: what SQLite itself costs (no socket, no JSON).
@@ -192,8 +195,11 @@ struct PointQueryScenario: Scenario {
     /// point query from C, two threads, no socket, no JSON), and with it the most any server
     /// that runs one SQLite query per request on these files could reach here in batches: each
     /// request costs at least SQLite's CPU plus the kernel's and the client's (the constant-reply
-    /// server's batches), on the same two cores.
-    private func sqliteAlone(scenario: String, users: [String], data: String, batchFloor: Double, postgres: Double, userCount: Int) {
+    /// server's batches), on the same two cores. The same sum for one call at a time at 8 and
+    /// 64 connections (`floors`: the constant-reply server's rates) says what share of the
+    /// floor such a server could reach there.
+    private func sqliteAlone(scenario: String, users: [String], data: String, batchFloor: Double, floors: [Int: Double],
+                             postgres: Double, userCount: Int) {
         let binary = env.binaries + "/userstore-sqlite-floor", list = env.root + "/sqlite-floor-\(userCount)"
         guard FileManager.default.isExecutableFile(atPath: binary) else { return }
         let layout = StoreLayout(dataDirectory: data)
@@ -215,5 +221,14 @@ struct PointQueryScenario: Scenario {
         record(Measurement(scenario: scenario, subject: "the most a server running one SQLite query per request could reach in batches here (SQLite alone + the batch floor)",
                            value: bound, unit: "req/s",
                            note: String(format: "%.2f× pgbench's pipeline mode; the target asks %.1f×", bound / max(postgres, 1), wanted)))
+        // One call at a time the two cores are as busy (client and server both CPU-bound), so a
+        // server that adds SQLite's CPU per request to the floor's cannot pass this either.
+        for clients in [8, 64] {
+            guard let floor = floors[clients] else { continue }
+            let bound = 1 / (1 / alone + 1 / floor)
+            record(Measurement(scenario: scenario, subject: "the most a server running one SQLite query per request could reach at \(clients) connections here (SQLite alone + the floor)",
+                               value: bound, unit: "req/s",
+                               note: String(format: "%.2f of the floor; the target asks 0.9", bound / floor)))
+        }
     }
 }

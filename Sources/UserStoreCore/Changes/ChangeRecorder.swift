@@ -5,9 +5,11 @@ import Varlink
 
 /// How much of its change log a store keeps (`watch.*` in the configuration).
 public struct ChangeRetention: Sendable, Equatable {
-    /// Transactions kept, at least (trimmed in steps of ``ChangeRecorder/trimEvery``).
+    /// The newest transactions kept; older positions are dropped (the log is trimmed every
+    /// ``ChangeRecorder/trimEvery`` positions, so up to that many more wait for the next trim).
     public var keepChanges: Int
-    /// Seconds a transaction is kept, at least.
+    /// Seconds a transaction is kept at most: an older one is dropped even among the newest
+    /// ``keepChanges`` (whichever limit drops more wins).
     public var keepSeconds: Int
 
     public init(keepChanges: Int = 10_000, keepSeconds: Int = 7 * 86_400) {
