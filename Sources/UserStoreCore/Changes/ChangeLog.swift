@@ -99,6 +99,41 @@ enum ChangeLog {
         }
     }
 
+    /// How far a store's position jumps when it comes back from the replica
+    /// (``continuePositionsAfterReplicaRestore(_:)``): more transactions than a store commits
+    /// before its replica catches up.
+    static let replicaRestoreJump: Int64 = 1 << 32
+
+    /// The file at `path` was just restored from the replica (a lost disk, another host taking
+    /// the store over), which may lack the store's last transactions — whose positions watchers
+    /// may have been sent already, before they reached the replica. The next transactions must
+    /// not take those positions again, or a watcher resuming from one would silently skip the
+    /// new transactions up to it: the position jumps by ``replicaRestoreJump`` to a reset, so a
+    /// watcher resuming from any position it was given re-reads. What the log holds before the
+    /// jump is kept (a watcher behind the replica still gets those transactions first).
+    /// A store that never recorded (never watched): nothing to carry.
+    static func continuePositionsAfterReplicaRestore(_ path: String) throws(ChangeLogError) {
+        var connection: OpaquePointer?
+        guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
+            sqlite3_close(connection)
+            throw ChangeLogError(message: "cannot open \(path) to move its change log past the replica's positions")
+        }
+        defer { sqlite3_close(connection) }
+        guard exists(connection) else { return }
+        let position = state(connection).position + replicaRestoreJump
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        let sql = "BEGIN IMMEDIATE;"
+            + "INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, \(position), 0)"
+            + " ON CONFLICT (id) DO UPDATE SET position = \(position);"
+            + "INSERT INTO userstore_changes (position, ordinal, committed_at, operation) VALUES (\(position), 0, \(now), 'reset');"
+            + "COMMIT;"
+        guard sqlite3_exec(connection, sql, nil, nil, nil) == SQLITE_OK else {
+            let message = String(cString: sqlite3_errmsg(connection))
+            sqlite3_exec(connection, "ROLLBACK", nil, nil, nil)
+            throw ChangeLogError(message: message)
+        }
+    }
+
     /// Drops what is past the limits: positions more than `keepChanges` behind `position`, and
     /// those committed before `cutoffMilliseconds` (Unix time). Records the highest dropped.
     static func trim(_ connection: OpaquePointer, position: Int64, keepChanges: Int, cutoffMilliseconds: Int64) throws(ChangeLogError) {
