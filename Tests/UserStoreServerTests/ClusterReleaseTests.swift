@@ -19,14 +19,13 @@ import Varlink
         return (try? JSONParser().parse(Array(result.stdout.utf8)).objectValue) ?? [:]
     }
 
-    @Test(.timeLimit(.minutes(10)))
-    func aHaltOnOneHostStopsTheRolloutOnAllThree() throws {
-        let etcd = try EtcdCluster(size: 1)
-        let store = try ClusterDaemonTests.objectStore()
-        let hosts = try [("a", 7141), ("b", 7142), ("c", 7143)].map { try Self.daemon($0.0, port: $0.1, etcd: etcd, store: store) }
+    /// Three hosts on `ports` (named a, b, c), started, the buckets spread over them; returns
+    /// them, a client of each, and which host (index) owns each of `users`.
+    private func threeHosts(_ ports: [Int], users: [String], etcd: EtcdCluster, store: SeaweedFS) throws
+        -> (hosts: [DaemonHarness], clients: [VarlinkConnection], owner: [String: Int]) {
+        let hosts = try zip(["a", "b", "c"], ports).map { try Self.daemon($0.0, port: $0.1, etcd: etcd, store: store) }
         for host in hosts { try host.start() }
         let clients = try hosts.map { try $0.connect() }
-        let users = (0..<60).map { "user-\($0)" }
         // a took every bucket; the controller spreads them over the three.
         #expect(ClusterDaemonTests.eventually { users.allSatisfy { ClusterDaemonTests.answer(clients[0], $0).0 != "io.userstore.Store.ClusterUnavailable" } })
         _ = try clients[0].call("io.userstore.Admin.Rebalance")
@@ -38,6 +37,31 @@ import Varlink
             }
             return owner.count == users.count && Set(owner.values).count == 3
         }, "\(owner)")
+        return (hosts, clients, owner)
+    }
+
+    /// The migration `file` (`sql`) added to every host and reloaded; returns once every host has the same
+    /// release, running.
+    private func startRelease(_ file: String, _ sql: String, on hosts: [DaemonHarness], _ clients: [VarlinkConnection]) throws {
+        for (index, host) in hosts.enumerated() {
+            try host.addMigration(file, sql)
+            _ = try clients[index].call("io.userstore.Admin.Reload")
+        }
+        var ids: Set<String> = []
+        #expect(try ClusterDaemonTests.eventually {
+            ids = Set(try hosts.map { try release($0)["id"]?.stringValue ?? "" })
+            return ids.count == 1 && !ids.contains("")
+        }, "\(ids)")
+        let first = try release(hosts[0])
+        #expect(first["state"] == "running", "\(first)\n\(hosts[0].stderr.suffix(4000))\n\(hosts[1].stderr.suffix(4000))")
+    }
+
+    @Test(.timeLimit(.minutes(10)))
+    func aHaltOnOneHostStopsTheRolloutOnAllThree() throws {
+        let etcd = try EtcdCluster(size: 1)
+        let store = try ClusterDaemonTests.objectStore()
+        let users = (0..<60).map { "user-\($0)" }
+        let (hosts, clients, owner) = try threeHosts([7141, 7142, 7143], users: users, etcd: etcd, store: store)
         // Users of b have data the release's migration fails on; nobody else has.
         let onB = users.filter { owner[$0] == 1 }
         for user in users {
@@ -46,18 +70,8 @@ import Varlink
                 _ = try clients[owner[user]!].call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES (?)", "parameters": [.string(title)]])
             }
         }
-        for (index, host) in hosts.enumerated() {
-            try host.addMigration("0007_unique_titles.sql", "CREATE UNIQUE INDEX notes_title ON notes (title);")
-            _ = try clients[index].call("io.userstore.Admin.Reload")
-        }
         // One release, the same on every host.
-        var ids: Set<String> = []
-        #expect(try ClusterDaemonTests.eventually {
-            ids = Set(try hosts.map { try release($0)["id"]?.stringValue ?? "" })
-            return ids.count == 1 && !ids.contains("")
-        }, "\(ids)")
-        let first = try release(hosts[0])
-        #expect(first["state"] == "running", "\(first)\n\(hosts[0].stderr.suffix(4000))\n\(hosts[1].stderr.suffix(4000))")
+        try startRelease("0007_unique_titles.sql", "CREATE UNIQUE INDEX notes_title ON notes (title);", on: hosts, clients)
 
         // b migrates its stores: they fail, b halts the release, and so do a and c.
         let onBBefore = try release(hosts[1])
@@ -77,6 +91,36 @@ import Varlink
         // Resumed from c: running again everywhere.
         #expect(try run([userstorectlPath, "release", "resume", "--socket", hosts[2].socketPath]).status == 0)
         #expect(try ClusterDaemonTests.eventually { try hosts.allSatisfy { try release($0)["state"] == "running" } })
+        for host in hosts { #expect(host.stop() == 0) }
+    }
+
+    /// No host knows every store: each reports its own at the version, and the release is
+    /// complete on every host once all three have.
+    @Test(.timeLimit(.minutes(10)))
+    func aGoodReleaseCompletesOnAllThreeOnceEachHostMigratedItsStores() throws {
+        let etcd = try EtcdCluster(size: 1)
+        let store = try ClusterDaemonTests.objectStore()
+        let users = (0..<30).map { "user-\($0)" }
+        let (hosts, clients, owner) = try threeHosts([7144, 7145, 7146], users: users, etcd: etcd, store: store)
+        for user in users {
+            _ = try clients[owner[user]!].call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title) VALUES ('x')"])
+        }
+        try startRelease("0007_titles.sql", "CREATE INDEX notes_by_title ON notes (title);", on: hosts, clients)
+        // a and b migrate theirs; c's stores are still behind: running everywhere.
+        for host in hosts.prefix(2) {
+            let migrated = try run([userstorectlPath, "migrate", "--all", "--socket", host.socketPath])
+            #expect(migrated.status == 0, "\(migrated.stdout)\(migrated.stderr)")
+        }
+        let meanwhile = try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
+        #expect(meanwhile == ["running", "running", "running"])
+        // c migrates its own: complete on all three.
+        let migrated = try run([userstorectlPath, "migrate", "--all", "--socket", hosts[2].socketPath])
+        #expect(migrated.status == 0, "\(migrated.stdout)\(migrated.stderr)")
+        var states: [String] = []
+        #expect(try ClusterDaemonTests.eventually {
+            states = try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
+            return states == ["complete", "complete", "complete"]
+        }, "\(states)\n\(hosts[0].stderr.suffix(3000))")
         for host in hosts { #expect(host.stop() == 0) }
     }
 }

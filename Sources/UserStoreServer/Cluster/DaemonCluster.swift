@@ -48,6 +48,17 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
 
+    /// Whether this host owns `user`'s bucket, by its copy of the bucket records.
+    func owns(_ user: UserID) -> Bool { buckets["\(Placement.bucket(for: user))"]?.value.owner == settings.host }
+
+    /// The hosts whose lease is alive, by their host records.
+    var liveHosts: Set<String> { Set(hosts.all.keys) }
+
+    /// The cluster's release in etcd, as this host takes part in it.
+    var sharedRelease: SharedRelease {
+        SharedRelease(etcd: etcd, host: settings.host, owns: { self.owns($0) }, liveHosts: { self.liveHosts })
+    }
+
     func admit(_ user: UserID) throws(StoreError) {
         let bucket = Placement.bucket(for: user)
         guard let entry = buckets["\(bucket)"] else {

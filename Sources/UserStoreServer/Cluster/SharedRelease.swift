@@ -5,7 +5,17 @@ import UserStoreCore
 /// same release, step and cohort, and a halt on one host stops them all (docs/releases.md).
 struct SharedRelease: Sendable {
     static let key = "/us/v1/release"
+    /// `/us/v1/release-done/<release id>/<host>`: at the release's last step, the host found
+    /// every store it knows, in the buckets it owns, at the release's version. The release is
+    /// complete once every live host has said so.
+    static let donePrefix = "/us/v1/release-done/"
     let etcd: EtcdClient
+    /// This host's name (`cluster.host`).
+    let host: String
+    /// Whether this host owns a user's bucket now (its copy of the bucket records).
+    let owns: @Sendable (UserID) -> Bool
+    /// The hosts whose lease is alive now (their host records).
+    let liveHosts: @Sendable () -> Set<String>
 
     /// A change that kept losing the compare-and-swap to other hosts.
     struct Contended: Error, CustomStringConvertible {
@@ -32,5 +42,22 @@ struct SharedRelease: Sendable {
             }
         }
         throw Contended()
+    }
+
+    /// Says (or takes back) that this host is done with release `id`.
+    func report(_ id: String, done: Bool) async throws {
+        let key = Self.donePrefix + id + "/" + host
+        if done { _ = try await etcd.put(key, "1") } else { _ = try await etcd.delete(key) }
+    }
+
+    /// The hosts that said they are done with release `id`.
+    func hostsDone(_ id: String) async throws -> Set<String> {
+        let prefix = Self.donePrefix + id + "/"
+        return Set(try await etcd.list(prefix: prefix).map { String($0.key.dropFirst(prefix.count)) })
+    }
+
+    /// Forgets every host's report (of every release): once a release completed, none is read again.
+    func forgetReports() async throws {
+        for item in try await etcd.list(prefix: Self.donePrefix) { _ = try await etcd.delete(item.key) }
     }
 }

@@ -80,7 +80,7 @@ public enum Daemon {
         let release: ReleaseTracker
         do {
             release = try ReleaseTracker(dataDirectory: layout.dataDirectory, migrations: migrations, policy: configuration.rollout, index: index,
-                                         logger: logger, shared: cluster.map { SharedRelease(etcd: $0.etcd) })
+                                         logger: logger, shared: cluster?.sharedRelease)
         } catch {
             logger.critical("\(error)", metadata: ["event": "daemon-failed"])
             printError("userstored: \(error)")

@@ -76,9 +76,35 @@ extension ReleaseTracker {
                 let moved = try await mutateInCluster { _ = try $0.advance(now: now) }
                 if moved.stageIndex != current.stageIndex { logStep(moved) }
             }
+            try await completeInCluster(snapshot)
         } catch {
             logger.warning("the cluster's release could not be read from etcd (kept as it was): \(error)")
         }
+    }
+
+    /// No host knows every store of a cluster: at the release's last step each host reports
+    /// (a key in etcd) whether every store it knows in the buckets it owns is at the release's
+    /// version — again on every tick, so a host that takes over a bucket with stores behind
+    /// takes its report back — and the release is complete once every live host has reported.
+    func completeInCluster(_ current: Release) async throws {
+        guard let shared, current.state == .running else { return }
+        if let policy = current.policy, current.stageIndex < policy.stages.count - 1 { return }
+        let done = indexIsComplete && everyStore(atLeast: current.latest, of: shared.owns)
+        let reported = reportedDone.withLock { $0 }
+        if reported?.id != current.id || reported?.done != done {
+            try await shared.report(current.id, done: done)
+            reportedDone.withLock { $0 = (current.id, done) }
+        }
+        guard done, shared.liveHosts().isSubset(of: try await shared.hostsDone(current.id)) else { return }
+        let completed = try await mutateInCluster { release in
+            guard release.id == current.id else { return }
+            _ = release.completeIfDone(everyStoreAtVersion: true)
+        }
+        guard completed.id == current.id, completed.state == .complete else { return }
+        try await shared.forgetReports()
+        logger.notice("release \(completed.id) complete: every live host has every store it owns at version \(completed.latest)", metadata: [
+            "event": "release-complete", "release": .string(completed.id), "schema_version": .stringConvertible(completed.latest),
+        ])
     }
 
     /// Makes `release` (etcd's record at `revision`) this host's: kept in release.json too, and

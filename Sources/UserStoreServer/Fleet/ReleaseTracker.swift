@@ -27,6 +27,8 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// The etcd revision of the cluster's release last adopted, and the changes of this host
     /// still on their way there (while any is, a tick does not adopt an older record).
     let sharedState = Mutex<(revision: Int64, pushing: Int)>((0, 0))
+    /// What this host last reported to etcd as done (``SharedRelease/report(_:done:)``).
+    let reportedDone = Mutex<(id: String, done: Bool)?>(nil)
     /// Stores this release brought to its version since the daemon started (for the rate).
     private let migrated = Atomic<Int>(0)
     /// The last change could not be written (a full disk): kept in memory, written again by
@@ -151,9 +153,9 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
 
     /// Moves to the next step when the current one has lasted its wait, and completes the
     /// release once its last step is reached and every known store is at its version. In a
-    /// cluster: adopts what other hosts changed, and moves the cluster's release to its next
-    /// step when due (whichever host is first); a cluster's release is not marked complete
-    /// (no host knows every store), which changes nothing: its last step reaches every user.
+    /// cluster: adopts what other hosts changed, moves the cluster's release to its next step
+    /// when due (whichever host is first), and completes it once every live host has reported
+    /// its own stores at the version (ReleaseTracker+Cluster.swift).
     func tick(now: Date = Date()) async {
         if shared != nil { return await tickInCluster(now: now) }
         enum Change { case step(from: Release, to: Release), complete(Release) }
@@ -221,14 +223,20 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
 
     // MARK: Counting
 
-    /// Known stores the current step reaches.
+    /// Known stores the current step reaches (in a cluster, of the buckets this host owns: the
+    /// copies it kept of buckets it gave away are not its to migrate).
     private func storesReached(_ release: Release) -> Int {
-        index.reading { entries in entries.keys.reduce(0) { $0 + (release.reaches($1) ? 1 : 0) } }
+        let owns = shared?.owns
+        return index.reading { entries in entries.keys.reduce(0) { $0 + (release.reaches($1) && owns?($1) != false ? 1 : 0) } }
     }
 
-    private func everyStore(atLeast version: Int64) -> Bool {
-        index.reading { entries in entries.values.allSatisfy { $0.version >= version && $0.failure == nil } }
+    /// Every known store (of the users `selected` picks) is at `version` or past it, none failed.
+    func everyStore(atLeast version: Int64, of selected: (UserID) -> Bool = { _ in true }) -> Bool {
+        index.reading { entries in entries.allSatisfy { !selected($0.key) || ($0.value.version >= version && $0.value.failure == nil) } }
     }
+
+    /// Whether the fleet index has read every store file (until then no store count is whole).
+    var indexIsComplete: Bool { index.isComplete }
 
     // MARK: Status
 

@@ -105,15 +105,13 @@ struct AdminMethods {
         }
     }
 
-    /// The users a fleet call addresses: `users`, or every known store with `all`.
+    /// The users a fleet call addresses: `users`, or with `all` every store this host serves
+    /// (``DaemonContext/servedStores()``).
     private func targets(_ parameters: CallParameters) async throws -> [UserID] {
         let all = try parameters.optionalBool("all") ?? false
         let users = try parameters.optionalStrings("users") ?? []
         guard all != !users.isEmpty else { throw VarlinkError.invalidParameter(all ? "users" : "all") }
-        if all {
-            await context.index.waitForScan()
-            return context.index.snapshot().map(\.0)
-        }
+        if all { return await context.servedStores().map(\.0) }
         var ids: [UserID] = []
         for user in users { ids.append(try CallParameters.userID(user)) }
         return ids

@@ -78,10 +78,9 @@ struct QueryMethods {
             return users
         }
         guard all || cohort || state != nil else { throw VarlinkError.invalidParameter("all") }
-        await context.index.waitForScan()
         let latest = context.registry.migrations.latestVersion
         let release = context.release.snapshot
-        return context.index.snapshot().compactMap { user, entry in
+        return await context.servedStores().compactMap { user, entry in
             if let state, FleetIndex.state(of: entry, latest: latest) != state { return nil }
             if cohort, !release.reaches(user) { return nil }
             return user

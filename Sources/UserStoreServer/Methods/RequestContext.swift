@@ -62,6 +62,16 @@ final class DaemonContext: Sendable {
 
     func beginShutdown() { shuttingDown.store(true, ordering: .relaxed) }
 
+    /// The stores the fleet index knows that this host serves, once it has read every file: in
+    /// a cluster, those of the buckets it owns (the copies it kept of buckets it gave away are
+    /// another host's; a fleet call on them would only fail with `WrongHost`).
+    func servedStores() async -> [(UserID, FleetIndex.Entry)] {
+        await index.waitForScan()
+        let known = index.snapshot()
+        guard let cluster else { return known }
+        return known.filter { cluster.owns($0.0) }
+    }
+
     struct Counters {
         var fleetMigrationsInFlight = 0
         /// Progress of the fleet migration running now, for STATUS= and the journal.
