@@ -1,10 +1,11 @@
 import ArgumentParser
+import UserStoreCore
 import UserStoreCtl
 import Varlink
 
 extension UserStoreCtlCommand {
     struct Status: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Daemon and fleet state: versions, uptime, open, known, pending and failed stores.")
+        static let configuration = CommandConfiguration(abstract: "Daemon and fleet state: versions, uptime, open, known, pending and failed stores; replication and the release in force.")
 
         @OptionGroup var connection: ConnectionOptions
         @OptionGroup var offline: OfflineOptions
@@ -29,8 +30,21 @@ extension UserStoreCtlCommand {
                       + "   \(value("tooNewStores")) too new\(status["indexComplete"] == false ? "   (still scanning)" : "")")
                 print("open      \(value("openStores"))/\(value("maxOpenStores"))   migrations in flight \(value("migrationsInFlight"))   connections \(value("connections"))")
                 if let replication = status["replication"] { print(Replication.summary(replication, output: output)) }
+                if let release = status["release"] { print(Self.release(release, output: output)) }
             }
             print("data      \(value("dataDirectory"))")
+        }
+
+        /// The release line: its state in colour (halted red, aborted yellow), step, version and failures.
+        static func release(_ release: JSONValue, output: Output) -> String {
+            func value(_ key: String) -> String { Output.cell(release[key]) }
+            let state = value("state")
+            let style: Output.Style = state == "halted" ? .red : state == "aborted" ? .yellow : .green
+            var step = value("step"), ratio = value("failureRatio")
+            if case .real(let number)? = release["step"] { step = RolloutPolicy.format(number) }
+            if case .real(let number)? = release["failureRatio"] { ratio = RolloutPolicy.percent(ratio: number) }
+            return "release   \(value("id")) " + output.paint(state, style) + "   step \(step)%   version \(value("version"))"
+                + "   \(value("failed")) failed (\(ratio) of the step)   details: userstorectl release status"
         }
 
         static func duration(_ seconds: Int64) -> String {

@@ -67,6 +67,12 @@ import Varlink
         #expect(Set(attempted).isSubset(of: reached), "tried outside the step: \(Set(attempted).subtracting(reached))")
         var status = try release(daemon)
         #expect(status["state"] == "halted", "\(status)")
+        // Status says so too, and `userstorectl status` shows it on its release line.
+        let summary = try client.call("io.userstore.Admin.Status")["release"]?.objectValue ?? [:]
+        #expect(summary["state"] == "halted" && summary["id"] == status["id"] && summary["failed"] == .integer(Int64(status["failed"]?.arrayValue?.count ?? -1)),
+                "\(summary)")
+        let shown = try ctl(daemon, ["status"])
+        #expect(shown.stdout.contains("release   \(status["id"]?.stringValue ?? "?") halted   step 10%   version 2"), "\(shown.stdout)")
         let failed = Set(status["failed"]?.arrayValue?.compactMap(\.stringValue) ?? [])
         #expect(!failed.isEmpty && failed.allSatisfy(Self.failsOnData) && failed.isSubset(of: reached))
         for user in failed {
@@ -88,6 +94,7 @@ import Varlink
         #expect(rest.status == 0, "\(rest.stdout)\(rest.stderr)")
         status = try release(daemon)
         #expect(status["state"] == "complete" && status["versions"] == .object(["2": 1000]), "\(status)")
+        #expect(try client.call("io.userstore.Admin.Status")["release"]?.objectValue?["state"] == "complete")
 
         // Aborted: every store back at version 1, and it stays there.
         let abort = try ctl(daemon, ["release", "abort", "--json"])

@@ -80,6 +80,14 @@ struct AdminMethods {
             "indexComplete": .bool(context.index.isComplete),
         ]
         fields["replication"] = ReplicationMethods.status(context)
+        let release = context.release.snapshot
+        if release.state != .none {
+            fields["release"] = .object([
+                "id": .string(release.id), "state": .string(release.state.rawValue), "step": .real(release.step),
+                "version": .integer(release.latest), "failed": .integer(Int64(release.failures.count)),
+                "failureRatio": .real(context.release.failureRatio(of: release)),
+            ])
+        }
         return fields
     }
 
