@@ -54,9 +54,11 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The hosts whose lease is alive, by their host records.
     var liveHosts: Set<String> { Set(hosts.all.keys) }
 
-    /// The cluster's release in etcd, as this host takes part in it.
+    /// The cluster's release in etcd, as this host takes part in it. Weak: the release
+    /// tracker that keeps it is reached from this cluster (through the registry's gate).
     var sharedRelease: SharedRelease {
-        SharedRelease(etcd: etcd, host: settings.host, owns: { self.owns($0) }, liveHosts: { self.liveHosts })
+        SharedRelease(etcd: etcd, host: settings.host, owns: { [weak self] in self?.owns($0) ?? false },
+                      liveHosts: { [weak self] in self?.liveHosts ?? [] })
     }
 
     func admit(_ user: UserID) throws(StoreError) {
