@@ -56,8 +56,9 @@ struct SharedRelease: Sendable {
         return Set(try await etcd.list(prefix: prefix).map { String($0.key.dropFirst(prefix.count)) })
     }
 
-    /// Forgets every host's report (of every release): once a release completed, none is read again.
-    func forgetReports() async throws {
-        for item in try await etcd.list(prefix: Self.donePrefix) { _ = try await etcd.delete(item.key) }
+    /// Forgets the hosts' reports of release `id` (complete: they are not read again). Only
+    /// that release's: another may have started meanwhile, and its reports are not sent twice.
+    func forgetReports(of id: String) async throws {
+        for item in try await etcd.list(prefix: Self.donePrefix + id + "/") { _ = try await etcd.delete(item.key) }
     }
 }
