@@ -77,26 +77,10 @@ enum ChangeLog {
             }
             sqlite3_close(connection)
         }
-        var connection: OpaquePointer?
-        guard sqlite3_open_v2(staged, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
-            sqlite3_close(connection)
-            throw ChangeLogError(message: "cannot open \(staged) to carry the change log's position")
-        }
+        let connection = try open(staged, "to carry the change log's position")
         defer { sqlite3_close(connection) }
         guard recorded || exists(connection) else { return }
-        let position = max(previous, state(connection).position) + 1
-        let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let sql = create + "BEGIN IMMEDIATE;"
-            + "INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, \(position), \(position - 1))"
-            + " ON CONFLICT (id) DO UPDATE SET position = \(position), trimmed_through = \(position - 1);"
-            + "DELETE FROM userstore_changes;"
-            + "INSERT INTO userstore_changes (position, ordinal, committed_at, operation) VALUES (\(position), 0, \(now), 'reset');"
-            + "COMMIT;"
-        guard sqlite3_exec(connection, sql, nil, nil, nil) == SQLITE_OK else {
-            let message = String(cString: sqlite3_errmsg(connection))
-            sqlite3_exec(connection, "ROLLBACK", nil, nil, nil)
-            throw ChangeLogError(message: message)
-        }
+        try recordReset(connection, at: max(previous, state(connection).position) + 1, droppingTheLog: true)
     }
 
     /// How far a store's position jumps when it comes back from the replica
@@ -113,18 +97,32 @@ enum ChangeLog {
     /// jump is kept (a watcher behind the replica still gets those transactions first).
     /// A store that never recorded (never watched): nothing to carry.
     static func continuePositionsAfterReplicaRestore(_ path: String) throws(ChangeLogError) {
+        let connection = try open(path, "to move its change log past the replica's positions")
+        defer { sqlite3_close(connection) }
+        guard exists(connection) else { return }
+        try recordReset(connection, at: state(connection).position + replicaRestoreJump, droppingTheLog: false)
+    }
+
+    /// A connection of its own to the store file at `path` (closed, or not yet opened, by the
+    /// daemon), to change its log `purpose`.
+    private static func open(_ path: String, _ purpose: String) throws(ChangeLogError) -> OpaquePointer {
         var connection: OpaquePointer?
         guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
             sqlite3_close(connection)
-            throw ChangeLogError(message: "cannot open \(path) to move its change log past the replica's positions")
+            throw ChangeLogError(message: "cannot open \(path) \(purpose)")
         }
-        defer { sqlite3_close(connection) }
-        guard exists(connection) else { return }
-        let position = state(connection).position + replicaRestoreJump
+        return connection
+    }
+
+    /// Makes `position` the store's, as a reset, in one transaction; `droppingTheLog` empties
+    /// the log first (everything before the reset counts as trimmed), else the log is kept.
+    private static func recordReset(_ connection: OpaquePointer, at position: Int64, droppingTheLog: Bool) throws(ChangeLogError) {
         let now = Int64(Date().timeIntervalSince1970 * 1000)
-        let sql = "BEGIN IMMEDIATE;"
-            + "INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, \(position), 0)"
-            + " ON CONFLICT (id) DO UPDATE SET position = \(position);"
+        let trimmed = droppingTheLog ? position - 1 : 0
+        let sql = create + "BEGIN IMMEDIATE;"
+            + "INSERT INTO userstore_watch (id, position, trimmed_through) VALUES (1, \(position), \(trimmed))"
+            + " ON CONFLICT (id) DO UPDATE SET position = \(position)" + (droppingTheLog ? ", trimmed_through = \(trimmed);" : ";")
+            + (droppingTheLog ? "DELETE FROM userstore_changes;" : "")
             + "INSERT INTO userstore_changes (position, ordinal, committed_at, operation) VALUES (\(position), 0, \(now), 'reset');"
             + "COMMIT;"
         guard sqlite3_exec(connection, sql, nil, nil, nil) == SQLITE_OK else {
