@@ -27,7 +27,8 @@ extension UserStoreCtlCommand {
                 print("userstored \(value("daemonVersion"))   app \(value("appVersion"))   schema \(value("latestSchemaVersion")) (\(value("migrations")) migrations)   up \(Self.duration(status["uptimeSeconds"]?.integerValue ?? 0))")
                 print("stores    \(value("knownStores")) known   \(value("currentStores")) current   \(value("pendingStores")) pending   "
                       + output.paint("\(value("failedStores")) failed", (status["failedStores"]?.integerValue ?? 0) > 0 ? .red : .green)
-                      + "   \(value("tooNewStores")) too new\(status["indexComplete"] == false ? "   (still scanning)" : "")")
+                      + "   \(value("tooNewStores")) too new\(status["indexComplete"] == false ? "   (still scanning)" : "")"
+                      + (status["otherHostsStores"].map { "   (+\(Output.cell($0)) copies of other hosts' buckets)" } ?? ""))
                 print("open      \(value("openStores"))/\(value("maxOpenStores"))   migrations in flight \(value("migrationsInFlight"))   connections \(value("connections"))")
                 if let replication = status["replication"] { print(Replication.summary(replication, output: output)) }
                 if let release = status["release"] { print(Self.release(release, output: output)) }

@@ -111,7 +111,7 @@ struct StatusReporter: Service {
         if let fleet = counters.fleet {
             return "Migrating \(fleet.done)/\(fleet.total) stores, \(fleet.failures) failed, \(Int(fleet.rate))/s"
         }
-        let failed = context.index.counts(latest: context.registry.migrations.latestVersion)[.failed] ?? 0
+        let failed = context.storeCounts().served[.failed] ?? 0
         return "Serving \(statistics.openStores) open stores, \(statistics.preparing) migrating, \(failed) failed, \(context.connections.count) connections"
     }
 }

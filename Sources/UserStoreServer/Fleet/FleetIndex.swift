@@ -144,10 +144,17 @@ final class FleetIndex: StoreObserver {
 
     /// Store counts by state.
     func counts(latest: Int64) -> [State: Int] {
+        counts(latest: latest, of: { _ in true }).selected
+    }
+
+    /// How many of the stores `selected` picks are in each state, and how many it leaves out.
+    func counts(latest: Int64, of selected: (UserID) -> Bool) -> (selected: [State: Int], others: Int) {
         entries.withLock { entries in
-            var counts: [State: Int] = [:]
-            for entry in entries.values { counts[Self.state(of: entry, latest: latest), default: 0] += 1 }
-            return counts
+            var counts: [State: Int] = [:], others = 0
+            for (user, entry) in entries {
+                if selected(user) { counts[Self.state(of: entry, latest: latest), default: 0] += 1 } else { others += 1 }
+            }
+            return (counts, others)
         }
     }
 }

@@ -56,7 +56,7 @@ struct AdminMethods {
 
     private func status() -> [String: JSONValue] {
         let latest = registry.migrations.latestVersion
-        let counts = context.index.counts(latest: latest)
+        let (counts, otherHosts) = context.storeCounts()
         let statistics = registry.statistics
         let counters = context.counters.withLock { $0 }
         let known = counts.values.reduce(0, +)
@@ -80,6 +80,7 @@ struct AdminMethods {
             "indexComplete": .bool(context.index.isComplete),
         ]
         fields["replication"] = ReplicationMethods.status(context)
+        if context.cluster != nil { fields["otherHostsStores"] = .integer(Int64(otherHosts)) }
         let release = context.release.snapshot
         if release.state != .none {
             fields["release"] = .object([
@@ -99,7 +100,7 @@ struct AdminMethods {
         let limit = try parameters.optionalInt("limit").map { Int(max(0, $0)) } ?? Int.max
         let latest = registry.migrations.latestVersion
         var selected: [JSONValue] = []
-        for (user, entry) in context.index.snapshot() {
+        for (user, entry) in context.index.snapshot() where context.serves(user) {
             let state = FleetIndex.state(of: entry, latest: latest)
             if let filter, filter != state { continue }
             var fields: [String: JSONValue] = ["user": .string(user.rawValue), "schemaVersion": .integer(entry.version), "state": .string(state.rawValue)]

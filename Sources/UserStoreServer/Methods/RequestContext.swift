@@ -62,14 +62,25 @@ final class DaemonContext: Sendable {
 
     func beginShutdown() { shuttingDown.store(true, ordering: .relaxed) }
 
-    /// The stores the fleet index knows that this host serves, once it has read every file: in
-    /// a cluster, those of the buckets it owns (the copies it kept of buckets it gave away are
-    /// another host's; a fleet call on them would only fail with `WrongHost`).
+    /// Whether this host serves `user`'s store: always on one host; in a cluster, while it owns
+    /// the user's bucket (the copies it kept of buckets it gave away are another host's, and a
+    /// call on them would only fail with `WrongHost`).
+    func serves(_ user: UserID) -> Bool { cluster?.owns(user) ?? true }
+
+    /// The stores the fleet index knows that this host serves, once it has read every file.
     func servedStores() async -> [(UserID, FleetIndex.Entry)] {
         await index.waitForScan()
         let known = index.snapshot()
-        guard let cluster else { return known }
-        return known.filter { cluster.owns($0.0) }
+        return cluster == nil ? known : known.filter { serves($0.0) }
+    }
+
+    /// The stores this host serves, by state, and how many copies of other hosts' buckets it
+    /// keeps besides (0 on one host): what Status, the metrics and systemd's status line count.
+    func storeCounts() -> (served: [FleetIndex.State: Int], otherHosts: Int) {
+        let latest = registry.migrations.latestVersion
+        guard cluster != nil else { return (index.counts(latest: latest), 0) }
+        let counts = index.counts(latest: latest) { serves($0) }
+        return (counts.selected, counts.others)
     }
 
     struct Counters {

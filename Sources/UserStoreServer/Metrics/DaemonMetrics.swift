@@ -305,8 +305,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
 
     /// The whole exposition, with the gauges read now.
     func scrape(context: DaemonContext) -> [UInt8] {
-        let latest = context.registry.migrations.latestVersion
-        let counts = context.index.counts(latest: latest)
+        let counts = context.storeCounts().served
         gauges["connections"]?.set(context.connections.count)
         gauges["open"]?.set(context.registry.statistics.openStores)
         gauges["known"]?.set(counts.values.reduce(0, +))
