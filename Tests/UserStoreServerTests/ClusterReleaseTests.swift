@@ -122,11 +122,14 @@ import Varlink
             return states == ["complete", "complete", "complete"]
         }, "\(states)\n\(hosts[0].stderr.suffix(3000))")
         // a made every store before the buckets were spread: it counts, lists and migrates its
-        // own only, and says how many copies of the others' it keeps.
+        // own only (in Status and the release's status), and says how many copies of the
+        // others' it keeps.
         let mine = users.filter { owner[$0] == 0 }
         let status = try clients[0].call("io.userstore.Admin.Status")
         #expect(status["knownStores"] == .integer(Int64(mine.count)) && status["pendingStores"] == 0, "\(status)")
         #expect(status["otherHostsStores"] == .integer(Int64(users.count - mine.count)), "\(status)")
+        let onA = try release(hosts[0])
+        #expect(onA["knownStores"] == .integer(Int64(mine.count)) && onA["versions"] == .object(["7": .integer(Int64(mine.count))]), "\(onA)")
         let listed = try run([userstorectlPath, "list", "--json", "--socket", hosts[0].socketPath])
         #expect(listed.stdout.split(separator: "\n").count == mine.count, "\(listed.stdout)")
         for host in hosts { #expect(host.stop() == 0) }

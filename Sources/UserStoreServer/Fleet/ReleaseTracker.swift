@@ -250,9 +250,10 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         let release = snapshot
         var versions: [String: JSONValue] = [:]
         var reached = 0, atVersion = 0, known = 0
+        let owns = shared?.owns
         index.reading { entries in
             var counts: [Int64: Int] = [:]
-            for (user, entry) in entries {
+            for (user, entry) in entries where owns?(user) != false {
                 counts[entry.version, default: 0] += 1
                 known += 1
                 if release.reaches(user) { reached += 1 }

@@ -57,7 +57,8 @@ struct ReleaseMethods {
         let aborted = try await Self.mapped { try await tracker.abort(missingDown: missingDown) }
         let base = aborted.baseLatest
         let index = context.index
-        let users = index.reading { entries in entries.filter { $0.value.version > base }.map(\.key) }
+        let context = self.context
+        let users = index.reading { entries in entries.filter { $0.value.version > base && context.serves($0.key) }.map(\.key) }
         var rolledBack = 0
         var failed: [JSONValue] = []
         let registry = context.registry
@@ -93,7 +94,10 @@ struct ReleaseMethods {
             guard count >= 1 else { throw VarlinkError.invalidParameter("sample") }
             await context.index.waitForScan()
             let latest = context.registry.migrations.latestVersion
-            let behind = context.index.reading { entries in entries.filter { $0.value.version >= 0 && $0.value.version < latest }.map(\.key) }
+            let context = self.context
+            let behind = context.index.reading { entries in
+                entries.filter { $0.value.version >= 0 && $0.value.version < latest && context.serves($0.key) }.map(\.key)
+            }
             users = Array(behind.shuffled().prefix(count))
         }
         let parallel = Int(try parameters.optionalInt("parallel") ?? Int64(min(4, context.configuration.fleetParallelism)))
