@@ -76,7 +76,7 @@ extension ReleaseTracker {
                 let moved = try await mutateInCluster { _ = try $0.advance(now: now) }
                 if moved.stageIndex != current.stageIndex { logStep(moved) }
             }
-            try await completeInCluster(snapshot)
+            try await completeInCluster(snapshot, now: now)
         } catch {
             logger.warning("the cluster's release could not be read from etcd (kept as it was): \(error)")
         }
@@ -86,14 +86,15 @@ extension ReleaseTracker {
     /// (a key in etcd) whether every store it knows in the buckets it owns is at the release's
     /// version — again on every tick, so a host that takes over a bucket with stores behind
     /// takes its report back — and the release is complete once every live host has reported.
-    func completeInCluster(_ current: Release) async throws {
+    func completeInCluster(_ current: Release, now: Date) async throws {
         guard let shared, current.state == .running else { return }
         if let policy = current.policy, current.stageIndex < policy.stages.count - 1 { return }
-        let done = indexIsComplete && everyStore(atLeast: current.latest, of: shared.owns)
         let reported = reportedDone.withLock { $0 }
-        if reported?.id != current.id || reported?.done != done {
-            try await shared.report(current.id, done: done)
-            reportedDone.withLock { $0 = (current.id, done) }
+        var done = reported?.done ?? false
+        if reported?.id != current.id || now.timeIntervalSince(reported?.judgedAt ?? .distantPast) >= Self.rejudgeSeconds {
+            done = indexIsComplete && everyStore(atLeast: current.latest, of: shared.owns)
+            if reported?.id != current.id || reported?.done != done { try await shared.report(current.id, done: done) }
+            reportedDone.withLock { $0 = (current.id, done, now) }
         }
         guard done, shared.liveHosts().isSubset(of: try await shared.hostsDone(current.id)) else { return }
         let completed = try await mutateInCluster { release in

@@ -27,8 +27,12 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// The etcd revision of the cluster's release last adopted, and the changes of this host
     /// still on their way there (while any is, a tick does not adopt an older record).
     let sharedState = Mutex<(revision: Int64, pushing: Int)>((0, 0))
-    /// What this host last reported to etcd as done (``SharedRelease/report(_:done:)``).
-    let reportedDone = Mutex<(id: String, done: Bool)?>(nil)
+    /// What this host last reported to etcd as done (``SharedRelease/report(_:done:)``), and
+    /// when it judged so (at most every ``ReleaseTracker/rejudgeSeconds``).
+    let reportedDone = Mutex<(id: String, done: Bool, judgedAt: Date)?>(nil)
+    /// Judging whether this host is done reads its whole fleet index and hashes every user to
+    /// its bucket (SHA-256): every few seconds, not every tick.
+    static let rejudgeSeconds: TimeInterval = 5
     /// Stores this release brought to its version since the daemon started (for the rate).
     private let migrated = Atomic<Int>(0)
     /// The last change could not be written (a full disk): kept in memory, written again by
