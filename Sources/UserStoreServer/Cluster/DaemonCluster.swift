@@ -48,8 +48,11 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
 
-    /// Whether this host owns `user`'s bucket, by its copy of the bucket records.
-    func owns(_ user: UserID) -> Bool { buckets["\(Placement.bucket(for: user))"]?.value.owner == settings.host }
+    /// The buckets this host owns now, by its copy of the bucket records: one look at the
+    /// records for a pass over many stores (whose buckets the fleet index keeps).
+    func ownedBuckets() -> Set<Int> {
+        Set(buckets.all.compactMap { name, entry in entry.value.owner == settings.host ? Int(name) : nil })
+    }
 
     /// The hosts whose lease is alive, by their host records.
     var liveHosts: Set<String> { Set(hosts.all.keys) }
@@ -57,7 +60,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The cluster's release in etcd, as this host takes part in it. Weak: the release
     /// tracker that keeps it is reached from this cluster (through the registry's gate).
     var sharedRelease: SharedRelease {
-        SharedRelease(etcd: etcd, host: settings.host, owns: { [weak self] in self?.owns($0) ?? false },
+        SharedRelease(etcd: etcd, host: settings.host, ownedBuckets: { [weak self] in self?.ownedBuckets() ?? [] },
                       liveHosts: { [weak self] in self?.liveHosts ?? [] })
     }
 

@@ -12,8 +12,8 @@ struct SharedRelease: Sendable {
     let etcd: EtcdClient
     /// This host's name (`cluster.host`).
     let host: String
-    /// Whether this host owns a user's bucket now (its copy of the bucket records).
-    let owns: @Sendable (UserID) -> Bool
+    /// The buckets this host owns now (its copy of the bucket records).
+    let ownedBuckets: @Sendable () -> Set<Int>
     /// The hosts whose lease is alive now (their host records).
     let liveHosts: @Sendable () -> Set<String>
 

@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import Synchronization
+import UserStoreCluster
 import UserStoreCore
 import UserStoreProtocol
 
@@ -19,9 +20,21 @@ final class FleetIndex: StoreObserver {
     struct Entry: Sendable, Equatable {
         /// -1 when unknown.
         var version: Int64
+        /// The user's cluster bucket (``Placement/bucket(for:)``), hashed once: a cluster host
+        /// counts and lists only the stores of the buckets it owns.
+        let bucket: Int
         var failure: String?
         var failureName: String?
         var tooNew = false
+
+        init(version: Int64, bucket: Int) {
+            self.version = version
+            self.bucket = bucket
+        }
+
+        init(_ user: UserID, version: Int64) {
+            self.init(version: version, bucket: Placement.bucket(for: user))
+        }
     }
 
     private let entries = Mutex<[UserID: Entry]>([:])
@@ -59,18 +72,18 @@ final class FleetIndex: StoreObserver {
             // connection can sit beside the daemon's own.
             let replicated = registry.replication != nil
             var read = await Task.detached {
-                slice.map { user -> (UserID, Int64?) in
+                slice.map { user -> (UserID, Int64?, bucket: Int) in
                     let path = layout.storePath(for: user)
                     let version = StoreFileInspector.headerVersion(of: path)
-                    return (user, version == nil && replicated ? StoreFileInspector.versionReadingWAL(of: path) : version)
+                    return (user, version == nil && replicated ? StoreFileInspector.versionReadingWAL(of: path) : version, Placement.bucket(for: user))
                 }
             }.value
-            for (offset, (user, version)) in read.enumerated() where version == nil {
+            for (offset, (user, version, _)) in read.enumerated() where version == nil {
                 let current = try? await registry.withExistingStore(user) { store in try await store.schemaVersion() }
                 read[offset].1 = current ?? -1
             }
             entries.withLock { entries in
-                for (user, version) in read where entries[user] == nil { entries[user] = Entry(version: version ?? -1) }
+                for (user, version, bucket) in read where entries[user] == nil { entries[user] = Entry(version: version ?? -1, bucket: bucket) }
             }
         }
         complete.store(true, ordering: .releasing)
@@ -79,10 +92,10 @@ final class FleetIndex: StoreObserver {
     func record(_ event: StoreEvent) {
         entries.withLock { entries in
             let user = event.user
-            var entry = entries[user] ?? Entry(version: 0)
+            var entry = entries[user] ?? Entry(user, version: 0)
             switch event {
             case .storeCreated:
-                entry = Entry(version: 0)
+                entry = Entry(version: 0, bucket: entry.bucket)
             case .migrationStep(_, let version, _, _, _, _, _):
                 entry.version = max(entry.version, version)
             case .migrationFinished(_, _, let to, _, _):
@@ -105,7 +118,7 @@ final class FleetIndex: StoreObserver {
                 entries[user] = nil
                 return
             case .storeImported(_, let version, _, _), .storeRestored(_, _, let version, _):
-                entry = Entry(version: version)
+                entry = Entry(version: version, bucket: entry.bucket)
             case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration, .storeOpened, .storeClosed, .storeSuperseded:
                 return
             }
@@ -116,7 +129,7 @@ final class FleetIndex: StoreObserver {
     /// Records the outcome of an explicit migration or rollback.
     func update(_ user: UserID, version: Int64, failure: StoreError?) {
         entries.withLock { entries in
-            var entry = entries[user] ?? Entry(version: version)
+            var entry = entries[user] ?? Entry(user, version: version)
             entry.version = version
             entry.failure = failure?.description
             entry.failureName = failure?.varlinkError.name
@@ -148,11 +161,11 @@ final class FleetIndex: StoreObserver {
     }
 
     /// How many of the stores `selected` picks are in each state, and how many it leaves out.
-    func counts(latest: Int64, of selected: (UserID) -> Bool) -> (selected: [State: Int], others: Int) {
+    func counts(latest: Int64, of selected: (Entry) -> Bool) -> (selected: [State: Int], others: Int) {
         entries.withLock { entries in
             var counts: [State: Int] = [:], others = 0
-            for (user, entry) in entries {
-                if selected(user) { counts[Self.state(of: entry, latest: latest), default: 0] += 1 } else { others += 1 }
+            for entry in entries.values {
+                if selected(entry) { counts[Self.state(of: entry, latest: latest), default: 0] += 1 } else { others += 1 }
             }
             return (counts, others)
         }

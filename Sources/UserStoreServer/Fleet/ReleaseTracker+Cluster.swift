@@ -92,7 +92,7 @@ extension ReleaseTracker {
         let reported = reportedDone.withLock { $0 }
         var done = reported?.done ?? false
         if reported?.id != current.id || now.timeIntervalSince(reported?.judgedAt ?? .distantPast) >= Self.rejudgeSeconds {
-            done = indexIsComplete && everyStore(atLeast: current.latest, of: shared.owns)
+            done = indexIsComplete && everyStore(atLeast: current.latest, in: shared.ownedBuckets())
             if reported?.id != current.id || reported?.done != done { try await shared.report(current.id, done: done) }
             reportedDone.withLock { $0 = (current.id, done, now) }
         }

@@ -230,13 +230,18 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// Known stores the current step reaches (in a cluster, of the buckets this host owns: the
     /// copies it kept of buckets it gave away are not its to migrate).
     private func storesReached(_ release: Release) -> Int {
-        let owns = shared?.owns
-        return index.reading { entries in entries.keys.reduce(0) { $0 + (release.reaches($1) && owns?($1) != false ? 1 : 0) } }
+        let owned = shared?.ownedBuckets()
+        return index.reading { entries in
+            entries.reduce(0) { $0 + (release.reaches($1.key) && owned?.contains($1.value.bucket) != false ? 1 : 0) }
+        }
     }
 
-    /// Every known store (of the users `selected` picks) is at `version` or past it, none failed.
-    func everyStore(atLeast version: Int64, of selected: (UserID) -> Bool = { _ in true }) -> Bool {
-        index.reading { entries in entries.allSatisfy { !selected($0.key) || ($0.value.version >= version && $0.value.failure == nil) } }
+    /// Every known store (of the buckets in `buckets`, when given) is at `version` or past it,
+    /// none failed.
+    func everyStore(atLeast version: Int64, in buckets: Set<Int>? = nil) -> Bool {
+        index.reading { entries in
+            entries.values.allSatisfy { buckets?.contains($0.bucket) == false || ($0.version >= version && $0.failure == nil) }
+        }
     }
 
     /// Whether the fleet index has read every store file (until then no store count is whole).
@@ -254,10 +259,10 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         let release = snapshot
         var versions: [String: JSONValue] = [:]
         var reached = 0, atVersion = 0, known = 0
-        let owns = shared?.owns
+        let owned = shared?.ownedBuckets()
         index.reading { entries in
             var counts: [Int64: Int] = [:]
-            for (user, entry) in entries where owns?(user) != false {
+            for (user, entry) in entries where owned?.contains(entry.bucket) != false {
                 counts[entry.version, default: 0] += 1
                 known += 1
                 if release.reaches(user) { reached += 1 }

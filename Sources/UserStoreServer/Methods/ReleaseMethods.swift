@@ -57,8 +57,8 @@ struct ReleaseMethods {
         let aborted = try await Self.mapped { try await tracker.abort(missingDown: missingDown) }
         let base = aborted.baseLatest
         let index = context.index
-        let context = self.context
-        let users = index.reading { entries in entries.filter { $0.value.version > base && context.serves($0.key) }.map(\.key) }
+        let serves = context.servesEntry()
+        let users = index.reading { entries in entries.filter { $0.value.version > base && serves($0.value) }.map(\.key) }
         var rolledBack = 0
         var failed: [JSONValue] = []
         let registry = context.registry
@@ -94,9 +94,9 @@ struct ReleaseMethods {
             guard count >= 1 else { throw VarlinkError.invalidParameter("sample") }
             await context.index.waitForScan()
             let latest = context.registry.migrations.latestVersion
-            let context = self.context
+            let serves = context.servesEntry()
             let behind = context.index.reading { entries in
-                entries.filter { $0.value.version >= 0 && $0.value.version < latest && context.serves($0.key) }.map(\.key)
+                entries.filter { $0.value.version >= 0 && $0.value.version < latest && serves($0.value) }.map(\.key)
             }
             users = Array(behind.shuffled().prefix(count))
         }

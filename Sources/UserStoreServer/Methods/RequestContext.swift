@@ -62,24 +62,26 @@ final class DaemonContext: Sendable {
 
     func beginShutdown() { shuttingDown.store(true, ordering: .relaxed) }
 
-    /// Whether this host serves `user`'s store: always on one host; in a cluster, while it owns
-    /// the user's bucket (the copies it kept of buckets it gave away are another host's, and a
-    /// call on them would only fail with `WrongHost`).
-    func serves(_ user: UserID) -> Bool { cluster?.owns(user) ?? true }
+    /// Whether this host serves the fleet index's `entry`: always on one host; in a cluster,
+    /// while it owns the store's bucket (the copies it kept of buckets it gave away are another
+    /// host's, and a call on them would only fail with `WrongHost`). Take the buckets once per
+    /// pass: `let serves = context.servesEntry()`.
+    func servesEntry() -> (FleetIndex.Entry) -> Bool {
+        guard let owned = cluster?.ownedBuckets() else { return { _ in true } }
+        return { owned.contains($0.bucket) }
+    }
 
     /// The stores the fleet index knows that this host serves, once it has read every file.
     func servedStores() async -> [(UserID, FleetIndex.Entry)] {
         await index.waitForScan()
-        let known = index.snapshot()
-        return cluster == nil ? known : known.filter { serves($0.0) }
+        let serves = servesEntry()
+        return index.snapshot().filter { serves($0.1) }
     }
 
     /// The stores this host serves, by state, and how many copies of other hosts' buckets it
     /// keeps besides (0 on one host): what Status, the metrics and systemd's status line count.
     func storeCounts() -> (served: [FleetIndex.State: Int], otherHosts: Int) {
-        let latest = registry.migrations.latestVersion
-        guard cluster != nil else { return (index.counts(latest: latest), 0) }
-        let counts = index.counts(latest: latest) { serves($0) }
+        let counts = index.counts(latest: registry.migrations.latestVersion, of: servesEntry())
         return (counts.selected, counts.others)
     }
 
