@@ -30,8 +30,8 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// What this host last reported to etcd as done (``SharedRelease/report(_:done:)``), and
     /// when it judged so (at most every ``ReleaseTracker/rejudgeSeconds``).
     let reportedDone = Mutex<(id: String, done: Bool, judgedAt: Date)?>(nil)
-    /// Judging whether this host is done reads its whole fleet index and hashes every user to
-    /// its bucket (SHA-256): every few seconds, not every tick.
+    /// Judging whether this host is done reads its whole fleet index under the index's lock:
+    /// every few seconds, not every tick.
     static let rejudgeSeconds: TimeInterval = 5
     /// Stores this release brought to its version since the daemon started (for the rate).
     private let migrated = Atomic<Int>(0)
