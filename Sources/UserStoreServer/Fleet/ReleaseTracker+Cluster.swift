@@ -84,8 +84,9 @@ extension ReleaseTracker {
 
     /// No host knows every store of a cluster: at the release's last step each host reports
     /// (a key in etcd) whether every store it knows in the buckets it owns is at the release's
-    /// version — again on every tick, so a host that takes over a bucket with stores behind
-    /// takes its report back — and the release is complete once every live host has reported.
+    /// version — judged again every ``ReleaseTracker/rejudgeSeconds``, so a host that takes
+    /// over a bucket with stores behind takes its report back — and the release is complete
+    /// once every live host has reported.
     func completeInCluster(_ current: Release, now: Date) async throws {
         guard let shared, current.state == .running else { return }
         if let policy = current.policy, current.stageIndex < policy.stages.count - 1 { return }
