@@ -27,6 +27,14 @@ package struct ReplicaRestorer: Sendable {
             arguments = ["-if-replica-exists"]
         }
         guard let staged = try restoreCopy(user, from: source, arguments: arguments, beside: path) else { return nil }
+        // On the staged copy, before it is put in place: a restored store never serves from
+        // positions its watchers may already have been sent (ChangeLog).
+        do throws(ChangeLogError) {
+            try ChangeLog.continuePositionsAfterReplicaRestore(staged)
+        } catch {
+            for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) }
+            throw StoreError.storageFailure(user: user, message: "moving the restored copy's change log past the replica's positions: \(error.message)")
+        }
         let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
         do {
             // A WAL left beside a lost store file must not meet the restored one.

@@ -2,6 +2,7 @@ import ClusterTestSupport
 import DaemonTestSupport
 import Foundation
 import Testing
+import UserStoreCluster
 import UserStoreCore
 import Varlink
 
@@ -97,7 +98,7 @@ import Varlink
     /// No host knows every store: each reports its own at the version, and the release is
     /// complete on every host once all three have.
     @Test(.timeLimit(.minutes(10)))
-    func aGoodReleaseCompletesOnAllThreeOnceEachHostMigratedItsStores() throws {
+    func aGoodReleaseCompletesOnAllThreeOnceEachHostMigratedItsStores() async throws {
         let etcd = try EtcdCluster(size: 1)
         let store = try ClusterDaemonTests.objectStore()
         let users = (0..<30).map { "user-\($0)" }
@@ -111,6 +112,15 @@ import Varlink
             let migrated = try run([userstorectlPath, "migrate", "--all", "--socket", host.socketPath])
             #expect(migrated.status == 0, "\(migrated.stdout)\(migrated.stderr)")
         }
+        // Once a and b have reported done (their keys in etcd), the release still runs: c has not.
+        let id = try #require(try release(hosts[0])["id"]?.stringValue)
+        let etcdClient = EtcdClient(endpoints: etcd.endpoints)
+        var reported: Set<String> = []
+        let deadline = ContinuousClock.now + .seconds(30)
+        while reported != ["a", "b"], ContinuousClock.now < deadline { // one etcd round trip between looks
+            reported = Set(try await etcdClient.list(prefix: "/us/v1/release-done/\(id)/").map { String($0.key.split(separator: "/").last ?? "") })
+        }
+        #expect(reported == ["a", "b"])
         let meanwhile = try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
         #expect(meanwhile == ["running", "running", "running"])
         // c migrates its own: complete on all three.

@@ -12,7 +12,7 @@ import GRDBSQLite
 ///
 /// Every function runs on the connection's holder, inside the transaction being recorded where
 /// it writes.
-enum ChangeLog {
+public enum ChangeLog {
     static let create = """
         CREATE TABLE IF NOT EXISTS userstore_watch (
             id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -96,7 +96,7 @@ enum ChangeLog {
     /// watcher resuming from any position it was given re-reads. What the log holds before the
     /// jump is kept (a watcher behind the replica still gets those transactions first).
     /// A store that never recorded (never watched): nothing to carry.
-    static func continuePositionsAfterReplicaRestore(_ path: String) throws(ChangeLogError) {
+    public static func continuePositionsAfterReplicaRestore(_ path: String) throws(ChangeLogError) {
         let connection = try open(path, "to move its change log past the replica's positions")
         defer { sqlite3_close(connection) }
         guard exists(connection) else { return }

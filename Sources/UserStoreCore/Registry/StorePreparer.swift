@@ -41,12 +41,6 @@ struct StorePreparer: Sendable {
                         if let copy = try replication.restore(user, to: path, timestamp: nil) {
                             template = nil
                             restored = true
-                            // Before anything is served from it (and before Litestream takes it).
-                            do throws(ChangeLogError) {
-                                try ChangeLog.continuePositionsAfterReplicaRestore(path)
-                            } catch {
-                                throw StoreError.storageFailure(user: user, message: "the restored store's change log: \(error.message)")
-                            }
                             observer.record(.storeRestored(user: user, source: copy.source, schemaVersion: copy.schemaVersion,
                                                            durationMicroseconds: copy.durationMicroseconds))
                         }

@@ -54,14 +54,27 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         Set(buckets.all.compactMap { name, entry in entry.value.owner == settings.host ? Int(name) : nil })
     }
 
-    /// The hosts whose lease is alive, by their host records.
-    var liveHosts: Set<String> { Set(hosts.all.keys) }
+    /// The records as the release's completion needs them; nil until this host's copies are
+    /// current: it has joined (its lease alive, its own host record read) and read the bucket
+    /// records since (before that it would own nothing and see no owners).
+    func releaseView() -> SharedRelease.View? {
+        let joined = membership.joinedRevision
+        guard membership.mayAcknowledge, joined > 0, buckets.revision >= joined, hosts[settings.host] != nil else { return nil }
+        let records = buckets.all
+        var owned = Set<Int>(), owners = Set<String>(), covered = records.count == Placement.bucketCount
+        for (name, entry) in records {
+            if entry.value.state != .active { covered = false }
+            owners.insert(entry.value.owner)
+            if entry.value.owner == settings.host, let bucket = Int(name) { owned.insert(bucket) }
+        }
+        return SharedRelease.View(owned: owned, owners: covered ? owners : nil, lease: membership.lease)
+    }
 
     /// The cluster's release in etcd, as this host takes part in it. Weak: the release
     /// tracker that keeps it is reached from this cluster (through the registry's gate).
     var sharedRelease: SharedRelease {
         SharedRelease(etcd: etcd, host: settings.host, ownedBuckets: { [weak self] in self?.ownedBuckets() ?? [] },
-                      liveHosts: { [weak self] in self?.liveHosts ?? [] })
+                      view: { [weak self] in self?.releaseView() })
     }
 
     func admit(_ user: UserID) throws(StoreError) {

@@ -5,17 +5,27 @@ import UserStoreCore
 /// same release, step and cohort, and a halt on one host stops them all (docs/releases.md).
 struct SharedRelease: Sendable {
     static let key = "/us/v1/release"
-    /// `/us/v1/release-done/<release id>/<host>`: at the release's last step, the host found
-    /// every store it knows, in the buckets it owns, at the release's version. The release is
-    /// complete once every live host has said so.
+    /// `/us/v1/release-done/<release id>/<host>`, bound to the host's lease: at the release's
+    /// last step, the host found every store it knows, in the buckets it owns, at the release's
+    /// version. The release is complete once the owner of every bucket has said so.
     static let donePrefix = "/us/v1/release-done/"
     let etcd: EtcdClient
     /// This host's name (`cluster.host`).
     let host: String
     /// The buckets this host owns now (its copy of the bucket records).
     let ownedBuckets: @Sendable () -> Set<Int>
-    /// The hosts whose lease is alive now (their host records).
-    let liveHosts: @Sendable () -> Set<String>
+    /// What this host's copies of the cluster's records say now, for judging completion; nil
+    /// until they are current (read since it last joined, its own lease alive).
+    let view: @Sendable () -> View?
+
+    struct View: Sendable {
+        /// The buckets this host owns.
+        var owned: Set<Int>
+        /// The owners of all 4,096 buckets; nil while one has no record or is moving.
+        var owners: Set<String>?
+        /// This host's lease: its reports go with it.
+        var lease: Int64
+    }
 
     /// A change that kept losing the compare-and-swap to other hosts.
     struct Contended: Error, CustomStringConvertible {
@@ -44,10 +54,11 @@ struct SharedRelease: Sendable {
         throw Contended()
     }
 
-    /// Says (or takes back) that this host is done with release `id`.
-    func report(_ id: String, done: Bool) async throws {
+    /// Says (or takes back) that this host is done with release `id`; bound to its `lease`,
+    /// so a host that dies or loses its lease no longer counts as done.
+    func report(_ id: String, done: Bool, lease: Int64) async throws {
         let key = Self.donePrefix + id + "/" + host
-        if done { _ = try await etcd.put(key, "1") } else { _ = try await etcd.delete(key) }
+        if done { _ = try await etcd.put(key, "1", lease: lease) } else { _ = try await etcd.delete(key) }
     }
 
     /// The hosts that said they are done with release `id`.

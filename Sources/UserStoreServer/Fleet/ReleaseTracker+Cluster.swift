@@ -83,21 +83,26 @@ extension ReleaseTracker {
     }
 
     /// No host knows every store of a cluster: at the release's last step each host reports
-    /// (a key in etcd) whether every store it knows in the buckets it owns is at the release's
-    /// version — judged again every ``ReleaseTracker/rejudgeSeconds``, so a host that takes
-    /// over a bucket with stores behind takes its report back — and the release is complete
-    /// once every live host has reported.
+    /// (a key in etcd, bound to its lease) whether every store it knows in the buckets it owns
+    /// is at the release's version — judged again every ``ReleaseTracker/rejudgeSeconds``, so a
+    /// host that takes over a bucket with stores behind takes its report back — and the release
+    /// is complete once every bucket is active and its owner has reported. Nothing is judged
+    /// until this host's copies of the records are current (after a restart it would own
+    /// nothing, and see no owner).
     func completeInCluster(_ current: Release, now: Date) async throws {
         guard let shared, current.state == .running else { return }
         if let policy = current.policy, current.stageIndex < policy.stages.count - 1 { return }
+        guard let view = shared.view() else { return }
         let reported = reportedDone.withLock { $0 }
         var done = reported?.done ?? false
-        if reported?.id != current.id || now.timeIntervalSince(reported?.judgedAt ?? .distantPast) >= Self.rejudgeSeconds {
-            done = indexIsComplete && everyStore(atLeast: current.latest, in: shared.ownedBuckets())
-            if reported?.id != current.id || reported?.done != done { try await shared.report(current.id, done: done) }
-            reportedDone.withLock { $0 = (current.id, done, now) }
+        if reported?.id != current.id || reported?.lease != view.lease || now.timeIntervalSince(reported?.judgedAt ?? .distantPast) >= Self.rejudgeSeconds {
+            done = indexIsComplete && everyStore(atLeast: current.latest, in: view.owned)
+            if reported?.id != current.id || reported?.done != done || reported?.lease != view.lease {
+                try await shared.report(current.id, done: done, lease: view.lease)
+            }
+            reportedDone.withLock { $0 = (current.id, done, view.lease, now) }
         }
-        guard done, shared.liveHosts().isSubset(of: try await shared.hostsDone(current.id)) else { return }
+        guard done, let owners = view.owners, owners.isSubset(of: try await shared.hostsDone(current.id)) else { return }
         let completed = try await mutateInCluster { release in
             guard release.id == current.id else { return }
             _ = release.completeIfDone(everyStoreAtVersion: true)

@@ -29,7 +29,7 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     let sharedState = Mutex<(revision: Int64, pushing: Int)>((0, 0))
     /// What this host last reported to etcd as done (``SharedRelease/report(_:done:)``), and
     /// when it judged so (at most every ``ReleaseTracker/rejudgeSeconds``).
-    let reportedDone = Mutex<(id: String, done: Bool, judgedAt: Date)?>(nil)
+    let reportedDone = Mutex<(id: String, done: Bool, lease: Int64, judgedAt: Date)?>(nil)
     /// Judging whether this host is done reads its whole fleet index under the index's lock:
     /// every few seconds, not every tick.
     static let rejudgeSeconds: TimeInterval = 5
