@@ -45,17 +45,9 @@ extension UserStoreCtlCommand {
 
             static func render(_ status: [String: JSONValue], output: Output) -> String {
                 func text(_ key: String) -> String { Output.cell(status[key]) }
-                func percent(_ value: JSONValue?) -> String {
-                    if case .real(let number)? = value { return RolloutPolicy.format(number) + "%" }
-                    return Output.cell(value) + "%"
-                }
-                func ratio(_ key: String) -> String {
-                    if case .real(let value)? = status[key] { return RolloutPolicy.percent(ratio: value) }
-                    return text(key)
-                }
-                let state = text("state")
-                let style: Output.Style = state == "halted" || state == "aborted" ? .red : state == "complete" ? .green : .yellow
-                var lines = ["release \(text("id"))   " + output.paint(state, style) + "   schema version \(text("baseVersion")) -> \(text("version"))"]
+                let percent = Release.percent, ratio = { (key: String) in Release.ratio(status[key]) }
+                var lines = ["release \(text("id"))   " + Release.paintState(status["state"], output: output)
+                             + "   schema version \(text("baseVersion")) -> \(text("version"))"]
                 if status["staged"]?.boolValue == true {
                     let steps = (status["steps"]?.arrayValue ?? []).map { percent($0) }.joined(separator: ", ")
                     let canary = (status["canary"]?.arrayValue ?? []).compactMap(\.stringValue)
@@ -251,9 +243,25 @@ extension UserStoreCtlCommand {
 
         static func printBrief(_ result: [String: JSONValue], verb: String, output: Output) {
             if output.json { return output.jsonLine(.object(result)) }
-            var step = Output.cell(result["step"])
-            if case .real(let number)? = result["step"] { step = RolloutPolicy.format(number) }
-            print("release \(Output.cell(result["id"])) \(verb): \(Output.cell(result["state"])), step \(step)%")
+            print("release \(Output.cell(result["id"])) \(verb): \(Output.cell(result["state"])), step \(percent(result["step"]))")
+        }
+
+        /// A release's step (or any percentage the daemon sends as a number) as shown: "10%".
+        static func percent(_ value: JSONValue?) -> String {
+            if case .real(let number)? = value { return RolloutPolicy.format(number) + "%" }
+            return Output.cell(value) + "%"
+        }
+
+        /// A ratio from 0 to 1 (`failureRatio`, `haltOn`) as a percentage: "3.1%".
+        static func ratio(_ value: JSONValue?) -> String {
+            if case .real(let number)? = value { return RolloutPolicy.percent(ratio: number) }
+            return Output.cell(value)
+        }
+
+        /// A release's state in colour: halted or aborted red, complete green, running yellow.
+        static func paintState(_ state: JSONValue?, output: Output) -> String {
+            let text = Output.cell(state)
+            return output.paint(text, text == "halted" || text == "aborted" ? .red : text == "complete" ? .green : .yellow)
         }
     }
 }

@@ -1,5 +1,4 @@
 import ArgumentParser
-import UserStoreCore
 import UserStoreCtl
 import Varlink
 
@@ -36,16 +35,13 @@ extension UserStoreCtlCommand {
             print("data      \(value("dataDirectory"))")
         }
 
-        /// The release line: its state in colour (halted red, aborted yellow), step, version and failures.
+        /// The release line: its state in colour (as `release status` paints it), step, version
+        /// and failures.
         static func release(_ release: JSONValue, output: Output) -> String {
             func value(_ key: String) -> String { Output.cell(release[key]) }
-            let state = value("state")
-            let style: Output.Style = state == "halted" ? .red : state == "aborted" ? .yellow : .green
-            var step = value("step"), ratio = value("failureRatio")
-            if case .real(let number)? = release["step"] { step = RolloutPolicy.format(number) }
-            if case .real(let number)? = release["failureRatio"] { ratio = RolloutPolicy.percent(ratio: number) }
-            return "release   \(value("id")) " + output.paint(state, style) + "   step \(step)%   version \(value("version"))"
-                + "   \(value("failed")) failed (\(ratio) of the step)   details: userstorectl release status"
+            return "release   \(value("id")) " + Release.paintState(release["state"], output: output)
+                + "   step \(Release.percent(release["step"]))   version \(value("version"))"
+                + "   \(value("failed")) failed (\(Release.ratio(release["failureRatio"])) of the step)   details: userstorectl release status"
         }
 
         static func duration(_ seconds: Int64) -> String {

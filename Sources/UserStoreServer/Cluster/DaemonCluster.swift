@@ -50,8 +50,11 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     /// The buckets this host owns now, by its copy of the bucket records: one look at the
     /// records for a pass over many stores (whose buckets the fleet index keeps).
-    func ownedBuckets() -> Set<Int> {
-        Set(buckets.all.compactMap { name, entry in entry.value.owner == settings.host ? Int(name) : nil })
+    func ownedBuckets() -> Set<Int> { owned(in: buckets.all) }
+
+    /// The buckets of `records` (a copy of the bucket records) this host owns.
+    private func owned(in records: [String: PrefixMirror<BucketRecord>.Entry]) -> Set<Int> {
+        Set(records.compactMap { name, entry in entry.value.owner == settings.host ? Int(name) : nil })
     }
 
     /// The records as the release's completion needs them; nil until this host's copies are
@@ -61,13 +64,9 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         let joined = membership.joinedRevision
         guard membership.mayAcknowledge, joined > 0, buckets.revision >= joined, hosts[settings.host] != nil else { return nil }
         let records = buckets.all
-        var owned = Set<Int>(), owners = Set<String>(), covered = records.count == Placement.bucketCount
-        for (name, entry) in records {
-            if entry.value.state != .active { covered = false }
-            owners.insert(entry.value.owner)
-            if entry.value.owner == settings.host, let bucket = Int(name) { owned.insert(bucket) }
-        }
-        return SharedRelease.View(owned: owned, owners: covered ? owners : nil, lease: membership.lease)
+        let covered = records.count == Placement.bucketCount && records.values.allSatisfy { $0.value.state == .active }
+        return SharedRelease.View(owned: owned(in: records), owners: covered ? Set(records.values.map(\.value.owner)) : nil,
+                                  lease: membership.lease)
     }
 
     /// The cluster's release in etcd, as this host takes part in it. Weak: the release

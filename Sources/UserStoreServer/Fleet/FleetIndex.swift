@@ -155,11 +155,6 @@ final class FleetIndex: StoreObserver {
         entries.withLock { body($0) }
     }
 
-    /// Store counts by state.
-    func counts(latest: Int64) -> [State: Int] {
-        counts(latest: latest, of: { _ in true }).selected
-    }
-
     /// How many of the stores `selected` picks are in each state, and how many it leaves out.
     func counts(latest: Int64, of selected: (Entry) -> Bool) -> (selected: [State: Int], others: Int) {
         entries.withLock { entries in

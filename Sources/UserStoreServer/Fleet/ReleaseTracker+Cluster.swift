@@ -109,7 +109,7 @@ extension ReleaseTracker {
         }
         guard completed.id == current.id, completed.state == .complete else { return }
         try await shared.forgetReports(of: completed.id)
-        logger.notice("release \(completed.id) complete: every live host has every store it owns at version \(completed.latest)", metadata: [
+        logger.notice("release \(completed.id) complete: the owner of every bucket has its stores at version \(completed.latest)", metadata: [
             "event": "release-complete", "release": .string(completed.id), "schema_version": .stringConvertible(completed.latest),
         ])
     }

@@ -158,8 +158,8 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// Moves to the next step when the current one has lasted its wait, and completes the
     /// release once its last step is reached and every known store is at its version. In a
     /// cluster: adopts what other hosts changed, moves the cluster's release to its next step
-    /// when due (whichever host is first), and completes it once every live host has reported
-    /// its own stores at the version (ReleaseTracker+Cluster.swift).
+    /// when due (whichever host is first), and completes it once the owner of every bucket has
+    /// reported its stores at the version (ReleaseTracker+Cluster.swift).
     func tick(now: Date = Date()) async {
         if shared != nil { return await tickInCluster(now: now) }
         enum Change { case step(from: Release, to: Release), complete(Release) }
