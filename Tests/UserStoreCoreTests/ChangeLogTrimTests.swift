@@ -41,11 +41,16 @@ import Testing
         return (positions, rows, state.position, state.trimmedThrough)
     }
 
-    @Test func theCountLimitKeepsTheNewestTransactionsWhole() throws {
+    /// What a log of 100 transactions keeps after one trim with these limits.
+    private func trimmed(keepChanges: Int, cutoffMilliseconds: Int64) throws -> (positions: [Int64], rows: Int, position: Int64, trimmedThrough: Int64) {
         let connection = try log(count: 100)
         defer { sqlite3_close(connection) }
-        try ChangeLog.trim(connection, position: 100, keepChanges: 10, cutoffMilliseconds: 0)
-        let result = kept(connection)
+        try ChangeLog.trim(connection, position: 100, keepChanges: keepChanges, cutoffMilliseconds: cutoffMilliseconds)
+        return kept(connection)
+    }
+
+    @Test func theCountLimitKeepsTheNewestTransactionsWhole() throws {
+        let result = try trimmed(keepChanges: 10, cutoffMilliseconds: 0)
         #expect(result.positions == Array(91...100))
         #expect(result.rows == 20) // both rows of each kept transaction
         #expect(result.position == 100)
@@ -53,11 +58,8 @@ import Testing
     }
 
     @Test func theAgeLimitDropsOlderTransactionsEvenAmongTheNewest() throws {
-        let connection = try log(count: 100)
-        defer { sqlite3_close(connection) }
         // Committed before 40.5 s: positions 1...40, though the count limit would keep all 100.
-        try ChangeLog.trim(connection, position: 100, keepChanges: 1_000, cutoffMilliseconds: 40_500)
-        let result = kept(connection)
+        let result = try trimmed(keepChanges: 1_000, cutoffMilliseconds: 40_500)
         #expect(result.positions == Array(41...100))
         #expect(result.trimmedThrough == 40)
         #expect(result.position == 100)
@@ -74,20 +76,14 @@ import Testing
     }
 
     @Test func aLogWithinBothLimitsIsLeftAlone() throws {
-        let connection = try log(count: 100)
-        defer { sqlite3_close(connection) }
-        try ChangeLog.trim(connection, position: 100, keepChanges: 1_000, cutoffMilliseconds: 500)
-        let result = kept(connection)
+        let result = try trimmed(keepChanges: 1_000, cutoffMilliseconds: 500)
         #expect(result.positions == Array(1...100))
         #expect(result.rows == 200)
         #expect(result.trimmedThrough == 0)
     }
 
     @Test func aLogTheAgeLimitEmptiesStillKnowsItsPosition() throws {
-        let connection = try log(count: 100)
-        defer { sqlite3_close(connection) }
-        try ChangeLog.trim(connection, position: 100, keepChanges: 1_000, cutoffMilliseconds: 1_000_000)
-        let result = kept(connection)
+        let result = try trimmed(keepChanges: 1_000, cutoffMilliseconds: 1_000_000)
         #expect(result.positions.isEmpty)
         // The next transaction is 101 and a watcher resuming from 100 misses nothing.
         #expect(result.position == 100)

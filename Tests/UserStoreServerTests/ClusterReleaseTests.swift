@@ -20,6 +20,22 @@ import Varlink
         return (try? JSONParser().parse(Array(result.stdout.utf8)).objectValue) ?? [:]
     }
 
+    /// Each host's release state.
+    private func states(_ hosts: [DaemonHarness]) throws -> [String] {
+        try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
+    }
+
+    /// Asks every host until all their releases are in `state` (at most 30 s); returns whether
+    /// they were, and the states seen last.
+    private func eventually(_ hosts: [DaemonHarness], are state: String) throws -> (Bool, [String]) {
+        var seen: [String] = []
+        let reached = try ClusterDaemonTests.eventually {
+            seen = try states(hosts)
+            return seen.allSatisfy { $0 == state }
+        }
+        return (reached, seen)
+    }
+
     /// Three hosts on `ports` (named a, b, c), started, the buckets spread over them; returns
     /// them, a client of each, and which host (index) owns each of `users`.
     private func threeHosts(_ ports: [Int], users: [String], etcd: EtcdCluster, store: SeaweedFS) throws
@@ -79,11 +95,8 @@ import Varlink
         #expect(onBBefore["state"] == "running", "\(onBBefore)")
         let migrateB = try run([userstorectlPath, "migrate", "--all", "--parallel", "1", "--socket", hosts[1].socketPath])
         #expect(migrateB.status == 1, "\(migrateB.stdout)\(migrateB.stderr)")
-        var states: [String] = []
-        #expect(try ClusterDaemonTests.eventually {
-            states = try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
-            return states == ["halted", "halted", "halted"]
-        }, "\(states)")
+        let (halted, seen) = try eventually(hosts, are: "halted")
+        #expect(halted, "\(seen)")
         // c migrates nothing now; its stores are held at the version they have.
         let migrateC = try run([userstorectlPath, "migrate", "--all", "--json", "--socket", hosts[2].socketPath])
         #expect(migrateC.status == 0 && !migrateC.stdout.contains("\"state\":\"migrated\"") && migrateC.stdout.contains("\"state\":\"held\""), "\(migrateC.stdout)")
@@ -91,7 +104,8 @@ import Varlink
         #expect(try clients[2].call("io.userstore.Store.Open", ["user": .string(onC)])["schemaVersion"] == 6)
         // Resumed from c: running again everywhere.
         #expect(try run([userstorectlPath, "release", "resume", "--socket", hosts[2].socketPath]).status == 0)
-        #expect(try ClusterDaemonTests.eventually { try hosts.allSatisfy { try release($0)["state"] == "running" } })
+        let (running, seenAfterResume) = try eventually(hosts, are: "running")
+        #expect(running, "\(seenAfterResume)")
         for host in hosts { #expect(host.stop() == 0) }
     }
 
@@ -121,16 +135,12 @@ import Varlink
             reported = Set(try await etcdClient.list(prefix: "/us/v1/release-done/\(id)/").map { String($0.key.split(separator: "/").last ?? "") })
         }
         #expect(reported == ["a", "b"])
-        let meanwhile = try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
-        #expect(meanwhile == ["running", "running", "running"])
+        #expect(try states(hosts) == ["running", "running", "running"])
         // c migrates its own: complete on all three.
         let migrated = try run([userstorectlPath, "migrate", "--all", "--socket", hosts[2].socketPath])
         #expect(migrated.status == 0, "\(migrated.stdout)\(migrated.stderr)")
-        var states: [String] = []
-        #expect(try ClusterDaemonTests.eventually {
-            states = try hosts.map { try release($0)["state"]?.stringValue ?? "?" }
-            return states == ["complete", "complete", "complete"]
-        }, "\(states)\n\(hosts[0].stderr.suffix(3000))")
+        let (complete, seen) = try eventually(hosts, are: "complete")
+        #expect(complete, "\(seen)\n\(hosts[0].stderr.suffix(3000))")
         // a made every store before the buckets were spread: it counts, lists and migrates its
         // own only (in Status and the release's status), and says how many copies of the
         // others' it keeps.
