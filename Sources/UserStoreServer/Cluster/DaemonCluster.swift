@@ -72,8 +72,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The cluster's release in etcd, as this host takes part in it. Weak: the release
     /// tracker that keeps it is reached from this cluster (through the registry's gate).
     var sharedRelease: SharedRelease {
-        SharedRelease(etcd: etcd, host: settings.host, ownedBuckets: { [weak self] in self?.ownedBuckets() ?? [] },
-                      view: { [weak self] in self?.releaseView() })
+        SharedRelease(etcd: etcd, host: settings.host, view: { [weak self] in self?.releaseView() })
     }
 
     func admit(_ user: UserID) throws(StoreError) {

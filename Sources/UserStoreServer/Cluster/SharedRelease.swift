@@ -12,8 +12,6 @@ struct SharedRelease: Sendable {
     let etcd: EtcdClient
     /// This host's name (`cluster.host`).
     let host: String
-    /// The buckets this host owns now (its copy of the bucket records).
-    let ownedBuckets: @Sendable () -> Set<Int>
     /// What this host's copies of the cluster's records say now, for judging completion; nil
     /// until they are current (read since it last joined, its own lease alive).
     let view: @Sendable () -> View?

@@ -76,6 +76,8 @@ public enum Daemon {
             }
         }
         let cluster = configuration.cluster.map { DaemonCluster(settings: $0, tls: peerTLS, logger: logger) }
+        // Weak: the cluster reaches the index through the registry's observers.
+        if let cluster { index.serveOnly { [weak cluster] in cluster?.ownedBuckets() ?? [] } }
         // Before any store can migrate: the release decides which may (in a cluster, the one in etcd).
         let release: ReleaseTracker
         do {

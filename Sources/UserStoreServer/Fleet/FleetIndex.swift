@@ -40,6 +40,21 @@ final class FleetIndex: StoreObserver {
     private let entries = Mutex<[UserID: Entry]>([:])
     private let complete = Atomic<Bool>(false)
     private let scanTask = Mutex<Task<Void, Never>?>(nil)
+    /// The buckets this host serves now (``serveOnly(_:)``); nil: every store (one host).
+    private let servedBuckets = Mutex<(@Sendable () -> Set<Int>)?>(nil)
+
+    /// In a cluster: the stores this host serves are those of `buckets()` (the ones it owns);
+    /// the copies it keeps of buckets it gave away stay in the index, counted apart.
+    func serveOnly(_ buckets: @escaping @Sendable () -> Set<Int>) {
+        servedBuckets.withLock { $0 = buckets }
+    }
+
+    /// Whether this host serves the store of an entry, by the buckets it serves now: take it once
+    /// per pass over the index (`let serves = index.servesEntry()`).
+    func servesEntry() -> (Entry) -> Bool {
+        guard let owned = servedBuckets.withLock({ $0 })?() else { return { _ in true } }
+        return { owned.contains($0.bucket) }
+    }
 
     /// Whether the start-up scan has finished.
     var isComplete: Bool { complete.load(ordering: .acquiring) }
@@ -145,9 +160,10 @@ final class FleetIndex: StoreObserver {
         return entry.version == latest ? .current : .pending
     }
 
-    /// Every known store, sorted by user.
-    func snapshot() -> [(UserID, Entry)] {
-        entries.withLock { entries in entries.sorted { $0.key < $1.key } }
+    /// Every store this host serves (``servesEntry()``), sorted by user.
+    func servedSnapshot() -> [(UserID, Entry)] {
+        let serves = servesEntry()
+        return entries.withLock { entries in entries.filter { serves($0.value) }.sorted { $0.key < $1.key } }
     }
 
     /// `body`'s answer from every entry as they are now, unsorted (no copy of 100,000 entries).
@@ -155,12 +171,15 @@ final class FleetIndex: StoreObserver {
         entries.withLock { body($0) }
     }
 
-    /// How many of the stores `selected` picks are in each state, and how many it leaves out.
-    func counts(latest: Int64, of selected: (Entry) -> Bool) -> (selected: [State: Int], others: Int) {
-        entries.withLock { entries in
+    /// How many of the stores this host serves are in each state, and how many copies of other
+    /// hosts' stores it keeps besides (0 on one host): what Status, the metrics and systemd's
+    /// status line count.
+    func counts(latest: Int64) -> (served: [State: Int], otherHosts: Int) {
+        let serves = servesEntry()
+        return entries.withLock { entries in
             var counts: [State: Int] = [:], others = 0
             for entry in entries.values {
-                if selected(entry) { counts[Self.state(of: entry, latest: latest), default: 0] += 1 } else { others += 1 }
+                if serves(entry) { counts[Self.state(of: entry, latest: latest), default: 0] += 1 } else { others += 1 }
             }
             return (counts, others)
         }

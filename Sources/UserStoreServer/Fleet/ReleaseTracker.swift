@@ -230,10 +230,8 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
     /// Known stores the current step reaches (in a cluster, of the buckets this host owns: the
     /// copies it kept of buckets it gave away are not its to migrate).
     private func storesReached(_ release: Release) -> Int {
-        let owned = shared?.ownedBuckets()
-        return index.reading { entries in
-            entries.reduce(0) { $0 + (release.reaches($1.key) && owned?.contains($1.value.bucket) != false ? 1 : 0) }
-        }
+        let serves = index.servesEntry()
+        return index.reading { entries in entries.reduce(0) { $0 + (release.reaches($1.key) && serves($1.value) ? 1 : 0) } }
     }
 
     /// Every known store (of the buckets in `buckets`, when given) is at `version` or past it,
@@ -259,10 +257,10 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         let release = snapshot
         var versions: [String: JSONValue] = [:]
         var reached = 0, atVersion = 0, known = 0
-        let owned = shared?.ownedBuckets()
+        let serves = index.servesEntry()
         index.reading { entries in
             var counts: [Int64: Int] = [:]
-            for (user, entry) in entries where owned?.contains(entry.bucket) != false {
+            for (user, entry) in entries where serves(entry) {
                 counts[entry.version, default: 0] += 1
                 known += 1
                 if release.reaches(user) { reached += 1 }

@@ -100,8 +100,7 @@ struct AdminMethods {
         let limit = try parameters.optionalInt("limit").map { Int(max(0, $0)) } ?? Int.max
         let latest = registry.migrations.latestVersion
         var selected: [JSONValue] = []
-        let serves = context.servesEntry()
-        for (user, entry) in context.index.snapshot() where serves(entry) {
+        for (user, entry) in context.index.servedSnapshot() {
             let state = FleetIndex.state(of: entry, latest: latest)
             if let filter, filter != state { continue }
             var fields: [String: JSONValue] = ["user": .string(user.rawValue), "schemaVersion": .integer(entry.version), "state": .string(state.rawValue)]

@@ -57,7 +57,7 @@ struct ReleaseMethods {
         let aborted = try await Self.mapped { try await tracker.abort(missingDown: missingDown) }
         let base = aborted.baseLatest
         let index = context.index
-        let serves = context.servesEntry()
+        let serves = index.servesEntry()
         let users = index.reading { entries in entries.filter { $0.value.version > base && serves($0.value) }.map(\.key) }
         var rolledBack = 0
         var failed: [JSONValue] = []
@@ -94,7 +94,7 @@ struct ReleaseMethods {
             guard count >= 1 else { throw VarlinkError.invalidParameter("sample") }
             await context.index.waitForScan()
             let latest = context.registry.migrations.latestVersion
-            let serves = context.servesEntry()
+            let serves = context.index.servesEntry()
             let behind = context.index.reading { entries in
                 entries.filter { $0.value.version >= 0 && $0.value.version < latest && serves($0.value) }.map(\.key)
             }

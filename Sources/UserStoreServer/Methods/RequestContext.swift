@@ -62,27 +62,16 @@ final class DaemonContext: Sendable {
 
     func beginShutdown() { shuttingDown.store(true, ordering: .relaxed) }
 
-    /// Whether this host serves the fleet index's `entry`: always on one host; in a cluster,
-    /// while it owns the store's bucket (the copies it kept of buckets it gave away are another
-    /// host's, and a call on them would only fail with `WrongHost`). Take the buckets once per
-    /// pass: `let serves = context.servesEntry()`.
-    func servesEntry() -> (FleetIndex.Entry) -> Bool {
-        guard let owned = cluster?.ownedBuckets() else { return { _ in true } }
-        return { owned.contains($0.bucket) }
-    }
-
-    /// The stores the fleet index knows that this host serves, once it has read every file.
+    /// The stores this host serves (``FleetIndex/servedSnapshot()``), once the index has read
+    /// every file.
     func servedStores() async -> [(UserID, FleetIndex.Entry)] {
         await index.waitForScan()
-        let serves = servesEntry()
-        return index.snapshot().filter { serves($0.1) }
+        return index.servedSnapshot()
     }
 
-    /// The stores this host serves, by state, and how many copies of other hosts' buckets it
-    /// keeps besides (0 on one host): what Status, the metrics and systemd's status line count.
+    /// ``FleetIndex/counts(latest:)`` at the migrations loaded now.
     func storeCounts() -> (served: [FleetIndex.State: Int], otherHosts: Int) {
-        let counts = index.counts(latest: registry.migrations.latestVersion, of: servesEntry())
-        return (counts.selected, counts.others)
+        index.counts(latest: registry.migrations.latestVersion)
     }
 
     struct Counters {
