@@ -32,7 +32,7 @@ package struct ReplicaRestorer: Sendable {
         do throws(ChangeLogError) {
             try ChangeLog.continuePositionsAfterReplicaRestore(staged)
         } catch {
-            for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) }
+            Self.removeStaged(staged)
             throw StoreError.storageFailure(user: user, message: "moving the restored copy's change log past the replica's positions: \(error.message)")
         }
         let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
@@ -46,13 +46,18 @@ package struct ReplicaRestorer: Sendable {
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
 
+    /// Removes a staged copy and whatever Litestream or SQLite left beside it.
+    private static func removeStaged(_ staged: String) {
+        for suffix in ["", "-wal", "-shm", "-txid", ".tmp"] { unlink(staged + suffix) }
+    }
+
     /// Restores `source` (with Litestream's extra `arguments`) to a file beside `path` and
     /// returns it, integrity-checked; nil when the replica holds nothing (or nothing at that
     /// time). The caller moves or removes it. Litestream renames its output into place before its
     /// integrity check: the copy is staged, and only a clean exit leaves it.
     package func restoreCopy(_ user: UserID, from source: String, arguments: [String], beside path: String) throws -> String? {
         let staged = path + ".restoring"
-        let cleanUp = { for suffix in ["", "-wal", "-shm", "-txid", ".tmp"] { unlink(staged + suffix) } }
+        let cleanUp = { Self.removeStaged(staged) }
         cleanUp()
         let timed = arguments.contains("-timestamp")
         let result: (status: Int32, output: String)
