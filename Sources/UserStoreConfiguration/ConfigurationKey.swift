@@ -56,6 +56,7 @@ public enum ConfigurationKey: String, CaseIterable, Sendable {
     case replicationLitestream = "replication.litestream"
     case replicationStartLitestream = "replication.startLitestream"
     case replicationRestartUnresponsiveSeconds = "replication.restartUnresponsiveSeconds"
+    case replicationLeaseSeconds = "replication.leaseSeconds"
     case replicationLitestreamMetricsAddress = "replication.litestreamMetricsAddress"
     case replicationS3Endpoint = "replication.s3.endpoint"
     case replicationS3Region = "replication.s3.region"

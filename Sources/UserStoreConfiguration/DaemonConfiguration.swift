@@ -96,6 +96,11 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// started again (`replication.restartUnresponsiveSeconds`; 0: never). While it lives it holds
     /// its stores' WAL positions, which the daemon therefore never resets.
     public var restartUnresponsiveSeconds: Int = 60
+    /// The writer lease's time to live (`replication.leaseSeconds`, one host only: a cluster's
+    /// writers are its bucket owners): the holder renews it every third of this and acknowledges
+    /// durable writes only within this, less a margin, after its last renewal began; another host
+    /// takes the replica over once it has seen the lease unchanged for this long.
+    public var leaseSeconds: Int = 15
     /// The litestream binary (`replication.litestream`): restores, and the child process.
     public var litestream: String = "litestream"
     /// The daemon runs `litestream replicate` as its child (`replication.startLitestream`);

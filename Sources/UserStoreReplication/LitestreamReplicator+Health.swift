@@ -53,13 +53,40 @@ extension LitestreamReplicator {
     /// Checks the replica itself — the bucket answers and takes the credentials, the folder is
     /// there — so that health says what reaches the replica, not only whether Litestream's
     /// socket answers.
+    ///
+    /// With a marker (`file://`, `s3://`), the look is a read of it (``ReplicaIdentity``): a
+    /// replica that is missing or another one makes every open store count as unregistered
+    /// (durable writes fail; each is compared with its replica once it is back).
     package func checkReplica() async {
-        do {
-            try await storage.check()
-            state.withLock { $0.replicaProblem = nil }
-        } catch {
-            replicaFailed(error)
+        guard let identity else {
+            do {
+                try await storage.check()
+                state.withLock { $0.replicaProblem = nil }
+            } catch {
+                replicaFailed(error)
+            }
+            return
         }
+        let verdict = (try? await BlockingPool.run { identity.check() }) ?? .unknown("the check did not run")
+        guard let problem = verdict.problem else {
+            state.withLock { $0.replicaProblem = nil }
+            // The replica is back (or first reached): the writer lease at once, not at the
+            // keeper's next look.
+            if let lease, lease.heldEpoch == nil { _ = try? await BlockingPool.run { lease.round() } }
+            return
+        }
+        if verdict.refusesReplication {
+            state.withLock { state in
+                for path in state.open.keys { state.open[path]!.registered = false }
+            }
+        }
+        replicaFailed(Problem(description: problem))
+    }
+
+    /// A problem the replica's check found, by name.
+    package struct Problem: Error, CustomStringConvertible {
+        package let description: String
+        package init(description: String) { self.description = description }
     }
 
     /// The replica itself could not be reached or used (`error` names why): degraded until a

@@ -1,4 +1,5 @@
 import ServiceLifecycle
+import UserStoreCore
 
 /// The index of the users a bucket holds (``ReplicaIndex``): loaded once at start.
 extension LitestreamReplicator {
@@ -7,6 +8,12 @@ extension LitestreamReplicator {
     package func loadReplicaIndex() async {
         guard fencing == nil else { return }
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            // Only a listing of this data directory's replica: an empty mount point or an emptied
+            // prefix listed as "nobody" would make every returning user a new one.
+            if let identity, !identity.verdict.isVerified {
+                try? await Task.sleep(for: .seconds(1))
+                continue
+            }
             do {
                 let started = ContinuousClock.now
                 guard let users = try await storage.listUsers() else { return }
@@ -18,5 +25,39 @@ extension LitestreamReplicator {
                 try? await Task.sleep(for: .seconds(5))
             }
         }
+    }
+}
+
+/// What an operator does to the replica itself: `userstorectl replication init` and
+/// `take-over` (docs/replication.md, "The replica's identity" and "One writer").
+extension LitestreamReplicator {
+    /// Why the replica cannot be initialised or taken over (`sftp://`, which the daemon cannot
+    /// reach itself).
+    package struct NotReachable: Error, CustomStringConvertible {
+        package let description: String
+    }
+
+    /// Marks the replica configured as this data directory's, new (``ReplicaIdentity/initialize()``),
+    /// lists it again for the index, and checks it at once. Returns its marker.
+    package func initializeReplica() async throws -> ReplicaMarker {
+        guard let identity else { throw NotReachable(description: "userstored keeps no marker in an sftp:// replica (it cannot reach it itself)") }
+        let marker = try await BlockingPool.run { try identity.initialize() }
+        replicaIndex.reset()
+        Task { await self.loadReplicaIndex() }
+        await checkReplica()
+        // The writer lease at once (a replica without one gets its first): usable on return.
+        if let lease { _ = try? await BlockingPool.run { lease.round() } }
+        return marker
+    }
+
+    /// Takes the writer lease at once under a new epoch (``LeaseKeeper/takeOver()``). Returns it
+    /// and the one it replaced.
+    package func takeOverReplica() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
+        guard let lease else {
+            throw NotReachable(description: fencing != nil
+                ? "a cluster's hosts write to the replica as their buckets' owners (etcd): use userstorectl cluster move or drain"
+                : "userstored keeps no lease in an sftp:// replica (it cannot reach it itself)")
+        }
+        return try await BlockingPool.run { try lease.takeOver() }
     }
 }

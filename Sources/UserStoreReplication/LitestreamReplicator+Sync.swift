@@ -9,6 +9,8 @@ extension LitestreamReplicator {
     /// open, Litestream not answering, or registered again after a fault and not yet compared
     /// with its replica).
     package func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
+        // A replica that vanished or is another one holds nothing that counts.
+        try identity?.require(for: user)
         let path = layout.storePath(for: user)
         guard let store = state.withLock({ $0.open[path] }).flatMap({ $0.registered ? $0.store : nil }) else {
             throw StoreError.replicationUnavailable(user: user, message: "the store is not registered with Litestream (\(state.withLock { $0.lastError } ?? "not open"))")
@@ -32,6 +34,12 @@ extension LitestreamReplicator {
             if written { store.wal.restore() }
             syncFailed(store, error)
             throw StoreError.replicationUnavailable(user: user, message: "\(error)")
+        }
+        // One host: acknowledged only inside the writer lease, at the epoch the store replicates
+        // under, confirmed by a read of the lease after the replica had the commit (a host paused
+        // past its lease, or fenced by a take-over, acknowledges nothing).
+        if let lease, await !lease.confirmHeld(epoch: registeredEpoch(of: user), after: .now) {
+            throw StoreError.replicationUnavailable(user: user, message: "committed here and in the replica under epoch \(registeredEpoch(of: user).map(String.init) ?? "none"), but this host does not hold the replica's writer lease now (\(lease.snapshot.holder.map { "held by \($0), epoch \(lease.snapshot.epoch ?? 0)" } ?? "not renewed in time")): the write may be lost")
         }
     }
 

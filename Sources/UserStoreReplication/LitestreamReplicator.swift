@@ -54,18 +54,27 @@ package final class LitestreamReplicator: StoreReplication {
     /// (`replication.litestreamMetricsAddress`; nil when it has none).
     package let bucketTraffic: BucketTraffic?
 
+    /// The replica's marker against the data directory's binding (nil for `sftp://`).
+    package let identity: ReplicaIdentity?
+    /// With one host on a `file://` or `s3://` replica: the writer lease (nil in a cluster, whose
+    /// writers are its bucket owners, and for `sftp://`).
+    package let lease: LeaseKeeper?
+
     package init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil,
-         syncDuration: (@Sendable (Duration) -> Void)? = nil) {
+                 identity: ReplicaIdentity? = nil, lease: LeaseKeeper? = nil, syncDuration: (@Sendable (Duration) -> Void)? = nil) {
         self.settings = settings
         self.syncDuration = syncDuration
         self.bucketTraffic = settings.litestreamMetricsAddress.map(BucketTraffic.init(address:))
         self.storage = storage
         self.layout = layout
         self.fencing = fencing
+        self.identity = identity
+        self.lease = lease
         self.control = LitestreamControl(socketPath: settings.socket)
         self.command = LitestreamCommand(settings.litestream, environment: storage.litestreamEnvironment)
         self.logger = logger
-        locations = ReplicaLocations(replica: settings.replica, fencing: fencing, storage: storage, replicaIndex: replicaIndex)
+        locations = ReplicaLocations(replica: settings.replica, fencing: fencing, storage: storage, replicaIndex: replicaIndex,
+                                     identity: identity, lease: lease)
         restorer = ReplicaRestorer(locations: locations, command: command, durableTimeoutMilliseconds: settings.durableTimeoutMilliseconds)
     }
 
@@ -76,6 +85,8 @@ package final class LitestreamReplicator: StoreReplication {
     // MARK: StoreReplication
 
     package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+        // A replica that vanished or is another one: nothing is restored, and nothing created.
+        try identity?.require(for: user)
         let restored = try restorer.restore(user, to: path, timestamp: timestamp)
         if restored != nil { state.withLock { $0.restored += 1 } }
         return restored
@@ -87,7 +98,11 @@ package final class LitestreamReplicator: StoreReplication {
     }
 
     package func newerCopy(of user: UserID, path: String) throws -> Int64? {
-        guard fencing != nil else { return nil }
+        guard fencing != nil || lease != nil else { return nil }
+        let local = (try? String(contentsOfFile: ReplicaLocations.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
+        // One host: a store last replicated under the epoch this host holds is current (nobody
+        // else writes under it); one from before another host held the lease may not be.
+        if fencing == nil, let held = lease?.heldEpoch, local == held { return nil }
         let newest: Int64?
         do {
             newest = try locations.newestEpochWithData(user)
@@ -95,7 +110,6 @@ package final class LitestreamReplicator: StoreReplication {
             throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the replica: \(error)")
         }
         guard let newest else { return nil }
-        let local = (try? String(contentsOfFile: ReplicaLocations.epochFile(of: path), encoding: .utf8)).flatMap { Int64($0) } ?? 0
         return newest > local ? newest : nil
     }
 
@@ -163,7 +177,15 @@ package final class LitestreamReplicator: StoreReplication {
             }
         }
         try? FileManager.default.removeItem(atPath: ReplicaLocations.sidecar(of: path))
-        try? FileManager.default.removeItem(atPath: ReplicaLocations.epochFile(of: path))
+        // The new file is what this host (the lease's holder, the bucket's owner) means the store
+        // to be now: current at the epoch in force, so that its next open does not take an older
+        // epoch's copy in the replica for a newer one and put it back over an import or a
+        // restore. A deleted store has none.
+        if !deleteReplica, let epoch = locations.replicaLocation(for: user).epoch {
+            try? DurableFile.write(String(epoch), to: ReplicaLocations.epochFile(of: path))
+        } else {
+            try? FileManager.default.removeItem(atPath: ReplicaLocations.epochFile(of: path))
+        }
         guard deleteReplica else { return }
         let url = locations.withSuffix(locations.userFolderSuffix(user))
         guard storage.canErase else {
@@ -207,14 +229,26 @@ package final class LitestreamReplicator: StoreReplication {
         return true
     }
 
-    /// The replica URL to register `store` under; with more than one host, records its epoch
-    /// beside the store first (durably: it must survive a crash).
+    /// The replica URL to register `store` under, with the epoch it carries (the writer
+    /// lease's with one host, the bucket's with more), recorded beside the store first
+    /// (durably: it must survive a crash).
     package func prepareRegistration(_ store: Store) throws -> String {
+        let (url, epoch) = locations.replicaLocation(for: store.user)
+        if lease != nil && epoch == nil {
+            throw LitestreamControl.Failure(description: "this host has never held the replica's writer lease: nothing is replicated", delivered: false)
+        }
         // Before Litestream can ship anything of it: a listing running now may miss it.
         replicaIndex.insert(store.user.rawValue)
-        let (url, epoch) = locations.replicaLocation(for: store.user)
         if let epoch {
-            try DurableFile.write(String(epoch), to: ReplicaLocations.epochFile(of: store.path))
+            let file = ReplicaLocations.epochFile(of: store.path)
+            let recorded = (try? String(contentsOfFile: file, encoding: .utf8)).flatMap { Int64($0) }
+            // One host under a new epoch: Litestream's state beside the store names its place in
+            // the old epoch's folder; without it Litestream ships a snapshot into the new one
+            // instead of LTX files that continue what the new folder never had.
+            if fencing == nil, recorded != epoch, !state.withLock({ $0.unconfirmed.contains(store.path) }) {
+                try? FileManager.default.removeItem(atPath: ReplicaLocations.sidecar(of: store.path))
+            }
+            if recorded != epoch { try DurableFile.write(String(epoch), to: file) }
             state.withLock { $0.epochs[store.path] = epoch }
         }
         return url

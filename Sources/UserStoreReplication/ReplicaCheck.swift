@@ -83,6 +83,10 @@ package struct ReplicaCheck: Sendable {
                 // seen after a paused Litestream's stale requests ran) differs from any store:
                 // it is shipped whole again like one that restores with other rows.
                 return .differs(["the replica cannot be restored: \(message)"])
+            } catch is ReplicaHoldsNothing {
+                // What Litestream shipped went elsewhere (the replica had vanished meanwhile):
+                // shipped whole again.
+                return .differs(["the replica holds nothing of the store"])
             }
             let differences = live.differences(from: copy)
             return differences.isEmpty ? .matches : .differs(differences)
@@ -106,7 +110,7 @@ package struct ReplicaCheck: Sendable {
         try FileManager.default.createDirectory(atPath: replicator.layout.stagingDirectory, withIntermediateDirectories: true)
         let scratch = replicator.layout.stagingDirectory + "/replica-check-\(UUID().uuidString).sqlite"
         guard let copy = try replicator.restorer.restoreCopy(user, from: replicator.registeredURL(for: user), arguments: ["-txid", String(format: "%016llx", txid)], beside: scratch) else {
-            throw ReplicaCheckFailure(description: "the replica holds nothing for \(user)")
+            throw ReplicaHoldsNothing()
         }
         defer { for suffix in ["", "-wal", "-shm"] { unlink(copy + suffix) } }
         return try StoreDigest.read(path: copy)
@@ -128,6 +132,9 @@ package struct ReplicaCheck: Sendable {
         }
     }
 }
+
+/// The replica holds no copy of the store at the point compared.
+struct ReplicaHoldsNothing: Error {}
 
 /// A comparison that could not be made.
 package struct ReplicaCheckFailure: Error, CustomStringConvertible {

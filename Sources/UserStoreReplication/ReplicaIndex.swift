@@ -42,6 +42,12 @@ package final class ReplicaIndex: Sendable {
         }
     }
 
+    /// Forgets the listing (the replica was initialised anew): until it is listed again, every
+    /// new user asks the replica.
+    package func reset() {
+        state.withLock { $0 = State() }
+    }
+
     /// The listing is in: `listed` holds every user it found. Users registered while it ran are
     /// kept; users erased while it ran are not taken from it.
     package func loaded(_ listed: Set<String>) {

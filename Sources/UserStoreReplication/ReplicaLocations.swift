@@ -11,19 +11,32 @@ package struct ReplicaLocations: Sendable {
     package let storage: ReplicaStorage
     /// Which users the bucket holds (one host, `s3://`), once listed.
     package let replicaIndex: ReplicaIndex
+    /// The replica's marker against the data directory's binding (nil for `sftp://`, which the
+    /// daemon cannot look into): asked before a user the replica holds nothing of is created.
+    package var identity: ReplicaIdentity?
+    /// With one host on a `file://` or `s3://` replica: the writer lease, whose epoch the paths carry.
+    package var lease: LeaseKeeper?
 
-    /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>`; with more than one
-    /// host `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now). Any query
-    /// (`s3://b/p?endpoint=…`) is kept at the end.
+    /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>/e<epoch>` under the
+    /// writer lease's epoch (``LeaseKeeper``); with more than one host
+    /// `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now); `<replica>/<ab>/<cd>/<user>`
+    /// without either (`sftp://`, or no lease held yet). Any query (`s3://b/p?endpoint=…`) is
+    /// kept at the end.
     package func replicaURL(for user: UserID) -> String {
         replicaLocation(for: user).url
     }
 
-    /// ``replicaURL(for:)`` and the epoch in it (nil with one host), read once.
+    /// ``replicaURL(for:)`` and the epoch in it (nil without one), read once.
     package func replicaLocation(for user: UserID) -> (url: String, epoch: Int64?) {
-        guard let fencing else { return (withSuffix(userFolderSuffix(user)), nil) }
-        let epoch = fencing.epoch(of: user) ?? 0
-        return (withSuffix(userFolderSuffix(user) + "/e\(epoch)"), epoch)
+        let epoch = fencing.map { $0.epoch(of: user) ?? 0 } ?? lease?.pathEpoch
+        return (url(of: user, epoch: epoch), epoch)
+    }
+
+    /// `user`'s folder at `epoch`: with one host, epoch 0 is the folder itself (the layout
+    /// before the writer lease, read once by a restore).
+    package func url(of user: UserID, epoch: Int64?) -> String {
+        guard let epoch, fencing != nil || epoch > 0 else { return withSuffix(userFolderSuffix(user)) }
+        return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
     }
 
     /// The folder holding everything replicated for `user` (every epoch, with more than one host).
@@ -38,26 +51,40 @@ package struct ReplicaLocations: Sendable {
     /// replica holds nothing of the user (asked with one listing, or a look into the folder;
     /// an `sftp://` replica, which the daemon cannot look into, is left to Litestream). Throws
     /// when the replica cannot be asked. Blocking.
+    ///
+    /// "Found nothing" never overrules "known to be there": a user the index lists whose folder
+    /// is empty throws, and before answering nil for a user the index does not answer for, the
+    /// replica's marker is read again (``ReplicaIdentity/confirm(before:)``): an unmounted
+    /// folder or an emptied prefix holds nothing either.
     package func restoreURL(for user: UserID) throws -> String? {
-        guard fencing != nil else {
-            // The index, once listed, answers without a request (one host only).
-            if replicaIndex.holds(user.rawValue) == false { return nil }
-            guard try storage.holdsAnything(userFolderSuffix(user)) != false else { return nil }
-            replicaIndex.insert(user.rawValue)
-            return replicaURL(for: user)
+        // The index, once listed, answers without a request (one host only).
+        let indexed = fencing == nil ? replicaIndex.holds(user.rawValue) : nil
+        if indexed == false { return nil }
+        guard storage.canList else { return replicaURL(for: user) } // sftp: Litestream looks
+        let found: String?
+        if fencing == nil && lease == nil {
+            found = try storage.holdsAnything(userFolderSuffix(user)) != false ? replicaURL(for: user) : nil
+        } else {
+            found = try newestEpochWithData(user).map { url(of: user, epoch: $0) }
         }
-        guard let epoch = try newestEpochWithData(user) else {
-            // Nothing in any epoch, as far as the daemon can see (an sftp replica: Litestream looks).
-            return storage.canList ? nil : replicaURL(for: user)
+        if let found {
+            if fencing == nil { replicaIndex.insert(user.rawValue) }
+            return found
         }
-        return withSuffix(userFolderSuffix(user) + "/e\(epoch)")
+        if indexed == true {
+            throw StoreError.replicationUnavailable(user: user, message: "the daemon's index of the replica lists the user, but the replica holds nothing of it now (a vanished or emptied replica?); nothing was created")
+        }
+        try identity?.confirm(before: user)
+        return nil
     }
 
-    /// The newest epoch folder of `user` in the replica that holds data (more than one host).
-    /// Throws when the replica cannot be asked. Blocking.
+    /// The newest epoch folder of `user` in the replica that holds data: with one host, 0 for
+    /// a copy in the layout from before the writer lease (directly under the user's folder).
+    /// Nil when none does, and with one host and no lease. Throws when the replica cannot be
+    /// asked. Blocking.
     package func newestEpochWithData(_ user: UserID) throws -> Int64? {
-        guard fencing != nil else { return nil }
-        return try storage.newestEpochWithData(userFolderSuffix(user))
+        guard fencing != nil || lease != nil else { return nil }
+        return try storage.newestEpochWithData(userFolderSuffix(user), unfenced: fencing == nil)
     }
 
     package func withSuffix(_ suffix: String) -> String {

@@ -17,6 +17,8 @@ package struct ReplicaRestorer: Sendable {
             // Litestream is asked only when the replica holds something of the user.
             guard let url = try locations.restoreURL(for: user) else { return nil }
             source = url
+        } catch let error as StoreError {
+            throw error
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for the user in the replica: \(error)")
         }
@@ -26,7 +28,12 @@ package struct ReplicaRestorer: Sendable {
         } else {
             arguments = ["-if-replica-exists"]
         }
-        guard let staged = try restoreCopy(user, from: source, arguments: arguments, beside: path) else { return nil }
+        guard let staged = try restoreCopy(user, from: source, arguments: arguments, beside: path) else {
+            // Nothing at that time is an answer; nothing at all, where files of the user were just
+            // found, is not: "found nothing" never makes a returning user a new one.
+            if timestamp != nil { return nil }
+            throw StoreError.replicationUnavailable(user: user, message: "the replica holds files of the user at \(source), but litestream restore found no copy there; nothing was created")
+        }
         // On the staged copy, before it is put in place: a restored store never serves from
         // positions its watchers may already have been sent (ChangeLog).
         do throws(ChangeLogError) {
@@ -73,6 +80,9 @@ package struct ReplicaRestorer: Sendable {
             cleanUp()
             let message = LitestreamCommand.lastLines(result.output)
             if timed, ["no matching backups", "no snapshots", "timestamp does not exist"].contains(where: message.contains) { return nil }
+            // Nothing at all under the URL (a -txid restore of a copy that went elsewhere while
+            // the replica had vanished): nothing there, not an outage.
+            if message.contains("no matching backup files") { return nil }
             if LitestreamCommand.isDamage(message) { throw StoreError.replicaDamaged(user: user, message: message) }
             throw StoreError.replicationUnavailable(user: user, message: "litestream restore exited \(result.status): \(message)")
         }

@@ -149,30 +149,44 @@ package struct ReplicaStorage: Sendable {
     }
 
     /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
-    /// nil when none does. Throws when the replica does not answer. Blocking.
-    package func newestEpochWithData(_ suffix: String) throws -> Int64? {
+    /// with `unfenced` (one host), 0 when none does but the folder itself holds Litestream's
+    /// files (the layout from before the writer lease); nil when nothing does. Throws when the
+    /// replica does not answer. Blocking.
+    package func newestEpochWithData(_ suffix: String, unfenced: Bool = false) throws -> Int64? {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
-            let epochs = ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [])
-                .compactMap { name -> Int64? in name.hasPrefix("e") ? Int64(name.dropFirst()) : nil }
-                .sorted(by: >)
-            return epochs.first { !(FileManager.default.subpaths(atPath: "\(folder)/e\($0)") ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
+            guard try Self.folderExists(root) else { return nil }
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+            let epochs = names.compactMap(Self.epoch(ofFolder:)).sorted(by: >)
+            let holdsLTX = { (path: String) in !(FileManager.default.subpaths(atPath: path) ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
+            if let epoch = epochs.first(where: { holdsLTX("\(folder)/e\($0)") }) { return epoch }
+            // Litestream's own folders directly under the user's (`ltx/0/…`): the old layout.
+            let legacy = names.filter { Self.epoch(ofFolder: $0) == nil }
+            return unfenced && legacy.contains(where: { holdsLTX(folder + "/" + $0) }) ? 0 : nil
         case .bucket(let client, let bucket, let prefix):
             let folder = Self.key(prefix, suffix) + "/"
             let listed = try Self.blocking { try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }
-            let epochs = listed.compactMap { path -> Int64? in
-                let name = path.dropFirst(folder.count).dropLast() // "e12/" → "e12"
-                return name.hasPrefix("e") ? Int64(name.dropFirst()) : nil
-            }.sorted(by: >)
-            for epoch in epochs {
-                let keys = try Self.blocking { try await client.list(bucket: bucket, prefix: folder + "e\(epoch)/", pageSize: 1000).keys }
-                if keys.contains(where: { $0.hasSuffix(".ltx") }) { return epoch }
+            let names = listed.map { String($0.dropFirst(folder.count).dropLast()) } // "e12/" → "e12"
+            let epochs = names.compactMap(Self.epoch(ofFolder:)).sorted(by: >)
+            let holdsLTX = { (path: String) throws -> Bool in
+                try Self.blocking { try await client.list(bucket: bucket, prefix: path, pageSize: 1000).keys }.contains { $0.hasSuffix(".ltx") }
+            }
+            for epoch in epochs where try holdsLTX(folder + "e\(epoch)/") { return epoch }
+            // Litestream's own folders directly under the user's (`0000/…` in a bucket): the old layout.
+            guard unfenced else { return nil }
+            for name in names where Self.epoch(ofFolder: name) == nil {
+                if try holdsLTX(folder + name + "/") { return 0 }
             }
             return nil
         case .elsewhere:
             return nil
         }
+    }
+
+    /// `N` for an epoch folder's name `eN`.
+    static func epoch(ofFolder name: String) -> Int64? {
+        name.hasPrefix("e") ? Int64(name.dropFirst()) : nil
     }
 
     /// `prefix` and a folder suffix (`/ab/cd/user`) as one key prefix without a leading slash.

@@ -18,7 +18,9 @@ package struct ReplicationSnapshot: Sendable {
     package var sharedSyncWaits: Int
     /// Per open store: its user, whether it is registered, its last sync.
     package var stores: [(user: String, registered: Bool, lastSync: Date?)]
-    package var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil }
+    /// With one host: whether this host holds the replica's writer lease (true without one).
+    package var holdsLease: Bool
+    package var degraded: Bool { unregistered > 0 || lastError != nil || replicaProblem != nil || !holdsLease }
     /// The longest time since Litestream last synced an open, registered store.
     package var maxLagSeconds: Double {
         let now = Date()
@@ -28,7 +30,7 @@ package struct ReplicationSnapshot: Sendable {
 
 extension LitestreamReplicator {
     package var snapshot: ReplicationSnapshot {
-        let syncCounts = syncLanes.counts
+        let syncCounts = syncLanes.counts, lease = self.lease
         return state.withLock { state in
             let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }
             return ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
@@ -37,7 +39,7 @@ extension LitestreamReplicator {
                             lastSyncPassSeconds: state.lastPass.inSeconds, longestSyncPassSeconds: state.longestPass.inSeconds,
                             replicaProblem: state.replicaProblem,
                             syncs: syncCounts.started, sharedSyncWaits: syncCounts.joined,
-                            stores: stores.sorted { $0.user < $1.user })
+                            stores: stores.sorted { $0.user < $1.user }, holdsLease: lease.map { $0.heldEpoch != nil } ?? true)
         }
     }
 }

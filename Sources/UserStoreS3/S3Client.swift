@@ -9,9 +9,11 @@ import NIOSSL
 import Synchronization
 
 /// The few S3 calls userstored makes itself — checking a bucket, listing a prefix, deleting what
-/// is under it — signed with SigV4 over AsyncHTTPClient. Litestream does the replication; this
-/// client erases a user's replica (`DeleteStore`), finds the newest epoch holding a user's copy
-/// (more than one host) and checks that the bucket answers.
+/// is under it, reading and writing small objects, conditionally — signed with SigV4 over
+/// AsyncHTTPClient. Litestream does the replication; this client erases a user's replica
+/// (`DeleteStore`), finds the newest epoch holding a user's copy, checks that the bucket answers,
+/// and keeps the replica's marker and writer lease (compare-and-swap with `If-None-Match` and
+/// `If-Match`).
 public final class S3Client: Sendable {
     /// Where the bucket is served.
     public struct Endpoint: Sendable, Equatable {
@@ -83,6 +85,13 @@ public final class S3Client: Sendable {
         return !ListPage(try await send("GET", bucket: bucket, key: "", query: query, body: nil)).keys.isEmpty
     }
 
+    /// The first `count` keys under `prefix` in key order: one `ListObjectsV2` request.
+    public func firstKeys(bucket: String, prefix: String, count: Int) async throws(S3Error) -> [String] {
+        var query = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", String(count))]
+        if !prefix.isEmpty { query.append(("prefix", prefix)) }
+        return ListPage(try await send("GET", bucket: bucket, key: "", query: query, body: nil)).keys
+    }
+
     /// Deletes `keys` (`DeleteObjects`, 1,000 per request); throws when any was not deleted.
     public func delete(bucket: String, keys: [String]) async throws(S3Error) {
         for start in stride(from: 0, to: keys.count, by: 1000) {
@@ -108,10 +117,77 @@ public final class S3Client: Sendable {
         }
     }
 
+    /// An object's bytes and its entity tag, as ``getObject(bucket:key:)`` reads them.
+    public struct Object: Sendable, Equatable {
+        public var body: Data
+        /// The `ETag` the server sent (quoted, as sent): what ``putObject(bucket:key:body:condition:)``'s
+        /// `.ifMatch` compares.
+        public var etag: String
+    }
+
+    /// `key`'s bytes and entity tag; nil when there is no such key (404 `NoSuchKey`).
+    public func getObject(bucket: String, key: String) async throws(S3Error) -> Object? {
+        do {
+            let reply = try await request("GET", bucket: bucket, key: key, query: [], body: nil)
+            return Object(body: reply.body, etag: reply.etag ?? "")
+        } catch .failed(404, "NoSuchKey", _) {
+            return nil
+        }
+    }
+
+    /// What a ``putObject(bucket:key:body:condition:)`` requires of the object already there.
+    public enum WriteCondition: Sendable, Equatable {
+        /// Written whatever is there.
+        case none
+        /// Written only if there is no object at the key (`If-None-Match: *`).
+        case absent
+        /// Written only if the object there has this entity tag (`If-Match`).
+        case matching(String)
+    }
+
+    /// Writes `body` at `key` when `condition` holds; returns the new entity tag, or nil when the
+    /// server refused because it does not (412 `PreconditionFailed`, or 409 `ConditionalRequestConflict`
+    /// when another conditional write to the key raced this one). Not sent twice after a failure
+    /// without an answer (a conditional write that may have landed is for the caller to read back).
+    public func putObject(bucket: String, key: String, body: Data, condition: WriteCondition = .none) async throws(S3Error) -> String? {
+        var headers: [(String, String)] = []
+        switch condition {
+        case .none: break
+        case .absent: headers.append(("if-none-match", "*"))
+        case .matching(let etag): headers.append(("if-match", etag))
+        }
+        do {
+            let reply = try await request("PUT", bucket: bucket, key: key, query: [], body: body, contentType: "application/octet-stream",
+                                          headers: headers, idempotent: condition == .none)
+            return reply.etag ?? ""
+        } catch .failed(412, _, _), .failed(409, "ConditionalRequestConflict", _) {
+            return nil
+        }
+    }
+
+    /// Deletes the object at `key` (nothing happens when there is none).
+    public func deleteObject(bucket: String, key: String) async throws(S3Error) {
+        _ = try await request("DELETE", bucket: bucket, key: key, query: [], body: nil)
+    }
+
     // MARK: HTTP
+
+    /// A reply's body and entity tag.
+    private struct Reply {
+        var body: Data
+        var etag: String?
+    }
 
     /// One signed request; returns the reply's body, or throws the error it names.
     private func send(_ method: String, bucket: String, key: String, query: [(String, String)], body: Data?) async throws(S3Error) -> Data {
+        try await request(method, bucket: bucket, key: key, query: query, body: body).body
+    }
+
+    /// One signed request with `headers` besides the signed ones; returns the reply, or throws
+    /// the error it names. `idempotent`: sent again once when it fails before an answer.
+    private func request(_ method: String, bucket: String, key: String, query: [(String, String)], body: Data?,
+                         contentType: String = "application/xml", headers extra: [(String, String)] = [],
+                         idempotent: Bool = true) async throws(S3Error) -> Reply {
         guard let base = URLComponents(string: endpoint.url), let scheme = base.scheme, let hostName = base.host else {
             throw .failed(status: 0, code: "InvalidEndpoint", message: "not a URL: \(endpoint.url)")
         }
@@ -125,34 +201,37 @@ public final class S3Client: Sendable {
         var signedHeaders = [("host", host)]
         if let body {
             signedHeaders.append(("content-md5", Data(Insecure.MD5.hash(data: body)).base64EncodedString()))
-            signedHeaders.append(("content-type", "application/xml"))
+            signedHeaders.append(("content-type", contentType))
             request.body = .bytes(ByteBuffer(bytes: body))
         }
         let payloadHash = body.map { SigV4.hex(SHA256.hash(data: $0)) } ?? SigV4.emptyPayloadHash
+        signedHeaders += extra
         for (name, value) in signedHeaders { request.headers.add(name: name, value: value) }
         for (name, value) in signer.headers(method: method, path: path, query: query, headers: signedHeaders, payloadHash: payloadHash, date: Date()) {
             request.headers.add(name: name, value: value)
         }
         var status = 0
         var reply = Data()
-        // Every request the daemon sends is idempotent (GET, HEAD, a whole PUT, DELETE): one that
-        // fails before an answer is sent again once, within the same time-out. A pooled
-        // keep-alive connection the server or a proxy has closed fails that way at once
-        // ("I/O on closed channel"), and the second try opens a new one.
+        var etag: String?
+        // An idempotent request (GET, HEAD, a whole PUT, DELETE) that fails before an answer is
+        // sent again once, within the same time-out. A pooled keep-alive connection the server
+        // or a proxy has closed fails that way at once ("I/O on closed channel"), and the second
+        // try opens a new one.
         let deadline = NIODeadline.now() + timeout
         for attempt in 1...2 {
             do {
                 let response = try await http.execute(request, deadline: deadline)
                 status = Int(response.status.code)
+                etag = response.headers.first(name: "etag")
                 var body = try await response.body.collect(upTo: 64 << 20)
                 reply = body.readData(length: body.readableBytes) ?? Data()
                 break
             } catch {
-                guard attempt == 1, deadline - .now() > .nanoseconds(timeout.nanoseconds / 2) else { throw .unreachable("\(endpoint.url): \(error)") }
+                guard idempotent, attempt == 1, deadline - .now() > .nanoseconds(timeout.nanoseconds / 2) else { throw .unreachable("\(endpoint.url): \(error)") }
             }
         }
         guard (200..<300).contains(status) else { throw Self.error(status: status, body: reply, bucket: bucket) }
-        return reply
+        return Reply(body: reply, etag: etag)
     }
 
     /// The error an error reply names (a HEAD's has no body: its status says it).

@@ -31,6 +31,16 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
             reached (ReplicaUnreachable) leaves replication degraded until it answers. With \
             replication.litestreamMetricsAddress (host:port), Litestream serves its Prometheus \
             page there and /metrics shows the requests and bytes it sent to the bucket.
+
+            A file:// or s3:// replica carries a marker (userstore-replica.json) whose ID the \
+            data directory records (replica.json): while the replica is empty or another one \
+            where the data directory expects its own (ReplicaMissing, ReplicaMismatch), no store \
+            is created or restored; another replica's marker at start exits 78. `userstorectl \
+            replication init` says on purpose that a replica is new. With one host, the replica's \
+            writer lease (userstore-lease.json, replication.leaseSeconds) decides which daemon \
+            writes to it: one that does not hold it serves no store and takes it over once the \
+            holder stops, is gone or lets it run out, or at once with `userstorectl replication \
+            take-over`. See docs/replication.md.
             """,
         version: DaemonInfo.version)
 

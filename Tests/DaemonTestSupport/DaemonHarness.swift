@@ -15,6 +15,9 @@ public final class DaemonHarness {
     public private(set) var stderrPath: String
     /// Variables every start adds to the daemon's environment (S3 credentials, say).
     public var environment: [String: String] = [:]
+    /// What lives as long as this daemon (its replica's folder, say: a test that drops its own
+    /// reference must not remove the replica under the daemon).
+    public var retained: [AnyObject] = []
 
     /// Writes the migrations and a configuration (`extraConfig` is appended YAML).
     public init(migrations: [String: String]? = nil, extraConfig: String = "", appVersion: String = "2.0.0") throws {

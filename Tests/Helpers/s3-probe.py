@@ -1,6 +1,7 @@
 """The tests' own S3 client (boto3, independent of userstored's): make buckets and look into them.
 
 usage: s3-probe.py ENDPOINT ready | create-bucket NAME | list BUCKET [PREFIX] | sizes BUCKET [PREFIX] | put BUCKET KEY...
+       | move BUCKET FROM TO (every object under prefix FROM to prefix TO: copied, then deleted)
 Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY."""
 import sys
 
@@ -35,5 +36,14 @@ elif command == "sizes":
 elif command == "put":
     for key in rest[1:]:
         s3.put_object(Bucket=rest[0], Key=key, Body=key.encode())
+elif command == "move":
+    bucket, source, target = rest
+    keys = [item["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=source)
+            for item in page.get("Contents", [])]
+    for key in keys:
+        s3.copy_object(Bucket=bucket, Key=target + key[len(source):], CopySource={"Bucket": bucket, "Key": key})
+    for start in range(0, len(keys), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": key} for key in keys[start:start + 1000]]})
+    print(len(keys))
 else:
     sys.exit(f"unknown command {command}")

@@ -175,7 +175,8 @@ import Varlink
             "status": [], "list": [], "migrate": ["--all"], "plan": ["ann"], "verify": ["--all"],
             "rollback": ["ann", "--to", "1"], "backup": ["ann"], "backups": ["ann"], "restore": ["ann", "--from-replica"],
             "export": ["ann"], "import": ["ann", "/nonexistent/ann.sqlite"], "delete": ["ann", "--yes"], "top": [],
-            "sql": ["ann", "SELECT 1"], "accept-checksums": ["ann"], "replication": [],
+            "sql": ["ann", "SELECT 1"], "accept-checksums": ["ann"],
+            "replication show": [], "replication init": [], "replication take-over": [],
             "cluster status": [], "cluster move": ["1", "host-b"], "cluster drain": ["host-b"], "cluster rebalance": [],
             "release status": [], "release start": ["--steps", "10%,100%"], "release next": [], "release resume": [], "release abort": [], "release trial": [], "query": ["--all", "SELECT 1"], "watch": ["ann"],
         ]

@@ -49,6 +49,27 @@ import Testing
         #expect(Set(try server.keys("bucket-one")) == ["ab/cd/anna/ltx/0/1.ltx", "other/key with space"])
     }
 
+    /// Objects read and written by compare-and-swap, what the replica's marker and writer lease
+    /// stand on: a create that finds the key taken and a write on a stale entity tag are both
+    /// refused (nil), nothing is written; boto3 reads what the client wrote.
+    @Test(arguments: ["seaweedfs", "moto"]) func conditionalWritesCompareAndSwap(server kind: String) async throws {
+        let server = try S3TestServer(kind)
+        try server.probe(["create-bucket", "bucket-cas"])
+        let client = try S3Client(endpoint: .init(url: server.endpoint, region: "us-east-1", pathStyle: true), credentials: server.credentials)
+        #expect(try await client.getObject(bucket: "bucket-cas", key: "p/lease") == nil)
+        let first = try #require(try await client.putObject(bucket: "bucket-cas", key: "p/lease", body: Data("one".utf8), condition: .absent))
+        #expect(try await client.putObject(bucket: "bucket-cas", key: "p/lease", body: Data("two".utf8), condition: .absent) == nil)
+        let read = try #require(try await client.getObject(bucket: "bucket-cas", key: "p/lease"))
+        #expect(read.body == Data("one".utf8) && read.etag == first)
+        let second = try #require(try await client.putObject(bucket: "bucket-cas", key: "p/lease", body: Data("three".utf8), condition: .matching(first)))
+        #expect(second != first)
+        #expect(try await client.putObject(bucket: "bucket-cas", key: "p/lease", body: Data("four".utf8), condition: .matching(first)) == nil)
+        #expect(try await client.getObject(bucket: "bucket-cas", key: "p/lease")?.body == Data("three".utf8))
+        #expect(try server.keys("bucket-cas") == ["p/lease"])
+        try await client.deleteObject(bucket: "bucket-cas", key: "p/lease")
+        #expect(try await client.getObject(bucket: "bucket-cas", key: "p/lease") == nil)
+    }
+
     /// What an operator's mistake looks like: a bucket that is not there, a wrong secret, an
     /// endpoint nobody serves — each its own named error.
     @Test func misconfigurationsAreNamed() async throws {

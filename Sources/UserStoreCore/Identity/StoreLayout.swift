@@ -9,6 +9,7 @@ import Foundation
 /// <dataDirectory>/backups/ab/<userID>.v3.<time>.<reason>.sqlite      copies of the store
 /// <dataDirectory>/staging/                            imports and restores being prepared
 /// <dataDirectory>/deleting/<userID>                   deletions under way
+/// <dataDirectory>/replica.json                        which replica this directory replicates to
 /// ```
 /// `ab/cd` are the first two bytes of SHA-256(userID) in hex: 65,536 folders, so a million users
 /// put about fifteen files in each, and `find -name '<userID>.sqlite'` still finds a store.
@@ -41,6 +42,9 @@ public struct StoreLayout: Sendable, Equatable {
     public var deletingDirectory: String { dataDirectory + "/deleting" }
     /// The cross-process lock file.
     public var lockPath: String { dataDirectory + "/userstore.lock" }
+    /// Which replica this data directory replicates to, and the directory's own ID (the
+    /// replication's writer lease names it): `ReplicaBinding`.
+    public var replicaBindingPath: String { dataDirectory + "/replica.json" }
 
     /// `ab/cd` for `user`.
     public static func hashPrefix(of user: UserID) -> String {
@@ -91,6 +95,21 @@ public struct StoreLayout: Sendable, Equatable {
             }
         }
         return users
+    }
+
+    /// Whether any store file is under the stores folder: stops at the first one found (a
+    /// replica that is empty while this returns true is what an unmounted replica looks like).
+    public func holdsAnyStore() -> Bool {
+        let fileManager = FileManager.default
+        guard let level1 = try? fileManager.contentsOfDirectory(atPath: storesDirectory) else { return false }
+        for first in level1 where first.utf8.count == 2 {
+            guard let level2 = try? fileManager.contentsOfDirectory(atPath: storesDirectory + "/" + first) else { continue }
+            for second in level2 where second.utf8.count == 2 {
+                let files = (try? fileManager.contentsOfDirectory(atPath: storesDirectory + "/" + first + "/" + second)) ?? []
+                if files.contains(where: { $0.hasSuffix(Self.storeSuffix) }) { return true }
+            }
+        }
+        return false
     }
 
     private static func hex(_ byte: UInt8) -> String {

@@ -27,6 +27,14 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     private let registry = Mutex<StoreRegistry?>(nil)
     /// Buckets this host released, by the draining epoch it released them at.
     private let released = Mutex<[Int: Int64]>([:])
+    /// The replica's marker against this data directory's binding (nil: not checked, sftp).
+    private let replicaIdentity = Mutex<ReplicaIdentity?>(nil)
+    /// Whether this host put its own drain key because it sees no replica of its own.
+    private let drainedForReplica = Mutex(false)
+
+    /// The value of the drain key a host puts on itself while its replica is missing or another
+    /// one (an operator's drain has an empty value, and is never taken back by the host).
+    static let replicaDrain = "replica-unverified"
 
     init(settings: ClusterSettings, tls: PeerTLS?, logger: Logger) {
         self.settings = settings
@@ -132,6 +140,16 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// ``leave()``: the daemon leaves only after every store's final sync, so the next owner
     /// restores everything this host acknowledged.
     func run() async throws {
+        // A host that sees no replica of its own claims no bucket: it joins only once the
+        // replica's marker is this data directory's (or cannot be told yet: an outage).
+        var waiting = false
+        while !Task.isShuttingDownGracefully, replicaRefused() {
+            if !waiting {
+                logger.error("not joining the cluster while the replica is not this data directory's; joins once it is", metadata: ["event": "cluster-unreachable"])
+                waiting = true
+            }
+            do { try await cancelWhenGracefulShutdown { try await Task.sleep(for: .seconds(1)) } } catch { return }
+        }
         while !Task.isShuttingDownGracefully {
             do {
                 try await membership.join()
@@ -165,6 +183,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
                 group.addTask { await hosts.run() }
                 group.addTask { [self] in
                     while !Task.isCancelled {
+                        await drainWhileReplicaRefused()
                         await releaseDrainingBuckets()
                         try? await Task.sleep(for: .milliseconds(200)) // how soon a drain is noticed
                     }
@@ -174,6 +193,38 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     }
 
     func attach(_ registry: StoreRegistry) { self.registry.withLock { $0 = registry } }
+
+    /// The replica's identity, which decides whether this host may claim buckets.
+    func attach(_ identity: ReplicaIdentity?) { replicaIdentity.withLock { $0 = identity } }
+
+    /// Whether the replica is missing or another one for this host (its marker checked by the
+    /// replication's health check every second while it fails).
+    private func replicaRefused() -> Bool {
+        replicaIdentity.withLock { $0 }?.verdict.refusesReplication ?? false
+    }
+
+    /// While this host sees no replica of its own, it drains itself (the controller moves its
+    /// buckets to hosts that do, if any: with none, the buckets stay); once it sees it again,
+    /// it takes its own drain back. An operator's drain is left alone.
+    func drainWhileReplicaRefused() async {
+        let refused = replicaRefused(), drained = drainedForReplica.withLock { $0 }
+        guard refused != drained, membership.lease != 0 else { return }
+        let key = ClusterKeys.drain(settings.host)
+        do {
+            if refused {
+                try await etcd.put(key, Self.replicaDrain, lease: membership.lease)
+                logger.error("draining this host: it sees no replica of its own, so its buckets go to hosts that do", metadata: [
+                    "event": "cluster-unreachable", "host": .string(settings.host),
+                ])
+            } else if let current = try await etcd.get(key), String(decoding: current.value, as: UTF8.self) == Self.replicaDrain {
+                _ = try await etcd.delete(key)
+                logger.notice("the replica is this host's again: it takes buckets again", metadata: ["event": "cluster-joined", "host": .string(settings.host)])
+            }
+            drainedForReplica.withLock { $0 = refused }
+        } catch {
+            logger.warning("cannot \(refused ? "drain" : "undrain") this host for its replica: \(error)", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
+        }
+    }
 
     /// Releases every bucket of this host that the controller marked `draining`: its open
     /// stores are closed once their requests are done (each with its final sync), then

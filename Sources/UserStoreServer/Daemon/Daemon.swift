@@ -118,7 +118,40 @@ public enum Daemon {
             } catch {
                 unreachable = error // served degraded; the monitor checks it again
             }
+            // The replica's identity (its marker against this data directory's binding) and, with
+            // one host, its writer lease: before anything can be created, restored or replicated.
+            var identity: ReplicaIdentity?
+            var lease: LeaseKeeper?
+            if storage.canList {
+                do {
+                    identity = try ReplicaIdentity(storage: storage, layout: layout, host: cluster?.settings.host ?? HostName.current,
+                                                   replicaURL: settings.replica, logger: logger)
+                } catch {
+                    logger.critical("replication refused: \(error)", metadata: ["event": "daemon-failed"])
+                    printError("userstored: replication: \(error)")
+                    return .unavailable
+                }
+                let verdict = await (try? BlockingPool.run { [identity] in identity!.check() }) ?? .unknown("not checked")
+                if case .mismatch(let why) = verdict {
+                    // Another replica than this data directory's: a configuration that points
+                    // elsewhere, which serving on would mix with this directory's stores.
+                    logger.critical("replication refused: ReplicaMismatch: \(why)", metadata: ["event": "daemon-failed", "error": "ReplicaMismatch"])
+                    printError("userstored: replication: ReplicaMismatch: \(why)")
+                    return .configuration
+                }
+                if let problem = verdict.problem, unreachable == nil { unreachable = LitestreamReplicator.Problem(description: problem) }
+                if cluster == nil, let identity {
+                    lease = LeaseKeeper(storage: storage, identity: identity, host: HostName.current, leaseSeconds: settings.leaseSeconds, logger: logger)
+                    // Taken before serving when it can be at once (a new replica, a restart).
+                    _ = try? await BlockingPool.run { [lease] in lease!.round() }
+                }
+            } else {
+                logger.warning("an \(settings.replica.prefix { $0 != ":" }):// replica has no marker and no writer lease (userstored cannot reach it itself): an empty or vanished replica is not told from a new one, and two hosts on it are not kept apart", metadata: [
+                    "event": "replication-degraded",
+                ])
+            }
             replicator = LitestreamReplicator(settings: settings, storage: storage, layout: layout, logger: logger, fencing: cluster,
+                                              identity: identity, lease: lease,
                                               syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
             if let unreachable { replicator?.replicaFailed(unreachable) }
             if settings.startLitestream {
@@ -134,9 +167,15 @@ public enum Daemon {
         }
         // Which Litestream answers, before the first store opens (Status shows it from the start).
         _ = await replicator?.checkHealth()
+        let placement: (any StorePlacement)? = cluster ?? replicator?.lease
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
-                                     observer: observer, replication: replicator, placement: cluster, gate: release)
+                                     observer: observer, replication: replicator, placement: placement, gate: release)
+        // A host that lost the writer lease serves nothing and closes every store (each with its
+        // final sync, into its old epoch's folder, which no restore reads once the new holder wrote).
+        replicator?.lease?.onLost { Task { _ = await registry.closeStores { _ in true } } }
+        let leaseKeeper = replicator?.lease.map { lease in Task { await lease.run() } }
         cluster?.attach(registry)
+        cluster?.attach(replicator?.identity)
         release.attach(registry)
         do {
             for user in try registry.lifecycle.recoverInterruptedOperations() {
@@ -224,6 +263,12 @@ public enum Daemon {
         }
         await registry.shutdown()
         await cluster?.leave() // after every store's final sync: the next owner restores it all
+        if let leaseKeeper, let lease = replicator?.lease {
+            // Kept until every store's final sync; given up then, so that another host takes over at once.
+            leaseKeeper.cancel()
+            await leaseKeeper.value
+            _ = try? await BlockingPool.run { lease.release() }
+        }
         await litestream?.stop() // after every store's final sync
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])

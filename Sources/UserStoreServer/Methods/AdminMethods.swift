@@ -41,7 +41,7 @@ struct AdminMethods {
         case .top: try await send(VarlinkReply.encode(try top(parameters)))
         case .deleteStore, .exportStore, .importStore, .listBackups, .restoreStore:
             try await StoreLifecycleMethods(context: context).handle(method, request, send: send)
-        case .replication, .restoreFromReplica:
+        case .replication, .restoreFromReplica, .initReplica, .takeOverReplica:
             try await ReplicationMethods(context: context).handle(method, request, send: send)
         case .cluster, .moveBucket, .drainHost, .rebalance:
             try await ClusterMethods(context: context).handle(method, request, send: send)

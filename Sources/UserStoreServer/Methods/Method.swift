@@ -36,6 +36,8 @@ package enum Method: String, CaseIterable, Sendable {
     case restoreStore = "io.userstore.Admin.RestoreStore"
     case replication = "io.userstore.Admin.Replication"
     case restoreFromReplica = "io.userstore.Admin.RestoreFromReplica"
+    case initReplica = "io.userstore.Admin.InitReplica"
+    case takeOverReplica = "io.userstore.Admin.TakeOverReplica"
     case cluster = "io.userstore.Admin.Cluster"
     case moveBucket = "io.userstore.Admin.MoveBucket"
     case drainHost = "io.userstore.Admin.DrainHost"

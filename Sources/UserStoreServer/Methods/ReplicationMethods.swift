@@ -30,9 +30,41 @@ struct ReplicationMethods {
             ]
             if let previous { fields["previous"] = .string(previous) }
             try await send(VarlinkReply.encode(fields))
+        case .initReplica:
+            let replicator = try Self.replicator(context)
+            do {
+                let marker = try await replicator.initializeReplica()
+                try await send(VarlinkReply.encode(["replicaId": .string(marker.id), "createdBy": .string(marker.createdBy),
+                                                    "createdAt": .string(marker.createdAt)]))
+            } catch {
+                throw Self.refused("\(error)")
+            }
+        case .takeOverReplica:
+            let replicator = try Self.replicator(context)
+            do {
+                let (held, previous) = try await replicator.takeOverReplica()
+                var fields: [String: JSONValue] = ["holder": .string(held.holder), "epoch": .integer(held.epoch)]
+                if let previous {
+                    fields["previousHolder"] = .string(previous.holder)
+                    fields["previousEpoch"] = .integer(previous.epoch)
+                }
+                try await send(VarlinkReply.encode(fields))
+            } catch {
+                throw Self.refused("\(error)")
+            }
         default:
             throw VarlinkError.methodNotFound(request.call.method)
         }
+    }
+
+    /// The replicator, or `ReplicaRefused` when replication is off.
+    private static func replicator(_ context: DaemonContext) throws(VarlinkError) -> LitestreamReplicator {
+        guard let replicator = context.replicator else { throw refused("replication is off (no replication section in the configuration)") }
+        return replicator
+    }
+
+    private static func refused(_ reason: String) -> VarlinkError {
+        VarlinkError("io.userstore.Admin.ReplicaRefused", ["reason": .string(reason)])
     }
 
     /// `Status`'s `replication` (nil when replication is off).
@@ -59,6 +91,31 @@ struct ReplicationMethods {
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
         if let indexed = replicator.replicaIndex.count { fields["replicaIndexUsers"] = .integer(Int64(indexed)) }
+        fields["identity"] = .string(replicator.identity.map { identity in
+            switch identity.verdict {
+            case .verified: "verified"
+            case .missing: "missing"
+            case .mismatch: "mismatch"
+            case .unknown: "unknown"
+            }
+        } ?? "none")
+        if let id = replicator.identity?.binding.replica { fields["replicaId"] = .string(id) }
+        if let lease = replicator.lease { fields["lease"] = Self.lease(lease) }
+        return .object(fields)
+    }
+
+    /// `ReplicationStatus.lease`.
+    private static func lease(_ keeper: LeaseKeeper) -> JSONValue {
+        let lease = keeper.snapshot
+        var fields: [String: JSONValue] = [
+            "state": .string(lease.state), "thisHost": .string(keeper.host), "leaseSeconds": .integer(Int64(keeper.leaseSeconds)),
+            "acquisitions": .integer(Int64(lease.acquisitions)), "losses": .integer(Int64(lease.losses)),
+        ]
+        if let holder = lease.holder { fields["holder"] = .string(holder) }
+        if let epoch = lease.epoch { fields["epoch"] = .integer(epoch) }
+        if let renewed = lease.renewedAt { fields["renewedAt"] = .string(renewed) }
+        if let expires = lease.expiresAt { fields["expiresAt"] = .string(expires) }
+        if let problem = lease.problem { fields["problem"] = .string(problem) }
         return .object(fields)
     }
 

@@ -191,6 +191,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
             "replication.diverged": gauge("userstore_replication_diverged_replicas"),
             "replication.syncs": gauge("userstore_replication_syncs"),
             "replication.shared": gauge("userstore_replication_shared_sync_waits"),
+            "replication.verified": gauge("userstore_replication_replica_verified"),
+            "replication.lease": gauge("userstore_replication_lease_held"),
+            "replication.epoch": gauge("userstore_replication_lease_epoch"),
         ]
         for state in ["current", "pending", "failed", "too_new"] {
             gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
@@ -229,7 +232,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_migration_duration_seconds": "Duration of a store's migration run (every step of it).",
         "userstore_migrations_total": "Migration runs of a store, by outcome.",
         "userstore_open_stores": "Store files open now (maxOpenStores bounds them).",
-        "userstore_replication_degraded": "1 while replication is degraded (Litestream unreachable or open stores unregistered), else 0 (also when replication is off).",
+        "userstore_replication_degraded": "1 while replication is degraded (Litestream or the replica unreachable, the replica missing or another one, the writer lease held elsewhere, or open stores unregistered), else 0 (also when replication is off).",
         "userstore_replication_stores": "Open stores by replication state: registered with Litestream, or unregistered (served, not replicated).",
         "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
         "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while every pass stays within half of it.",
@@ -239,6 +242,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_bucket_requests_total": "Requests Litestream sent to the bucket, by S3 operation (PUT, GET, DELETE, LIST), read from its Prometheus page (replication.litestreamMetricsAddress) at each scrape and summed across its restarts.",
         "userstore_replication_bucket_bytes_total": "Bytes Litestream sent to (PUT) and read from (GET) the bucket, read like userstore_replication_bucket_requests_total.",
         "userstore_replication_shared_sync_waits": "Durable writes and sync passes since start that waited for a sync another caller had queued (group commit) instead of one of their own.",
+        "userstore_replication_replica_verified": "1 while the replica's marker is there and is this data directory's replica, else 0 (missing, another replica, not reachable yet; 1 for sftp://, which has none). While it is 0 no store is created or restored.",
+        "userstore_replication_lease_held": "1 while this host holds the replica's writer lease (one host) and may acknowledge under it, else 0 (another host holds it, or it was not renewed in time: no store is served).",
+        "userstore_replication_lease_epoch": "The epoch of the replica's writer lease, held here or seen held by another host (0 before any was read); every store is replicated under <user>/e<epoch>.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
@@ -324,6 +330,13 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.diverged"]?.set(replication.diverged)
             gauges["replication.syncs"]?.set(replication.syncs)
             gauges["replication.shared"]?.set(replication.sharedSyncWaits)
+        }
+        if let replicator = context.replicator {
+            gauges["replication.verified"]?.set(replicator.identity.map { $0.verdict.isVerified ? 1 : 0 } ?? 1)
+            if let lease = replicator.lease {
+                gauges["replication.lease"]?.set(lease.mayAcknowledge(epoch: nil) ? 1 : 0)
+                gauges["replication.epoch"]?.set(Int(lease.snapshot.epoch ?? 0))
+            }
         }
         if let traffic = context.replicator?.bucketTraffic { recordBucketTraffic(traffic.totals) }
         let fleet = context.counters.withLock { $0.fleet }

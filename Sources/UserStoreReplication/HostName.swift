@@ -1,0 +1,49 @@
+import Foundation
+
+/// This machine's host name (`gethostname`), as a replica's marker and writer lease name it.
+package enum HostName {
+    package static var current: String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        guard gethostname(&buffer, buffer.count - 1) == 0 else { return "localhost" }
+        let name = String(cString: buffer)
+        return name.isEmpty ? "localhost" : name
+    }
+}
+
+/// A process as the writer lease names it, so that a daemon on the same machine can tell that
+/// the holder's process is gone (SIGKILLed, crashed) and take over at once instead of waiting
+/// for the lease to run out: the boot's ID, the pid, and the process's start time (a pid reused
+/// after the holder ended has another start time).
+package struct ProcessIdentity: Codable, Sendable, Equatable {
+    /// `/proc/sys/kernel/random/boot_id`: the same only on this machine, until it reboots.
+    package var bootID: String
+    package var pid: Int32
+    /// Field 22 of `/proc/<pid>/stat`: clock ticks after boot when the process started.
+    package var startTicks: UInt64
+
+    /// This process.
+    package static let current: ProcessIdentity? = {
+        guard let boot = bootID, let start = startTicks(of: getpid()) else { return nil }
+        return ProcessIdentity(bootID: boot, pid: getpid(), startTicks: start)
+    }()
+
+    /// Whether this process is known to be gone: it ran on this machine since its last boot,
+    /// and no process with its pid and start time exists now. False when that cannot be told
+    /// (another machine, another boot: it may be alive elsewhere).
+    package var isGone: Bool {
+        guard bootID == Self.bootID else { return false }
+        return Self.startTicks(of: pid) != startTicks
+    }
+
+    static var bootID: String? {
+        (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    static func startTicks(of pid: Int32) -> UInt64? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return nil }
+        // After the command name (which may hold spaces and parentheses): state is field 3.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        return fields.count > 19 ? UInt64(fields[19]) : nil
+    }
+}

@@ -1,0 +1,449 @@
+import Foundation
+import Logging
+import Synchronization
+import UserStoreCore
+import UserStoreS3
+
+/// Takes, renews and gives up the replica's writer lease (``ReplicaLease``) with one host, and
+/// is the registry's placement: a host that does not hold the lease serves no store
+/// (`ReplicationUnavailable`, naming the holder), uploads nothing and acknowledges nothing
+/// (docs/replication.md, "One writer").
+///
+/// - **Taking it**: a replica without a lease gets one (`If-None-Match: *`); this data
+///   directory's own lease (a restart) is taken back at once at the same epoch; a lease its
+///   holder released (a clean stop), or whose holder ran on this machine and whose process is
+///   gone (``ProcessIdentity``), is taken at once; any other is taken only after this host has
+///   seen it unchanged — the same version, so not renewed — for `leaseSeconds` by its own clock,
+///   and then under a new epoch, by compare-and-swap on that version. No clocks are compared
+///   across hosts: the holder stops acknowledging `leaseSeconds` less a margin after its last
+///   renewal *began*, which is before the version the taker saw was written.
+/// - **Holding it**: read every second and renewed every third of `leaseSeconds` (`If-Match` on
+///   the version this host wrote; a failed renewal is tried again a second later). A read or a
+///   renewal that finds another version means another host took over: the lease is lost, every
+///   store is closed (``onLost``), and this host waits like any other. Durable writes are
+///   acknowledged only within the lease and while the last read that found it unchanged is
+///   recent (``confirmationWindow``): a holder paused past that acknowledges nothing after it
+///   resumes until it has looked again.
+/// - An operator's take-over (``takeOver()``) takes it at once under a new epoch; the old
+///   holder, if it comes back, finds the new version and is fenced.
+package final class LeaseKeeper: StorePlacement, Sendable {
+    private struct State {
+        /// The lease this host holds, as written, and its version; nil while it holds none.
+        var held: (lease: ReplicaLease, version: String)?
+        /// Durable writes may be acknowledged, and stores served, before this instant.
+        var validUntil: ContinuousClock.Instant?
+        /// The epoch held last (kept after the lease is lost: what is still uploaded goes there).
+        var lastEpoch: Int64?
+        /// Another holder's lease as last read, its version, and since when this host has seen
+        /// that version unchanged.
+        var seen: (lease: ReplicaLease?, version: String?, since: ContinuousClock.Instant)?
+        /// A write of the lease whose answer did not arrive (it may have landed): its renewal
+        /// count and when it was sent.
+        var pending: (lease: ReplicaLease, started: ContinuousClock.Instant)?
+        /// Why the replica could not be asked, while it could not.
+        var problem: String?
+        /// When the last round ended, and whether it could not reach the lease (an outage, not
+        /// another holder).
+        var lastRound: ContinuousClock.Instant?
+        var lastRoundFailed = false
+        /// Whether a round is under way (a request to a replica that hangs takes its time-out).
+        var inRound = false
+        /// When the last renewal (or acquisition) that succeeded began.
+        var renewedAt: ContinuousClock.Instant?
+        /// When the last read that found the held lease unchanged (or the last renewal) began:
+        /// durable writes are acknowledged only while it is recent (``confirmationWindow``).
+        var confirmedAt: ContinuousClock.Instant?
+        /// The read of the lease durable writes wait for now (shared), and when it began.
+        var confirmation: (started: ContinuousClock.Instant, task: Task<Bool, Never>)?
+        /// How many times a lease was taken and lost since start.
+        var acquisitions = 0
+        var losses = 0
+    }
+
+    package let storage: ReplicaStorage
+    package let identity: ReplicaIdentity
+    /// This host's name (the lease names it).
+    package let host: String
+    package let leaseSeconds: Int
+    /// This process (the lease names it).
+    package let incarnation = UUID().uuidString.lowercased()
+    private let logger: Logger
+    private let state = Mutex(State())
+    /// One round at a time (the keeper's loop, the health check after the replica came back,
+    /// an operator's init or take-over): two would race their own compare-and-swaps.
+    private let rounds = NSLock()
+    /// Told when this host lost the lease it held (closes every store).
+    private let lostHandler = Mutex<(@Sendable () -> Void)?>(nil)
+
+    package init(storage: ReplicaStorage, identity: ReplicaIdentity, host: String, leaseSeconds: Int, logger: Logger) {
+        self.storage = storage
+        self.identity = identity
+        self.host = host
+        self.leaseSeconds = leaseSeconds
+        self.logger = logger
+    }
+
+    /// How long a durable reply may still be sent after a renewal began: the lease's time less
+    /// a margin for the time a reply takes to leave, and the clocks' rates.
+    package var acknowledgeWithin: Duration { .seconds(leaseSeconds) - margin }
+    private var margin: Duration { .milliseconds(max(1000, leaseSeconds * 200)) }
+    /// How often a held lease is renewed (it is read every second in between).
+    package var renewEvery: Duration { .milliseconds(leaseSeconds * 1000 / 3) }
+    /// How recent the last look that found the held lease this host's must be for a durable
+    /// write to be acknowledged: a holder that was paused (or starved) acknowledges nothing after
+    /// it resumes until it has looked again, and one whose lease an operator took over while it
+    /// ran stops acknowledging within about this long.
+    package static let confirmationWindow = Duration.seconds(3)
+
+    /// `handler` runs (on a background task) when this host loses the lease it held.
+    package func onLost(_ handler: @escaping @Sendable () -> Void) { lostHandler.withLock { $0 = handler } }
+
+    // MARK: What the daemon asks
+
+    /// The epoch this host holds, nil while it holds none.
+    package var heldEpoch: Int64? { state.withLock { $0.held?.lease.epoch } }
+
+    /// The epoch replica paths carry: the one held, or after losing it the one held last (what
+    /// is still uploaded then goes where the new holder's restores do not read once it wrote).
+    package var pathEpoch: Int64? { state.withLock { $0.held?.lease.epoch ?? $0.lastEpoch } }
+
+    /// Whether a durable write replicated under `epoch` may be acknowledged now: the lease is
+    /// held at that epoch, its last renewal began less than ``acknowledgeWithin`` ago, and the
+    /// last look that found it unchanged began less than ``confirmationWindow`` ago.
+    package func mayAcknowledge(epoch: Int64?) -> Bool {
+        state.withLock { state in
+            let now = ContinuousClock.now
+            guard let held = state.held, let until = state.validUntil, now < until,
+                  let confirmed = state.confirmedAt, now - confirmed < Self.confirmationWindow else { return false }
+            return epoch == nil || epoch == held.lease.epoch
+        }
+    }
+
+    /// Serves `user` while this host holds the lease — also while the replica cannot be
+    /// reached to renew it (an outage: stores are served as when the bucket is down, durable
+    /// writes fail), as long as the keeper's last round found that outage and it is still
+    /// trying (a round under way, or one ended less than 2 s ago). A host that was paused past
+    /// its lease made no round meanwhile: it serves nothing until a round has found the lease
+    /// still its own.
+    /// The acknowledge rule for a durable write whose commit the replica confirmed at `replicated`
+    /// (``mayAcknowledge(epoch:)``), proven by a read of the lease that began after it: a host
+    /// another took the replica over from — an operator's take-over while it was paused or
+    /// running — finds the new holder's lease and acknowledges nothing, and a take-over after that
+    /// read finds the write in the replica when it restores the user. Concurrent durable writes
+    /// share one read (a GET) begun after the last of their commits was confirmed.
+    package func confirmHeld(epoch: Int64?, after replicated: ContinuousClock.Instant) async -> Bool {
+        let task = state.withLock { state -> Task<Bool, Never> in
+            if let current = state.confirmation, current.started >= replicated { return current.task }
+            let started = ContinuousClock.now
+            let task = Task { (try? await BlockingPool.run { self.look(started: started) }) ?? false }
+            state.confirmation = (started, task)
+            return task
+        }
+        return await task.value && mayAcknowledge(epoch: epoch)
+    }
+
+    /// Reads the lease: true when it is still the one this host holds (a look, begun at
+    /// `started`); a lease another host wrote means it was lost. Blocking.
+    private func look(started: ContinuousClock.Instant) -> Bool {
+        guard let held = state.withLock({ $0.held }) else { return false }
+        let object: ReplicaStorage.StoredObject?
+        do {
+            object = try storage.readObject(ReplicaLease.name)
+        } catch {
+            failed("\(error)")
+            return false
+        }
+        guard let object, object.version == held.version || ReplicaLease(json: object.data)?.incarnation == incarnation else {
+            // Not ours any more — unless a renewal of ours landed meanwhile (the next round adopts it).
+            if let object, ReplicaLease(json: object.data)?.incarnation != incarnation {
+                _ = lost(to: ReplicaLease(json: object.data), version: object.version)
+            }
+            return false
+        }
+        state.withLock { state in
+            if state.held?.version == object.version, state.confirmedAt.map({ $0 < started }) ?? true { state.confirmedAt = started }
+        }
+        return true
+    }
+
+    package func admit(_ user: UserID) throws(StoreError) {
+        let refusal = state.withLock { state -> String? in
+            guard state.held != nil else { return Self.refusal(state, host: host) }
+            let now = ContinuousClock.now
+            if let until = state.validUntil, now < until { return nil }
+            if state.lastRoundFailed, state.inRound || state.lastRound.map({ now - $0 < .seconds(2) }) ?? false { return nil }
+            return Self.refusal(state, host: host)
+        }
+        if let refusal { throw .replicationUnavailable(user: user, message: refusal) }
+    }
+
+    /// Why this host serves no store now, in an operator's words.
+    private static func refusal(_ state: State, host: String) -> String {
+        if state.held != nil {
+            return "host \(host) has not renewed the replica's writer lease in time (\(state.problem ?? "the replica did not answer")); it serves again once it has"
+        }
+        if let lease = state.seen?.lease {
+            return "the replica's writer lease is held by \(lease.summary); host \(host) takes it over once it has seen it unrenewed for \(lease.leaseSeconds) s, or at once with userstorectl replication take-over"
+        }
+        return "host \(host) does not hold the replica's writer lease yet (\(state.problem ?? "taking it"))"
+    }
+
+    /// What `Status` shows of the lease.
+    package struct Snapshot: Sendable {
+        /// `holding`, `standby` (another host holds it) or `unknown` (the replica did not answer).
+        package var state: String
+        package var holder: String?
+        package var epoch: Int64?
+        package var renewedAt: String?
+        package var expiresAt: String?
+        package var problem: String?
+        package var acquisitions: Int
+        package var losses: Int
+    }
+
+    package var snapshot: Snapshot {
+        state.withLock { state in
+            let lease = state.held?.lease ?? state.seen?.lease
+            let phase = state.held != nil ? "holding" : state.seen != nil ? "standby" : "unknown"
+            return Snapshot(state: phase, holder: lease?.holder, epoch: lease?.epoch, renewedAt: lease?.renewedAt,
+                            expiresAt: lease?.expiresAt, problem: state.problem, acquisitions: state.acquisitions, losses: state.losses)
+        }
+    }
+
+    // MARK: Rounds
+
+    /// Keeps the lease until cancelled: a round every second — a read of the lease (a GET),
+    /// and while held a renewal (a conditional PUT) every third of the lease.
+    package func run() async {
+        while !Task.isCancelled {
+            _ = try? await BlockingPool.run { self.round() }
+            try? await Task.sleep(for: .seconds(1))
+        }
+    }
+
+    /// One look at the lease: renews the one held, takes one that may be taken, or records the
+    /// holder seen. Returns whether this host holds it afterwards and the renewal succeeded.
+    /// Blocking.
+    @discardableResult
+    package func round() -> Bool {
+        rounds.lock()
+        defer { rounds.unlock() }
+        state.withLock { $0.inRound = true }
+        let held = step()
+        state.withLock { state in
+            state.inRound = false
+            state.lastRound = .now
+            if held { state.lastRoundFailed = false }
+        }
+        return held
+    }
+
+    private func step() -> Bool {
+        let started = ContinuousClock.now
+        guard identity.verdict.isVerified else {
+            // Not this data directory's replica (or not known to be): a lease written there
+            // would be meaningless, and the one held is not renewed (it runs out).
+            failed(identity.verdict.problem ?? "the replica's marker has not been checked")
+            return false
+        }
+        let current: (lease: ReplicaLease?, version: String?)
+        do {
+            let object = try storage.readObject(ReplicaLease.name)
+            current = (object.flatMap { ReplicaLease(json: $0.data) }, object?.version)
+        } catch {
+            failed("\(error)")
+            return false
+        }
+        let (held, pending) = state.withLock { ($0.held, $0.pending) }
+        // A write whose answer never came may have landed: then it is this host's.
+        if let lease = current.lease, let version = current.version, lease.incarnation == incarnation,
+           let pending, pending.lease == lease, held?.version != version {
+            return acquired(lease, version: version, started: pending.started, previous: held?.lease)
+        }
+        if current.version == nil {
+            // No lease at all: a new replica, or one that vanished since the marker was last
+            // checked (an empty mount point holds no lease either). Read the marker again first.
+            let verdict = identity.check()
+            guard verdict.isVerified else {
+                // The lease held (if any) is kept: once the replica is back, it is renewed.
+                failed(verdict.problem ?? "the replica's marker is gone")
+                return false
+            }
+        }
+        if let held {
+            guard current.version == held.version else { return lost(to: current.lease, version: current.version) }
+            let due = state.withLock { state -> Bool in
+                guard let renewed = state.renewedAt, started - renewed < renewEvery else { return true }
+                state.confirmedAt = started // still this host's: a look, no write
+                return false
+            }
+            guard due else { return true }
+            return write(held.lease.renewed(at: Date()), condition: .matching(held.version), started: started, previous: held.lease)
+        }
+        guard let lease = current.lease, let version = current.version else {
+            if current.version != nil {
+                failed("\(ReplicaLease.name) at the replica's root is not a lease userstored wrote; remove it, or take the replica over")
+                return false
+            }
+            let epoch = ReplicaLease.nextEpoch(after: state.withLock { $0.lastEpoch }, now: Date())
+            return write(newLease(epoch: epoch), condition: .absent, started: started, previous: nil)
+        }
+        if lease.dataDirectory == identity.binding.dataDirectory && lease.holder == host {
+            // This data directory's own lease, from before a restart: the data-directory lock
+            // says no other process of it runs, so nobody else acknowledges under it.
+            var mine = newLease(epoch: lease.epoch)
+            mine.acquiredAt = lease.acquiredAt
+            mine.renewals = lease.renewals + 1
+            return write(mine, condition: .matching(version), started: started, previous: lease)
+        }
+        let (seenSince, changed) = state.withLock { state -> (ContinuousClock.Instant, Bool) in
+            state.problem = nil
+            guard state.seen?.version != version else { return (state.seen!.since, false) }
+            let changed = state.seen?.lease?.epoch != lease.epoch || state.seen?.lease?.holder != lease.holder
+            state.seen = (lease, version, started)
+            return (started, changed)
+        }
+        if changed { logWaiting(lease) }
+        // Given up, gone from this machine, or unrenewed for its whole lease: taken.
+        guard lease.released == true || lease.process?.isGone == true || ContinuousClock.now - seenSince >= .seconds(lease.leaseSeconds) else { return false }
+        return write(newLease(epoch: ReplicaLease.nextEpoch(after: lease.epoch, now: Date())), condition: .matching(version), started: started, previous: lease)
+    }
+
+    /// `userstorectl replication take-over`: takes the lease at once under a new epoch, whoever
+    /// holds it (an operator who knows the old host is gone). Returns the lease now held and the
+    /// one it replaced. Blocking.
+    package func takeOver() throws -> (held: ReplicaLease, previous: ReplicaLease?) {
+        guard identity.verdict.isVerified else {
+            throw TakeOverRefused(description: "the replica is not this data directory's: \(identity.verdict.problem ?? "")")
+        }
+        rounds.lock()
+        defer { rounds.unlock() }
+        if let held = state.withLock({ $0.held }), mayAcknowledge(epoch: nil) { return (held.lease, nil) }
+        let object = try storage.readObject(ReplicaLease.name)
+        let previous = object.flatMap { ReplicaLease(json: $0.data) }
+        let epoch = ReplicaLease.nextEpoch(after: max(previous?.epoch ?? 0, state.withLock { $0.lastEpoch } ?? 0), now: Date())
+        let started = ContinuousClock.now
+        guard write(newLease(epoch: epoch), condition: object.map { .matching($0.version) } ?? .absent, started: started,
+                    previous: previous, reason: "take-over") else {
+            throw TakeOverRefused(description: state.withLock { $0.problem } ?? "the lease changed while it was being taken; retry")
+        }
+        return (state.withLock { $0.held!.lease }, previous)
+    }
+
+    /// Why ``takeOver()`` did not take the lease.
+    package struct TakeOverRefused: Error, CustomStringConvertible {
+        package let description: String
+    }
+
+    /// Gives the lease up (a clean stop, after every store's final sync): another host takes it
+    /// at once. Blocking.
+    package func release() {
+        guard let held = state.withLock({ $0.held }) else { return }
+        do {
+            if try storage.writeObject(ReplicaLease.name, held.lease.renewed(at: Date(), released: true).json, condition: .matching(held.version)) != nil {
+                logger.notice("gave up the replica's writer lease (epoch \(held.lease.epoch))", metadata: [
+                    "event": "replica-lease-released", "epoch": "\(held.lease.epoch)",
+                ])
+            }
+        } catch {
+            logger.warning("could not give up the replica's writer lease: \(error); another host takes it over once it runs out", metadata: [
+                "event": "replica-lease-released", "error": .string("\(error)"),
+            ])
+        }
+        state.withLock { state in
+            state.held = nil
+            state.validUntil = nil
+        }
+    }
+
+    // MARK: Steps
+
+    private func newLease(epoch: Int64) -> ReplicaLease {
+        ReplicaLease(holder: host, dataDirectory: identity.binding.dataDirectory, incarnation: incarnation, epoch: epoch,
+                     leaseSeconds: leaseSeconds, now: Date())
+    }
+
+    /// Writes `lease` by compare-and-swap; on success this host holds it, acknowledging until
+    /// `started` plus ``acknowledgeWithin``.
+    private func write(_ lease: ReplicaLease, condition: S3Client.WriteCondition, started: ContinuousClock.Instant,
+                       previous: ReplicaLease?, reason: String? = nil) -> Bool {
+        state.withLock { $0.pending = (lease, started) }
+        let version: String?
+        do {
+            version = try storage.writeObject(ReplicaLease.name, lease.json, condition: condition)
+        } catch {
+            failed("writing the lease: \(error)")
+            return false
+        }
+        state.withLock { $0.pending = nil }
+        guard let version else {
+            // Another host wrote it first (or a write of this host's landed after all): the next
+            // round reads it and decides.
+            failed("the lease changed while it was being written")
+            return false
+        }
+        return acquired(lease, version: version, started: started, previous: previous, reason: reason)
+    }
+
+    private func acquired(_ lease: ReplicaLease, version: String, started: ContinuousClock.Instant, previous: ReplicaLease?,
+                          reason: String? = nil) -> Bool {
+        let wasHeld = state.withLock { state -> Bool in
+            defer {
+                state.held = (lease, version)
+                state.validUntil = started + acknowledgeWithin
+                state.renewedAt = started
+                state.confirmedAt = started
+                state.lastEpoch = lease.epoch
+                state.seen = nil
+                state.pending = nil
+                state.problem = nil
+            }
+            let wasHeld = state.held?.lease.epoch == lease.epoch && state.held?.lease.incarnation == incarnation
+            if !wasHeld { state.acquisitions += 1 }
+            return wasHeld
+        }
+        if !wasHeld {
+            let how = reason ?? (previous == nil ? "new" : previous!.dataDirectory == lease.dataDirectory && previous!.holder == host ? "restart"
+                                 : previous!.released == true ? "released" : previous!.process?.isGone == true ? "holder-gone" : "expired")
+            logger.notice("holds the replica's writer lease at epoch \(lease.epoch) (\(how)\(previous.map { how == "restart" ? "" : "; it was \($0.summary)" } ?? ""))", metadata: [
+                "event": "replica-lease-held", "epoch": "\(lease.epoch)", "reason": .string(how),
+                "previous_holder": .string(previous?.holder ?? ""),
+            ])
+        }
+        return true
+    }
+
+    /// Another host wrote the lease: this host no longer holds it.
+    private func lost(to other: ReplicaLease?, version: String?) -> Bool {
+        let epoch = state.withLock { state -> Int64? in
+            guard let held = state.held else { return nil }
+            state.held = nil
+            state.validUntil = nil
+            state.losses += 1
+            // The new holder, as seen now: Status and the refusals name it.
+            if let other, let version { state.seen = (other, version, .now) }
+            return held.lease.epoch
+        }
+        guard let epoch else { return false }
+        logger.critical("lost the replica's writer lease (epoch \(epoch)) to \(other?.summary ?? "another host"); serving no store, closing every open one", metadata: [
+            "event": "replica-lease-lost", "epoch": "\(epoch)", "holder": .string(other?.holder ?? ""),
+        ])
+        if let handler = lostHandler.withLock({ $0 }) { Task { handler() } }
+        return false
+    }
+
+    /// The lease could not be read or written (the replica did not answer, or is not this data
+    /// directory's): an outage, during which a held lease's stores are still served.
+    private func failed(_ problem: String) {
+        state.withLock { state in
+            state.problem = problem
+            state.lastRoundFailed = true
+        }
+    }
+
+    private func logWaiting(_ lease: ReplicaLease) {
+        logger.warning("the replica's writer lease is held by \(lease.summary); serving no store until it is given up, runs out (seen unrenewed for \(lease.leaseSeconds) s) or is taken over (userstorectl replication take-over)", metadata: [
+            "event": "replica-lease-waiting", "holder": .string(lease.holder), "epoch": "\(lease.epoch)",
+        ])
+    }
+}

@@ -1,0 +1,111 @@
+import DaemonTestSupport
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import UserStoreConfiguration
+import UserStoreCore
+@testable import UserStoreReplication
+
+/// The writer lease's rules (``LeaseKeeper``) on a real `file://` replica, each host a keeper
+/// with a data directory of its own: who takes it when, at which epoch, and what the holder that
+/// lost it may still do. The daemons' side is in WriterLeaseTests.
+@Suite(.serialized) struct LeaseKeeperTests {
+    /// A replica folder and keepers on it, each with its own data directory.
+    final class Replica {
+        let folder = try! TemporaryDirectory()
+        var storage: ReplicaStorage { try! ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null")) }
+
+        /// A keeper for the data directory `directory` (a new one when nil), its replica's
+        /// marker checked.
+        func keeper(host: String = "host", directory: TemporaryDirectory? = nil, leaseSeconds: Int = 3) throws -> (LeaseKeeper, TemporaryDirectory) {
+            let data = try directory ?? TemporaryDirectory()
+            let identity = try ReplicaIdentity(storage: storage, layout: StoreLayout(dataDirectory: data.path), host: host,
+                                               replicaURL: "file://" + folder.path, logger: Logger(label: "test"))
+            #expect(identity.check().isVerified)
+            return (LeaseKeeper(storage: storage, identity: identity, host: host, leaseSeconds: leaseSeconds, logger: Logger(label: "test")), data)
+        }
+
+        var lease: ReplicaLease? {
+            FileManager.default.contents(atPath: folder.path + "/" + ReplicaLease.name).flatMap { ReplicaLease(json: $0) }
+        }
+    }
+
+    /// The first keeper takes a new lease; a second waits while the first renews, and takes
+    /// the lease — at a higher epoch — only after it has seen it unrenewed for the whole lease;
+    /// the first then finds it lost and may acknowledge nothing.
+    @Test func anotherHostTakesTheLeaseOnlyOnceItWasUnrenewedForTheWholeLease() throws {
+        let replica = Replica()
+        let (a, _) = try replica.keeper(host: "a")
+        let (b, _) = try replica.keeper(host: "b")
+        #expect(a.round() && a.mayAcknowledge(epoch: nil))
+        let epoch = try #require(a.heldEpoch)
+        #expect(!b.round() && b.snapshot.state == "standby" && b.snapshot.holder == "a")
+        #expect(throws: StoreError.self) { try b.admit(UserID("ann")) }
+        // The holder renews (its lease changes every third of it): the other never takes over.
+        let until = ContinuousClock.now + .seconds(4)
+        while ContinuousClock.now < until {
+            _ = a.round()
+            #expect(!b.round())
+            Thread.sleep(forTimeInterval: 0.5)
+        }
+        #expect(a.heldEpoch == epoch && b.heldEpoch == nil)
+        // The holder stops renewing: after the lease's time the other takes it.
+        let stopped = ContinuousClock.now
+        while !b.round() { Thread.sleep(forTimeInterval: 0.2) }
+        #expect(ContinuousClock.now - stopped >= .seconds(2), "taken over too early")
+        let taken = try #require(b.heldEpoch)
+        #expect(taken > epoch && replica.lease?.holder == "b" && replica.lease?.epoch == taken)
+        #expect(!a.mayAcknowledge(epoch: epoch), "a holder past its lease acknowledged")
+        #expect(!a.round() && a.heldEpoch == nil && a.snapshot.losses == 1 && a.snapshot.holder == "b")
+    }
+
+    /// A lease given up (a clean stop) is taken at once; a restarted daemon of the same data
+    /// directory takes its own lease back at once, at the same epoch.
+    @Test func aReleasedLeaseAndOnesOwnAreTakenAtOnce() throws {
+        let replica = Replica()
+        let (a, aData) = try replica.keeper(host: "a")
+        #expect(a.round())
+        let epoch = try #require(a.heldEpoch)
+        let (restarted, _) = try replica.keeper(host: "a", directory: aData)
+        #expect(restarted.round() && restarted.heldEpoch == epoch, "a restart waited, or took a new epoch")
+        #expect(!a.round() && a.heldEpoch == nil, "the old incarnation kept holding the lease")
+        restarted.release()
+        #expect(replica.lease?.released == true)
+        let (b, _) = try replica.keeper(host: "b")
+        #expect(b.round() && (b.heldEpoch ?? 0) > epoch)
+    }
+
+    /// An operator's take-over takes a lease its holder still renews, at once and at a higher
+    /// epoch; the old holder's next look finds it lost, and a durable write it confirms after
+    /// that is refused.
+    @Test func aTakeOverFencesTheHolder() async throws {
+        let replica = Replica()
+        let (a, _) = try replica.keeper(host: "a", leaseSeconds: 60)
+        let (b, _) = try replica.keeper(host: "b", leaseSeconds: 60)
+        #expect(a.round())
+        let epoch = try #require(a.heldEpoch)
+        #expect(!b.round())
+        let (held, previous) = try b.takeOver()
+        #expect(held.epoch > epoch && previous?.holder == "a" && b.mayAcknowledge(epoch: held.epoch))
+        #expect(a.mayAcknowledge(epoch: epoch), "the holder cannot know yet")
+        #expect(await !a.confirmHeld(epoch: epoch, after: .now), "a durable write was confirmed under a lease taken over")
+        #expect(a.heldEpoch == nil && a.snapshot.losses == 1)
+    }
+
+    /// The folder's compare-and-swap under contention: of many writers on the same version,
+    /// exactly one wins.
+    @Test func oneOfManyConcurrentSwapsWins() throws {
+        let replica = Replica()
+        let storage = replica.storage
+        let version = try #require(try storage.writeObject("object", Data("start".utf8), condition: .absent))
+        let winners = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: 16) { index in
+            if (try? storage.writeObject("object", Data("writer \(index)".utf8), condition: .matching(version))) ?? nil != nil {
+                winners.withLock { $0 += 1 }
+            }
+        }
+        #expect(winners.withLock { $0 } == 1)
+        #expect(try storage.writeObject("object", Data("late".utf8), condition: .absent) == nil)
+    }
+}

@@ -1,0 +1,158 @@
+import ClusterTestSupport
+import DaemonTestSupport
+import Foundation
+import Testing
+import Varlink
+
+/// One writer per replica with one host (docs/replication.md, "One writer"): two daemons on one
+/// replica — a second started while the first runs, a first paused (SIGSTOP) past its lease and
+/// resumed after the second took over, an operator's take-over — never both acknowledge, and a
+/// fresh host restores every acknowledged row. On a `file://` folder and on S3 (SeaweedFS).
+@Suite(.serialized) struct WriterLeaseTests {
+    /// Two daemons on one replica (`file` or `s3`), each with its own data directory.
+    final class Pair {
+        let replica: TemporaryDirectory
+        let server: SeaweedFS?
+        let first: DaemonHarness
+        let second: DaemonHarness
+
+        init(_ kind: String, leaseSeconds: Int) throws {
+            replica = try TemporaryDirectory()
+            server = kind == "s3" ? try SeaweedFS() : nil
+            let extra = "  durableTimeoutMilliseconds: 3000\n  leaseSeconds: \(leaseSeconds)\n"
+            if let server {
+                try server.createBucket("lease")
+                let url = server.replicaURL(bucket: "lease", prefix: "users")
+                first = try ReplicationTests.daemon(replicaURL: url, extra: extra)
+                second = try ReplicationTests.daemon(replicaURL: url, extra: extra)
+                first.environment = server.environment
+                second.environment = server.environment
+            } else {
+                first = try ReplicationTests.daemon(replica: replica.path, extra: extra)
+                second = try ReplicationTests.daemon(replica: replica.path, extra: extra)
+            }
+        }
+
+        /// Every daemon SIGKILLed with its Litestream, and a third on an empty disk: `user`'s
+        /// rows, as it restores them.
+        func restoreOnAFreshHost(_ user: String) throws -> [String] {
+            for daemon in [first, second] where daemon.process != nil {
+                if let pid = try? ReplicationTests.litestreamPID(daemon.connect()), pid > 0 { kill(pid, SIGKILL) }
+                kill(daemon.pid, SIGCONT)
+                daemon.stop(signal: SIGKILL)
+            }
+            let fresh = try DaemonHarness(extraConfig: try String(contentsOfFile: first.configPath, encoding: .utf8)
+                .split(separator: "\n").drop { !$0.hasPrefix("replication:") }.joined(separator: "\n"))
+            fresh.environment = first.environment
+            try fresh.start()
+            defer { fresh.stop() }
+            let client = try fresh.connect()
+            #expect(try WriterLeaseTests.waitForLease(client, "holding"))
+            return try WriterLeaseTests.titles(of: user, on: client)
+        }
+    }
+
+    static func titles(of user: String, on client: VarlinkConnection) throws -> [String] {
+        (try client.call("io.userstore.Store.Query", ["user": .string(user), "sql": "SELECT title FROM notes ORDER BY id"])["rows"]?.arrayValue ?? [])
+            .compactMap { $0.arrayValue?.first?.stringValue }
+    }
+
+    /// Waits (Status, at most 60 s) until the daemon's writer lease is in `state`.
+    static func waitForLease(_ client: VarlinkConnection, _ state: String) throws -> Bool {
+        try DurabilityTests.waitForReplication(client) { $0["lease"]?["state"]?.stringValue == state }
+    }
+
+    static func durable(_ title: String, _ client: VarlinkConnection, user: String = "ann") throws {
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(title)')", for: user, on: client, durable: true)
+    }
+
+    static func refused(_ body: () throws -> Any) -> Bool {
+        ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable", body)
+    }
+
+    /// A second host started on a replica the first holds serves nothing and acknowledges no
+    /// durable write; once the first is lost (SIGKILL), it takes the replica over by itself and
+    /// acknowledges again; a fresh host restores every row either acknowledged.
+    @Test(arguments: ["file", "s3"]) func aSecondHostAcknowledgesNothingWhileTheFirstHoldsTheReplica(kind: String) throws {
+        let pair = try Pair(kind, leaseSeconds: 3)
+        try pair.first.start()
+        let first = try pair.first.connect()
+        try Self.durable("first 1", first)
+        try pair.second.start()
+        let second = try pair.second.connect()
+        let lease = try second.call("io.userstore.Admin.Status")["replication"]?["lease"]
+        #expect(lease?["state"] == "standby" && lease?["holder"] != nil, "\(String(describing: lease))")
+        #expect(Self.refused { try Self.durable("second 1", second) }, "the second host acknowledged a durable write")
+        #expect(Self.refused { try second.call("io.userstore.Store.Open", ["user": "bob"]) })
+        try Self.durable("first 2", first)
+
+        let litestream = try ReplicationTests.litestreamPID(first)
+        let killedAt = ContinuousClock.now
+        kill(pair.first.pid, SIGKILL)
+        kill(litestream, SIGKILL)
+        pair.first.waitForExit()
+        #expect(try Self.waitForLease(second, "holding"))
+        let tookOver = ContinuousClock.now - killedAt
+        #expect(tookOver < .seconds(3 + 5), "took \(tookOver) to take the replica over")
+        try Self.durable("second 2", second)
+        #expect(try Self.titles(of: "ann", on: second) == ["first 1", "first 2", "second 2"])
+        #expect(try pair.restoreOnAFreshHost("ann") == ["first 1", "first 2", "second 2"])
+    }
+
+    /// The first host paused (SIGSTOP: a VM migration, a hypervisor stall) past its lease; the
+    /// second takes over once it has seen the lease unrenewed that long and acknowledges; the
+    /// first, resumed, acknowledges nothing — and what its Litestream still uploads goes under the
+    /// old epoch, which no restore reads: a fresh host has the second's row.
+    @Test(arguments: ["file", "s3"]) func aPausedHostResumedAfterATakeOverAcknowledgesNothing(kind: String) throws {
+        let pair = try Pair(kind, leaseSeconds: 3)
+        try pair.first.start()
+        let first = try pair.first.connect()
+        try Self.durable("before pause", first)
+        try pair.second.start()
+        let second = try pair.second.connect()
+        #expect(try Self.waitForLease(second, "standby"))
+
+        kill(pair.first.pid, SIGSTOP)
+        #expect(try Self.waitForLease(second, "holding"))
+        let taken = try second.call("io.userstore.Admin.Status")["replication"]?["lease"]
+        try Self.durable("taken over", second)
+
+        kill(pair.first.pid, SIGCONT)
+        let resumed = try pair.first.connect()
+        for index in 0..<3 {
+            #expect(Self.refused { try Self.durable("resumed \(index)", resumed) }, "the resumed host acknowledged a durable write")
+        }
+        #expect(try Self.waitForLease(resumed, "standby"))
+        #expect(try resumed.call("io.userstore.Admin.Status")["replication"]?["lease"]?["epoch"] == taken?["epoch"])
+        #expect(Self.refused { try resumed.call("io.userstore.Store.Query", ["user": "ann", "sql": "SELECT 1"]) })
+        try Self.durable("after resume", second)
+        let rows = try pair.restoreOnAFreshHost("ann")
+        #expect(rows.starts(with: ["before pause", "taken over"]) && rows.last == "after resume", "\(rows)")
+        #expect(!rows.contains { $0.hasPrefix("resumed") }, "\(rows)")
+    }
+
+    /// `userstorectl replication take-over` takes a lease whose holder is alive but paused at
+    /// once (a lease of 60 s would otherwise make the second host wait); the first host, resumed,
+    /// is fenced.
+    @Test func anOperatorTakesTheReplicaOverAtOnce() throws {
+        let pair = try Pair("file", leaseSeconds: 60)
+        try pair.first.start()
+        let first = try pair.first.connect()
+        try Self.durable("first", first)
+        kill(pair.first.pid, SIGSTOP)
+        try pair.second.start()
+        let second = try pair.second.connect()
+        #expect(try Self.waitForLease(second, "standby"))
+        #expect(Self.refused { try Self.durable("too early", second) })
+
+        let took = try run([userstorectlPath, "--socket", pair.second.socketPath, "replication", "take-over", "--json"])
+        #expect(took.status == 0, "\(took.stdout)\(took.stderr)")
+        let reply = try JSONParser().parse(took.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(reply["previousHolder"] != nil && (reply["epoch"]?.integerValue ?? 0) > (reply["previousEpoch"]?.integerValue ?? .max))
+        try Self.durable("second", second)
+
+        kill(pair.first.pid, SIGCONT)
+        #expect(Self.refused { try Self.durable("resumed", try pair.first.connect()) })
+        #expect(try pair.restoreOnAFreshHost("ann") == ["first", "second"])
+    }
+}
