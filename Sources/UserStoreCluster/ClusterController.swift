@@ -71,7 +71,11 @@ public final class ClusterController: Sendable {
         let live = Set(try await etcd.list(prefix: HostMembership.prefix).map { String($0.key.dropFirst(HostMembership.prefix.count)) })
         guard !live.isEmpty else { return 0 }
         let draining = Set(try await etcd.list(prefix: ClusterKeys.drains).map { String($0.key.dropFirst(ClusterKeys.drains.count)) })
-        let eligible = live.subtracting(draining).isEmpty ? live : live.subtracting(draining)
+        let unfit = Set(try await etcd.list(prefix: ClusterKeys.unfit).map { String($0.key.dropFirst(ClusterKeys.unfit.count)) })
+        // New owners among the live hosts not drained and not unfit (seeing no replica of their
+        // own); with none, among those not drained; with none, among every live host.
+        let candidates = [live.subtracting(draining).subtracting(unfit), live.subtracting(draining), live]
+        let eligible = candidates.first { !$0.isEmpty }!
         var records: [Int: (record: BucketRecord?, revision: Int64)] = [:]
         for item in try await etcd.list(prefix: BucketRecord.prefix) {
             if let bucket = BucketRecord.bucket(ofKey: item.key) { records[bucket] = (BucketRecord(json: item.value), item.modRevision) }

@@ -11,10 +11,15 @@ public enum ClusterKeys {
     /// `/us/v1/drains/<host>`, bound to that host's lease: move every bucket off it and give it
     /// none (`userstorectl cluster drain`); it ends when the host leaves.
     public static let drains = "/us/v1/drains/"
+    /// `/us/v1/unfit/<host>` = why, bound to that host's lease: the host sees no replica of its
+    /// own (its marker is missing or another one); the controller gives it no bucket, and leaves
+    /// it those it owns (its stores keep what the replica may lack until the replica is back).
+    public static let unfit = "/us/v1/unfit/"
 
     public static func move(_ bucket: Int) -> String { moves + "\(bucket)" }
     public static func released(_ bucket: Int) -> String { releases + "\(bucket)" }
     public static func drain(_ host: String) -> String { drains + host }
+    public static func unfit(_ host: String) -> String { unfit + host }
 }
 
 /// A move request's value.

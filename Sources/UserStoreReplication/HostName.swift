@@ -12,11 +12,14 @@ package enum HostName {
 
 /// A process as the writer lease names it, so that a daemon on the same machine can tell that
 /// the holder's process is gone (SIGKILLed, crashed) and take over at once instead of waiting
-/// for the lease to run out: the boot's ID, the pid, and the process's start time (a pid reused
-/// after the holder ended has another start time).
+/// for the lease to run out: the boot's ID, the pid namespace, the pid, and the process's start
+/// time (a pid reused after the holder ended has another start time).
 package struct ProcessIdentity: Codable, Sendable, Equatable {
     /// `/proc/sys/kernel/random/boot_id`: the same only on this machine, until it reboots.
     package var bootID: String
+    /// `/proc/self/ns/pid` (`pid:[4026531836]`): containers on one machine share the boot ID
+    /// but not their pids.
+    package var pidNamespace: String?
     package var pid: Int32
     /// Field 22 of `/proc/<pid>/stat`: clock ticks after boot when the process started.
     package var startTicks: UInt64
@@ -24,15 +27,20 @@ package struct ProcessIdentity: Codable, Sendable, Equatable {
     /// This process.
     package static let current: ProcessIdentity? = {
         guard let boot = bootID, let start = startTicks(of: getpid()) else { return nil }
-        return ProcessIdentity(bootID: boot, pid: getpid(), startTicks: start)
+        return ProcessIdentity(bootID: boot, pidNamespace: pidNamespace, pid: getpid(), startTicks: start)
     }()
 
     /// Whether this process is known to be gone: it ran on this machine since its last boot,
-    /// and no process with its pid and start time exists now. False when that cannot be told
-    /// (another machine, another boot: it may be alive elsewhere).
+    /// in this pid namespace, and no process with its pid and start time exists now. False when
+    /// that cannot be told (another machine, another boot, another container: it may be alive
+    /// there).
     package var isGone: Bool {
-        guard bootID == Self.bootID else { return false }
+        guard bootID == Self.bootID, let namespace = pidNamespace, namespace == Self.pidNamespace else { return false }
         return Self.startTicks(of: pid) != startTicks
+    }
+
+    static var pidNamespace: String? {
+        try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")
     }
 
     static var bootID: String? {

@@ -74,6 +74,8 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     private let rounds = NSLock()
     /// Told when this host lost the lease it held (closes every store).
     private let lostHandler = Mutex<(@Sendable () -> Void)?>(nil)
+    /// Told when this host took the lease (at the epoch given).
+    private let acquiredHandler = Mutex<(@Sendable (Int64) -> Void)?>(nil)
 
     package init(storage: ReplicaStorage, identity: ReplicaIdentity, host: String, leaseSeconds: Int, logger: Logger) {
         self.storage = storage
@@ -98,6 +100,9 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// `handler` runs (on a background task) when this host loses the lease it held.
     package func onLost(_ handler: @escaping @Sendable () -> Void) { lostHandler.withLock { $0 = handler } }
 
+    /// `handler` runs (on a background task) when this host takes the lease, with its epoch.
+    package func onAcquired(_ handler: @escaping @Sendable (Int64) -> Void) { acquiredHandler.withLock { $0 = handler } }
+
     // MARK: What the daemon asks
 
     /// The epoch this host holds, nil while it holds none.
@@ -115,8 +120,14 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             let now = ContinuousClock.now
             guard let held = state.held, let until = state.validUntil, now < until,
                   let confirmed = state.confirmedAt, now - confirmed < Self.confirmationWindow else { return false }
-            return epoch == nil || epoch == held.lease.epoch
+            return epoch == held.lease.epoch
         }
+    }
+
+    /// Whether this host holds the lease and its last renewal is within the lease (what
+    /// `userstore_replication_lease_held` shows).
+    package var isValid: Bool {
+        state.withLock { state in state.held != nil && state.validUntil.map { ContinuousClock.now < $0 } ?? false }
     }
 
     /// Serves `user` while this host holds the lease — also while the replica cannot be
@@ -153,15 +164,15 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             failed("\(error)")
             return false
         }
-        guard let object, object.version == held.version || ReplicaLease(json: object.data)?.incarnation == incarnation else {
-            // Not ours any more — unless a renewal of ours landed meanwhile (the next round adopts it).
-            if let object, ReplicaLease(json: object.data)?.incarnation != incarnation {
-                _ = lost(to: ReplicaLease(json: object.data), version: object.version)
-            }
+        let lease = object.flatMap { ReplicaLease(json: $0.data) }
+        guard let object, isOurs(lease, version: object.version, held: held) else {
+            // Not ours any more — unless a renewal of ours landed meanwhile (the next round adopts
+            // it). Lost only if the lease held is still the one this read was compared with.
+            if lease?.incarnation != incarnation { _ = lost(to: lease, version: object?.version, held: held.version) }
             return false
         }
         state.withLock { state in
-            if state.held?.version == object.version, state.confirmedAt.map({ $0 < started }) ?? true { state.confirmedAt = started }
+            if state.held?.lease.epoch == held.lease.epoch, state.confirmedAt.map({ $0 < started }) ?? true { state.confirmedAt = started }
         }
         return true
     }
@@ -212,6 +223,27 @@ package final class LeaseKeeper: StorePlacement, Sendable {
 
     // MARK: Rounds
 
+    /// Whether the replica was seen to refuse failed conditional writes (probed once, before
+    /// the first lease this process writes).
+    private let conditionsChecked = Mutex(false)
+
+    /// Checks once that the replica refuses a write whose condition fails; false (with the
+    /// problem recorded) when it does not, or could not be asked.
+    private func conditionalWritesWork() -> Bool {
+        if conditionsChecked.withLock({ $0 }) { return true }
+        do {
+            guard try storage.refusesFailedConditions() else {
+                failed("ReplicaNoConditionalWrites: the S3 server ignores If-Match and If-None-Match on PUT; the writer lease needs them (AWS S3, SeaweedFS and moto honour them), so this host takes no lease and serves no store")
+                return false
+            }
+        } catch {
+            failed("checking that the replica refuses failed conditional writes: \(error)")
+            return false
+        }
+        conditionsChecked.withLock { $0 = true }
+        return true
+    }
+
     /// Keeps the lease until cancelled: a round every second — a read of the lease (a GET),
     /// and while held a renewal (a conditional PUT) every third of the lease.
     package func run() async {
@@ -254,6 +286,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             failed("\(error)")
             return false
         }
+        guard conditionalWritesWork() else { return false }
         let (held, pending) = state.withLock { ($0.held, $0.pending) }
         // A write whose answer never came may have landed: then it is this host's.
         if let lease = current.lease, let version = current.version, lease.incarnation == incarnation,
@@ -271,30 +304,24 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             }
         }
         if let held {
-            guard current.version == held.version else { return lost(to: current.lease, version: current.version) }
+            guard let version = current.version, isOurs(current.lease, version: version, held: held) else {
+                return lost(to: current.lease, version: current.version, held: held.version)
+            }
             let due = state.withLock { state -> Bool in
+                state.held?.version = version // the same bytes, as this read names them
                 guard let renewed = state.renewedAt, started - renewed < renewEvery else { return true }
                 state.confirmedAt = started // still this host's: a look, no write
                 return false
             }
             guard due else { return true }
-            return write(held.lease.renewed(at: Date()), condition: .matching(held.version), started: started, previous: held.lease)
+            return write(held.lease.renewed(at: Date()), condition: .matching(version), started: started, previous: held.lease)
         }
         guard let lease = current.lease, let version = current.version else {
             if current.version != nil {
                 failed("\(ReplicaLease.name) at the replica's root is not a lease userstored wrote; remove it, or take the replica over")
                 return false
             }
-            let epoch = ReplicaLease.nextEpoch(after: state.withLock { $0.lastEpoch }, now: Date())
-            return write(newLease(epoch: epoch), condition: .absent, started: started, previous: nil)
-        }
-        if lease.dataDirectory == identity.binding.dataDirectory && lease.holder == host {
-            // This data directory's own lease, from before a restart: the data-directory lock
-            // says no other process of it runs, so nobody else acknowledges under it.
-            var mine = newLease(epoch: lease.epoch)
-            mine.acquiredAt = lease.acquiredAt
-            mine.renewals = lease.renewals + 1
-            return write(mine, condition: .matching(version), started: started, previous: lease)
+            return write(newLease(epoch: nextEpoch(after: nil)), condition: .absent, started: started, previous: nil)
         }
         let (seenSince, changed) = state.withLock { state -> (ContinuousClock.Instant, Bool) in
             state.problem = nil
@@ -303,10 +330,37 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             state.seen = (lease, version, started)
             return (started, changed)
         }
+        // Given up, or its process gone from this machine: taken at once — at the same epoch when
+        // it was this data directory's own (a restart: nobody else wrote under it since), else at
+        // a new one. Otherwise taken only once it was seen unrenewed for its whole lease, and at a
+        // new epoch even by the same data directory (a cloned machine, a copied directory).
+        let gone = lease.released == true || lease.process?.isGone == true
+        if gone {
+            let mine = lease.dataDirectory == identity.binding.dataDirectory && lease.holder == host
+            var taken = newLease(epoch: mine ? lease.epoch : nextEpoch(after: lease.epoch))
+            if mine {
+                taken.acquiredAt = lease.acquiredAt
+                taken.renewals = lease.renewals + 1
+            }
+            return write(taken, condition: .matching(version), started: started, previous: lease)
+        }
         if changed { logWaiting(lease) }
-        // Given up, gone from this machine, or unrenewed for its whole lease: taken.
-        guard lease.released == true || lease.process?.isGone == true || ContinuousClock.now - seenSince >= .seconds(lease.leaseSeconds) else { return false }
-        return write(newLease(epoch: ReplicaLease.nextEpoch(after: lease.epoch, now: Date())), condition: .matching(version), started: started, previous: lease)
+        guard ContinuousClock.now - seenSince >= .seconds(lease.leaseSeconds) else { return false }
+        return write(newLease(epoch: nextEpoch(after: lease.epoch)), condition: .matching(version), started: started, previous: lease)
+    }
+
+    /// Whether `lease`, read with `version`, is the one this host holds: the version it wrote, or
+    /// the same bytes under another form of entity tag (a server whose GET and PUT name them
+    /// differently).
+    private func isOurs(_ lease: ReplicaLease?, version: String, held: (lease: ReplicaLease, version: String)) -> Bool {
+        version == held.version || (lease?.incarnation == incarnation && lease == held.lease)
+    }
+
+    /// A new epoch above `previous`, above every epoch this data directory held, and at least the
+    /// Unix time now.
+    private func nextEpoch(after previous: Int64?) -> Int64 {
+        let floor = max(previous ?? 0, state.withLock { $0.lastEpoch } ?? 0, identity.binding.lastEpoch ?? 0)
+        return ReplicaLease.nextEpoch(after: floor, now: Date())
     }
 
     /// `userstorectl replication take-over`: takes the lease at once under a new epoch, whoever
@@ -318,13 +372,17 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         }
         rounds.lock()
         defer { rounds.unlock() }
-        if let held = state.withLock({ $0.held }), mayAcknowledge(epoch: nil) { return (held.lease, nil) }
+        if let held = state.withLock({ $0.held }), isValid { return (held.lease, nil) }
         let object = try storage.readObject(ReplicaLease.name)
         let previous = object.flatMap { ReplicaLease(json: $0.data) }
-        let epoch = ReplicaLease.nextEpoch(after: max(previous?.epoch ?? 0, state.withLock { $0.lastEpoch } ?? 0), now: Date())
         let started = ContinuousClock.now
-        guard write(newLease(epoch: epoch), condition: object.map { .matching($0.version) } ?? .absent, started: started,
-                    previous: previous, reason: "take-over") else {
+        // Still this process's own lease (it could not renew it in time): renewed at its epoch,
+        // so that the stores open under it stay valid.
+        let own = previous?.incarnation == incarnation
+        var lease = newLease(epoch: own ? previous!.epoch : nextEpoch(after: previous?.epoch))
+        if own { lease.acquiredAt = previous!.acquiredAt; lease.renewals = previous!.renewals + 1 }
+        guard write(lease, condition: object.map { .matching($0.version) } ?? .absent, started: started,
+                    previous: previous, reason: own ? "renewed" : "take-over") else {
             throw TakeOverRefused(description: state.withLock { $0.problem } ?? "the lease changed while it was being taken; retry")
         }
         return (state.withLock { $0.held!.lease }, previous)
@@ -403,7 +461,14 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             return wasHeld
         }
         if !wasHeld {
-            let how = reason ?? (previous == nil ? "new" : previous!.dataDirectory == lease.dataDirectory && previous!.holder == host ? "restart"
+            do {
+                try identity.recordEpoch(lease.epoch)
+            } catch {
+                logger.warning("could not record the writer lease's epoch \(lease.epoch) in the data directory: \(error)", metadata: ["event": "replica-lease-held"])
+            }
+            if let handler = acquiredHandler.withLock({ $0 }) { Task { handler(lease.epoch) } }
+            let restart = previous.map { $0.dataDirectory == lease.dataDirectory && $0.holder == host && $0.epoch == lease.epoch } ?? false
+            let how = reason ?? (previous == nil ? "new" : restart ? "restart"
                                  : previous!.released == true ? "released" : previous!.process?.isGone == true ? "holder-gone" : "expired")
             logger.notice("holds the replica's writer lease at epoch \(lease.epoch) (\(how)\(previous.map { how == "restart" ? "" : "; it was \($0.summary)" } ?? ""))", metadata: [
                 "event": "replica-lease-held", "epoch": "\(lease.epoch)", "reason": .string(how),
@@ -414,9 +479,9 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     }
 
     /// Another host wrote the lease: this host no longer holds it.
-    private func lost(to other: ReplicaLease?, version: String?) -> Bool {
+    private func lost(to other: ReplicaLease?, version: String?, held expected: String) -> Bool {
         let epoch = state.withLock { state -> Int64? in
-            guard let held = state.held else { return nil }
+            guard let held = state.held, held.version == expected else { return nil }
             state.held = nil
             state.validUntil = nil
             state.losses += 1

@@ -8,16 +8,18 @@ extension LitestreamReplicator {
     package func loadReplicaIndex() async {
         guard fencing == nil else { return }
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            // Only a listing of this data directory's replica: an empty mount point or an emptied
-            // prefix listed as "nobody" would make every returning user a new one.
-            if let identity, !identity.verdict.isVerified {
+            // Only a listing of this data directory's replica (an empty mount point or an emptied
+            // prefix listed as "nobody" would make every returning user a new one), taken while
+            // this host holds the writer lease: nobody else writes under it from then on.
+            if let identity, !identity.verdict.isVerified || lease.map({ $0.heldEpoch == nil }) ?? false {
                 try? await Task.sleep(for: .seconds(1))
                 continue
             }
             do {
                 let started = ContinuousClock.now
+                let generation = replicaIndex.beginListing()
                 guard let users = try await storage.listUsers() else { return }
-                replicaIndex.loaded(users)
+                guard replicaIndex.loaded(users, generation: generation) else { return } // a newer listing runs
                 logger.info("replica index: \(users.count) users in the bucket, listed in \(ContinuousClock.now - started)")
                 return
             } catch {
@@ -48,6 +50,13 @@ extension LitestreamReplicator {
         // The writer lease at once (a replica without one gets its first): usable on return.
         if let lease { _ = try? await BlockingPool.run { lease.round() } }
         return marker
+    }
+
+    /// This host took the writer lease at `epoch`: the index of the bucket is listed again
+    /// (another host may have written under the replica since it was listed).
+    package func leaseAcquired(_ epoch: Int64) {
+        replicaIndex.reset()
+        Task { await self.loadReplicaIndex() }
     }
 
     /// Takes the writer lease at once under a new epoch (``LeaseKeeper/takeOver()``). Returns it

@@ -38,6 +38,11 @@ extension LitestreamReplicator {
         // One host: acknowledged only inside the writer lease, at the epoch the store replicates
         // under, confirmed by a read of the lease after the replica had the commit (a host paused
         // past its lease, or fenced by a take-over, acknowledges nothing).
+        // More than one host: the marker read again after the sync (what Litestream confirmed may
+        // have gone into an empty mount point since the last check); the cluster's own rule follows.
+        if lease == nil, let identity {
+            try await BlockingPool.run { try identity.confirmPresent(for: user) }
+        }
         if let lease, await !lease.confirmHeld(epoch: registeredEpoch(of: user), after: .now) {
             throw StoreError.replicationUnavailable(user: user, message: "committed here and in the replica under epoch \(registeredEpoch(of: user).map(String.init) ?? "none"), but this host does not hold the replica's writer lease now (\(lease.snapshot.holder.map { "held by \($0), epoch \(lease.snapshot.epoch ?? 0)" } ?? "not renewed in time")): the write may be lost")
         }

@@ -109,6 +109,7 @@ package final class LitestreamReplicator: StoreReplication {
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the replica: \(error)")
         }
+        try locations.requireNotAboveLease(newest, user)
         guard let newest else { return nil }
         return newest > local ? newest : nil
     }

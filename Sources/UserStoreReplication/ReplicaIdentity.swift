@@ -62,6 +62,9 @@ package final class ReplicaIdentity: Sendable {
     package let replicaURL: String
     private let logger: Logger
     private let state: Mutex<State>
+    /// One look at a time: two could store an older verdict over a newer one, or race their
+    /// marker writes.
+    private let looks = NSLock()
 
     /// The objects the daemon keeps at a replica's root (left out of "what the replica holds").
     package static let ownObjects: Set<String> = [ReplicaMarker.name, ReplicaLease.name]
@@ -87,6 +90,8 @@ package final class ReplicaIdentity: Sendable {
     /// allow. Logs every change of verdict. Blocking: one or two requests to the replica.
     @discardableResult
     package func check() -> Verdict {
+        looks.lock()
+        defer { looks.unlock() }
         let verdict = judge()
         let previous = state.withLock { state -> Verdict in
             defer { state.verdict = verdict }
@@ -114,6 +119,32 @@ package final class ReplicaIdentity: Sendable {
         }
     }
 
+    /// Reads the marker now and throws `ReplicationUnavailable` for `user` unless it is this
+    /// directory's replica: asked, with more than one host, before a durable write is
+    /// acknowledged (what Litestream confirmed may have gone into an empty mount point since the
+    /// last check; with one host the writer lease's read does that). Blocking.
+    package func confirmPresent(for user: UserID) throws {
+        // One read of the marker, not a whole check (durable writes run this concurrently); a
+        // marker that is not the one bound is judged by a check, which logs it.
+        let bound = binding.replica
+        let found = try? storage.readObject(ReplicaMarker.name).flatMap { ReplicaMarker(json: $0.data) }
+        if let bound, found?.id == bound { return }
+        let verdict = check()
+        guard verdict.isVerified else {
+            throw StoreError.replicationUnavailable(user: user, message: "committed here, but the replica is not known to be this data directory's now (\(verdict.problem ?? "")): the write may be lost")
+        }
+    }
+
+    /// Records that this data directory took the writer lease at `epoch` (durably): a later
+    /// epoch is always above it.
+    package func recordEpoch(_ epoch: Int64) throws {
+        var binding = self.binding
+        guard binding.lastEpoch.map({ $0 < epoch }) ?? true else { return }
+        binding.lastEpoch = epoch
+        try binding.save(layout)
+        state.withLock { $0.binding = binding }
+    }
+
     /// Throws `ReplicationUnavailable` for `user` while the replica is missing or another one.
     package func require(for user: UserID) throws(StoreError) {
         let verdict = self.verdict
@@ -127,15 +158,21 @@ package final class ReplicaIdentity: Sendable {
     /// this directory to it; refuses a replica that already has one unless it is this
     /// directory's. Returns the marker. Blocking.
     package func initialize() throws -> ReplicaMarker {
+        looks.lock()
+        defer { looks.unlock() }
+        return try initializeLocked()
+    }
+
+    private func initializeLocked() throws -> ReplicaMarker {
         let found = try storage.readObject(ReplicaMarker.name).flatMap { ReplicaMarker(json: $0.data) }
         if let found {
             guard found.id == binding.replica else {
                 throw InitRefused(description: "the replica \(replicaURL) already has a marker: \(found.summary); init marks only a replica without one (point replication.replica at another prefix or folder, or remove \(layout.replicaBindingPath) to bind this data directory to that replica)")
             }
-            _ = check()
+            state.withLock { $0.verdict = .verified(found) }
             return found
         }
-        let marker = ReplicaMarker(createdBy: host, adopted: false)
+        let marker = ReplicaMarker(createdBy: host, dataDirectory: binding.dataDirectory, adopted: false)
         guard try storage.writeObject(ReplicaMarker.name, marker.json, condition: .absent) != nil else {
             throw InitRefused(description: "another host wrote the replica's marker meanwhile; look at it with userstorectl replication and retry")
         }
@@ -143,7 +180,7 @@ package final class ReplicaIdentity: Sendable {
         logger.notice("replica \(replicaURL) initialised by the operator: \(marker.summary)", metadata: [
             "event": "replica-created", "replica": .string(replicaURL), "replica_id": .string(marker.id), "reason": "operator",
         ])
-        _ = check()
+        state.withLock { $0.verdict = .verified(marker) }
         return marker
     }
 
@@ -176,6 +213,11 @@ package final class ReplicaIdentity: Sendable {
                 ])
                 return .verified(marker)
             }
+            if bound != marker.id, marker.dataDirectory == binding.dataDirectory {
+                // This data directory wrote that marker and stopped before recording its ID.
+                do { try bind(marker) } catch { return .unknown("recording the replica's ID in \(layout.replicaBindingPath): \(error)") }
+                return .verified(marker)
+            }
             guard bound == marker.id else {
                 return .mismatch("\(replicaURL) is \(marker.summary), but this data directory replicates to replica \(bound) (replication.replica points at another replica; if this data directory is meant to move there, remove \(layout.replicaBindingPath))")
             }
@@ -195,7 +237,7 @@ package final class ReplicaIdentity: Sendable {
         }
         // An empty data directory meeting an empty replica starts a new one; a replica with
         // contents and no marker was made before markers existed and is adopted.
-        let marker = ReplicaMarker(createdBy: host, adopted: contents)
+        let marker = ReplicaMarker(createdBy: host, dataDirectory: binding.dataDirectory, adopted: contents)
         do {
             guard try storage.writeObject(ReplicaMarker.name, marker.json, condition: .absent) != nil else {
                 return judge() // another host wrote one meanwhile: judge that one

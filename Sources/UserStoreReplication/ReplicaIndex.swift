@@ -14,6 +14,8 @@ package final class ReplicaIndex: Sendable {
         var users: Set<String> = []
         /// Erased since the listing began (a listing still running may have seen them).
         var erased: Set<String> = []
+        /// Which listing counts: one begun before a ``reset()`` does not.
+        var generation = 0
     }
 
     private let state = Mutex(State())
@@ -42,19 +44,29 @@ package final class ReplicaIndex: Sendable {
         }
     }
 
-    /// Forgets the listing (the replica was initialised anew): until it is listed again, every
-    /// new user asks the replica.
+    /// Forgets the listing — the replica was initialised anew, or this host took the writer lease
+    /// over from another that may have written meanwhile: until it is listed again, every new
+    /// user asks the replica, and a listing begun before now does not count.
     package func reset() {
-        state.withLock { $0 = State() }
+        state.withLock { state in
+            state = State(generation: state.generation + 1)
+        }
     }
 
-    /// The listing is in: `listed` holds every user it found. Users registered while it ran are
-    /// kept; users erased while it ran are not taken from it.
-    package func loaded(_ listed: Set<String>) {
+    /// A listing begins: pass what this returns to ``loaded(_:generation:)``.
+    package func beginListing() -> Int { state.withLock { $0.generation } }
+
+    /// The listing begun at `generation` is in: `listed` holds every user it found. Users
+    /// registered while it ran are kept; users erased while it ran are not taken from it. A
+    /// listing begun before a ``reset()`` is dropped (returns false).
+    @discardableResult
+    package func loaded(_ listed: Set<String>, generation: Int) -> Bool {
         state.withLock { state in
+            guard state.generation == generation else { return false }
             state.users.formUnion(listed.subtracting(state.erased))
             state.erased = []
             state.loaded = true
+            return true
         }
     }
 }

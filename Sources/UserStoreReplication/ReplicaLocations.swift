@@ -65,7 +65,9 @@ package struct ReplicaLocations: Sendable {
         if fencing == nil && lease == nil {
             found = try storage.holdsAnything(userFolderSuffix(user)) != false ? replicaURL(for: user) : nil
         } else {
-            found = try newestEpochWithData(user).map { url(of: user, epoch: $0) }
+            let epoch = try newestEpochWithData(user)
+            try requireNotAboveLease(epoch, user)
+            found = epoch.map { url(of: user, epoch: $0) }
         }
         if let found {
             if fencing == nil { replicaIndex.insert(user.rawValue) }
@@ -76,6 +78,23 @@ package struct ReplicaLocations: Sendable {
         }
         try identity?.confirm(before: user)
         return nil
+    }
+
+    /// Every epoch folder of `user` that holds data, as restore URLs, newest first (a restore
+    /// to a point in time tries each); nil without epochs (one host without a lease, `sftp://`).
+    /// Throws when the replica cannot be asked. Blocking.
+    package func restoreURLsAtAnyEpoch(for user: UserID) throws -> [String]? {
+        guard storage.canList, fencing != nil || lease != nil else { return nil }
+        return try storage.epochsWithData(userFolderSuffix(user), unfenced: fencing == nil).map { url(of: user, epoch: $0) }
+    }
+
+    /// With one host: throws when `user`'s copy in the replica is under a newer epoch than the
+    /// writer lease this host holds — its lease epoch is behind (a clock stepped back while the
+    /// lease object was lost): restoring that copy and writing under a lower epoch would hide
+    /// every write from the next restore.
+    package func requireNotAboveLease(_ epoch: Int64?, _ user: UserID) throws {
+        guard fencing == nil, let epoch, let held = lease?.pathEpoch, epoch > held else { return }
+        throw StoreError.replicationUnavailable(user: user, message: "the replica holds the user under epoch \(epoch), above this host's writer-lease epoch \(held); the writer lease's epoch is behind the replica's (a clock set back?): with the clock right, stop the daemon, remove userstore-lease.json from the replica's root and start it again")
     }
 
     /// The newest epoch folder of `user` in the replica that holds data: with one host, 0 for

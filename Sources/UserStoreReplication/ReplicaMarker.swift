@@ -21,12 +21,16 @@ package struct ReplicaMarker: Codable, Sendable, Equatable {
     package var createdBy: String
     /// True when it was written over a replica made before markers existed.
     package var adopted: Bool?
+    /// The data directory that wrote it (``ReplicaBinding/dataDirectory``): one that crashed
+    /// between writing the marker and recording its ID binds to it on its next start.
+    package var dataDirectory: String?
 
-    package init(createdBy host: String, adopted: Bool) {
+    package init(createdBy host: String, dataDirectory: String, adopted: Bool) {
         id = UUID().uuidString.lowercased()
         layout = Self.currentLayout
         createdAt = RFC3339.format(Date())
         createdBy = host
+        self.dataDirectory = dataDirectory
         self.adopted = adopted ? true : nil
     }
 
@@ -58,6 +62,9 @@ package struct ReplicaBinding: Codable, Sendable, Equatable {
     package var replica: String?
     /// The replica's URL when it was bound (for an operator reading the file).
     package var replicaURL: String?
+    /// The highest writer-lease epoch this data directory held: a new one is always above it,
+    /// whatever the clock says and even if the lease object were lost.
+    package var lastEpoch: Int64?
 
     /// The file cannot be read or is not what userstored wrote.
     package struct Problem: Error, CustomStringConvertible {

@@ -11,7 +11,7 @@ package struct ReplicaRestorer: Sendable {
 
     package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         let started = ContinuousClock.now
-        let source: String
+        var source: String
         do {
             // A new user costs one listing, not a `litestream restore` process (issue #38):
             // Litestream is asked only when the replica holds something of the user.
@@ -22,18 +22,31 @@ package struct ReplicaRestorer: Sendable {
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for the user in the replica: \(error)")
         }
-        var arguments: [String] = []
+        var staged: String?
         if let timestamp {
-            arguments = ["-timestamp", RFC3339.format(timestamp)]
+            // A point in time may lie in an older epoch than the newest (before a take-over or a
+            // bucket move, or in the layout before the writer lease): newest first.
+            let candidates: [String]
+            do {
+                candidates = try locations.restoreURLsAtAnyEpoch(for: user) ?? [source]
+            } catch {
+                throw StoreError.replicationUnavailable(user: user, message: "listing the user's epochs in the replica: \(error)")
+            }
+            for candidate in candidates where staged == nil {
+                staged = try restoreCopy(user, from: candidate, arguments: ["-timestamp", RFC3339.format(timestamp)], beside: path)
+                if staged != nil { source = candidate }
+            }
+            // Nothing at that time is an answer.
+            guard staged != nil else { return nil }
         } else {
-            arguments = ["-if-replica-exists"]
+            staged = try restoreCopy(user, from: source, arguments: ["-if-replica-exists"], beside: path)
+            // Nothing at all, where files of the user were just found, is not an answer: "found
+            // nothing" never makes a returning user a new one.
+            guard staged != nil else {
+                throw StoreError.replicationUnavailable(user: user, message: "the replica holds files of the user at \(source), but litestream restore found no copy there; nothing was created")
+            }
         }
-        guard let staged = try restoreCopy(user, from: source, arguments: arguments, beside: path) else {
-            // Nothing at that time is an answer; nothing at all, where files of the user were just
-            // found, is not: "found nothing" never makes a returning user a new one.
-            if timestamp != nil { return nil }
-            throw StoreError.replicationUnavailable(user: user, message: "the replica holds files of the user at \(source), but litestream restore found no copy there; nothing was created")
-        }
+        guard let staged else { return nil }
         // On the staged copy, before it is put in place: a restored store never serves from
         // positions its watchers may already have been sent (ChangeLog).
         do throws(ChangeLogError) {

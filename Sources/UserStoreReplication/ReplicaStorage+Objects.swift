@@ -73,6 +73,35 @@ extension ReplicaStorage {
         }
     }
 
+    /// Removes the object `name` at the replica's root (nothing happens when there is none). Blocking.
+    package func deleteObject(_ name: String) throws {
+        switch kind {
+        case .folder(let root):
+            if unlink(root + "/" + name) != 0 && errno != ENOENT {
+                throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot remove \(root)/\(name): \(String(cString: strerror(errno)))")
+            }
+        case .bucket(let client, let bucket, let prefix):
+            let key = Self.key(prefix, "/" + name)
+            try Self.blocking { try await client.deleteObject(bucket: bucket, key: key) }
+        case .elsewhere:
+            break
+        }
+    }
+
+    /// Whether the replica refuses a conditional write whose condition does not hold — what the
+    /// marker and the writer lease stand on. An S3 server that ignores `If-Match` and
+    /// `If-None-Match` on PUT would let two hosts both take the lease. Three requests on a
+    /// scratch object, removed after. Blocking; throws when the replica does not answer.
+    package func refusesFailedConditions() throws -> Bool {
+        guard case .bucket = kind else { return true } // a folder: the daemon's own flock
+        let name = ".userstore-probe-\(UUID().uuidString.lowercased())"
+        guard try writeObject(name, Data("probe".utf8), condition: .none) != nil else { return false }
+        defer { try? deleteObject(name) }
+        let mismatch = try writeObject(name, Data("mismatch".utf8), condition: .matching("\"00000000000000000000000000000000\""))
+        let taken = try writeObject(name, Data("taken".utf8), condition: .absent)
+        return mismatch == nil && taken == nil
+    }
+
     /// Whether the replica holds anything besides the objects named in `ours` (and a folder's
     /// lock file): nil where the daemon cannot look (`sftp://`). One listing. Blocking.
     package func holdsAnything(besides ours: Set<String>) throws -> Bool? {
@@ -84,7 +113,10 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let root = prefix.isEmpty ? "" : prefix + "/"
             let keys = try Self.blocking { try await client.firstKeys(bucket: bucket, prefix: root, count: ours.count + 1) }
-            return keys.contains { !ours.contains(String($0.dropFirst(root.count))) }
+            return keys.contains { key in
+                let name = String(key.dropFirst(root.count))
+                return !ours.contains(name) && !name.hasPrefix(".userstore-")
+            }
         case .elsewhere:
             return nil
         }

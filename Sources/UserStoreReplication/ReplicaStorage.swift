@@ -151,37 +151,63 @@ package struct ReplicaStorage: Sendable {
     /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
     /// with `unfenced` (one host), 0 when none does but the folder itself holds Litestream's
     /// files (the layout from before the writer lease); nil when nothing does. Throws when the
-    /// replica does not answer. Blocking.
+    /// replica does not answer or a folder cannot be read. Blocking.
     package func newestEpochWithData(_ suffix: String, unfenced: Bool = false) throws -> Int64? {
+        try epochsWithData(suffix, unfenced: unfenced, all: false).first
+    }
+
+    /// Every epoch under the user folder `suffix` that holds LTX files, newest first (0 for the
+    /// old layout with `unfenced`); only the newest unless `all`. Blocking.
+    package func epochsWithData(_ suffix: String, unfenced: Bool, all: Bool = true) throws -> [Int64] {
+        let names: [String]
+        let holdsLTX: (String) throws -> Bool
         switch kind {
         case .folder(let root):
+            guard try Self.folderExists(root) else { return [] }
             let folder = root + suffix
-            guard try Self.folderExists(root) else { return nil }
-            let names = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
-            let epochs = names.compactMap(Self.epoch(ofFolder:)).sorted(by: >)
-            let holdsLTX = { (path: String) in !(FileManager.default.subpaths(atPath: path) ?? []).filter { $0.hasSuffix(".ltx") }.isEmpty }
-            if let epoch = epochs.first(where: { holdsLTX("\(folder)/e\($0)") }) { return epoch }
-            // Litestream's own folders directly under the user's (`ltx/0/…`): the old layout.
-            let legacy = names.filter { Self.epoch(ofFolder: $0) == nil }
-            return unfenced && legacy.contains(where: { holdsLTX(folder + "/" + $0) }) ? 0 : nil
+            // A folder that cannot be read is an error, never "nothing there".
+            names = try Self.entries(of: folder) ?? []
+            holdsLTX = { name in try Self.holdsLTX(folder + "/" + name) }
         case .bucket(let client, let bucket, let prefix):
             let folder = Self.key(prefix, suffix) + "/"
             let listed = try Self.blocking { try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }
-            let names = listed.map { String($0.dropFirst(folder.count).dropLast()) } // "e12/" → "e12"
-            let epochs = names.compactMap(Self.epoch(ofFolder:)).sorted(by: >)
-            let holdsLTX = { (path: String) throws -> Bool in
-                try Self.blocking { try await client.list(bucket: bucket, prefix: path, pageSize: 1000).keys }.contains { $0.hasSuffix(".ltx") }
+            names = listed.map { String($0.dropFirst(folder.count).dropLast()) } // "e12/" → "e12"
+            // One page of keys: Litestream's level folders hold nothing but LTX files.
+            holdsLTX = { name in
+                try Self.blocking { try await client.firstKeys(bucket: bucket, prefix: folder + name + "/", count: 100) }.contains { $0.hasSuffix(".ltx") }
             }
-            for epoch in epochs where try holdsLTX(folder + "e\(epoch)/") { return epoch }
-            // Litestream's own folders directly under the user's (`0000/…` in a bucket): the old layout.
-            guard unfenced else { return nil }
-            for name in names where Self.epoch(ofFolder: name) == nil {
-                if try holdsLTX(folder + name + "/") { return 0 }
-            }
-            return nil
         case .elsewhere:
+            return []
+        }
+        var found: [Int64] = []
+        for epoch in names.compactMap(Self.epoch(ofFolder:)).sorted(by: >) where try holdsLTX("e\(epoch)") {
+            found.append(epoch)
+            if !all { return found }
+        }
+        // Litestream's own folders directly under the user's (`ltx/0/…` in a folder, `0000/…` in
+        // a bucket): the layout from before the writer lease.
+        if unfenced, try names.contains(where: { try Self.epoch(ofFolder: $0) == nil && holdsLTX($0) }) { found.append(0) }
+        return found
+    }
+
+    /// The names in `folder`; nil when it does not exist; throws when it cannot be read.
+    static func entries(of folder: String) throws -> [String]? {
+        do {
+            return try FileManager.default.contentsOfDirectory(atPath: folder)
+        } catch let error as CocoaError where error.code == .fileReadNoSuchFile {
             return nil
         }
+    }
+
+    /// Whether any `.ltx` file is under `folder` (a walk that throws when a folder cannot be read).
+    static func holdsLTX(_ folder: String) throws -> Bool {
+        guard let names = try entries(of: folder) else { return false }
+        for name in names {
+            if name.hasSuffix(".ltx") { return true }
+            var status = stat()
+            if lstat(folder + "/" + name, &status) == 0, status.st_mode & S_IFMT == S_IFDIR, try holdsLTX(folder + "/" + name) { return true }
+        }
+        return false
     }
 
     /// `N` for an epoch folder's name `eN`.

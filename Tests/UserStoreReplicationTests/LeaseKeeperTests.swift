@@ -38,8 +38,9 @@ import UserStoreCore
         let replica = Replica()
         let (a, _) = try replica.keeper(host: "a")
         let (b, _) = try replica.keeper(host: "b")
-        #expect(a.round() && a.mayAcknowledge(epoch: nil))
+        #expect(a.round())
         let epoch = try #require(a.heldEpoch)
+        #expect(a.mayAcknowledge(epoch: epoch) && !a.mayAcknowledge(epoch: nil) && !a.mayAcknowledge(epoch: epoch - 1))
         #expect(!b.round() && b.snapshot.state == "standby" && b.snapshot.holder == "a")
         #expect(throws: StoreError.self) { try b.admit(UserID("ann")) }
         // The holder renews (its lease changes every third of it): the other never takes over.
@@ -60,20 +61,32 @@ import UserStoreCore
         #expect(!a.round() && a.heldEpoch == nil && a.snapshot.losses == 1 && a.snapshot.holder == "b")
     }
 
-    /// A lease given up (a clean stop) is taken at once; a restarted daemon of the same data
-    /// directory takes its own lease back at once, at the same epoch.
-    @Test func aReleasedLeaseAndOnesOwnAreTakenAtOnce() throws {
+    /// A lease given up (a clean stop) is taken at once: by the same data directory (a restart)
+    /// at the same epoch, by another at a new one. A lease of the same data directory that was
+    /// not given up and whose process may live (a cloned machine, a copied directory) is taken
+    /// only after the whole lease, at a new epoch: two processes never write under one epoch.
+    @Test func aReleasedLeaseIsTakenAtOnceAndALiveOneOfTheSameDirectoryIsNot() throws {
         let replica = Replica()
         let (a, aData) = try replica.keeper(host: "a")
         #expect(a.round())
         let epoch = try #require(a.heldEpoch)
-        let (restarted, _) = try replica.keeper(host: "a", directory: aData)
-        #expect(restarted.round() && restarted.heldEpoch == epoch, "a restart waited, or took a new epoch")
-        #expect(!a.round() && a.heldEpoch == nil, "the old incarnation kept holding the lease")
-        restarted.release()
+        let (clone, _) = try replica.keeper(host: "a", directory: aData)
+        #expect(!clone.round(), "a second process of the same data directory took a lease that is alive")
+        a.release()
         #expect(replica.lease?.released == true)
+        let (restarted, _) = try replica.keeper(host: "a", directory: aData)
+        #expect(restarted.round() && restarted.heldEpoch == epoch, "a restart after a clean stop waited, or took a new epoch")
+        #expect(!clone.round(), "the clone took the restarted process's lease")
+        // The restarted process stops renewing; the clone takes the lease after seeing it
+        // unrenewed for the whole lease, at a new epoch.
+        let stopped = ContinuousClock.now
+        while !clone.round() { Thread.sleep(forTimeInterval: 0.2) }
+        #expect(ContinuousClock.now - stopped >= .seconds(2))
+        let cloneEpoch = try #require(clone.heldEpoch)
+        #expect(cloneEpoch > epoch)
+        clone.release()
         let (b, _) = try replica.keeper(host: "b")
-        #expect(b.round() && (b.heldEpoch ?? 0) > epoch)
+        #expect(b.round() && (b.heldEpoch ?? 0) > cloneEpoch, "another data directory took a released lease late, or at an old epoch")
     }
 
     /// An operator's take-over takes a lease its holder still renews, at once and at a higher

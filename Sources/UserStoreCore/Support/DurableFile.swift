@@ -36,8 +36,10 @@ public enum DurableFile {
     }
 
     /// Writes `contents` to a new file at `path` and makes it durable (file and folder synced).
+    /// Two writers of one path at once each write a temporary file of their own; the last
+    /// rename wins.
     public static func write(_ contents: String, to path: String) throws(Failure) {
-        let temporary = path + ".partial"
+        let temporary = path + ".partial-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw Failure("open", temporary) }
         let bytes = Array(contents.utf8)

@@ -29,12 +29,9 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     private let released = Mutex<[Int: Int64]>([:])
     /// The replica's marker against this data directory's binding (nil: not checked, sftp).
     private let replicaIdentity = Mutex<ReplicaIdentity?>(nil)
-    /// Whether this host put its own drain key because it sees no replica of its own.
-    private let drainedForReplica = Mutex(false)
-
-    /// The value of the drain key a host puts on itself while its replica is missing or another
-    /// one (an operator's drain has an empty value, and is never taken back by the host).
-    static let replicaDrain = "replica-unverified"
+    /// The lease under which this host put its own unfit key (it sees no replica of its own);
+    /// nil while it has none.
+    private let unfitUnder = Mutex<Int64?>(nil)
 
     init(settings: ClusterSettings, tls: PeerTLS?, logger: Logger) {
         self.settings = settings
@@ -183,7 +180,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
                 group.addTask { await hosts.run() }
                 group.addTask { [self] in
                     while !Task.isCancelled {
-                        await drainWhileReplicaRefused()
+                        await markUnfitWhileReplicaRefused()
                         await releaseDrainingBuckets()
                         try? await Task.sleep(for: .milliseconds(200)) // how soon a drain is noticed
                     }
@@ -203,26 +200,28 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         replicaIdentity.withLock { $0 }?.verdict.refusesReplication ?? false
     }
 
-    /// While this host sees no replica of its own, it drains itself (the controller moves its
-    /// buckets to hosts that do, if any: with none, the buckets stay); once it sees it again,
-    /// it takes its own drain back. An operator's drain is left alone.
-    func drainWhileReplicaRefused() async {
-        let refused = replicaRefused(), drained = drainedForReplica.withLock { $0 }
-        guard refused != drained, membership.lease != 0 else { return }
-        let key = ClusterKeys.drain(settings.host)
+    /// While this host sees no replica of its own it is unfit (``ClusterKeys/unfit``): the
+    /// controller gives it no new bucket — a host that takes a bucket over restores its users
+    /// from the replica — but leaves it those it owns: their stores may hold what the replica
+    /// lacks, and are shipped whole again once it is back. Taken back once it sees the replica.
+    func markUnfitWhileReplicaRefused() async {
+        let refused = replicaRefused(), lease = membership.lease, under = unfitUnder.withLock { $0 }
+        guard lease != 0, refused ? under != lease : under != nil else { return }
+        let key = ClusterKeys.unfit(settings.host)
         do {
             if refused {
-                try await etcd.put(key, Self.replicaDrain, lease: membership.lease)
-                logger.error("draining this host: it sees no replica of its own, so its buckets go to hosts that do", metadata: [
+                _ = try await etcd.put(key, "replica-unverified", lease: lease)
+                logger.error("this host sees no replica of its own: it takes no new bucket until it does", metadata: [
                     "event": "cluster-unreachable", "host": .string(settings.host),
                 ])
-            } else if let current = try await etcd.get(key), String(decoding: current.value, as: UTF8.self) == Self.replicaDrain {
+                unfitUnder.withLock { $0 = lease }
+            } else {
                 _ = try await etcd.delete(key)
                 logger.notice("the replica is this host's again: it takes buckets again", metadata: ["event": "cluster-joined", "host": .string(settings.host)])
+                unfitUnder.withLock { $0 = nil }
             }
-            drainedForReplica.withLock { $0 = refused }
         } catch {
-            logger.warning("cannot \(refused ? "drain" : "undrain") this host for its replica: \(error)", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
+            logger.warning("cannot \(refused ? "mark" : "unmark") this host unfit for its replica: \(error)", metadata: ["event": "cluster-unreachable", "error": .string("\(error)")])
         }
     }
 

@@ -144,6 +144,11 @@ public enum Daemon {
                     lease = LeaseKeeper(storage: storage, identity: identity, host: HostName.current, leaseSeconds: settings.leaseSeconds, logger: logger)
                     // Taken before serving when it can be at once (a new replica, a restart).
                     _ = try? await BlockingPool.run { [lease] in lease!.round() }
+                    if let problem = lease?.snapshot.problem, problem.hasPrefix("ReplicaNoConditionalWrites") {
+                        logger.critical("replication refused: \(problem)", metadata: ["event": "daemon-failed", "error": "ReplicaNoConditionalWrites"])
+                        printError("userstored: replication: \(problem)")
+                        return .configuration
+                    }
                 }
             } else {
                 logger.warning("an \(settings.replica.prefix { $0 != ":" }):// replica has no marker and no writer lease (userstored cannot reach it itself): an empty or vanished replica is not told from a new one, and two hosts on it are not kept apart", metadata: [
@@ -173,6 +178,14 @@ public enum Daemon {
         // A host that lost the writer lease serves nothing and closes every store (each with its
         // final sync, into its old epoch's folder, which no restore reads once the new holder wrote).
         replicator?.lease?.onLost { Task { _ = await registry.closeStores { _ in true } } }
+        if let replicator, let lease = replicator.lease {
+            // A new epoch: the index of the bucket is listed again, and stores still open under
+            // another epoch are closed (their next use opens them under this one).
+            lease.onAcquired { epoch in
+                replicator.leaseAcquired(epoch)
+                Task { _ = await registry.closeStores { user in replicator.registeredEpoch(of: user).map { $0 != epoch } ?? false } }
+            }
+        }
         let leaseKeeper = replicator?.lease.map { lease in Task { await lease.run() } }
         cluster?.attach(registry)
         cluster?.attach(replicator?.identity)
@@ -263,11 +276,17 @@ public enum Daemon {
         }
         await registry.shutdown()
         await cluster?.leave() // after every store's final sync: the next owner restores it all
-        if let leaseKeeper, let lease = replicator?.lease {
-            // Kept until every store's final sync; given up then, so that another host takes over at once.
+        if let leaseKeeper, let replicator, let lease = replicator.lease {
+            // Kept until every store's final sync; given up then, so that another host takes over
+            // at once — unless a final sync failed: then it runs out, and the next host of this data
+            // directory takes it back with the stores that hold what the replica lacks.
             leaseKeeper.cancel()
             await leaseKeeper.value
-            _ = try? await BlockingPool.run { lease.release() }
+            if let error = replicator.snapshot.lastError {
+                logger.warning("keeping the replica's writer lease until it runs out: replication is degraded (\(error))", metadata: ["event": "replica-lease-released"])
+            } else {
+                _ = try? await BlockingPool.run { lease.release() }
+            }
         }
         await litestream?.stop() // after every store's final sync
         if inherited == nil { unlink(configuration.socketPath) }

@@ -334,7 +334,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         if let replicator = context.replicator {
             gauges["replication.verified"]?.set(replicator.identity.map { $0.verdict.isVerified ? 1 : 0 } ?? 1)
             if let lease = replicator.lease {
-                gauges["replication.lease"]?.set(lease.mayAcknowledge(epoch: nil) ? 1 : 0)
+                gauges["replication.lease"]?.set(lease.isValid ? 1 : 0)
                 gauges["replication.epoch"]?.set(Int(lease.snapshot.epoch ?? 0))
             }
         }
