@@ -14,8 +14,17 @@ public final class WALHook: Sendable {
 
     private let committed = Atomic<Bool>(false)
     private let selfCheckpointing = Atomic<Bool>(false)
+    /// Reads each commit's pages for the daemon's own replication (nil: nobody does).
+    private let captureSlot = Mutex<WALCapture?>(nil)
 
     public init() {}
+
+    /// The capture each commit is handed to, first (before any checkpoint of the hook's own
+    /// could move its frames); set before anything writes to the store.
+    public var capture: WALCapture? {
+        get { captureSlot.withLock { $0 } }
+        set { captureSlot.withLock { $0 = newValue } }
+    }
 
     /// Installs the hook on `connection`. The WAL hook runs once a transaction's frames are in
     /// the WAL (a commit hook runs before them, and a sync that took the flag in between would
@@ -23,6 +32,7 @@ public final class WALHook: Sendable {
     public func install(on connection: OpaquePointer) {
         sqlite3_wal_hook(connection, { context, connection, schema, pages in
             let hook = Unmanaged<WALHook>.fromOpaque(context!).takeUnretainedValue()
+            hook.capture?.committed(frames: pages)
             hook.committed.store(true, ordering: .relaxed)
             if pages >= WALHook.checkpointPages, hook.selfCheckpointing.load(ordering: .relaxed) {
                 // TRUNCATE, not the PASSIVE checkpoint SQLite's automatic ones run: a PASSIVE
