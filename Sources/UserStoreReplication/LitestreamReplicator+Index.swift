@@ -70,3 +70,4 @@ extension LitestreamReplicator {
         return try await BlockingPool.run { try lease.takeOver() }
     }
 }
+

@@ -12,9 +12,19 @@ extension LitestreamReplicator {
         // A replica that vanished or is another one holds nothing that counts.
         try identity?.require(for: user)
         let path = layout.storePath(for: user)
-        guard let store = state.withLock({ $0.open[path] }).flatMap({ $0.registered ? $0.store : nil }) else {
-            throw StoreError.replicationUnavailable(user: user, message: "the store is not registered with Litestream (\(state.withLock { $0.lastError } ?? "not open"))")
+        // An open store whose first registration is still to come (opened while Litestream did
+        // not answer a health check, just after it started) is waited for, within the same
+        // deadline; one that stopped counting as registered after a fault fails at once.
+        var store: Store?
+        while true {
+            let entry = state.withLock { $0.open[path] }
+            if let entry, entry.registered { store = entry.store; break }
+            guard let entry, entry.confirmedSince == nil, ContinuousClock.now + .milliseconds(20) < deadline else {
+                throw StoreError.replicationUnavailable(user: user, message: "the store is not registered with Litestream (\(state.withLock { $0.lastError } ?? (entry == nil ? "not open" : "not yet registered")))")
+            }
+            try await Task.sleep(for: .milliseconds(20))
         }
+        guard let store else { return }
         // This sync covers every commit so far: the next sync pass need not repeat it (a commit
         // after this point sets the flag again).
         let written = store.wal.take()

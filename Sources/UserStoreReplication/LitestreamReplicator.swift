@@ -23,7 +23,7 @@ import UserStoreCore
 /// confirmed the unregistration, or that Litestream process has ended. A Litestream that is
 /// alive but does not answer (paused, hung) holds its positions: its stores' WALs grow until it
 /// answers again, or until the daemon kills it (``ReplicationMonitor``, child mode).
-package final class LitestreamReplicator: StoreReplication {
+package final class LitestreamReplicator: ReplicationEngine {
     package let settings: ReplicationSettings
     package let layout: StoreLayout
     package let control: LitestreamControl
@@ -60,8 +60,13 @@ package final class LitestreamReplicator: StoreReplication {
     /// writers are its bucket owners, and for `sftp://`).
     package let lease: LeaseKeeper?
 
+    /// The Litestream the daemon runs as its child (`replication.startLitestream`).
+    package let process: LitestreamProcess?
+
     package init(settings: ReplicationSettings, storage: ReplicaStorage, layout: StoreLayout, logger: Logger, fencing: (any ReplicaFencing)? = nil,
-                 identity: ReplicaIdentity? = nil, lease: LeaseKeeper? = nil, syncDuration: (@Sendable (Duration) -> Void)? = nil) {
+                 identity: ReplicaIdentity? = nil, lease: LeaseKeeper? = nil, process: LitestreamProcess? = nil,
+                 syncDuration: (@Sendable (Duration) -> Void)? = nil) {
+        self.process = process
         self.settings = settings
         self.syncDuration = syncDuration
         self.bucketTraffic = settings.litestreamMetricsAddress.map(BucketTraffic.init(address:))

@@ -90,88 +90,25 @@ public enum Daemon {
         }
         if cluster != nil { release.publishLoaded(policy: configuration.rollout) }
         let observer = ObserverFanOut(observers: [index, release, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
-        var replicator: LitestreamReplicator?
-        var litestream: LitestreamProcess?
+        var replicator: (any ReplicationEngine)?
         if let settings = configuration.replication {
-            guard access(LitestreamCommand.resolve(settings.litestream), X_OK) == 0 else {
-                logger.critical("replication is on but \(settings.litestream) is not an executable (replication.litestream)", metadata: ["event": "daemon-failed"])
-                printError("userstored: replication.litestream: \(settings.litestream) is not an executable; install Litestream 0.5.17 (scripts/install-deps.sh)")
-                return .unavailable
-            }
-            let storage: ReplicaStorage
-            do {
-                storage = try ReplicaStorage(settings)
+            do throws(ReplicaSetup.Refusal) {
+                try LitestreamReplicator.checkBinary(settings)
+                // The replica's identity (its marker against this data directory's binding) and,
+                // with one host, its writer lease: before anything can be created, restored or
+                // replicated.
+                let setup = try await ReplicaSetup.prepare(settings, layout: layout, clusterHost: cluster?.settings.host, logger: logger)
+                replicator = await LitestreamReplicator.start(settings, setup: setup, layout: layout, runtimeDirectory: configuration.dataDirectory,
+                                                              fencing: cluster, logger: logger,
+                                                              syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
             } catch {
-                logger.critical("replication refused: \(error)", metadata: ["event": "daemon-failed"])
+                var metadata: Logger.Metadata = ["event": "daemon-failed"]
+                if let name = error.name { metadata["error"] = .string(name) }
+                logger.critical("replication refused: \(error)", metadata: metadata)
                 printError("userstored: replication: \(error)")
-                return .configuration
-            }
-            var unreachable: (any Error)?
-            do {
-                try await storage.check()
-            } catch let error as S3Error where error.isMisconfiguration {
-                // A bucket that is not there or refuses the credentials will not fix itself:
-                // serving on would create new users' stores unreplicated and refuse every restore.
-                logger.critical("replication refused: \(error) (replication.replica, replication.s3.*)", metadata: ["event": "daemon-failed", "error": .string(error.name)])
-                printError("userstored: replication: \(error)")
-                return .configuration
-            } catch {
-                unreachable = error // served degraded; the monitor checks it again
-            }
-            // The replica's identity (its marker against this data directory's binding) and, with
-            // one host, its writer lease: before anything can be created, restored or replicated.
-            var identity: ReplicaIdentity?
-            var lease: LeaseKeeper?
-            if storage.canList {
-                do {
-                    identity = try ReplicaIdentity(storage: storage, layout: layout, host: cluster?.settings.host ?? HostName.current,
-                                                   replicaURL: settings.replica, logger: logger)
-                } catch {
-                    logger.critical("replication refused: \(error)", metadata: ["event": "daemon-failed"])
-                    printError("userstored: replication: \(error)")
-                    return .unavailable
-                }
-                let verdict = await (try? BlockingPool.run { [identity] in identity!.check() }) ?? .unknown("not checked")
-                if case .mismatch(let why) = verdict {
-                    // Another replica than this data directory's: a configuration that points
-                    // elsewhere, which serving on would mix with this directory's stores.
-                    logger.critical("replication refused: ReplicaMismatch: \(why)", metadata: ["event": "daemon-failed", "error": "ReplicaMismatch"])
-                    printError("userstored: replication: ReplicaMismatch: \(why)")
-                    return .configuration
-                }
-                if let problem = verdict.problem, unreachable == nil { unreachable = LitestreamReplicator.Problem(description: problem) }
-                if cluster == nil, let identity {
-                    lease = LeaseKeeper(storage: storage, identity: identity, host: HostName.current, leaseSeconds: settings.leaseSeconds, logger: logger)
-                    // Taken before serving when it can be at once (a new replica, a restart).
-                    _ = try? await BlockingPool.run { [lease] in lease!.round() }
-                    if let problem = lease?.snapshot.problem, problem.hasPrefix("ReplicaNoConditionalWrites") {
-                        logger.critical("replication refused: \(problem)", metadata: ["event": "daemon-failed", "error": "ReplicaNoConditionalWrites"])
-                        printError("userstored: replication: \(problem)")
-                        return .configuration
-                    }
-                }
-            } else {
-                logger.warning("an \(settings.replica.prefix { $0 != ":" }):// replica has no marker and no writer lease (userstored cannot reach it itself): an empty or vanished replica is not told from a new one, and two hosts on it are not kept apart", metadata: [
-                    "event": "replication-degraded",
-                ])
-            }
-            replicator = LitestreamReplicator(settings: settings, storage: storage, layout: layout, logger: logger, fencing: cluster,
-                                              identity: identity, lease: lease,
-                                              syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
-            if let unreachable { replicator?.replicaFailed(unreachable) }
-            if settings.startLitestream {
-                let child = LitestreamProcess(settings: settings, environment: storage.litestreamEnvironment, runtimeDirectory: configuration.dataDirectory, logger: logger)
-                do {
-                    try await child.start()
-                } catch {
-                    // Served degraded; the monitor registers the stores once it answers.
-                    logger.error("\(error)", metadata: ["event": "replication-degraded"])
-                }
-                litestream = child
+                return error.code == .configuration ? .configuration : .unavailable
             }
         }
-        // Which Litestream answers, before the first store opens (Status shows it from the start).
-        _ = await replicator?.checkHealth()
         let placement: (any StorePlacement)? = cluster ?? replicator?.lease
         let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
                                      observer: observer, replication: replicator, placement: placement, gate: release)
@@ -202,7 +139,7 @@ public enum Daemon {
             return .unavailable
         }
         let context = DaemonContext(configuration: configuration, registry: registry, index: index, release: release, logger: logger, metrics: metrics,
-                                    replicator: replicator, litestream: litestream, cluster: cluster)
+                                    replicator: replicator, cluster: cluster)
         let notifier = context.notifier
         index.startScan(registry: registry)
         if configuration.registryConfiguration.policy.newStoresFromTemplate {
@@ -245,7 +182,7 @@ public enum Daemon {
                 return .unavailable
             }
         }
-        let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = replicator.map { [.init(service: ReplicationMonitor(replicator: $0, registry: registry, litestream: litestream))] } ?? []
+        let replicationServices: [ServiceGroupConfiguration.ServiceConfiguration] = (replicator?.services(registry: registry) ?? []).map { .init(service: $0) }
         var clusterServices: [ServiceGroupConfiguration.ServiceConfiguration] = cluster.map { [.init(service: $0)] } ?? []
         if let settings = configuration.cluster, let peerTLS, let listen = HostPort(settings.listen) {
             do {
@@ -288,7 +225,7 @@ public enum Daemon {
                 _ = try? await BlockingPool.run { lease.release() }
             }
         }
-        await litestream?.stop() // after every store's final sync
+        await replicator?.stop() // after every store's final sync
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
         journalWriter?.flush()

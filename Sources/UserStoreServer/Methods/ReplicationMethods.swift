@@ -58,7 +58,7 @@ struct ReplicationMethods {
     }
 
     /// The replicator, or `ReplicaRefused` when replication is off.
-    private static func replicator(_ context: DaemonContext) throws(VarlinkError) -> LitestreamReplicator {
+    private static func replicator(_ context: DaemonContext) throws(VarlinkError) -> any ReplicationEngine {
         guard let replicator = context.replicator else { throw refused("replication is off (no replication section in the configuration)") }
         return replicator
     }
@@ -90,7 +90,7 @@ struct ReplicationMethods {
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
-        if let indexed = replicator.replicaIndex.count { fields["replicaIndexUsers"] = .integer(Int64(indexed)) }
+        if let indexed = replicator.indexedUsers { fields["replicaIndexUsers"] = .integer(Int64(indexed)) }
         fields["identity"] = .string(replicator.identity.map { identity in
             switch identity.verdict {
             case .verified: "verified"
@@ -128,7 +128,7 @@ struct ReplicationMethods {
         var stores: [JSONValue] = []
         func entry(_ name: String, open: Bool, registered: Bool, lastSync: Date?) throws -> JSONValue {
             var fields: [String: JSONValue] = [
-                "user": .string(name), "replica": .string(replicator.locations.replicaURL(for: try UserID(name))),
+                "user": .string(name), "replica": .string(replicator.replicaURL(for: try UserID(name))),
                 "open": .bool(open), "registered": .bool(registered),
             ]
             if let lastSync {

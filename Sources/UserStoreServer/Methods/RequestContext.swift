@@ -47,11 +47,9 @@ final class DaemonContext: Sendable {
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
     /// Replication, when it is on (`replication.*`).
-    let replicator: LitestreamReplicator?
+    let replicator: (any ReplicationEngine)?
     /// This daemon's part in a cluster (`cluster.*`); nil: one host.
     let cluster: DaemonCluster?
-    /// Litestream as the daemon's child (`replication.startLitestream`).
-    let litestream: LitestreamProcess?
     /// The release in force and its staging (docs/releases.md).
     let release: ReleaseTracker
 
@@ -101,12 +99,11 @@ final class DaemonContext: Sendable {
     }
 
     init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, release: ReleaseTracker, logger: Logger,
-         metrics: DaemonMetrics? = nil, replicator: LitestreamReplicator? = nil, litestream: LitestreamProcess? = nil, cluster: DaemonCluster? = nil) {
+         metrics: DaemonMetrics? = nil, replicator: (any ReplicationEngine)? = nil, cluster: DaemonCluster? = nil) {
         self.release = release
         self.metrics = metrics
         self.cluster = cluster
         self.replicator = replicator
-        self.litestream = litestream
         self.configuration = configuration
         self.registry = registry
         self.index = index
