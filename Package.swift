@@ -105,12 +105,14 @@ let package = Package(
             ],
             resources: [.embedInCode("Interfaces/io.userstore.Store.varlink"), .embedInCode("Interfaces/io.userstore.Admin.varlink")]
         ),
+        // Debian's libzstd: the host log's objects are zstd frames.
+        .systemLibrary(name: "CZstd", providers: [.apt(["libzstd-dev"])]),
         // The off-host copy (#18, #35): Litestream driven per store, its replica restored,
-        // synced and checked; the daemon's request path uses it through LitestreamReplicator.
+        // synced and checked; the daemon's request path uses it through ReplicationEngine.
         .target(
             name: "UserStoreReplication",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3",
+                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3", "CZstd",
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),

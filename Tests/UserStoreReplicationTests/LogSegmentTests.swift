@@ -1,0 +1,63 @@
+import Foundation
+import Testing
+import UserStoreCore
+@testable import UserStoreReplication
+
+/// The host log's object format (``LogSegment``, ``LogRecord``): what is written reads back the
+/// same, the header alone is read from an object's first bytes, and any damage — a flipped byte
+/// anywhere, a truncated object, another file — is named, never read as records.
+struct LogSegmentTests {
+    static func page(_ number: UInt32, _ fill: UInt8, size: Int = 4096) -> WALCapture.Page {
+        WALCapture.Page(number: number, data: (0..<size).map { UInt8(truncatingIfNeeded: Int(fill) &+ $0 % 251) })
+    }
+
+    static let segment = LogSegment(
+        header: .init(kind: "log", host: "host-a", dataDirectory: "d1", incarnation: "i1", epoch: 1_795_000_000, sequence: 42,
+                      createdAt: "2026-11-27T12:00:00.000Z", records: 0, users: [], bodyBytes: 0, recordBytes: 0),
+        records: [
+            LogRecord(kind: .base, user: "ann", bucket: nil, epoch: 1_795_000_000, stream: 7, txid: 0, pageSize: 4096, databasePages: 2,
+                      pages: [page(1, 1), page(2, 2)]),
+            LogRecord(kind: .commit, user: "bob+1@x.y", bucket: 4095, epoch: -1, stream: .max, txid: 9, pageSize: 4096, databasePages: 3,
+                      pages: [page(3, 3)]),
+            LogRecord(kind: .erase, user: "ann", bucket: nil, epoch: 1_795_000_000, stream: 7, txid: 1, pageSize: 4096, databasePages: 0, pages: []),
+            LogRecord(kind: .commit, user: "cy", bucket: 0, epoch: 5, stream: 1, txid: 1, pageSize: 65536, databasePages: 1,
+                      pages: [page(1, 9, size: 65536)]),
+        ])
+
+    @Test func whatIsWrittenReadsBackTheSame() throws {
+        let bytes = Self.segment.encoded()
+        let read = try LogSegment.decode(bytes)
+        #expect(read.records == Self.segment.records)
+        #expect(read.header.users == ["ann", "bob+1@x.y", "cy"] && read.header.records == 4 && read.header.sequence == 42)
+        // Compressed: the pages above repeat a pattern.
+        #expect(bytes.count < read.header.recordBytes / 4, "\(bytes.count) bytes for \(read.header.recordBytes) of records")
+    }
+
+    @Test func theHeaderIsReadFromTheFirstBytesAlone() throws {
+        let bytes = Self.segment.encoded()
+        #expect(try LogSegment.header(of: Array(bytes.prefix(11))) == nil)
+        let (header, offset) = try #require(try LogSegment.header(of: Array(bytes.prefix(4096))))
+        #expect(header.users == ["ann", "bob+1@x.y", "cy"] && offset + header.bodyBytes == bytes.count)
+    }
+
+    @Test func everyDamageIsNamed() throws {
+        let bytes = Self.segment.encoded()
+        guard let (_, offset) = try LogSegment.header(of: bytes) else { Issue.record("no header"); return }
+        // A flipped byte anywhere in the body, the header's JSON, or the magic.
+        for position in [0, 5, 14, offset, offset + 1, (offset + bytes.count) / 2, bytes.count - 5, bytes.count - 1] {
+            var damaged = bytes
+            damaged[position] ^= 0x40
+            #expect(throws: LogSegment.Damaged.self, "a flipped byte at \(position) of \(bytes.count) went unnoticed") { try LogSegment.decode(damaged) }
+        }
+        #expect(throws: LogSegment.Damaged.self) { try LogSegment.decode(Array(bytes.dropLast(7))) }
+        #expect(throws: LogSegment.Damaged.self) { try LogSegment.decode(Array("SQLite format 3\0".utf8) + bytes) }
+        #expect(throws: LogSegment.Damaged.self) { try LogSegment.decode([]) }
+    }
+
+    @Test func zstdRefusesMoreThanItsLimit() throws {
+        let frame = Zstd.compress([UInt8](repeating: 7, count: 1 << 20))
+        #expect(try Zstd.decompress(frame).count == 1 << 20)
+        #expect(throws: Zstd.Failure.self) { try Zstd.decompress(frame, limit: 1000) }
+        #expect(throws: Zstd.Failure.self) { try Zstd.decompress([1, 2, 3]) }
+    }
+}
