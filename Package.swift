@@ -214,7 +214,7 @@ let package = Package(
         // what the daemon's, the client's and userstorectl's tests share.
         .target(name: "DaemonTestSupport", dependencies: ["Varlink", "CUnixSocket"], path: "Tests/DaemonTestSupport"),
         // Litestream's control socket, its sync lanes and bucket counts, against a real Litestream.
-        .testTarget(name: "UserStoreReplicationTests", dependencies: ["UserStoreReplication", "UserStoreCore", "UserStoreConfiguration", "DaemonTestSupport"]),
+        .testTarget(name: "UserStoreReplicationTests", dependencies: ["UserStoreReplication", "UserStoreCore", "UserStoreConfiguration", "DaemonTestSupport", "ClusterTestSupport"]),
         // The Swift client library against the real daemon.
         .testTarget(name: "UserStoreClientTests", dependencies: ["UserStoreClient", "Varlink", "DaemonTestSupport", "userstored"]),
         // userstorectl, the real binary, against the real daemon.

@@ -1,0 +1,130 @@
+import ClusterTestSupport
+import DaemonTestSupport
+import Foundation
+import Synchronization
+import Testing
+import UserStoreConfiguration
+import UserStoreCore
+@testable import UserStoreReplication
+
+/// The host log's uploader (``LogUploader``) on a real folder and a real S3 API (SeaweedFS): the
+/// records of many writers go into few objects and come back whole and in order; a record counts
+/// as stored only once its object and every earlier one are; a durable wait ends at its deadline
+/// while the replica is away, and everything is stored once it is back.
+@Suite(.serialized) struct LogUploaderTests {
+    static func record(_ user: String, _ txid: UInt64) -> LogRecord {
+        LogRecord(kind: .commit, user: user, bucket: nil, epoch: 1, stream: 1, txid: txid, pageSize: 4096, databasePages: 1,
+                  pages: [WALCapture.Page(number: 1, data: [UInt8](repeating: UInt8(truncatingIfNeeded: txid), count: 4096))])
+    }
+
+    static func uploader(_ storage: ReplicaStorage, inFlight: Int = 2) -> LogUploader {
+        var settings = LogUploader.Settings()
+        settings.maxInFlight = inFlight
+        return LogUploader(storage: storage, origin: .init(host: "h", dataDirectory: "d", incarnation: "i", epoch: 1, folder: "log/e1/d/i/"),
+                           settings: settings)
+    }
+
+    /// Every record of the objects under the log's folder, in the order of the objects.
+    static func readBack(_ storage: ReplicaStorage) throws -> (objects: Int, records: [LogRecord]) {
+        let keys = try storage.keys(under: "log/e1/d/i/")
+        return (keys.count, try keys.flatMap { try LogSegment.decode(try #require(try storage.get($0))).records })
+    }
+
+    @Test(arguments: ["folder", "s3"]) func manyWritersRecordsGoTogetherAndComeBackInOrder(kind: String) async throws {
+        let folder = try TemporaryDirectory()
+        let server = kind == "s3" ? try SeaweedFS() : nil
+        var settings = ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null")
+        if let server {
+            try server.createBucket("log")
+            settings = try await ConfigurationKeyTestsSupport.s3Settings(server.replicaURL(bucket: "log", prefix: "p"))
+        }
+        let storage = try ReplicaStorage(settings, environment: server?.environment.merging(["PATH": "/usr/bin"]) { $1 } ?? [:])
+        let uploader = Self.uploader(storage)
+        let running = Task { await uploader.run() }
+        defer { running.cancel() }
+        // 16 writers, each appending a record and waiting until it is stored, 25 times.
+        let users = (0..<16).map { "user\($0)" }
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for user in users {
+                group.addTask {
+                    for txid in 1...25 {
+                        let number = try #require(uploader.append(Self.record(user, UInt64(txid))))
+                        #expect(await uploader.waitUntilStored(number, until: .now + .seconds(30)))
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let (objects, records) = try Self.readBack(storage)
+        #expect(records.count == 400)
+        for user in users {
+            #expect(records.filter { $0.user == user }.map(\.txid) == Array(1...25), "\(user)'s records are missing or out of order")
+        }
+        // Group commit: records of several writers share objects.
+        #expect(objects < 200, "\(objects) objects for 400 records")
+        #expect(uploader.snapshot.stored == 400 && uploader.snapshot.objects == objects)
+        print("log uploader (\(kind)): 16 writers, 400 durable records in \(objects) objects")
+    }
+
+    /// The first object cannot be written (a folder stands where its file goes) while the second
+    /// can: nothing counts as stored until the first is, then both do.
+    @Test func aRecordIsStoredOnlyOnceEveryEarlierObjectIs() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
+        let uploader = Self.uploader(storage, inFlight: 2)
+        let blocker = folder.path + "/" + uploader.key(of: 1)
+        try FileManager.default.createDirectory(atPath: blocker + "/in-the-way", withIntermediateDirectories: true)
+        let running = Task { await uploader.run() }
+        defer { running.cancel() }
+        let first = try #require(uploader.append(Self.record("ann", 1)))
+        // The second object begins while the first is still being tried.
+        while uploader.snapshot.lastError == nil { try await Task.sleep(for: .milliseconds(10)) }
+        let second = try #require(uploader.append(Self.record("bob", 1)))
+        let secondWritten = folder.path + "/" + uploader.key(of: 2)
+        while !FileManager.default.fileExists(atPath: secondWritten) { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(uploader.stored == 0)
+        #expect(await !uploader.waitUntilStored(second, until: .now + .milliseconds(300)), "a record was stored before an earlier object")
+        try FileManager.default.removeItem(atPath: blocker)
+        #expect(await uploader.waitUntilStored(second, until: .now + .seconds(30)))
+        #expect(uploader.stored == 2 && first < second)
+        #expect(try Self.readBack(storage).records.map(\.user) == ["ann", "bob"])
+    }
+
+    /// The bucket cut off: durable waits end at their deadline, plain appends go on; once it is
+    /// back, every record is stored, in order.
+    @Test func waitsEndAtTheirDeadlineWhileTheBucketIsAwayAndAllIsStoredAfter() async throws {
+        let server = try SeaweedFS()
+        try server.createBucket("cut")
+        let proxy = try CuttableProxy(to: server.port)
+        let settings = try await ConfigurationKeyTestsSupport.s3Settings(server.replicaURL(bucket: "cut", prefix: "p", endpoint: "http://127.0.0.1:\(proxy.port)"),
+                                                                          durableTimeoutMilliseconds: 1000)
+        let storage = try ReplicaStorage(settings, environment: server.environment)
+        let uploader = Self.uploader(storage)
+        let running = Task { await uploader.run() }
+        defer { running.cancel() }
+        #expect(await uploader.waitUntilStored(try #require(uploader.append(Self.record("ann", 1))), until: .now + .seconds(30)))
+        proxy.cut()
+        let started = ContinuousClock.now
+        let during = try #require(uploader.append(Self.record("ann", 2)))
+        #expect(await !uploader.waitUntilStored(during, until: .now + .seconds(2)))
+        let waited = ContinuousClock.now - started
+        #expect(waited >= .seconds(2) && waited < .milliseconds(2200), "a wait for 2 s took \(waited)")
+        for txid in 3...10 { #expect(uploader.append(Self.record("ann", UInt64(txid))) != nil) }
+        proxy.mend()
+        #expect(await uploader.waitUntilStored(uploader.appended, until: .now + .seconds(60)))
+        #expect(try Self.readBack(storage).records.map(\.txid) == Array(1...10))
+    }
+}
+
+/// Replication settings for an `s3://` replica URL, read the way the daemon reads them.
+enum ConfigurationKeyTestsSupport {
+    static func s3Settings(_ replica: String, durableTimeoutMilliseconds: Int = 10_000) async throws -> ReplicationSettings {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("settings-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let file = folder.appendingPathComponent("userstored.yaml").path
+        try "appVersion: \"1.0.0\"\nreplication:\n  replica: \"\(replica)\"\n  durableTimeoutMilliseconds: \(durableTimeoutMilliseconds)\n"
+            .write(toFile: file, atomically: true, encoding: .utf8)
+        return try #require(try await ConfigurationLoader.load(path: file).replication)
+    }
+}
