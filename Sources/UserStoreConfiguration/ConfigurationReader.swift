@@ -245,6 +245,12 @@ extension ConfigurationLoader {
             settings.startLitestream = try bool(.replicationStartLitestream) ?? true
             settings.restartUnresponsiveSeconds = try int(.replicationRestartUnresponsiveSeconds, minimum: 0, maximum: 86_400) ?? 60
             settings.leaseSeconds = try int(.replicationLeaseSeconds, minimum: 3, maximum: 300) ?? 15
+            if let engine = try string(.replicationEngine) {
+                guard let chosen = ReplicationSettings.Engine(rawValue: engine) else {
+                    throw error(.replicationEngine, "must be litestream or log (got \"\(engine)\")")
+                }
+                settings.engine = chosen
+            }
             if let address = try string(.replicationLitestreamMetricsAddress) {
                 guard case .tcp = MetricsAddress(address) else {
                     throw error(.replicationLitestreamMetricsAddress, "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")

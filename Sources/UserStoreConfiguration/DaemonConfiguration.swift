@@ -101,6 +101,15 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// durable writes only within this, less a margin, after its last renewal began; another host
     /// takes the replica over once it has seen the lease unchanged for this long.
     public var leaseSeconds: Int = 15
+    /// What copies the stores (`replication.engine`): Litestream, one replica per store (the
+    /// default), or the daemon's own log, one per host (``Engine/log``: one host only, for now).
+    public var engine: Engine = .litestream
+
+    /// `replication.engine`.
+    public enum Engine: String, Sendable, Equatable {
+        case litestream
+        case log
+    }
     /// The litestream binary (`replication.litestream`): restores, and the child process.
     public var litestream: String = "litestream"
     /// The daemon runs `litestream replicate` as its child (`replication.startLitestream`);

@@ -36,7 +36,9 @@ package struct ProcessIdentity: Codable, Sendable, Equatable {
     /// there).
     package var isGone: Bool {
         guard bootID == Self.bootID, let namespace = pidNamespace, namespace == Self.pidNamespace else { return false }
-        return Self.startTicks(of: pid) != startTicks
+        guard let (state, start) = Self.stat(of: pid), start == startTicks else { return true }
+        // Dead but not yet reaped (a zombie, its parent gone or busy): gone all the same.
+        return state == "Z" || state == "X"
     }
 
     static var pidNamespace: String? {
@@ -47,11 +49,15 @@ package struct ProcessIdentity: Codable, Sendable, Equatable {
         (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    static func startTicks(of pid: Int32) -> UInt64? {
+    static func startTicks(of pid: Int32) -> UInt64? { stat(of: pid)?.start }
+
+    /// The state (field 3) and start time (field 22) of `/proc/<pid>/stat`.
+    static func stat(of pid: Int32) -> (state: Substring, start: UInt64)? {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
               let close = stat.lastIndex(of: ")") else { return nil }
         // After the command name (which may hold spaces and parentheses): state is field 3.
         let fields = stat[stat.index(after: close)...].split(separator: " ")
-        return fields.count > 19 ? UInt64(fields[19]) : nil
+        guard fields.count > 19, let start = UInt64(fields[19]) else { return nil }
+        return (fields[0], start)
     }
 }

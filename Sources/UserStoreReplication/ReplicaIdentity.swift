@@ -145,6 +145,17 @@ package final class ReplicaIdentity: Sendable {
         state.withLock { $0.binding = binding }
     }
 
+    /// The next start's incarnation on this data directory (1, 2, 3, …), recorded durably: the
+    /// host log's objects of a later start sort after an earlier's.
+    package func nextIncarnation() throws -> Int {
+        var binding = self.binding
+        let next = (binding.incarnations ?? 0) + 1
+        binding.incarnations = next
+        try binding.save(layout)
+        state.withLock { $0.binding = binding }
+        return next
+    }
+
     /// Throws `ReplicationUnavailable` for `user` while the replica is missing or another one.
     package func require(for user: UserID) throws(StoreError) {
         let verdict = self.verdict

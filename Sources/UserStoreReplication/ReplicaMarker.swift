@@ -65,6 +65,9 @@ package struct ReplicaBinding: Codable, Sendable, Equatable {
     /// The highest writer-lease epoch this data directory held: a new one is always above it,
     /// whatever the clock says and even if the lease object were lost.
     package var lastEpoch: Int64?
+    /// How many times a daemon started on this data directory with the host log: each start's
+    /// log objects go under the next number, so that a later start's sort after an earlier's.
+    package var incarnations: Int?
 
     /// The file cannot be read or is not what userstored wrote.
     package struct Problem: Error, CustomStringConvertible {

@@ -25,6 +25,12 @@ package struct ReplicaSetup: Sendable {
         package let description: String
         /// The journal's `error` field (a named error), when there is one.
         package let name: String?
+
+        package init(code: Code, description: String, name: String?) {
+            self.code = code
+            self.description = description
+            self.name = name
+        }
     }
 
     /// Checks the replica `settings` name and establishes its identity and, unless

@@ -2,6 +2,7 @@
 
 usage: s3-probe.py ENDPOINT ready | create-bucket NAME | list BUCKET [PREFIX] | sizes BUCKET [PREFIX] | put BUCKET KEY...
        | move BUCKET FROM TO (every object under prefix FROM to prefix TO: copied, then deleted)
+       | get BUCKET KEY FILE (the object's bytes into FILE)
 Credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY."""
 import sys
 
@@ -36,6 +37,10 @@ elif command == "sizes":
 elif command == "put":
     for key in rest[1:]:
         s3.put_object(Bucket=rest[0], Key=key, Body=key.encode())
+elif command == "get":
+    bucket, key, path = rest
+    with open(path, "wb") as file:
+        file.write(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 elif command == "move":
     bucket, source, target = rest
     keys = [item["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=source)

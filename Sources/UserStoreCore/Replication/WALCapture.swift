@@ -25,6 +25,9 @@ public final class WALCapture: @unchecked Sendable {
         /// Where the commit ends in the WAL: its salt and the commit frame's number.
         public var salt: Salt
         public var frame: UInt32
+        /// How many commits it holds: 1 for each commit the hook reports; more for what a WAL held
+        /// (``contentsAsOneCommit()``).
+        public var commits: Int
     }
 
     /// A page and its number (1-based).
@@ -42,6 +45,11 @@ public final class WALCapture: @unchecked Sendable {
     public struct Salt: Sendable, Hashable {
         public var first: UInt32
         public var second: UInt32
+
+        public init(first: UInt32, second: UInt32) {
+            self.first = first
+            self.second = second
+        }
     }
 
     /// Why a commit could not be read (the WAL is not what SQLite's format says, or the file
@@ -57,11 +65,12 @@ public final class WALCapture: @unchecked Sendable {
     /// The salt and the frame count as of the last commit read.
     private var salt: Salt?
     private var frames: UInt32 = 0
-    private let deliver: (Result<Commit, Failure>) -> Void
+    /// Gets each commit (or why it could not be read), on the store's connection; set before the
+    /// capture is handed to the store's ``WALHook``.
+    public var deliver: (Result<Commit, Failure>) -> Void
 
-    /// Capture of the store at `databasePath`; `deliver` gets each commit (or why it could not be
-    /// read), on the store's connection.
-    public init(databasePath: String, deliver: @escaping (Result<Commit, Failure>) -> Void) {
+    /// Capture of the store at `databasePath`.
+    public init(databasePath: String, deliver: @escaping (Result<Commit, Failure>) -> Void = { _ in }) {
         walPath = databasePath + "-wal"
         self.deliver = deliver
     }
@@ -105,6 +114,29 @@ public final class WALCapture: @unchecked Sendable {
         deliver(Result { () throws(Failure) -> Commit in try read(upTo: UInt32(count)) })
     }
 
+    /// Starts capture after frame `frames` of the WAL under `salt` (nil: the WAL was empty then):
+    /// the next read delivers what came after it.
+    public func resume(at salt: Salt?, frames: UInt32) throws(Failure) {
+        self.salt = salt
+        self.frames = salt == nil ? 0 : frames
+    }
+
+    /// The commits after the capture's position up to frame `count` (the last commit frame of the
+    /// WAL, as ``resumeAfterCurrentContents()`` found it), as one.
+    public func readCommits(through count: UInt32) throws(Failure) -> Commit {
+        try read(upTo: count)
+    }
+
+    /// Every commit the WAL holds now (its frames of the header's salt up to the last commit
+    /// frame), as one: a store whose WAL holds commits not known to be shipped (after a crash),
+    /// or the WAL beside a base. Capture then goes on after them. Nil when it holds none.
+    public func contentsAsOneCommit() throws(Failure) -> Commit? {
+        let (salt, last) = try resumeAfterCurrentContents()
+        guard salt != nil, last > 0 else { return nil }
+        self.salt = nil // read from frame 1
+        return try read(upTo: last)
+    }
+
     private func read(upTo count: UInt32) throws(Failure) -> Commit {
         guard let header = try readHeader() else { throw Failure(description: "\(walPath) has no header after a commit") }
         var first = frames + 1
@@ -113,6 +145,7 @@ public final class WALCapture: @unchecked Sendable {
             first = 1
         }
         guard count >= first else { throw Failure(description: "\(walPath): the WAL holds \(count) frames, fewer than the \(first - 1) already read") }
+        var commits = 0
         let frameSize = 24 + header.pageSize
         var latest: [UInt32: [UInt8]] = [:]
         var databasePages: UInt32 = 0
@@ -127,6 +160,7 @@ public final class WALCapture: @unchecked Sendable {
             guard frameSalt == header.salt else { throw Failure(description: "\(walPath): frame \(frame) carries another salt than the WAL's header") }
             let number = Self.bigEndian(buffer, 0)
             latest[number] = Array(buffer[24...])
+            if Self.bigEndian(buffer, 4) > 0 { commits += 1 }
             if frame == count {
                 databasePages = Self.bigEndian(buffer, 4)
                 guard databasePages > 0 else { throw Failure(description: "\(walPath): frame \(frame), the commit's last, is not a commit frame") }
@@ -135,7 +169,7 @@ public final class WALCapture: @unchecked Sendable {
         salt = header.salt
         frames = count
         let pages = latest.keys.sorted().map { Page(number: $0, data: latest[$0]!) }
-        return Commit(pageSize: header.pageSize, databasePages: databasePages, pages: pages, salt: header.salt, frame: count)
+        return Commit(pageSize: header.pageSize, databasePages: databasePages, pages: pages, salt: header.salt, frame: count, commits: commits)
     }
 
     /// The WAL's header (page size, salt); nil when the WAL is empty or absent.

@@ -155,7 +155,7 @@ public final class Store: Sendable {
     /// Runs `body` on the calling thread, waiting for work in progress; for a store nobody
     /// else can reach yet (being opened), where a hop to the queue's thread would only add
     /// latency. Blocks: never call it on an event loop or the cooperative pool.
-    func writeBlocking<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
+    package func writeBlocking<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
         try connectionLock.withLock { _ in
             defer { recorder?.afterWork(connection) }
             return try queue.inDatabase(body)

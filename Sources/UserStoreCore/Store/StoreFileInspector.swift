@@ -50,6 +50,24 @@ extension StoreFileInspector {
     /// Checks: the 100-byte header (magic, page size), a file shorter than the header's page
     /// count says (truncated), and a WAL whose 32-byte header is not a WAL header (magic,
     /// format, page size, checksum). Damage inside a page is found when SQLite reads it.
+    /// SQLite's `quick_check` of the database at `path` (opened read-only); nil when it is sound,
+    /// else what it found.
+    public static func quickCheck(_ path: String) -> String? {
+        var connection: OpaquePointer?
+        defer { sqlite3_close_v2(connection) }
+        guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READONLY, nil) == SQLITE_OK, let connection else {
+            return "it cannot be opened"
+        }
+        var statement: OpaquePointer?
+        defer { sqlite3_finalize(statement) }
+        guard sqlite3_prepare_v2(connection, "PRAGMA quick_check", -1, &statement, nil) == SQLITE_OK,
+              sqlite3_step(statement) == SQLITE_ROW, let text = sqlite3_column_text(statement, 0) else {
+            return String(cString: sqlite3_errmsg(connection))
+        }
+        let finding = String(cString: text)
+        return finding == "ok" ? nil : finding
+    }
+
     public static func damage(of path: String) -> String? {
         guard let head = FileHead(path: path, count: 100) else { return nil }
         let size = head.size, bytes = head.bytes

@@ -16,8 +16,18 @@ public final class WALHook: Sendable {
     private let selfCheckpointing = Atomic<Bool>(false)
     /// Reads each commit's pages for the daemon's own replication (nil: nobody does).
     private let captureSlot = Mutex<WALCapture?>(nil)
+    /// The daemon's own replication's say on checkpoints: whether the WAL may be emptied now
+    /// (every captured commit is in the replica), and what to do once it was.
+    private let checkpointPolicy = Mutex<(may: @Sendable () -> Bool, done: @Sendable () -> Void)?>(nil)
 
     public init() {}
+
+    /// With the daemon's own replication: the store checkpoints itself (past ``checkpointPages``)
+    /// when `may` says so, and `done` runs after each of its checkpoints (``checkpointsItself`` is
+    /// then not consulted).
+    public func checkpoints(when may: @escaping @Sendable () -> Bool, then done: @escaping @Sendable () -> Void) {
+        checkpointPolicy.withLock { $0 = (may, done) }
+    }
 
     /// The capture each commit is handed to, first (before any checkpoint of the hook's own
     /// could move its frames); set before anything writes to the store.
@@ -34,7 +44,9 @@ public final class WALHook: Sendable {
             let hook = Unmanaged<WALHook>.fromOpaque(context!).takeUnretainedValue()
             hook.capture?.committed(frames: pages)
             hook.committed.store(true, ordering: .relaxed)
-            if pages >= WALHook.checkpointPages, hook.selfCheckpointing.load(ordering: .relaxed) {
+            if pages >= WALHook.checkpointPages, let policy = hook.checkpointPolicy.withLock({ $0 }) {
+                if policy.may(), sqlite3_wal_checkpoint_v2(connection, schema, SQLITE_CHECKPOINT_TRUNCATE, nil, nil) == SQLITE_OK { policy.done() }
+            } else if pages >= WALHook.checkpointPages, hook.selfCheckpointing.load(ordering: .relaxed) {
                 // TRUNCATE, not the PASSIVE checkpoint SQLite's automatic ones run: a PASSIVE
                 // one lets the next commit restart the WAL from its start, over old frames.
                 // Litestream, registering the store again, then finds its last frame still in

@@ -21,15 +21,18 @@ package struct LogRecord: Sendable, Equatable {
     /// The store's stream: a new one begins with every base; a restore applies, after the newest
     /// base, only the commits of its stream.
     package var stream: UInt64
-    /// The position in the stream: the base is 0, its commits 1, 2, 3, …
+    /// The position in the stream: the base's, then one more for each commit after it.
     package var txid: UInt64
+    /// The position this record's pages change (the txid before its first commit): one record
+    /// may carry several commits merged (what a WAL held after a crash), `since` to `txid`.
+    package var since: UInt64
     package var pageSize: UInt32
     /// The database's size in pages after this record.
     package var databasePages: UInt32
     /// The pages written, once each, by ascending number.
     package var pages: [WALCapture.Page]
 
-    package init(kind: Kind, user: String, bucket: UInt16?, epoch: Int64, stream: UInt64, txid: UInt64,
+    package init(kind: Kind, user: String, bucket: UInt16?, epoch: Int64, stream: UInt64, txid: UInt64, since: UInt64? = nil,
                  pageSize: UInt32, databasePages: UInt32, pages: [WALCapture.Page]) {
         self.kind = kind
         self.user = user
@@ -37,13 +40,14 @@ package struct LogRecord: Sendable, Equatable {
         self.epoch = epoch
         self.stream = stream
         self.txid = txid
+        self.since = since ?? (txid > 0 ? txid - 1 : 0)
         self.pageSize = pageSize
         self.databasePages = databasePages
         self.pages = pages
     }
 
     /// Bytes it takes in an object's body.
-    package var encodedSize: Int { 4 + 1 + 1 + user.utf8.count + 2 + 8 + 8 + 8 + 4 + 4 + 4 + pages.count * (4 + Int(pageSize)) }
+    package var encodedSize: Int { 4 + 1 + 1 + user.utf8.count + 2 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + pages.count * (4 + Int(pageSize)) }
 
     /// Appends the record (big-endian fields; its length first).
     package func encode(into bytes: inout [UInt8]) {
@@ -56,6 +60,7 @@ package struct LogRecord: Sendable, Equatable {
         Self.append(UInt64(bitPattern: epoch), to: &bytes)
         Self.append(stream, to: &bytes)
         Self.append(txid, to: &bytes)
+        Self.append(since, to: &bytes)
         Self.append(pageSize, to: &bytes)
         Self.append(databasePages, to: &bytes)
         Self.append(UInt32(pages.count), to: &bytes)
@@ -87,7 +92,7 @@ package struct LogRecord: Sendable, Equatable {
         guard let user = String(validating: try reader.take(userLength), as: UTF8.self) else { throw Malformed(description: "a user ID that is not UTF-8") }
         let bucket = try reader.u16()
         let epoch = Int64(bitPattern: try reader.u64())
-        let stream = try reader.u64(), txid = try reader.u64()
+        let stream = try reader.u64(), txid = try reader.u64(), since = try reader.u64()
         let pageSize = try reader.u32(), databasePages = try reader.u32(), count = Int(try reader.u32())
         guard pageSize >= 512, pageSize <= 65536 || kind == .erase else { throw Malformed(description: "page size \(pageSize)") }
         guard end - reader.offset == count * (4 + Int(pageSize)) else { throw Malformed(description: "\(count) pages of \(pageSize) bytes do not fill the record") }
@@ -97,7 +102,7 @@ package struct LogRecord: Sendable, Equatable {
             let number = try reader.u32()
             pages.append(WALCapture.Page(number: number, data: Array(try reader.take(Int(pageSize)))))
         }
-        return LogRecord(kind: kind, user: user, bucket: bucket == UInt16.max ? nil : bucket, epoch: epoch, stream: stream, txid: txid,
+        return LogRecord(kind: kind, user: user, bucket: bucket == UInt16.max ? nil : bucket, epoch: epoch, stream: stream, txid: txid, since: since,
                          pageSize: pageSize, databasePages: databasePages, pages: pages)
     }
 

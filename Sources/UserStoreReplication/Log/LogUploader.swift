@@ -126,6 +126,14 @@ package final class LogUploader: Sendable {
     /// Every record up to this number is stored.
     package var stored: UInt64 { state.withLock { $0.stored } }
 
+    /// The sequence of the last object begun (0: none).
+    package var sequenceBegun: UInt64 { state.withLock { $0.sequence } }
+
+    /// Waits until every record appended so far is stored, by `deadline`; false when it came first.
+    package func flush(until deadline: ContinuousClock.Instant) async -> Bool {
+        await waitUntilStored(appended, until: deadline)
+    }
+
     /// Waits until record `number` (and every record before it) is stored; false when
     /// `deadline` came first.
     package func waitUntilStored(_ number: UInt64, until deadline: ContinuousClock.Instant) async -> Bool {

@@ -60,6 +60,15 @@ extension ReplicaStorage {
         }
     }
 
+    /// Where the folder `folder` is, for an operator (`file:///…/log/`, `s3://bucket/prefix/log/`).
+    package func describe(_ folder: String) -> String {
+        switch kind {
+        case .folder(let root): "file://" + root + "/" + folder
+        case .bucket(_, let bucket, let prefix): "s3://" + bucket + "/" + Self.key(prefix, "/" + folder)
+        case .elsewhere: folder
+        }
+    }
+
     /// Deletes the objects `keys` (those that exist).
     package func delete(_ keys: [String]) throws {
         switch kind {

@@ -93,14 +93,22 @@ public enum Daemon {
         var replicator: (any ReplicationEngine)?
         if let settings = configuration.replication {
             do throws(ReplicaSetup.Refusal) {
-                try LitestreamReplicator.checkBinary(settings)
+                if settings.engine == .litestream { try LitestreamReplicator.checkBinary(settings) }
+                if settings.engine == .log, cluster != nil {
+                    throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log runs on one host only for now (no cluster section)", name: nil)
+                }
                 // The replica's identity (its marker against this data directory's binding) and,
                 // with one host, its writer lease: before anything can be created, restored or
                 // replicated.
                 let setup = try await ReplicaSetup.prepare(settings, layout: layout, clusterHost: cluster?.settings.host, logger: logger)
-                replicator = await LitestreamReplicator.start(settings, setup: setup, layout: layout, runtimeDirectory: configuration.dataDirectory,
-                                                              fencing: cluster, logger: logger,
-                                                              syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
+                switch settings.engine {
+                case .litestream:
+                    replicator = await LitestreamReplicator.start(settings, setup: setup, layout: layout, runtimeDirectory: configuration.dataDirectory,
+                                                                  fencing: cluster, logger: logger,
+                                                                  syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
+                case .log:
+                    replicator = try LogReplicator.start(settings, setup: setup, layout: layout, logger: logger)
+                }
             } catch {
                 var metadata: Logger.Metadata = ["event": "daemon-failed"]
                 if let name = error.name { metadata["error"] = .string(name) }

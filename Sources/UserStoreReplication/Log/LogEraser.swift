@@ -1,0 +1,50 @@
+import Crypto
+import Foundation
+
+/// `DeleteStore` in the host log: nothing of the user is left in the bucket — every log object
+/// holding its records is written again without them (or removed, when nothing else is left in
+/// it) — and a tombstone at the log's position then voids any record of the user written before
+/// it that a restore might still meet (a fenced host's late upload). The tombstone names the user
+/// by a hash, not by name (docs/design.md, "The host log").
+package struct LogEraser: Sendable {
+    package let storage: ReplicaStorage
+    package let uploader: LogUploader
+
+    /// A tombstone: where the log stood when the user was erased.
+    package struct Tombstone: Codable, Sendable, Equatable {
+        package var epoch: Int64
+        package var incarnation: String
+        package var sequence: UInt64
+        package var erasedAt: String
+    }
+
+    /// The tombstone's key for `user`.
+    package static func tombstoneKey(of user: String) -> String {
+        "erased/" + SHA256.hash(data: Data(user.utf8)).map { String(format: "%02x", $0) }.joined() + ".json"
+    }
+
+    /// Erases `user` from the log (the store is closed: its last records were appended). Blocking;
+    /// throws when the replica cannot be written (nothing of the user may remain: retry).
+    package func erase(_ user: String) throws {
+        // Every record appended so far in an object: the user's last ones included.
+        let appended = uploader.appended
+        guard try ReplicaStorage.blocking({ await uploader.waitUntilStored(appended, until: .now + .seconds(30)) }) else {
+            throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
+        }
+        for key in try storage.keys(under: LogRestorer.folder) where key.hasSuffix(".usl") {
+            guard let bytes = try storage.get(key) else { continue }
+            var segment = try LogSegment.decode(bytes)
+            guard segment.header.users.contains(user) else { continue }
+            segment.records.removeAll { $0.user == user }
+            if segment.records.isEmpty {
+                try storage.delete([key])
+            } else {
+                try storage.put(key, segment.encoded())
+            }
+        }
+        let origin = uploader.origin
+        let tombstone = Tombstone(epoch: origin.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
+                                  erasedAt: RFC3339.format(Date()))
+        try storage.put(Self.tombstoneKey(of: user), Array((try? JSONEncoder().encode(tombstone)) ?? Data()))
+    }
+}

@@ -1,0 +1,55 @@
+import Foundation
+import UserStoreCore
+
+/// Where a store's log stream stands, kept beside the store (`.<user>.sqlite-log`) and written
+/// only when it is true in the replica: after the store's base is stored, and after each of the
+/// daemon's checkpoints once every record of the store was stored. It says that the database
+/// file, plus the WAL's frames up to `frames` under `salt` (none when `salt` is nil: the WAL is
+/// empty), is the state at `txid` of `stream`, replicated under `epoch`; each commit frame of the
+/// WAL after that adds one to the txid.
+///
+/// A store whose WAL does not match it — changed where capture could not see it (offline,
+/// restored, imported), a crash between a checkpoint and this file's update, or replicated under
+/// another epoch before — ships a new base (docs/design.md, "The host log").
+package struct LogPosition: Codable, Sendable, Equatable {
+    package var stream: UInt64
+    package var epoch: Int64
+    package var txid: UInt64
+    package var salt: WALCapture.Salt?
+    package var frames: UInt32
+
+    /// The file beside the store at `storePath`.
+    package static func path(of storePath: String) -> String {
+        let url = URL(fileURLWithPath: storePath)
+        return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-log"
+    }
+
+    /// The position kept beside the store at `storePath`; nil when there is none (or it is not
+    /// what userstored wrote: then the store ships a base).
+    package static func load(_ storePath: String) -> LogPosition? {
+        FileManager.default.contents(atPath: path(of: storePath)).flatMap { try? JSONDecoder().decode(Self.self, from: $0) }
+    }
+
+    /// Writes it beside the store at `storePath`, durably.
+    package func save(beside storePath: String) throws {
+        try DurableFile.write(String(decoding: (try? JSONEncoder().encode(self)) ?? Data(), as: UTF8.self), to: Self.path(of: storePath))
+    }
+
+    /// Removes the position beside `storePath` (the file was replaced: its next open ships a base).
+    package static func forget(_ storePath: String) {
+        unlink(path(of: storePath))
+    }
+}
+
+extension WALCapture.Salt: Codable {
+    public init(from decoder: any Decoder) throws {
+        var container = try decoder.unkeyedContainer()
+        self.init(first: try container.decode(UInt32.self), second: try container.decode(UInt32.self))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.unkeyedContainer()
+        try container.encode(first)
+        try container.encode(second)
+    }
+}

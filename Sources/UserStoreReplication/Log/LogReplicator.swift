@@ -1,0 +1,288 @@
+import Foundation
+import Logging
+import ServiceLifecycle
+import Synchronization
+import UserStoreConfiguration
+import UserStoreCore
+
+/// The daemon's own replication (`replication.engine: log`): every open store's commits, read
+/// out of its WAL (``WALCapture``), go into one log per host (``LogUploader``) — group commit
+/// across stores — and a store missing here is rebuilt from its records (``LogRestorer``). No
+/// second process, and nothing kept per store but while it is open (docs/design.md, "The host
+/// log"). With one host only, for now: a cluster keeps Litestream.
+package final class LogReplicator: ReplicationEngine {
+    package let settings: ReplicationSettings
+    package let layout: StoreLayout
+    package let storage: ReplicaStorage
+    package let identity: ReplicaIdentity?
+    package let lease: LeaseKeeper?
+    package let uploader: LogUploader
+    package let restorer: LogRestorer
+    private let logger: Logger
+
+    private struct State {
+        var open: [String: LoggedStore] = [:]
+        var restored = 0
+        var replicaProblem: String?
+        var lastError: String?
+    }
+
+    private let state = Mutex(State())
+    /// The uploader's loop: started with the engine, stopped after every store's last records
+    /// (``stop()``), so that it outlives the daemon's other services.
+    private let uploading = Mutex<Task<Void, Never>?>(nil)
+
+    package init(settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, incarnation: Int, logger: Logger) {
+        self.settings = settings
+        self.layout = layout
+        storage = setup.storage
+        identity = setup.identity
+        lease = setup.lease
+        self.logger = logger
+        let dataDirectory = setup.identity?.binding.dataDirectory ?? "unbound"
+        let padded = String(format: "%010d", incarnation)
+        uploader = LogUploader(storage: setup.storage,
+                               origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
+                                             epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/"))
+        restorer = LogRestorer(storage: setup.storage)
+        if let problem = setup.problem { replicaFailed(problem) }
+    }
+
+    /// The engine on `setup`'s replica: this start's incarnation recorded, the uploader ready.
+    package static func start(_ settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, logger: Logger) throws(ReplicaSetup.Refusal) -> LogReplicator {
+        guard let identity = setup.identity, setup.lease != nil else {
+            throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log needs a file:// or s3:// replica and one host (no cluster section), for now", name: nil)
+        }
+        let incarnation: Int
+        do {
+            incarnation = try identity.nextIncarnation()
+        } catch {
+            throw ReplicaSetup.Refusal(code: .unavailable, description: "recording this start in \(layout.replicaBindingPath): \(error)", name: nil)
+        }
+        let replicator = LogReplicator(settings: settings, setup: setup, layout: layout, incarnation: incarnation, logger: logger)
+        let uploader = replicator.uploader
+        replicator.uploading.withLock { $0 = Task { await uploader.run() } }
+        return replicator
+    }
+
+    package var durableDeadline: ContinuousClock.Instant { .now + .milliseconds(settings.durableTimeoutMilliseconds) }
+
+    // MARK: StoreReplication
+
+    package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+        try identity?.require(for: user)
+        let started = ContinuousClock.now
+        let staged = path + ".restoring"
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
+        let restored: LogRestorer.Restored?
+        do {
+            restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
+        } catch let damaged as LogSegment.Damaged {
+            throw StoreError.replicaDamaged(user: user, message: damaged.description)
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "reading the log: \(error)")
+        }
+        guard let restored else {
+            if timestamp == nil { try identity?.confirm(before: user) }
+            return nil
+        }
+        if let problem = StoreFileInspector.quickCheck(staged) {
+            throw StoreError.replicaDamaged(user: user, message: "the store rebuilt from the log fails its integrity check: \(problem)")
+        }
+        do throws(ChangeLogError) {
+            try ChangeLog.continuePositionsAfterReplicaRestore(staged)
+        } catch {
+            throw StoreError.storageFailure(user: user, message: "moving the restored copy's change log past the replica's positions: \(error.message)")
+        }
+        let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
+        do {
+            try DurableFile.publishDatabase(staged, as: path)
+        } catch {
+            throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
+        }
+        // The position the file now holds: a reopen under the same epoch continues the stream.
+        try? LogPosition(stream: restored.stream, epoch: restored.epoch, txid: restored.txid, salt: nil, frames: 0).save(beside: path)
+        state.withLock { $0.restored += 1 }
+        return ReplicaRestore(source: storage.describe(LogRestorer.folder), schemaVersion: schemaVersion,
+                              durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
+    }
+
+    package func newerCopy(of user: UserID, path: String) throws -> Int64? {
+        // A store last replicated under an older epoch than the one held: another host may have
+        // written the user since.
+        guard let held = lease?.heldEpoch, let position = LogPosition.load(path), position.epoch < held else { return nil }
+        do {
+            let newer = try restorer.records(of: user.rawValue).filter { $0.record.epoch > position.epoch }.map(\.record.epoch).max()
+            return newer
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the log: \(error)")
+        }
+    }
+
+    package func storeOpened(_ store: Store) {
+        let epoch = lease?.pathEpoch ?? 0
+        var position = LogPosition.load(store.path)
+        if position?.epoch != epoch { position = nil } // a new epoch: a new stream, from a base
+        let logged = LoggedStore(store: store, epoch: epoch, bucket: nil, uploader: uploader, position: position)
+        do {
+            let current = try logged.capture.resumeAfterCurrentContents()
+            if let position, position.salt != nil || current.frames > 0 {
+                // Frames after the saved position (a crash before they were all stored, or before
+                // the position was saved): sent again, as one record (their txids are the same).
+                if position.salt == nil || position.salt == current.salt, current.frames >= position.frames {
+                    try logged.capture.resume(at: position.salt, frames: position.frames)
+                    logged.committed(.success(try logged.capture.readCommits(through: current.frames)))
+                } else {
+                    logged.fail("the WAL is not where the position beside the store says")
+                }
+            }
+        } catch {
+            logged.fail("reading the WAL: \(error)")
+        }
+        store.keepsWALOnClose()
+        store.wal.checkpoints(when: { [weak logged] in logged?.mayCheckpoint() ?? false }, then: { [weak logged] in logged?.checkpointed() })
+        if logged.needsBase && FileManager.default.fileExists(atPath: store.path) && Self.fileSize(store.path) > 0 {
+            logged.shipBase()
+        }
+        store.wal.capture = logged.capture
+        state.withLock { $0.open[store.path] = logged }
+    }
+
+    package func storeClosing(_ store: Store) {
+        guard let logged = state.withLock({ state -> LoggedStore? in
+            guard state.open[store.path]?.store === store else { return nil }
+            return state.open.removeValue(forKey: store.path)
+        }) else { return }
+        logged.close()
+        store.wal.capture = nil
+        guard case .success(let last) = logged.lastRecord else { return }
+        // Its last records stored: the WAL is checkpointed away and the position saved, so that
+        // a reopen ships nothing. Otherwise the WAL stays, and a reopen ships what it holds.
+        let stored = last == 0 || (try? Self.waitBlocking { await self.uploader.waitUntilStored(last, until: self.durableDeadline) }) == true
+        guard stored else { return }
+        do {
+            try store.writeBlocking { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+            logged.checkpointed()
+        } catch {
+            logger.warning("checkpointing \(store.user) before it closes: \(error)", metadata: ["event": "replication-degraded"])
+        }
+    }
+
+    package func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
+        LogPosition.forget(path)
+        guard deleteReplica else { return }
+        do {
+            try LogEraser(storage: storage, uploader: uploader).erase(user.rawValue)
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); nothing was deleted here, retry")
+        }
+    }
+
+    // MARK: ReplicationEngine
+
+    package func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
+        try identity?.require(for: user)
+        guard let logged = state.withLock({ $0.open[layout.storePath(for: user)] }) else {
+            throw StoreError.replicationUnavailable(user: user, message: "the store is not open")
+        }
+        let last: UInt64
+        switch logged.lastRecord {
+        case .success(let number): last = number
+        case .failure(let why): throw StoreError.replicationUnavailable(user: user, message: "\(why)")
+        }
+        if last > 0, await !uploader.waitUntilStored(last, until: deadline) {
+            throw StoreError.replicationUnavailable(user: user, message: "the log did not store the commit within \(settings.durableTimeoutMilliseconds) ms (\(uploader.snapshot.lastError ?? "the replica is slow"))")
+        }
+        if let lease, await !lease.confirmHeld(epoch: logged.epoch, after: .now) {
+            throw StoreError.replicationUnavailable(user: user, message: "committed here and in the log under epoch \(logged.epoch), but this host does not hold the replica's writer lease now: the write may be lost")
+        }
+    }
+
+    package func registeredEpoch(of user: UserID) -> Int64? {
+        state.withLock { $0.open[layout.storePath(for: user)]?.epoch }
+    }
+
+    package func replicaURL(for user: UserID) -> String { storage.describe(LogRestorer.folder) }
+
+    package var indexedUsers: Int? { nil }
+    package var bucketTraffic: BucketTraffic? { nil }
+
+    package func replicaFailed(_ problem: String) {
+        state.withLock { $0.replicaProblem = problem }
+    }
+
+    package func initializeReplica() async throws -> ReplicaMarker {
+        guard let identity else { throw LitestreamReplicator.NotReachable(description: "no marker in this replica") }
+        let marker = try await BlockingPool.run { try identity.initialize() }
+        await checkReplica()
+        if let lease { _ = try? await BlockingPool.run { lease.round() } }
+        return marker
+    }
+
+    package func takeOverReplica() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
+        guard let lease else { throw LitestreamReplicator.NotReachable(description: "no writer lease in this replica") }
+        return try await BlockingPool.run { try lease.takeOver() }
+    }
+
+    package func leaseAcquired(_ epoch: Int64) {}
+
+    package var snapshot: ReplicationSnapshot {
+        let upload = uploader.snapshot
+        return state.withLock { state in
+            let stores = state.open.values.map { (user: $0.user.rawValue, registered: !$0.needsBase, lastSync: Date?.none) }
+            return ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
+                                       lastError: upload.lastError ?? state.lastError, litestreamPID: 0, litestreamVersion: "",
+                                       restored: state.restored, diverged: 0, lastSyncPassSeconds: 0, longestSyncPassSeconds: 0,
+                                       replicaProblem: state.replicaProblem, syncs: upload.objects, sharedSyncWaits: 0,
+                                       stores: stores.sorted { $0.user < $1.user }, holdsLease: lease.map { $0.heldEpoch != nil } ?? true)
+        }
+    }
+
+    package func services(registry: StoreRegistry) -> [any Service] {
+        [LogHealthService(replicator: self)]
+    }
+
+    /// Waits (at most the durable time-out) for the log to store what the stores' last commits
+    /// appended, then stops the uploader.
+    package func stop() async {
+        if await !uploader.flush(until: durableDeadline) {
+            logger.warning("stopping with records the log did not store (\(uploader.snapshot.lastError ?? "the replica is slow")): the stores ship them when they next open", metadata: ["event": "replication-degraded"])
+        }
+        uploading.withLock { $0 }?.cancel()
+        await uploading.withLock { $0 }?.value
+    }
+
+    /// Checks the replica's marker (every 5 s from ``LogHealthService``, every second while it fails).
+    package func checkReplica() async {
+        guard let identity else { return }
+        let verdict = (try? await BlockingPool.run { identity.check() }) ?? .unknown("the check did not run")
+        state.withLock { $0.replicaProblem = verdict.problem }
+        if verdict.isVerified, let lease, lease.heldEpoch == nil { _ = try? await BlockingPool.run { lease.round() } }
+    }
+
+    // MARK: Helpers
+
+    private static func fileSize(_ path: String) -> Int {
+        var status = stat()
+        return stat(path, &status) == 0 ? Int(status.st_size) : 0
+    }
+
+    /// Runs `work` and waits for it on this thread (a blocking-pool thread).
+    static func waitBlocking<T: Sendable>(_ work: @escaping @Sendable () async -> T) throws -> T {
+        try ReplicaStorage.blocking { await work() }
+    }
+}
+
+/// The replica's marker checked every 5 s (every second while it fails).
+struct LogHealthService: Service {
+    let replicator: LogReplicator
+
+    func run() async throws {
+        var round = 0
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
+            round += 1
+            try? await Task.sleep(for: .seconds(1))
+        }
+    }
+}

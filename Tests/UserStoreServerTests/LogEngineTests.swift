@@ -1,0 +1,180 @@
+import ClusterTestSupport
+import DaemonTestSupport
+import Foundation
+import Testing
+import UserStoreReplication
+import Varlink
+
+/// The daemon's own replication (`replication.engine: log`) end to end, on a folder and on
+/// SeaweedFS: the disaster (every durable write back after the disk is lost), a reopen that ships
+/// nothing, commits a crash left unstored sent again, and an erase that leaves nothing of the
+/// user in the bucket.
+@Suite(.serialized) struct LogEngineTests {
+    /// A daemon on the log engine over a folder (`kind` "file") or a bucket ("s3"), with what
+    /// keeps them alive.
+    final class Setup {
+        let replica: TemporaryDirectory
+        let server: SeaweedFS?
+        let daemon: DaemonHarness
+
+        init(_ kind: String, extra: String = "") throws {
+            replica = try TemporaryDirectory()
+            server = kind == "s3" ? try SeaweedFS() : nil
+            try server?.createBucket("log")
+            let url = server?.replicaURL(bucket: "log", prefix: "users") ?? "file://" + replica.path
+            daemon = try DaemonHarness(extraConfig: """
+                replication:
+                  replica: "\(url)"
+                  engine: log
+                  durableTimeoutMilliseconds: 5000
+                \(extra)
+                """)
+            daemon.environment = server?.environment ?? [:]
+        }
+
+        /// Every log object's bytes (read with boto3's listing and the files themselves, or the
+        /// folder), by key.
+        func logObjects() throws -> [String: [UInt8]] {
+            if let server {
+                var objects: [String: [UInt8]] = [:]
+                let folder = try TemporaryDirectory()
+                for key in try server.keys("log", prefix: "users/log/") {
+                    let file = folder.path + "/object"
+                    let result = try server.probe(["get", "log", key, file])
+                    #expect(result.status == 0, "\(result.output)")
+                    objects[key] = [UInt8](try Data(contentsOf: URL(fileURLWithPath: file)))
+                }
+                return objects
+            }
+            let root = replica.path + "/log/"
+            var objects: [String: [UInt8]] = [:]
+            for path in FileManager.default.subpaths(atPath: root) ?? [] where path.hasSuffix(".usl") {
+                objects[path] = [UInt8](try Data(contentsOf: URL(fileURLWithPath: root + path)))
+            }
+            return objects
+        }
+
+        /// Every record of `user` in the log, in no particular order.
+        func records(of user: String) throws -> [LogRecord] {
+            try logObjects().values.flatMap { try LogSegment.decode($0).records.filter { $0.user == user } }
+        }
+
+        /// The host lost with its disk (SIGKILL, data directory removed), and a new one started on
+        /// the same replica.
+        func loseTheHost() throws {
+            daemon.stop(signal: SIGKILL)
+            try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+            try daemon.start()
+        }
+    }
+
+    static func titles(_ user: String, _ client: VarlinkConnection) throws -> [String] {
+        (try client.call("io.userstore.Store.Query", ["user": .string(user), "sql": "SELECT title FROM notes ORDER BY id"])["rows"]?.arrayValue ?? [])
+            .compactMap { $0.arrayValue?.first?.stringValue }
+    }
+
+    /// 40 users, a durable write each, plain writes round-robin for 2 s, SIGKILL and the disk
+    /// lost: every durable write and every plain write acknowledged more than a second before the
+    /// kill comes back. Prints the figures.
+    @Test(arguments: ["file", "s3"]) func everyUserComesBackFromTheLog(kind: String) throws {
+        let setup = try Setup(kind)
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        let users = (0..<40).map { "user\($0)" }
+        let durableStarted = ContinuousClock.now
+        for user in users { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable')", for: user, on: client, durable: true) }
+        let durableEach = (ContinuousClock.now - durableStarted) / users.count
+        var acknowledged: [(user: String, title: String, at: ContinuousClock.Instant)] = []
+        let until = ContinuousClock.now + .seconds(2)
+        var round = 0
+        while ContinuousClock.now < until {
+            for user in users {
+                try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('plain \(round)')", for: user, on: client)
+                acknowledged.append((user, "plain \(round)", .now))
+            }
+            round += 1
+        }
+        let killedAt = ContinuousClock.now
+        try setup.loseTheHost()
+        let fresh = try setup.daemon.connect()
+        var lost = 0, oldestLost = Duration.zero
+        for user in users {
+            #expect(try fresh.call("io.userstore.Store.Open", ["user": .string(user)])["created"] == false, "\(user) was created empty")
+            let titles = Set(try Self.titles(user, fresh))
+            #expect(titles.contains("durable"), "\(user)'s durable write is lost")
+            for write in acknowledged where write.user == user && !titles.contains(write.title) {
+                lost += 1
+                oldestLost = max(oldestLost, killedAt - write.at)
+            }
+        }
+        #expect(oldestLost < .seconds(1), "a plain write acknowledged \(oldestLost) before the kill is lost")
+        print("log engine disaster (\(kind)): 40 users, durable write \(durableEach) each; \(acknowledged.count) plain writes, \(lost) lost, oldest lost \(oldestLost) before the kill")
+    }
+
+    /// A store closed (LRU) with everything stored and opened again sends nothing: its one base
+    /// is the one of its creation, and a write after the reopen continues its stream.
+    @Test func aReopenedStoreShipsNothingAgain() throws {
+        let setup = try Setup("file", extra: "maxOpenStores: 2")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("CREATE TABLE blobs (b BLOB)", for: "ann", on: client)
+        try DurabilityTests.execute("INSERT INTO blobs VALUES (randomblob(1000000))", for: "ann", on: client, durable: true)
+        for user in ["bob", "cy"] { _ = try client.call("io.userstore.Store.Open", ["user": .string(user)]) } // ann closed
+        #expect(try !(client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue ?? []).contains { $0["user"] == "ann" })
+        let before = try setup.records(of: "ann")
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after the reopen')", for: "ann", on: client, durable: true)
+        let after = try setup.records(of: "ann")
+        #expect(after.filter { $0.kind == .base }.count == 1, "a reopen shipped the store whole again")
+        let added = after.count - before.count
+        #expect(added == 1 && after.map(\.pages.count).max() ?? 0 > 200, "\(added) records for one write after the reopen")
+        #expect(Set(after.map(\.stream)).count == 1, "the reopen began a new stream")
+        try setup.loseTheHost()
+        #expect(try Self.titles("ann", try setup.daemon.connect()) == ["after the reopen"])
+    }
+
+    /// Commits a crash left unstored (the folder's log made unwritable, then the daemon
+    /// SIGKILLed) are sent again when the store next opens, with the same txids: after the disk
+    /// is then lost, every one of them comes back.
+    @Test func commitsACrashLeftUnstoredAreSentAgainAtTheNextOpen() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "ann", on: client, durable: true)
+        // A file where the log's folder is: no object can be written any more.
+        let log = setup.replica.path + "/log"
+        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
+        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        for index in 0..<5 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('unstored \(index)')", for: "ann", on: client) }
+        setup.daemon.stop(signal: SIGKILL)
+        try FileManager.default.removeItem(atPath: log)
+        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        try setup.daemon.start()
+        let again = try setup.daemon.connect()
+        #expect(try Self.titles("ann", again).count == 6)
+        // Everything in the bucket now (the reopen sent the WAL's commits): the disk lost.
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable after')", for: "ann", on: again, durable: true)
+        try setup.loseTheHost()
+        #expect(try Self.titles("ann", try setup.daemon.connect()) == ["stored", "unstored 0", "unstored 1", "unstored 2", "unstored 3", "unstored 4", "durable after"])
+    }
+
+    /// `DeleteStore` leaves no record of the user in any object of the bucket (listed with boto3),
+    /// nothing of a user whose name starts the same is touched, and the next host starts the user
+    /// empty.
+    @Test func anEraseLeavesNoRecordOfTheUserInTheBucket() throws {
+        let setup = try Setup("s3")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        for user in ["ann", "anna"] {
+            for index in 0..<3 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(index)')", for: user, on: client, durable: true) }
+        }
+        #expect(try !setup.records(of: "ann").isEmpty)
+        _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "ann"])
+        #expect(try setup.records(of: "ann").isEmpty, "records of the erased user are left in the bucket")
+        #expect(try setup.logObjects().values.allSatisfy { !String(decoding: $0, as: UTF8.self).contains("\"ann\"") })
+        #expect(try setup.records(of: "anna").count >= 3)
+        try setup.loseTheHost()
+        let fresh = try setup.daemon.connect()
+        #expect(try fresh.call("io.userstore.Store.Open", ["user": "ann"])["created"] == true)
+        #expect(try Self.titles("anna", fresh) == ["0", "1", "2"])
+    }
+}
