@@ -14,7 +14,7 @@ if (($# == 0)); then
     # control socket) or run the daemon's request path in the test process (its tasks share the
     # two cooperative threads): they run on their own, where the blocking suites cannot starve
     # those threads (CI saw waits of 180 s for 1 s of work).
-    alone='UserStoreClientTests|UserStoreReplicationTests.LitestreamControlTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests'
+    alone='UserStoreClientTests|UserStoreReplicationTests.LitestreamControlTests|UserStoreReplicationTests.LogUploaderTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests'
     swift test --skip-build --skip "$cluster|$alone"
     swift test --skip-build --no-parallel --filter "$cluster"
     swift test --skip-build --filter "$alone"

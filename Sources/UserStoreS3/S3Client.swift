@@ -125,13 +125,17 @@ public final class S3Client: Sendable {
         public var etag: String
     }
 
-    /// `key`'s bytes and entity tag; nil when there is no such key (404 `NoSuchKey`).
-    public func getObject(bucket: String, key: String) async throws(S3Error) -> Object? {
+    /// `key`'s bytes (only those in `range`, when given: a ranged GET) and entity tag; nil when
+    /// there is no such key (404 `NoSuchKey`).
+    public func getObject(bucket: String, key: String, range: Range<Int>? = nil) async throws(S3Error) -> Object? {
         do {
-            let reply = try await request("GET", bucket: bucket, key: key, query: [], body: nil)
+            let headers = range.map { [("range", "bytes=\($0.lowerBound)-\($0.upperBound - 1)")] } ?? []
+            let reply = try await request("GET", bucket: bucket, key: key, query: [], body: nil, headers: headers)
             return Object(body: reply.body, etag: reply.etag ?? "")
         } catch .failed(404, "NoSuchKey", _) {
             return nil
+        } catch .failed(416, _, _) where range != nil {
+            return Object(body: Data(), etag: "") // an empty object has no first bytes
         }
     }
 

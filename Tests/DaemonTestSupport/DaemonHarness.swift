@@ -84,7 +84,9 @@ public final class DaemonHarness {
         }
     }
 
-    public var pid: Int32 { process?.processIdentifier ?? 0 }
+    /// The daemon's pid; with no daemon running, one no process has (never 0 or -1: `kill` with
+    /// those signals the caller's process group, or every process).
+    public var pid: Int32 { process?.processIdentifier ?? Int32.max }
 
     /// What the daemon wrote on stderr.
     public var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }

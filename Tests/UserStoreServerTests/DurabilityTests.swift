@@ -61,9 +61,9 @@ import Varlink
     /// daemon on the same replica and returns what `user`'s store holds once its first request
     /// restored it.
     static func loseHostAndRestore(_ user: String, _ daemon: DaemonHarness, _ client: VarlinkConnection) throws -> String {
-        let litestream = try ReplicationTests.litestreamPID(client)
+        let litestream = ReplicationTests.onLitestream ? try ReplicationTests.litestreamPID(client) : nil
         kill(daemon.pid, SIGKILL)
-        kill(litestream, SIGKILL)
+        if let litestream { kill(litestream, SIGKILL) }
         daemon.waitForExit()
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
@@ -98,7 +98,7 @@ import Varlink
     /// The scenario: Litestream paused (SIGSTOP) while small and large transactions
     /// commit — a 5 MB one, a durable write that fails, plain writes for 9 s — then resumed; a
     /// durable write acknowledged afterwards means the 5 MB transaction is in the replica too.
-    @Test func aPausedLitestreamLosesNoCommitBeforeADurableAcknowledgement() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aPausedLitestreamLosesNoCommitBeforeADurableAcknowledgement() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -129,7 +129,7 @@ import Varlink
     /// is kept whole, because the paused Litestream still holds its position in it. Before the
     /// fix the WAL was reset here, Litestream took that for its own checkpoint, and the 5 MB
     /// write never reached the replica (every run).
-    @Test func aStoreIsNotCheckpointedBehindAPausedLitestream() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aStoreIsNotCheckpointedBehindAPausedLitestream() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "bea", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -151,7 +151,7 @@ import Varlink
     /// the fault finds it (`replica-diverged`), ships the store whole again, and only then counts
     /// it as registered: the durable write after it is acknowledged with everything before it in
     /// the replica.
-    @Test func aBrokenReplicaIsFoundAndShippedWholeAgain() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aBrokenReplicaIsFoundAndShippedWholeAgain() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "cal", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -173,7 +173,7 @@ import Varlink
     /// Litestream killed while a large and small transactions commit: the daemon starts a new
     /// one, registers the store with it and compares it with its replica; a durable write then
     /// covers everything.
-    @Test func aKilledLitestreamLosesNothingAcknowledged() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aKilledLitestreamLosesNothingAcknowledged() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "dan", on: client, durable: true)
         let first = try ReplicationTests.litestreamPID(client)
@@ -187,7 +187,7 @@ import Varlink
     /// A Litestream child that stops answering is killed after
     /// `replication.restartUnresponsiveSeconds` and replaced; its stores, whose WAL it held, are
     /// registered with the new one and compared with their replica.
-    @Test func anUnresponsiveLitestreamIsReplaced() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func anUnresponsiveLitestreamIsReplaced() throws {
         let (_, daemon, client) = try Self.started(extra: "  restartUnresponsiveSeconds: 2")
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "eve", on: client, durable: true)
         let first = try ReplicationTests.litestreamPID(client)
@@ -203,7 +203,7 @@ import Varlink
     /// so it is closed with its WAL kept (the paused Litestream still holds its position in it).
     /// Reopened after Litestream is back, it is compared with its replica before a durable write
     /// is acknowledged.
-    @Test func aStoreEvictedWhileLitestreamIsPausedLosesNothing() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aStoreEvictedWhileLitestreamIsPausedLosesNothing() throws {
         let (_, daemon, client) = try Self.started(extra: "maxOpenStores: 2")
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -286,7 +286,7 @@ import Varlink
 
     /// Litestream never outlives its daemon: SIGKILL of the daemon alone ends it within a second
     /// (it runs tied to the daemon, PR_SET_PDEATHSIG), and it runs in the daemon's process group.
-    @Test func litestreamEndsWithItsDaemon() throws {
+    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func litestreamEndsWithItsDaemon() throws {
         let (_, daemon, client) = try ReplicationTests.started()
         let litestream = try ReplicationTests.litestreamPID(client)
         #expect(litestream > 0)

@@ -37,7 +37,7 @@ import Varlink
         /// rows, as it restores them.
         func restoreOnAFreshHost(_ user: String) throws -> [String] {
             for daemon in [first, second] where daemon.process != nil {
-                if let pid = try? ReplicationTests.litestreamPID(daemon.connect()), pid > 0 { kill(pid, SIGKILL) }
+                if ReplicationTests.onLitestream, let pid = try? ReplicationTests.litestreamPID(daemon.connect()) { kill(pid, SIGKILL) }
                 kill(daemon.pid, SIGCONT)
                 daemon.stop(signal: SIGKILL)
             }
@@ -86,10 +86,10 @@ import Varlink
         #expect(Self.refused { try second.call("io.userstore.Store.Open", ["user": "bob"]) })
         try Self.durable("first 2", first)
 
-        let litestream = try ReplicationTests.litestreamPID(first)
+        let litestream = ReplicationTests.onLitestream ? try ReplicationTests.litestreamPID(first) : nil
         let killedAt = ContinuousClock.now
         kill(pair.first.pid, SIGKILL)
-        kill(litestream, SIGKILL)
+        if let litestream { kill(litestream, SIGKILL) }
         pair.first.waitForExit()
         #expect(try Self.waitForLease(second, "holding"))
         let tookOver = ContinuousClock.now - killedAt

@@ -41,6 +41,7 @@ package struct LogEraser: Sendable {
             } else {
                 try storage.put(key, segment.encoded())
             }
+            uploader.index?.replace(key, users: Set(segment.records.map(\.user)))
         }
         let origin = uploader.origin
         let tombstone = Tombstone(epoch: origin.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,

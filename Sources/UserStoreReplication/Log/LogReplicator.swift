@@ -18,6 +18,8 @@ package final class LogReplicator: ReplicationEngine {
     package let lease: LeaseKeeper?
     package let uploader: LogUploader
     package let restorer: LogRestorer
+    /// Which log objects hold which users, listed once this host holds the replica.
+    package let index = LogIndex()
     private let logger: Logger
 
     private struct State {
@@ -43,8 +45,9 @@ package final class LogReplicator: ReplicationEngine {
         let padded = String(format: "%010d", incarnation)
         uploader = LogUploader(storage: setup.storage,
                                origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
-                                             epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/"))
-        restorer = LogRestorer(storage: setup.storage)
+                                             epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/"),
+                               index: index)
+        restorer = LogRestorer(storage: setup.storage, index: index)
         if let problem = setup.problem { replicaFailed(problem) }
     }
 
@@ -74,6 +77,9 @@ package final class LogReplicator: ReplicationEngine {
         let started = ContinuousClock.now
         let staged = path + ".restoring"
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
+        // A new user: the index of the log (listed while the replica was verified and this host
+        // held it) answers without a request.
+        if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true { return nil }
         let restored: LogRestorer.Restored?
         do {
             restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
@@ -224,7 +230,23 @@ package final class LogReplicator: ReplicationEngine {
         return try await BlockingPool.run { try lease.takeOver() }
     }
 
-    package func leaseAcquired(_ epoch: Int64) {}
+    /// A lease taken from another host: what it wrote is listed again.
+    package func leaseAcquired(_ epoch: Int64) {
+        index.reset()
+    }
+
+    /// Lists the log's objects for the index once the replica is verified and this host holds
+    /// it (the health service asks every second until it is in).
+    func loadIndexIfDue() async {
+        guard !index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
+        let started = ContinuousClock.now
+        do {
+            try await BlockingPool.run { [index, storage] in try index.load(from: storage, folder: LogRestorer.folder) }
+            logger.info("log index: \(index.objects ?? 0) objects listed in \(ContinuousClock.now - started)")
+        } catch {
+            logger.warning("log index: listing the log failed (\(error)); restores read every object until it is in")
+        }
+    }
 
     package var snapshot: ReplicationSnapshot {
         let upload = uploader.snapshot
@@ -281,6 +303,7 @@ struct LogHealthService: Service {
         var round = 0
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
+            await replicator.loadIndexIfDue()
             round += 1
             try? await Task.sleep(for: .seconds(1))
         }

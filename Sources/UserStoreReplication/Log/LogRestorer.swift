@@ -12,6 +12,13 @@ import UserStoreCore
 /// short.
 package struct LogRestorer: Sendable {
     package let storage: ReplicaStorage
+    /// Which objects hold which users (nil, or not yet listed: every object is read).
+    package var index: LogIndex?
+
+    package init(storage: ReplicaStorage, index: LogIndex? = nil) {
+        self.storage = storage
+        self.index = index
+    }
     /// The folder of every log object (`log/`).
     package static let folder = "log/"
 
@@ -43,8 +50,13 @@ package struct LogRestorer: Sendable {
     func records(of user: String, until: Date? = nil) throws -> [Ordered] {
         var found: [Ordered] = []
         let tombstone = try storage.get(LogEraser.tombstoneKey(of: user)).flatMap { try? JSONDecoder().decode(LogEraser.Tombstone.self, from: Data($0)) }
-        for key in try storage.keys(under: Self.folder) where key.hasSuffix(".usl") {
-            guard let bytes = try storage.get(key) else { continue }
+        let listed = index?.keys(of: user)
+        for key in try listed ?? storage.keys(under: Self.folder) where key.hasSuffix(".usl") {
+            guard let bytes = try storage.get(key) else {
+                // An object the index lists is gone: the log was emptied or moved, not "nothing there".
+                if listed != nil { throw Unreadable(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
+                continue
+            }
             let segment = try LogSegment.decode(bytes)
             guard segment.header.users.contains(user) else { continue }
             let createdAt = RFC3339.parse(segment.header.createdAt) ?? .distantPast
@@ -59,6 +71,11 @@ package struct LogRestorer: Sendable {
             }
         }
         return found.sorted { $0.precedes($1) }
+    }
+
+    /// The log cannot be read as the index says it is (an object gone): `ReplicationUnavailable`.
+    package struct Unreadable: Error, CustomStringConvertible, Sendable {
+        package let description: String
     }
 
     /// Whether the log holds anything of `user` that a restore would bring back. Blocking.

@@ -90,12 +90,15 @@ package final class LogUploader: Sendable {
     package let storage: ReplicaStorage
     package let origin: Origin
     package let settings: Settings
+    /// Told of every object stored, with its users.
+    package let index: LogIndex?
     private let state = Mutex(State())
 
-    package init(storage: ReplicaStorage, origin: Origin, settings: Settings = Settings()) {
+    package init(storage: ReplicaStorage, origin: Origin, settings: Settings = Settings(), index: LogIndex? = nil) {
         self.storage = storage
         self.origin = origin
         self.settings = settings
+        self.index = index
     }
 
     /// The key of the object with `sequence` (16 hex digits: listed in order).
@@ -232,6 +235,7 @@ package final class LogUploader: Sendable {
                 delay = min(delay * 2, .seconds(5))
             }
         }
+        index?.add(key, users: Set(batch.records.map(\.user)))
         let (resumed, wake) = state.withLock { state -> ([Waiter], CheckedContinuation<Void, Never>?) in
             state.objects += 1
             state.bytes += bytes.count
