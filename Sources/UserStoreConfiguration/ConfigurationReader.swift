@@ -251,6 +251,7 @@ extension ConfigurationLoader {
                 }
                 settings.engine = chosen
             }
+            settings.foldSeconds = try int(.replicationFoldSeconds, minimum: 0, maximum: 86_400) ?? 60
             if let address = try string(.replicationLitestreamMetricsAddress) {
                 guard case .tcp = MetricsAddress(address) else {
                     throw error(.replicationLitestreamMetricsAddress, "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")

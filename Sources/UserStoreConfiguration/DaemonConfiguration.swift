@@ -105,6 +105,11 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// default), or the daemon's own log, one per host (``Engine/log``: one host only, for now).
     public var engine: Engine = .litestream
 
+    /// With the log engine: log objects older than this are folded into per-user objects and
+    /// deleted (`replication.foldSeconds`; 0: as soon as they are stored). Shorter: a smaller
+    /// log for a restore to read, more per-user objects written.
+    public var foldSeconds: Int = 60
+
     /// `replication.engine`.
     public enum Engine: String, Sendable, Equatable {
         case litestream

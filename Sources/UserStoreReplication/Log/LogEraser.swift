@@ -3,12 +3,14 @@ import Foundation
 
 /// `DeleteStore` in the host log: nothing of the user is left in the bucket — every log object
 /// holding its records is written again without them (or removed, when nothing else is left in
-/// it) — and a tombstone at the log's position then voids any record of the user written before
+/// it), every folded object of the user is deleted — and a tombstone at the log's position then voids any record of the user written before
 /// it that a restore might still meet (a fenced host's late upload). The tombstone names the user
 /// by a hash, not by name (docs/design.md, "The host log").
 package struct LogEraser: Sendable {
     package let storage: ReplicaStorage
     package let uploader: LogUploader
+    /// The fold, which does not run meanwhile.
+    package let folder: LogFolder?
 
     /// A tombstone: where the log stood when the user was erased.
     package struct Tombstone: Codable, Sendable, Equatable {
@@ -31,6 +33,10 @@ package struct LogEraser: Sendable {
         guard try ReplicaStorage.blocking({ await uploader.waitUntilStored(appended, until: .now + .seconds(30)) }) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
+        folder?.exclusive.lock()
+        defer { folder?.exclusive.unlock() }
+        try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))
+        uploader.index?.setFolds(of: user, [])
         for key in try storage.keys(under: LogRestorer.folder) where key.hasSuffix(".usl") {
             guard let bytes = try storage.get(key) else { continue }
             var segment = try LogSegment.decode(bytes)

@@ -1,21 +1,42 @@
 import Foundation
 import Synchronization
+import UserStoreCore
 
-/// Which log objects hold which users: read from every object's header once (a ranged read of its
-/// first bytes) when the daemon starts holding the replica, then kept current by this host's
-/// uploader, so that a restore reads only the objects of its user and a new user reads none
-/// (docs/design.md, "The host log"). One host writes the log at a time (the writer lease): after
-/// the listing, objects appear only through this host.
+/// Which log objects hold which users, and which folded objects each user has: read once when
+/// the daemon starts holding the replica (a listing of `log/` and `users/`, and a ranged read of
+/// each log object's first bytes for its header), then kept current by this host's uploader,
+/// folder and eraser, so that a restore reads only the objects of its user and a new user reads
+/// none (docs/design.md, "The host log"). One host writes the log at a time (the writer lease):
+/// after the listing, objects appear only through this host.
 package final class LogIndex: Sendable {
+    /// A log object, as its header says.
+    package struct Entry: Sendable, Equatable {
+        package var users: Set<String>
+        package var position: LogObjectPosition
+        package var createdAt: Date
+
+        package init(users: Set<String>, position: LogObjectPosition, createdAt: Date) {
+            self.users = users
+            self.position = position
+            self.createdAt = createdAt
+        }
+
+        package init(_ header: LogSegment.Header) {
+            self.init(users: Set(header.users), position: LogObjectPosition(header), createdAt: RFC3339.parse(header.createdAt) ?? .distantPast)
+        }
+    }
+
     private struct State {
         var loaded = false
         /// Which listing counts (one begun before a ``reset()`` does not).
         var generation = 0
-        var usersOf: [String: Set<String>] = [:]
+        var entries: [String: Entry] = [:]
         var keysOf: [String: Set<String>] = [:]
-        /// Objects this host wrote while a listing ran (it may have missed them).
-        var added: [String: Set<String>] = [:]
-        var removed: Set<String> = []
+        /// Each user's folded objects (`users/…`).
+        var foldsOf: [String: Set<String>] = [:]
+        /// What this host changed while a listing ran (the listing may have missed it).
+        var added: [String: Entry?] = [:]
+        var foldsChanged: [String: Set<String>] = [:]
     }
 
     private let state = Mutex(State())
@@ -25,35 +46,56 @@ package final class LogIndex: Sendable {
     /// Whether the listing is in.
     package var isLoaded: Bool { state.withLock { $0.loaded } }
 
-    /// The keys of the objects holding records of `user`, sorted; nil until the listing is in.
+    /// The keys of the log objects holding records of `user`, sorted; nil until the listing is in.
     package func keys(of user: String) -> [String]? {
         state.withLock { $0.loaded ? ($0.keysOf[user] ?? []).sorted() : nil }
     }
 
-    /// How many objects it knows, once listed.
-    package var objects: Int? { state.withLock { $0.loaded ? $0.usersOf.count : nil } }
+    /// The keys of `user`'s folded objects, sorted (oldest first); nil until the listing is in.
+    package func folds(of user: String) -> [String]? {
+        state.withLock { $0.loaded ? ($0.foldsOf[user] ?? []).sorted() : nil }
+    }
 
-    /// Every object it knows, with its users (for the fold, which deletes what it folded).
-    package var all: [String: Set<String>] { state.withLock { $0.usersOf } }
+    /// How many log objects it knows, once listed.
+    package var objects: Int? { state.withLock { $0.loaded ? $0.entries.count : nil } }
 
-    /// An object this host stored, with the users it holds.
-    package func add(_ key: String, users: Set<String>) {
+    /// Every log object it knows, oldest first (for the fold); empty until the listing is in.
+    package var entries: [(key: String, entry: Entry)] {
+        state.withLock { $0.loaded ? $0.entries.map { ($0.key, $0.value) }.sorted { ($0.entry.position, $0.key) < ($1.entry.position, $1.key) } : [] }
+    }
+
+    /// A log object this host stored.
+    package func add(_ key: String, _ entry: Entry) {
         state.withLock { state in
-            insert(key, users, into: &state)
-            if !state.loaded { state.added[key] = users }
+            insert(key, entry, into: &state)
+            if !state.loaded { state.added[key] = entry }
         }
     }
 
-    /// An object that is gone (deleted, or rewritten without some users: then `users` is what is left).
+    /// A log object rewritten without some users (`users` is what is left) or, with none left,
+    /// deleted.
     package func replace(_ key: String, users: Set<String>) {
         state.withLock { state in
-            remove(key, from: &state)
-            if users.isEmpty {
-                if !state.loaded { state.removed.insert(key) }
-            } else {
-                insert(key, users, into: &state)
-                if !state.loaded { state.added[key] = users }
+            guard var entry = state.entries[key] else {
+                if !state.loaded { state.added[key] = .some(nil) }
+                return
             }
+            remove(key, from: &state)
+            entry.users = users
+            if users.isEmpty {
+                if !state.loaded { state.added[key] = .some(nil) }
+            } else {
+                insert(key, entry, into: &state)
+                if !state.loaded { state.added[key] = entry }
+            }
+        }
+    }
+
+    /// `user`'s folded objects are now `keys`.
+    package func setFolds(of user: String, _ keys: Set<String>) {
+        state.withLock { state in
+            state.foldsOf[user] = keys.isEmpty ? nil : keys
+            if !state.loaded { state.foldsChanged[user] = keys }
         }
     }
 
@@ -63,33 +105,42 @@ package final class LogIndex: Sendable {
         state.withLock { state in state = State(generation: state.generation + 1) }
     }
 
-    /// Lists every object under `folder` and reads its header. Blocking.
-    package func load(from storage: ReplicaStorage, folder: String) throws {
+    /// Lists every log object under `log` and reads its header, and every folded object under
+    /// `folds`. Blocking.
+    package func load(from storage: ReplicaStorage, log: String, folds: String) throws {
         let generation = state.withLock { $0.generation }
-        var usersOf: [String: Set<String>] = [:]
-        for key in try storage.keys(under: folder) where key.hasSuffix(".usl") {
+        var entries: [String: Entry] = [:]
+        for key in try storage.keys(under: log) where key.hasSuffix(".usl") {
             guard let header = try storage.header(of: key) else { continue }
-            usersOf[key] = Set(header.users)
+            entries[key] = Entry(header)
+        }
+        var foldsOf: [String: Set<String>] = [:]
+        for key in try storage.keys(under: folds) {
+            if let user = LogFolder.user(ofFold: key) { foldsOf[user, default: []].insert(key) }
         }
         state.withLock { state in
             guard state.generation == generation else { return }
-            for (key, users) in usersOf where !state.removed.contains(key) { insert(key, users, into: &state) }
-            for (key, users) in state.added { insert(key, users, into: &state) }
+            for (key, entry) in entries { insert(key, entry, into: &state) }
+            for (key, entry) in state.added {
+                if let entry { insert(key, entry, into: &state) } else { remove(key, from: &state) }
+            }
+            state.foldsOf = foldsOf
+            for (user, keys) in state.foldsChanged { state.foldsOf[user] = keys.isEmpty ? nil : keys }
             state.added = [:]
-            state.removed = []
+            state.foldsChanged = [:]
             state.loaded = true
         }
     }
 
-    private func insert(_ key: String, _ users: Set<String>, into state: inout State) {
+    private func insert(_ key: String, _ entry: Entry, into state: inout State) {
         remove(key, from: &state)
-        state.usersOf[key] = users
-        for user in users { state.keysOf[user, default: []].insert(key) }
+        state.entries[key] = entry
+        for user in entry.users { state.keysOf[user, default: []].insert(key) }
     }
 
     private func remove(_ key: String, from state: inout State) {
-        guard let users = state.usersOf.removeValue(forKey: key) else { return }
-        for user in users {
+        guard let entry = state.entries.removeValue(forKey: key) else { return }
+        for user in entry.users {
             state.keysOf[user]?.remove(key)
             if state.keysOf[user]?.isEmpty == true { state.keysOf[user] = nil }
         }

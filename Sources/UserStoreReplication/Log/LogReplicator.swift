@@ -18,6 +18,7 @@ package final class LogReplicator: ReplicationEngine {
     package let lease: LeaseKeeper?
     package let uploader: LogUploader
     package let restorer: LogRestorer
+    package let folder: LogFolder
     /// Which log objects hold which users, listed once this host holds the replica.
     package let index = LogIndex()
     private let logger: Logger
@@ -27,6 +28,9 @@ package final class LogReplicator: ReplicationEngine {
         var restored = 0
         var replicaProblem: String?
         var lastError: String?
+        /// What the fold did since start, and why it last failed (while it fails).
+        var folded = LogFolder.Report()
+        var foldError: String?
     }
 
     private let state = Mutex(State())
@@ -48,6 +52,7 @@ package final class LogReplicator: ReplicationEngine {
                                              epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/"),
                                index: index)
         restorer = LogRestorer(storage: setup.storage, index: index)
+        folder = LogFolder(storage: setup.storage, index: index, uploader: uploader)
         if let problem = setup.problem { replicaFailed(problem) }
     }
 
@@ -79,7 +84,7 @@ package final class LogReplicator: ReplicationEngine {
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         // A new user: the index of the log (listed while the replica was verified and this host
         // held it) answers without a request.
-        if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true { return nil }
+        if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true { return nil }
         let restored: LogRestorer.Restored?
         do {
             restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
@@ -178,7 +183,7 @@ package final class LogReplicator: ReplicationEngine {
         LogPosition.forget(path)
         guard deleteReplica else { return }
         do {
-            try LogEraser(storage: storage, uploader: uploader).erase(user.rawValue)
+            try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); nothing was deleted here, retry")
         }
@@ -241,10 +246,38 @@ package final class LogReplicator: ReplicationEngine {
         guard !index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let started = ContinuousClock.now
         do {
-            try await BlockingPool.run { [index, storage] in try index.load(from: storage, folder: LogRestorer.folder) }
+            try await BlockingPool.run { [index, storage] in try index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root) }
             logger.info("log index: \(index.objects ?? 0) objects listed in \(ContinuousClock.now - started)")
         } catch {
             logger.warning("log index: listing the log failed (\(error)); restores read every object until it is in")
+        }
+    }
+
+    /// Folds the log objects older than `replication.foldSeconds` into per-user objects (from
+    /// ``LogHealthService``, every second), while this host holds the verified replica.
+    func foldIfDue() async {
+        guard index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
+        let cutoff = Date() - TimeInterval(settings.foldSeconds)
+        do {
+            while let report = try await BlockingPool.run({ [folder] in try folder.fold(before: cutoff) }) {
+                state.withLock { state in
+                    state.folded.logObjects += report.logObjects
+                    state.folded.users += report.users
+                    state.folded.snapshots += report.snapshots
+                    state.folded.bytesWritten += report.bytesWritten
+                    state.foldError = nil
+                }
+                if report.logObjects < 64 { break }
+            }
+        } catch {
+            let first = state.withLock { state -> Bool in
+                defer { state.foldError = "\(error)" }
+                return state.foldError == nil
+            }
+            if first {
+                logger.warning("folding the log into per-user objects failed: \(error); the log keeps its objects and the fold tries again",
+                               metadata: ["event": "replication-degraded"])
+            }
         }
     }
 
@@ -304,6 +337,7 @@ struct LogHealthService: Service {
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
             await replicator.loadIndexIfDue()
+            await replicator.foldIfDue()
             round += 1
             try? await Task.sleep(for: .seconds(1))
         }

@@ -45,20 +45,55 @@ package struct LogRestorer: Sendable {
         }
     }
 
-    /// Every record of `user` in the log, in log order (objects made after `until` left out).
-    /// Reads every log object: the unfolded tail a restore needs. Blocking.
+    /// Every record of `user` in the log, in log order (objects made after `until` left out):
+    /// its newest snapshot and the deltas after it (``LogFolder``), then the log objects after
+    /// those. An object listed but gone by the time it is read (folded meanwhile) starts the
+    /// reading over, up to three times. Blocking.
     func records(of user: String, until: Date? = nil) throws -> [Ordered] {
+        var attempt = 0
+        while true {
+            do {
+                return try readRecords(of: user, until: until)
+            } catch let gone as Gone {
+                attempt += 1
+                if attempt >= 3 { throw Unreadable(description: gone.description) }
+            }
+        }
+    }
+
+    /// An object listed a moment ago and gone now.
+    private struct Gone: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    private func readRecords(of user: String, until: Date?) throws -> [Ordered] {
         var found: [Ordered] = []
         let tombstone = try storage.get(LogEraser.tombstoneKey(of: user)).flatMap { try? JSONDecoder().decode(LogEraser.Tombstone.self, from: Data($0)) }
-        let listed = index?.keys(of: user)
-        for key in try listed ?? storage.keys(under: Self.folder) where key.hasSuffix(".usl") {
-            guard let bytes = try storage.get(key) else {
-                // An object the index lists is gone: the log was emptied or moved, not "nothing there".
-                if listed != nil { throw Unreadable(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
-                continue
+        // The log first, then the folds: a fold is written before the log objects it holds are
+        // deleted, so whatever the first listing saw and the second did not is read from a fold.
+        let logKeys = try index?.keys(of: user) ?? storage.keys(under: Self.folder).filter { $0.hasSuffix(".usl") }
+        let foldKeys = try index?.folds(of: user) ?? storage.keys(under: LogFolder.folder(of: user)).filter { LogFolder.position(ofFold: $0) != nil }
+        // The newest snapshot (the newest made by `until`) and the deltas after it.
+        var through: LogObjectPosition?
+        var folds: [(key: String, segment: LogSegment)] = []
+        for key in foldKeys.reversed() {
+            guard let bytes = try storage.get(key) else { throw Gone(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
+            let segment = try LogSegment.decode(bytes)
+            if let until, (RFC3339.parse(segment.header.createdAt) ?? .distantPast) > until { continue }
+            folds.insert((key, segment), at: 0)
+            if through == nil { through = LogFolder.position(ofFold: key) }
+            if LogFolder.isSnapshot(key) { break }
+        }
+        for (key, segment) in folds {
+            for (index, record) in segment.records.enumerated() where record.user == user {
+                found.append(Ordered(epoch: .min, incarnation: key, sequence: 0, index: index, createdAt: .distantPast, record: record))
             }
+        }
+        for key in logKeys {
+            guard let bytes = try storage.get(key) else { throw Gone(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
             let segment = try LogSegment.decode(bytes)
             guard segment.header.users.contains(user) else { continue }
+            if let through, LogObjectPosition(segment.header) <= through { continue }
             let createdAt = RFC3339.parse(segment.header.createdAt) ?? .distantPast
             if let until, createdAt > until { continue }
             for (index, record) in segment.records.enumerated() where record.user == user {
@@ -80,14 +115,14 @@ package struct LogRestorer: Sendable {
 
     /// Whether the log holds anything of `user` that a restore would bring back. Blocking.
     package func holds(_ user: String) throws -> Bool {
-        try reconstruction(of: try records(of: user)) != nil
+        try Self.reconstruction(of: try records(of: user).map(\.record)) != nil
     }
 
     /// Writes `user`'s store, as the log holds it (at `timestamp`: as of the last object made by
     /// then), to the new file `path`; nil when the log holds nothing of the user (or nothing
     /// then). Throws ``LogSegment/Damaged`` for a copy that cannot be whole. Blocking.
     package func restore(_ user: String, to path: String, timestamp: Date? = nil) throws -> Restored? {
-        guard let (base, commits) = try reconstruction(of: try records(of: user, until: timestamp)) else { return nil }
+        guard let (base, commits) = try Self.reconstruction(of: try records(of: user, until: timestamp).map(\.record)) else { return nil }
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw LogSegment.Damaged(description: "cannot create \(path): \(String(cString: strerror(errno)))") }
         defer { close(descriptor) }
@@ -106,19 +141,18 @@ package struct LogRestorer: Sendable {
         return Restored(stream: base.stream, txid: current, epoch: last.epoch, pageSize: Int(last.pageSize), databasePages: Int(last.databasePages))
     }
 
-    /// The newest base of the records (after any erase) and the commits of its stream after it
-    /// by txid; nil when there is none.
-    private func reconstruction(of records: [Ordered]) throws -> (base: LogRecord, commits: [LogRecord])? {
-        let afterErase = records.lastIndex { $0.record.kind == .erase }.map { Array(records[(records.index(after: $0))...]) } ?? records
-        guard let baseIndex = afterErase.lastIndex(where: { $0.record.kind == .base }) else {
-            if afterErase.contains(where: { $0.record.kind == .commit }) {
-                throw LogSegment.Damaged(description: "the log holds commits of \(records.first?.record.user ?? "the user") but no base they start from")
+    /// The newest base of `records` (in log order; after any erase) and the commits of its
+    /// stream after it by txid; nil when there is none.
+    static func reconstruction(of records: [LogRecord]) throws -> (base: LogRecord, commits: [LogRecord])? {
+        let afterErase = records.lastIndex { $0.kind == .erase }.map { Array(records[(records.index(after: $0))...]) } ?? records
+        guard let baseIndex = afterErase.lastIndex(where: { $0.kind == .base }) else {
+            if afterErase.contains(where: { $0.kind == .commit }) {
+                throw LogSegment.Damaged(description: "the log holds commits of \(records.first?.user ?? "the user") but no base they start from")
             }
             return nil
         }
-        let base = afterErase[baseIndex].record
-        let commits = afterErase[baseIndex...].map(\.record).filter { $0.kind == .commit && $0.stream == base.stream }
-            .sorted { $0.txid < $1.txid }
+        let base = afterErase[baseIndex]
+        let commits = afterErase[baseIndex...].filter { $0.kind == .commit && $0.stream == base.stream }.sorted { $0.txid < $1.txid }
         return (base, commits)
     }
 

@@ -79,6 +79,8 @@ package final class LogUploader: Sendable {
         var sequence: UInt64 = 0
         var inFlight: [InFlight] = []
         var stored: UInt64 = 0
+        /// Every object up to this sequence is stored.
+        var storedSequence: UInt64 = 0
         var waiters: [Waiter] = []
         var nextWaiter: UInt64 = 0
         var work: CheckedContinuation<Void, Never>?
@@ -128,6 +130,9 @@ package final class LogUploader: Sendable {
 
     /// Every record up to this number is stored.
     package var stored: UInt64 { state.withLock { $0.stored } }
+
+    /// Every object up to this sequence is stored (0: none yet): the fold takes no later one.
+    package var storedSequence: UInt64 { state.withLock { $0.storedSequence } }
 
     /// The sequence of the last object begun (0: none).
     package var sequenceBegun: UInt64 { state.withLock { $0.sequence } }
@@ -218,8 +223,9 @@ package final class LogUploader: Sendable {
 
     /// Writes one object, again and again until it is stored (backing off to 5 s between tries).
     private func upload(_ batch: (sequence: UInt64, records: [LogRecord])) async {
+        let createdAt = Date()
         let segment = LogSegment(header: .init(kind: "log", host: origin.host, dataDirectory: origin.dataDirectory, incarnation: origin.incarnation,
-                                               epoch: origin.epoch, sequence: batch.sequence, createdAt: RFC3339.format(Date()),
+                                               epoch: origin.epoch, sequence: batch.sequence, createdAt: RFC3339.format(createdAt),
                                                records: 0, users: [], bodyBytes: 0, recordBytes: 0),
                                  records: batch.records)
         let bytes = segment.encoded(level: 1)
@@ -235,7 +241,9 @@ package final class LogUploader: Sendable {
                 delay = min(delay * 2, .seconds(5))
             }
         }
-        index?.add(key, users: Set(batch.records.map(\.user)))
+        index?.add(key, .init(users: Set(batch.records.map(\.user)),
+                              position: .init(epoch: origin.epoch, incarnation: origin.incarnation, sequence: batch.sequence),
+                              createdAt: RFC3339.parse(RFC3339.format(createdAt)) ?? createdAt))
         let (resumed, wake) = state.withLock { state -> ([Waiter], CheckedContinuation<Void, Never>?) in
             state.objects += 1
             state.bytes += bytes.count
@@ -243,6 +251,7 @@ package final class LogUploader: Sendable {
             if let index = state.inFlight.firstIndex(where: { $0.sequence == batch.sequence }) { state.inFlight[index].done = true }
             while let first = state.inFlight.first, first.done {
                 state.stored = first.through
+                state.storedSequence = first.sequence
                 state.inFlight.removeFirst()
             }
             let storedThrough = state.stored
