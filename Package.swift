@@ -181,7 +181,7 @@ let package = Package(
         .executableTarget(
             name: "userstore-bench",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration",
+                "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreS3",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
@@ -207,7 +207,7 @@ let package = Package(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
-                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport", "UserStoreReplication",
+                           "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport", "UserStoreReplication", "UserStoreConfiguration",
                            .product(name: "Prometheus", package: "swift-prometheus")]
         ),
         // A real userstored on a temporary directory, a raw varlink connection, a NOTIFY_SOCKET:

@@ -26,8 +26,10 @@ package final class BucketTraffic: Sendable {
         var counts = Counts()
     }
 
-    /// `host:port` of Litestream's page.
-    package let address: String
+    /// `host:port` of Litestream's page (nil: the daemon's own requests, ``init(counting:)``).
+    package let address: String?
+    /// The daemon's own client's counts, read at each refresh instead of a page.
+    private let source: (@Sendable () -> Counts)?
     private let state = Mutex(State())
 
     private struct State {
@@ -39,6 +41,14 @@ package final class BucketTraffic: Sendable {
 
     package init(address: String) {
         self.address = address
+        source = nil
+    }
+
+    /// What the daemon itself sends to the bucket (the host log's engine): `source` gives its S3
+    /// client's counts since start, read at each refresh.
+    package init(counting source: @escaping @Sendable () -> Counts) {
+        address = nil
+        self.source = source
     }
 
     /// Everything counted so far.
@@ -52,6 +62,11 @@ package final class BucketTraffic: Sendable {
     /// ``lastError``.
     package func refresh() -> EventLoopFuture<Void> {
         let loop = LitestreamControl.http.eventLoopGroup.any()
+        guard let address else {
+            // One process counting from its start: the same "start time" every time.
+            if let source { add(Page(started: 0, counts: source())) }
+            return loop.makeSucceededVoidFuture()
+        }
         let request: HTTPClient.Request
         do {
             request = try HTTPClient.Request(url: "http://\(address)/metrics")

@@ -165,7 +165,10 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             return false
         }
         let lease = object.flatMap { ReplicaLease(json: $0.data) }
-        guard let object, isOurs(lease, version: object.version, held: held) else {
+        // A renewal of ours that landed after the keeper last wrote it down is still ours (durable
+        // writes confirmed during a renewal were refused: seen with many on S3).
+        let renewedByUs = lease.map { $0.incarnation == incarnation && $0.epoch == held.lease.epoch && $0.released != true } ?? false
+        guard let object, renewedByUs || isOurs(lease, version: object.version, held: held) else {
             // Not ours any more — unless a renewal of ours landed meanwhile (the next round adopts
             // it). Lost only if the lease held is still the one this read was compared with.
             if lease?.incarnation != incarnation { _ = lost(to: lease, version: object?.version, held: held.version) }

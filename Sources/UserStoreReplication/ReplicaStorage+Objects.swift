@@ -16,7 +16,7 @@ extension ReplicaStorage {
 
     /// A `file://` replica that is not a usable folder: replaced by a file, unreadable.
     package struct FolderProblem: Error, CustomStringConvertible, Equatable {
-        /// `ReplicaNotAFolder` or `ReplicaUnreadable`.
+        /// `ReplicaNotAFolder`, `ReplicaUnreadable` or `ReplicaMissing`.
         package let name: String
         package let detail: String
         package var description: String { "\(name): \(detail)" }

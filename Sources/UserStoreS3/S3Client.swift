@@ -40,6 +40,10 @@ public final class S3Client: Sendable {
     }
 
     public let endpoint: Endpoint
+    /// Requests sent and bytes sent (PUT) or received (GET) since the client was made, by S3
+    /// operation (`PUT`, `GET`, `HEAD`, `LIST`, `DELETE`), whether they succeeded or not.
+    public var traffic: Traffic { counted.withLock { $0 } }
+    private let counted = Mutex(Traffic())
     private let signer: SigV4
     private let http: HTTPClient
     private let timeout: TimeAmount
@@ -182,6 +186,22 @@ public final class S3Client: Sendable {
         var etag: String?
     }
 
+    /// Requests and bytes by S3 operation.
+    public struct Traffic: Sendable, Equatable {
+        public var requests: [String: Int64] = [:]
+        public var bytes: [String: Int64] = [:]
+
+        public init() {}
+    }
+
+    /// The S3 operation a request is: `LIST` for a GET of a bucket, `DELETE` for the batch delete
+    /// (a POST with `?delete`), else its method.
+    private static func operation(_ method: String, key: String, query: [(String, String)]) -> String {
+        if method == "GET" && key.isEmpty { return "LIST" }
+        if method == "POST" && query.contains(where: { $0.0 == "delete" }) { return "DELETE" }
+        return method
+    }
+
     /// One signed request; returns the reply's body, or throws the error it names.
     private func send(_ method: String, bucket: String, key: String, query: [(String, String)], body: Data?) async throws(S3Error) -> Data {
         try await request(method, bucket: bucket, key: key, query: query, body: body).body
@@ -222,13 +242,19 @@ public final class S3Client: Sendable {
         // or a proxy has closed fails that way at once ("I/O on closed channel"), and the second
         // try opens a new one.
         let deadline = NIODeadline.now() + timeout
+        let operation = Self.operation(method, key: key, query: query)
         for attempt in 1...2 {
+            counted.withLock { traffic in
+                traffic.requests[operation, default: 0] += 1
+                traffic.bytes[operation, default: 0] += Int64(body?.count ?? 0)
+            }
             do {
                 let response = try await http.execute(request, deadline: deadline)
                 status = Int(response.status.code)
                 etag = response.headers.first(name: "etag")
                 var body = try await response.body.collect(upTo: 64 << 20)
                 reply = body.readData(length: body.readableBytes) ?? Data()
+                if method == "GET" { counted.withLock { $0.bytes[operation, default: 0] += Int64(reply.count) } }
                 break
             } catch {
                 guard idempotent, attempt == 1, deadline - .now() > .nanoseconds(timeout.nanoseconds / 2) else { throw .unreachable("\(endpoint.url): \(error)") }

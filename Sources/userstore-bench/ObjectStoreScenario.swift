@@ -1,5 +1,6 @@
 import Foundation
 import UserStoreClient
+import UserStoreS3
 
 /// Scenario 8: replication to an S3 object store, and what a reopen costs with it.
 struct ObjectStoreScenario: Scenario {
@@ -25,7 +26,14 @@ struct ObjectStoreScenario: Scenario {
         let modes: [(name: String, config: String)] = [
             ("replication off", ""),
             ("replication on S3, durableWrites", "replication:\n  replica: \"\(replica)\"\n  litestream: \(litestream)\n  durableWrites: true"),
+            // The daemon's own log ([hostlog]): its own prefix, so that its lease and marker are apart.
+            ("host log on S3, durableWrites", "replication:\n  replica: \"\(replica.replacingOccurrences(of: "bench-\(getpid())?", with: "bench-\(getpid())-log?"))\"\n  engine: log\n  durableWrites: true"),
         ]
+        // The floor: one PUT of a log object's size (4 KiB, one page and its framing), one at a
+        // time, on the same SeaweedFS in the same run.
+        let floor = try await putFloor(endpoint: "http://127.0.0.1:\(port)")
+        record(Measurement(scenario: "8. replication on S3", subject: "one PUT of 4 KiB (the floor)", value: Double(floor.samples.count) / (Double(floor.samples.reduce(0, +)) / 1e9),
+                           unit: "PUT/s", p50: floor.percentile(0.5), p99: floor.percentile(0.99), note: ""))
         var newStoreP50: [Double] = [], reopenP50: [Double] = [], durable: [String: LoadGenerator.Result] = [:]
         for (index, mode) in modes.enumerated() {
             let fleet = try await kvFleet(name: "s3-\(index)", count: 8, rows: 0)
@@ -46,28 +54,44 @@ struct ObjectStoreScenario: Scenario {
             newStoreP50.append(latencies.percentile(0.5))
             // Its own replica folder: the users' names repeat.
             let reopenConfig = mode.config.replacingOccurrences(of: "bench-\(getpid())?", with: "bench-\(getpid())-reopen?")
+                .replacingOccurrences(of: "bench-\(getpid())-log?", with: "bench-\(getpid())-log-reopen?")
             reopenP50.append(try await reopenCost(mode: mode.name, index: index, config: reopenConfig, baselineP50: reopenP50.first,
-                                                  bucketPrefix: index == 0 ? nil : "bench-\(getpid())-reopen/", s3Endpoint: "http://127.0.0.1:\(port)"))
+                                                  bucketPrefix: [nil, "bench-\(getpid())-reopen/", "bench-\(getpid())-log-reopen/"][index],
+                                                  s3Endpoint: "http://127.0.0.1:\(port)"))
             let ratio = index == 0 ? "" : String(format: "%.2f× replication off (p50)", latencies.percentile(0.5) / max(newStoreP50[0], 1))
             record(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
                                value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",
                                p50: latencies.percentile(0.5), p99: latencies.percentile(0.99), note: ratio + errors(failures)))
-            // Durable INSERTs: 8 writers on 8 stores, then 64 writers on the same 8 (8 each).
+            // Durable INSERTs: 8 writers on 8 stores, then 64 writers on 64 stores (the 56 more
+            // are created by their first write).
             guard let load else { continue }
             for writers in [8, 64] {
                 let result = load.run(socket: socket, connections: writers, seconds: seconds,
                                       LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: "INSERT INTO kv (value) VALUES ('durable write')",
-                                                             rows: 0, users: 8, userPerConnection: true))
+                                                             rows: 0, users: writers, userPerConnection: true))
                 durable["\(index)-\(writers)"] = result
                 var note = index == 0 ? "" : String(format: "%.2f× replication off", result.throughput / max(durable["0-\(writers)"]?.throughput ?? 1, 1))
                 if writers == 64, let eight = durable["\(index)-8"] {
                     note += String(format: "%@%.1f× the 8 writers' throughput", note.isEmpty ? "" : "; ", result.throughput / max(eight.throughput, 1))
                 }
-                record(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on 8 stores",
+                if index > 0 {
+                    note += String(format: "; p50 %.2f×, p99 %.2f× one PUT's", result.p50 / max(floor.percentile(0.5), 1), result.p99 / max(floor.percentile(0.99), 1))
+                }
+                record(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on \(writers) stores",
                                    value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))
             }
         }
-        if newStoreP50.count == 2 {
+        if let eight = durable["2-8"], let sixtyFour = durable["2-64"] {
+            let (p50, p99) = (floor.percentile(0.5), floor.percentile(0.99))
+            for (writers, result) in [(8, eight), (64, sixtyFour)] {
+                check(TargetCheck(target: "host log: durable INSERT, \(writers) writers on \(writers) stores: p50 ≤ 1.5× and p99 ≤ 3× one PUT's",
+                                  measured: String(format: "p50 %.2f×, p99 %.2f×", result.p50 / max(p50, 1), result.p99 / max(p99, 1)),
+                                  met: result.p50 <= 1.5 * p50 && result.p99 <= 3 * p99))
+            }
+            let scale = sixtyFour.throughput / max(eight.throughput, 1)
+            check(TargetCheck(target: "host log: 64 writers ≥ 6× the 8 writers' throughput", measured: String(format: "%.1f×", scale), met: scale >= 6))
+        }
+        if newStoreP50.count >= 2 {
             let (on, off) = (newStoreP50[1], newStoreP50[0])
             check(TargetCheck(target: "new store with replication on S3: p50 ≤ 5 ms and ≤ 2× replication off",
                               measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 5000 && on <= 2 * off))
@@ -79,5 +103,19 @@ struct ObjectStoreScenario: Scenario {
             check(TargetCheck(target: "durable INSERTs on S3: 64 writers ≥ 4× the 8 writers' throughput",
                               measured: String(format: "%.1f×", scale), met: scale >= 4))
         }
+    }
+
+    /// 200 PUTs of 4 KiB, one after another, with the project's S3 client (what the daemon uses).
+    func putFloor(endpoint: String) async throws -> Latencies {
+        let client = try S3Client(endpoint: .init(url: endpoint, region: "us-east-1", pathStyle: true),
+                                  credentials: S3Credentials(accessKeyID: "userstore-dev", secretAccessKey: "userstore-dev-secret"))
+        let body = Data((0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        var samples: [UInt64] = []
+        for index in 0..<(quick ? 50 : 200) {
+            let before = nanoseconds()
+            _ = try await client.putObject(bucket: "userstore", key: "bench-\(getpid())-floor/\(index)", body: body)
+            samples.append(nanoseconds() - before)
+        }
+        return Latencies(samples: samples)
     }
 }

@@ -106,10 +106,18 @@ extension UserStoreCtlCommand {
             let state = value("state")
             var line = "replication " + output.paint(state, state == "ok" ? .green : .red)
                 + "   \(value("registeredStores")) registered   \(value("unregisteredStores")) unregistered   max lag \(value("maxLagSeconds")) s"
-                + "   \(value("restoredStores")) restored   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))"
+                + "   \(value("restoredStores")) restored   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")"
+                + (status["engine"]?.stringValue == "log" ? "   engine log" : "   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))")
                 + "\n            replica \(value("replica"))   last sync pass \(value("syncPassSeconds")) s (longest \(value("longestSyncPassSeconds")) s)"
                 + "   syncs \(value("syncs")) (\(value("sharedSyncWaits")) waits shared)"
                 + (status["replicaIndexUsers"]?.integerValue.map { "   bucket index \($0) users" } ?? "")
+            if let log = status["log"] {
+                // The host log: no Litestream, one log per host.
+                line += "\n            host log: \(Output.cell(log["objectsWritten"])) objects written, \(Output.cell(log["tailObjects"])) unfolded"
+                    + " (folded after \(Output.cell(log["foldSeconds"])) s; \(Output.cell(log["objectsFolded"])) folded)"
+                    + "   oldest unstored commit \(Output.cell(log["oldestUnstoredSeconds"])) s   \(Output.cell(log["pendingBytes"])) bytes waiting"
+                if let error = log["foldError"]?.stringValue { line += "\n            " + output.paint("fold failing: \(error)", .red) }
+            }
             if let diverged = status["divergedReplicas"]?.integerValue, diverged > 0 {
                 line += "\n            " + output.paint("\(diverged) replicas found diverged after a fault (shipped whole again; see replica-diverged in the journal)", .yellow)
             }

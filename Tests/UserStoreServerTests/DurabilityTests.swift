@@ -266,21 +266,21 @@ import Varlink
         try Self.acknowledgeThenLoseTheHost("ida", daemon, client)
     }
 
-    /// `durableTimeoutMilliseconds` bounds a durable write from end to end: with Litestream
-    /// paused, the call returns ReplicationUnavailable after the time-out, within 10 %.
+    /// `durableTimeoutMilliseconds` bounds a durable write from end to end: with replication
+    /// stalled (Litestream paused; the log's folder made unwritable), the call returns
+    /// ReplicationUnavailable after the time-out, within 10 %.
     @Test func theDurableTimeOutBoundsTheWholeCall() throws {
-        let (_, daemon, client) = try ReplicationTests.started(extra: "  durableTimeoutMilliseconds: 2000")
+        let (replica, daemon, client) = try ReplicationTests.started(extra: "  durableTimeoutMilliseconds: 2000")
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "jo", on: client, durable: true)
-        let litestream = try ReplicationTests.litestreamPID(client)
-        kill(litestream, SIGSTOP)
-        defer { kill(litestream, SIGCONT) }
+        let resume = try ReplicationTests.stall(client, replica: replica.path)
+        defer { resume() }
         let started = ContinuousClock.now
         #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
             try Self.execute("INSERT INTO notes (title) VALUES ('durable')", for: "jo", on: client, durable: true)
         })
         let waited = ContinuousClock.now - started
         #expect(waited >= .milliseconds(2000) && waited <= .milliseconds(2200), "a durable write waited \(waited) against a 2 s time-out")
-        kill(litestream, SIGCONT)
+        resume()
         daemon.stop()
     }
 

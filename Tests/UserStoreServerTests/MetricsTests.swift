@@ -1,3 +1,4 @@
+import ClusterTestSupport
 import DaemonTestSupport
 import Foundation
 import Testing
@@ -63,6 +64,41 @@ import Varlink
         #expect(syncs >= 3, "\(syncs) syncs for 3 durable writes")
         #expect(scraped.value("userstore_replication_sync_duration_seconds_count") >= 3)
         #expect(scraped.value("userstore_replication_sync_duration_seconds_sum") > 0)
+    }
+
+    /// The host log on the dashboard, in `Status` and in `userstorectl replication`: the objects
+    /// it wrote, every request the daemon sent to the bucket (at least one PUT per object), the
+    /// bytes put, nothing left unstored after durable writes.
+    @Test func theHostLogIsOnTheDashboard() throws {
+        let metricsSocket = try TemporaryDirectory().path + "-m.sock"
+        let server = try SeaweedFS()
+        try server.createBucket("dash")
+        let daemon = try DaemonHarness(extraConfig: """
+            replication:
+              replica: "\(server.replicaURL(bucket: "dash", prefix: "r"))"
+              engine: log
+            metrics:
+              listen: unix:\(metricsSocket)
+            """)
+        daemon.environment = server.environment
+        try daemon.start()
+        defer { daemon.stop() }
+        let client = try daemon.connect()
+        for index in 0..<3 { try ReplicationTests.insert("durable \(index)", for: "ann", on: client, durable: true) }
+        let scraped = try scrape(metricsSocket)
+        let written = scraped.value("userstore_replication_log_objects_written")
+        // Each durable write waits for its own object (one writer); the store's creation and
+        // migrations before them wrote a few more.
+        #expect(written >= 3 && written < 20, "\(written) log objects for 3 durable writes to a new store")
+        #expect(scraped.value("userstore_replication_bucket_requests_total", ["operation": "PUT"]) >= written)
+        #expect(scraped.value("userstore_replication_bucket_bytes_total", ["operation": "PUT"]) > 0)
+        #expect(scraped.value("userstore_replication_log_oldest_unstored_seconds") == 0)
+        #expect(scraped.value("userstore_replication_log_pending_bytes") == 0)
+        let status = try client.call("io.userstore.Admin.Status")["replication"]
+        #expect(status?["engine"] == "log")
+        #expect(status?["log"]?["objectsWritten"]?.integerValue.map(Double.init) == written)
+        let shown = try run([userstorectlPath, "--socket", daemon.socketPath, "replication"])
+        #expect(shown.status == 0 && shown.stdout.contains("host log: \(Int(written)) objects written"), "\(shown.stdout)\(shown.stderr)")
     }
 
     func scrape(_ socket: String, path: String = "/metrics") throws -> Scrape {

@@ -1,7 +1,10 @@
 import DaemonTestSupport
 import Foundation
+import Synchronization
 import Testing
 import UserStoreClient
+import UserStoreConfiguration
+import UserStoreReplication
 import Varlink
 
 /// Replication through a real Litestream 0.5.17 (`.build/testenv/bin/litestream`, installed by
@@ -69,12 +72,40 @@ import Varlink
         var description: String { "the daemon runs no Litestream (Status.replication.litestreamPid is 0)" }
     }
 
+    /// Stalls replication to the folder replica `replica` until the returned closure runs (once;
+    /// later calls do nothing): Litestream paused (SIGSTOP), or the log's folder swapped for a
+    /// file, so that no log object can be written.
+    static func stall(_ client: VarlinkConnection, replica: String) throws -> @Sendable () -> Void {
+        if onLitestream {
+            let litestream = try litestreamPID(client)
+            kill(litestream, SIGSTOP)
+            let once = Mutex(false)
+            return { if !once.withLock({ done in let was = done; done = true; return was }) { kill(litestream, SIGCONT) } }
+        }
+        let log = replica + "/log"
+        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
+        try #require(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        let once = Mutex(false)
+        return {
+            guard !once.withLock({ done in let was = done; done = true; return was }) else { return }
+            unlink(log)
+            try? FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        }
+    }
+
     /// Whether the suites run on Litestream: its own tests (its process, its control socket, its
     /// restore) run only then.
     static var onLitestream: Bool { engine == "litestream" }
 
     /// The replica's copy of `user`'s store, restored by Litestream itself into `directory`.
+    /// On the log engine: rebuilt from the folder's log by the daemon's own restorer, run here.
     static func replicaCopy(of user: String, daemon: DaemonHarness, replica: String, directory: String) throws -> String {
+        if !onLitestream {
+            let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
+            let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + replica, socket: "/dev/null"))
+            #expect(try LogRestorer(storage: storage).restore(user, to: output) != nil, "the log holds nothing of \(user)")
+            return output
+        }
         let url = try daemon.connect().call("io.userstore.Admin.Replication", ["user": .string(user)])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? ""
         let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
         let result = try run([litestreamPath, "restore", "-o", output, url])

@@ -50,7 +50,7 @@ package struct LogEraser: Sendable {
             uploader.index?.replace(key, users: Set(segment.records.map(\.user)))
         }
         let origin = uploader.origin
-        let tombstone = Tombstone(epoch: origin.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
+        let tombstone = Tombstone(epoch: uploader.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
                                   erasedAt: RFC3339.format(Date()))
         try storage.put(Self.tombstoneKey(of: user), Array((try? JSONEncoder().encode(tombstone)) ?? Data()))
     }

@@ -75,6 +75,9 @@ package final class LogFolder: Sendable {
         exclusive.lock()
         defer { exclusive.unlock() }
         guard index.isLoaded else { return nil }
+        // Objects the fences void: nothing reads them.
+        let void = index.takeVoid()
+        if !void.isEmpty { try storage.delete(void) }
         let own = uploader.origin
         let storedSequence = uploader.storedSequence
         var batch: [(key: String, entry: LogIndex.Entry)] = []

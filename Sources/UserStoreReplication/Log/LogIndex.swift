@@ -37,6 +37,9 @@ package final class LogIndex: Sendable {
         /// What this host changed while a listing ran (the listing may have missed it).
         var added: [String: Entry?] = [:]
         var foldsChanged: [String: Set<String>] = [:]
+        /// The log's fences, and the objects they void (left for the fold to delete).
+        var fences = LogFences()
+        var void: Set<String> = []
     }
 
     private let state = Mutex(State())
@@ -54,6 +57,22 @@ package final class LogIndex: Sendable {
     /// The keys of `user`'s folded objects, sorted (oldest first); nil until the listing is in.
     package func folds(of user: String) -> [String]? {
         state.withLock { $0.loaded ? ($0.foldsOf[user] ?? []).sorted() : nil }
+    }
+
+    /// The log's fences as listed; nil until the listing is in.
+    package var fences: LogFences? { state.withLock { $0.loaded ? $0.fences : nil } }
+
+    /// The log objects the fences void, forgotten as they are returned (the fold deletes them).
+    package func takeVoid() -> [String] {
+        state.withLock { state in
+            defer { state.void = [] }
+            return state.void.sorted()
+        }
+    }
+
+    /// How many users the log or the folds hold, once listed.
+    package var users: Int? {
+        state.withLock { $0.loaded ? Set($0.keysOf.keys).union($0.foldsOf.keys).count : nil }
     }
 
     /// How many log objects it knows, once listed.
@@ -105,14 +124,16 @@ package final class LogIndex: Sendable {
         state.withLock { state in state = State(generation: state.generation + 1) }
     }
 
-    /// Lists every log object under `log` and reads its header, and every folded object under
-    /// `folds`. Blocking.
+    /// Lists the fences, every log object under `log` (reading its header) that they let count,
+    /// and every folded object under `folds`. Blocking.
     package func load(from storage: ReplicaStorage, log: String, folds: String) throws {
         let generation = state.withLock { $0.generation }
+        let fences = try LogFences.load(from: storage)
         var entries: [String: Entry] = [:]
+        var void: Set<String> = []
         for key in try storage.keys(under: log) where key.hasSuffix(".usl") {
             guard let header = try storage.header(of: key) else { continue }
-            entries[key] = Entry(header)
+            if fences.counts(key, epoch: header.epoch) { entries[key] = Entry(header) } else { void.insert(key) }
         }
         var foldsOf: [String: Set<String>] = [:]
         for key in try storage.keys(under: folds) {
@@ -128,6 +149,8 @@ package final class LogIndex: Sendable {
             for (user, keys) in state.foldsChanged { state.foldsOf[user] = keys.isEmpty ? nil : keys }
             state.added = [:]
             state.foldsChanged = [:]
+            state.fences = fences
+            state.void = void
             state.loaded = true
         }
     }

@@ -34,6 +34,9 @@ package final class LogReplicator: ReplicationEngine {
     }
 
     private let state = Mutex(State())
+    /// The epoch whose fence this host wrote (nil: none yet), kept while it is written.
+    private let fenced = Mutex<Int64?>(nil)
+    private let fencing = NSLock()
     /// The uploader's loop: started with the engine, stopped after every store's last records
     /// (``stop()``), so that it outlives the daemon's other services.
     private let uploading = Mutex<Task<Void, Never>?>(nil)
@@ -53,6 +56,17 @@ package final class LogReplicator: ReplicationEngine {
                                index: index)
         restorer = LogRestorer(storage: setup.storage, index: index)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader)
+        if case .bucket(let client, _, _) = setup.storage.kind {
+            bucketTraffic = BucketTraffic(counting: {
+                let traffic = client.traffic
+                var counts = BucketTraffic.Counts()
+                counts.requests = traffic.requests
+                counts.bytes = traffic.bytes
+                return counts
+            })
+        } else {
+            bucketTraffic = nil
+        }
         if let problem = setup.problem { replicaFailed(problem) }
     }
 
@@ -79,6 +93,11 @@ package final class LogReplicator: ReplicationEngine {
 
     package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
         try identity?.require(for: user)
+        do {
+            try fenceIfDue()
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "fencing the log for this host's epoch: \(error)")
+        }
         let started = ContinuousClock.now
         let staged = path + ".restoring"
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
@@ -132,6 +151,7 @@ package final class LogReplicator: ReplicationEngine {
 
     package func storeOpened(_ store: Store) {
         let epoch = lease?.pathEpoch ?? 0
+        uploader.raiseEpoch(to: epoch)
         var position = LogPosition.load(store.path)
         if position?.epoch != epoch { position = nil } // a new epoch: a new stream, from a base
         let logged = LoggedStore(store: store, epoch: epoch, bucket: nil, uploader: uploader, position: position)
@@ -215,8 +235,9 @@ package final class LogReplicator: ReplicationEngine {
 
     package func replicaURL(for user: UserID) -> String { storage.describe(LogRestorer.folder) }
 
-    package var indexedUsers: Int? { nil }
-    package var bucketTraffic: BucketTraffic? { nil }
+    package var indexedUsers: Int? { index.users }
+    /// What the daemon sent to the bucket (nil with a folder replica).
+    package let bucketTraffic: BucketTraffic?
 
     package func replicaFailed(_ problem: String) {
         state.withLock { $0.replicaProblem = problem }
@@ -235,9 +256,25 @@ package final class LogReplicator: ReplicationEngine {
         return try await BlockingPool.run { try lease.takeOver() }
     }
 
-    /// A lease taken from another host: what it wrote is listed again.
+    /// A lease taken at a new epoch: objects are written under it, the log is fenced and then
+    /// listed again (another host may have written it meanwhile).
     package func leaseAcquired(_ epoch: Int64) {
+        uploader.raiseEpoch(to: epoch)
         index.reset()
+    }
+
+    /// Writes the fence of the epoch this host holds, once per epoch, before the log is read under
+    /// it (a restore, the index's listing, the fold). Blocking.
+    func fenceIfDue() throws {
+        guard let lease, let epoch = lease.heldEpoch, fenced.withLock({ $0 }) != epoch else { return }
+        fencing.lock()
+        defer { fencing.unlock() }
+        guard fenced.withLock({ $0 }) != epoch else { return }
+        uploader.raiseEpoch(to: epoch)
+        let fence = try LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
+        fenced.withLock { $0 = epoch }
+        logger.info("fenced the log at epoch \(epoch): \(fence.through.count) log folders, what their holders upload later does not count",
+                    metadata: ["event": "replica-lease-held", "epoch": "\(epoch)"])
     }
 
     /// Lists the log's objects for the index once the replica is verified and this host holds
@@ -246,7 +283,10 @@ package final class LogReplicator: ReplicationEngine {
         guard !index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let started = ContinuousClock.now
         do {
-            try await BlockingPool.run { [index, storage] in try index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root) }
+            try await BlockingPool.run { [index, storage] in
+                try self.fenceIfDue()
+                try index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root)
+            }
             logger.info("log index: \(index.objects ?? 0) objects listed in \(ContinuousClock.now - started)")
         } catch {
             logger.warning("log index: listing the log failed (\(error)); restores read every object until it is in")
@@ -285,11 +325,14 @@ package final class LogReplicator: ReplicationEngine {
         let upload = uploader.snapshot
         return state.withLock { state in
             let stores = state.open.values.map { (user: $0.user.rawValue, registered: !$0.needsBase, lastSync: Date?.none) }
-            return ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
+            var snapshot = ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
                                        lastError: upload.lastError ?? state.lastError, litestreamPID: 0, litestreamVersion: "",
                                        restored: state.restored, diverged: 0, lastSyncPassSeconds: 0, longestSyncPassSeconds: 0,
                                        replicaProblem: state.replicaProblem, syncs: upload.objects, sharedSyncWaits: 0,
                                        stores: stores.sorted { $0.user < $1.user }, holdsLease: lease.map { $0.heldEpoch != nil } ?? true)
+            snapshot.log = .init(tailObjects: index.objects ?? 0, oldestUnstoredSeconds: upload.oldestUnstoredSeconds, pendingBytes: upload.pendingBytes,
+                                 objectsWritten: upload.objects, objectsFolded: state.folded.logObjects, foldError: state.foldError)
+            return snapshot
         }
     }
 

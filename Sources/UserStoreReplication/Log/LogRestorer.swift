@@ -72,6 +72,8 @@ package struct LogRestorer: Sendable {
         // The log first, then the folds: a fold is written before the log objects it holds are
         // deleted, so whatever the first listing saw and the second did not is read from a fold.
         let logKeys = try index?.keys(of: user) ?? storage.keys(under: Self.folder).filter { $0.hasSuffix(".usl") }
+        // What an old holder uploaded after a new one fenced the log never counts.
+        let fences = try index?.fences ?? LogFences.load(from: storage)
         let foldKeys = try index?.folds(of: user) ?? storage.keys(under: LogFolder.folder(of: user)).filter { LogFolder.position(ofFold: $0) != nil }
         // The newest snapshot (the newest made by `until`) and the deltas after it.
         var through: LogObjectPosition?
@@ -92,7 +94,7 @@ package struct LogRestorer: Sendable {
         for key in logKeys {
             guard let bytes = try storage.get(key) else { throw Gone(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
             let segment = try LogSegment.decode(bytes)
-            guard segment.header.users.contains(user) else { continue }
+            guard segment.header.users.contains(user), fences.counts(key, epoch: segment.header.epoch) else { continue }
             if let through, LogObjectPosition(segment.header) <= through { continue }
             let createdAt = RFC3339.parse(segment.header.createdAt) ?? .distantPast
             if let until, createdAt > until { continue }

@@ -87,6 +87,8 @@ package final class LogUploader: Sendable {
         var objects = 0
         var bytes = 0
         var lastError: String?
+        /// The writer lease's epoch objects are written under from now on.
+        var epoch: Int64
     }
 
     package let storage: ReplicaStorage
@@ -94,9 +96,10 @@ package final class LogUploader: Sendable {
     package let settings: Settings
     /// Told of every object stored, with its users.
     package let index: LogIndex?
-    private let state = Mutex(State())
+    private let state: Mutex<State>
 
     package init(storage: ReplicaStorage, origin: Origin, settings: Settings = Settings(), index: LogIndex? = nil) {
+        state = Mutex(State(epoch: origin.epoch))
         self.storage = storage
         self.origin = origin
         self.settings = settings
@@ -124,6 +127,15 @@ package final class LogUploader: Sendable {
         wake?.resume()
         return number
     }
+
+    /// Objects begun from now on are written under `epoch` (a lease taken at a new epoch: a
+    /// fence of that epoch voids older-epoch objects it did not list).
+    package func raiseEpoch(to epoch: Int64) {
+        state.withLock { $0.epoch = max($0.epoch, epoch) }
+    }
+
+    /// The epoch objects begun now are written under.
+    package var epoch: Int64 { state.withLock { $0.epoch } }
 
     /// The number of the last record appended (0: none).
     package var appended: UInt64 { state.withLock { $0.appended } }
@@ -184,9 +196,9 @@ package final class LogUploader: Sendable {
     }
 
     /// The next object's records, once some wait and a slot is free; nil once cancelled.
-    private func nextBatch() async -> (sequence: UInt64, records: [LogRecord])? {
+    private func nextBatch() async -> (sequence: UInt64, epoch: Int64, records: [LogRecord])? {
         while !Task.isCancelled {
-            let batch = state.withLock { state -> (UInt64, [LogRecord])? in
+            let batch = state.withLock { state -> (UInt64, Int64, [LogRecord])? in
                 guard !state.pending.isEmpty, state.inFlight.count < settings.maxInFlight else { return nil }
                 var bytes = 0, count = 0
                 for record in state.pending {
@@ -199,7 +211,7 @@ package final class LogUploader: Sendable {
                 state.pendingBytes -= bytes
                 state.sequence += 1
                 state.inFlight.append(InFlight(sequence: state.sequence, through: state.appended - UInt64(state.pending.count)))
-                return (state.sequence, records)
+                return (state.sequence, state.epoch, records)
             }
             if let batch { return batch }
             await withTaskCancellationHandler {
@@ -222,10 +234,10 @@ package final class LogUploader: Sendable {
     }
 
     /// Writes one object, again and again until it is stored (backing off to 5 s between tries).
-    private func upload(_ batch: (sequence: UInt64, records: [LogRecord])) async {
+    private func upload(_ batch: (sequence: UInt64, epoch: Int64, records: [LogRecord])) async {
         let createdAt = Date()
         let segment = LogSegment(header: .init(kind: "log", host: origin.host, dataDirectory: origin.dataDirectory, incarnation: origin.incarnation,
-                                               epoch: origin.epoch, sequence: batch.sequence, createdAt: RFC3339.format(createdAt),
+                                               epoch: batch.epoch, sequence: batch.sequence, createdAt: RFC3339.format(createdAt),
                                                records: 0, users: [], bodyBytes: 0, recordBytes: 0),
                                  records: batch.records)
         let bytes = segment.encoded(level: 1)
@@ -242,7 +254,7 @@ package final class LogUploader: Sendable {
             }
         }
         index?.add(key, .init(users: Set(batch.records.map(\.user)),
-                              position: .init(epoch: origin.epoch, incarnation: origin.incarnation, sequence: batch.sequence),
+                              position: .init(epoch: batch.epoch, incarnation: origin.incarnation, sequence: batch.sequence),
                               createdAt: RFC3339.parse(RFC3339.format(createdAt)) ?? createdAt))
         let (resumed, wake) = state.withLock { state -> ([Waiter], CheckedContinuation<Void, Never>?) in
             state.objects += 1

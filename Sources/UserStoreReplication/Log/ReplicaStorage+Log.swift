@@ -10,6 +10,12 @@ extension ReplicaStorage {
     package func put(_ key: String, _ bytes: [UInt8]) throws {
         switch kind {
         case .folder(let root):
+            // Folders are made below the replica's root, never the root itself: a root that is
+            // gone is an unmounted or removed replica, not a place to start writing (replicagone).
+            var status = stat()
+            guard stat(root, &status) == 0, status.st_mode & S_IFMT == S_IFDIR else {
+                throw FolderProblem(name: "ReplicaMissing", detail: "the replica's folder \(root) is gone or is not a folder")
+            }
             let path = root + "/" + key
             try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
             try Self.writeDurably(Data(bytes), to: path)

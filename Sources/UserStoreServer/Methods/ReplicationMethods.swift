@@ -101,6 +101,19 @@ struct ReplicationMethods {
         } ?? "none")
         if let id = replicator.identity?.binding.replica { fields["replicaId"] = .string(id) }
         if let lease = replicator.lease { fields["lease"] = Self.lease(lease) }
+        fields["engine"] = .string(replicator.settings.engine.rawValue)
+        if let log = snapshot.log {
+            var state: [String: JSONValue] = [
+                "tailObjects": .integer(Int64(log.tailObjects)),
+                "oldestUnstoredSeconds": .real((log.oldestUnstoredSeconds * 1000).rounded() / 1000),
+                "pendingBytes": .integer(Int64(log.pendingBytes)),
+                "objectsWritten": .integer(Int64(log.objectsWritten)),
+                "objectsFolded": .integer(Int64(log.objectsFolded)),
+                "foldSeconds": .integer(Int64(replicator.settings.foldSeconds)),
+            ]
+            if let error = log.foldError { state["foldError"] = .string(error) }
+            fields["log"] = .object(state)
+        }
         return .object(fields)
     }
 

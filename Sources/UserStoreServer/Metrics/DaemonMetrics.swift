@@ -194,6 +194,11 @@ final class DaemonMetrics: StoreObserver, Sendable {
             "replication.verified": gauge("userstore_replication_replica_verified"),
             "replication.lease": gauge("userstore_replication_lease_held"),
             "replication.epoch": gauge("userstore_replication_lease_epoch"),
+            "replication.log.tail": gauge("userstore_replication_log_tail_objects"),
+            "replication.log.oldest": gauge("userstore_replication_log_oldest_unstored_seconds"),
+            "replication.log.pending": gauge("userstore_replication_log_pending_bytes"),
+            "replication.log.written": gauge("userstore_replication_log_objects_written"),
+            "replication.log.folded": gauge("userstore_replication_log_objects_folded"),
         ]
         for state in ["current", "pending", "failed", "too_new"] {
             gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
@@ -239,8 +244,13 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
         "userstore_replication_syncs": "Syncs the daemon asked Litestream for since it started (durable writes and sync passes; each ships what was committed since the one before).",
         "userstore_replication_sync_duration_seconds": "How long each sync the daemon asked Litestream for took, until Litestream answered that the replica holds it (or failed); what a durable write waits for.",
-        "userstore_replication_bucket_requests_total": "Requests Litestream sent to the bucket, by S3 operation (PUT, GET, DELETE, LIST), read from its Prometheus page (replication.litestreamMetricsAddress) at each scrape and summed across its restarts.",
-        "userstore_replication_bucket_bytes_total": "Bytes Litestream sent to (PUT) and read from (GET) the bucket, read like userstore_replication_bucket_requests_total.",
+        "userstore_replication_bucket_requests_total": "Requests sent to the bucket, by S3 operation (PUT, GET, HEAD, DELETE, LIST): by the daemon itself with the host log (replication.engine: log), or by Litestream, read from its Prometheus page (replication.litestreamMetricsAddress) at each scrape and summed across its restarts.",
+        "userstore_replication_bucket_bytes_total": "Bytes sent to (PUT) and read from (GET) the bucket, counted like userstore_replication_bucket_requests_total.",
+        "userstore_replication_log_tail_objects": "Host log (replication.engine: log): log objects in the bucket not yet folded into per-user objects (0 until the log is listed).",
+        "userstore_replication_log_oldest_unstored_seconds": "Host log: how long the oldest commit not yet stored in the bucket has waited (0: none waits); what a durable write waits for at most, and the plain-write loss window now.",
+        "userstore_replication_log_pending_bytes": "Host log: bytes of commits waiting to be written to the bucket.",
+        "userstore_replication_log_objects_written": "Host log: log objects written to the bucket since the daemon started (one PUT each: group commit across stores).",
+        "userstore_replication_log_objects_folded": "Host log: log objects folded into per-user objects and deleted since the daemon started.",
         "userstore_replication_shared_sync_waits": "Durable writes and sync passes since start that waited for a sync another caller had queued (group commit) instead of one of their own.",
         "userstore_replication_replica_verified": "1 while the replica's marker is there and is this data directory's replica, else 0 (missing, another replica, not reachable yet; 1 for sftp://, which has none). While it is 0 no store is created or restored.",
         "userstore_replication_lease_held": "1 while this host holds the replica's writer lease (one host) and may acknowledge under it, else 0 (another host holds it, or it was not renewed in time: no store is served).",
@@ -330,6 +340,13 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.diverged"]?.set(replication.diverged)
             gauges["replication.syncs"]?.set(replication.syncs)
             gauges["replication.shared"]?.set(replication.sharedSyncWaits)
+            if let log = replication.log {
+                gauges["replication.log.tail"]?.set(log.tailObjects)
+                gauges["replication.log.oldest"]?.set(log.oldestUnstoredSeconds)
+                gauges["replication.log.pending"]?.set(log.pendingBytes)
+                gauges["replication.log.written"]?.set(log.objectsWritten)
+                gauges["replication.log.folded"]?.set(log.objectsFolded)
+            }
         }
         if let replicator = context.replicator {
             gauges["replication.verified"]?.set(replicator.identity.map { $0.verdict.isVerified ? 1 : 0 } ?? 1)
