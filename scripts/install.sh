@@ -32,10 +32,11 @@ files=(
     "$sharedir/varlink/io.userstore.Store.varlink" "$sharedir/varlink/io.userstore.Admin.varlink"
     "$PREFIX/share/bash-completion/completions/userstorectl" "$PREFIX/share/zsh/site-functions/_userstorectl"
     "$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
-    "$docdir/README.md" "$docdir/migrations.md" "$docdir/configuration.md" "$docdir/cli.md" "$docdir/design.md"
-    "$docdir/replication.md" "$docdir/cluster.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
+    "$docdir/README.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
     "$sharedir/userstored-cluster.conf" "$sharedir/cluster-certs.sh"
 )
+# Every page of docs/ (they link to each other: docs/deploy.md is the operator's first).
+for doc in docs/*.md; do files+=("$docdir/$(basename "$doc")"); done
 
 if [ "$action" = uninstall ]; then
     for file in "${files[@]}"; do rm -f "$DESTDIR$file"; done
@@ -79,7 +80,7 @@ install -m 0644 systemd/userstore.sysusers.conf "$DESTDIR$sysusersdir/userstore.
 install -m 0644 systemd/userstore.tmpfiles.conf "$DESTDIR$tmpfilesdir/userstore.conf"
 install -m 0644 systemd/userstored.catalog "$DESTDIR$catalogdir/userstored.catalog"
 install -m 0644 Sources/UserStoreServer/Interfaces/*.varlink "$DESTDIR$sharedir/varlink/"
-install -m 0644 README.md docs/migrations.md docs/configuration.md docs/cli.md docs/design.md docs/replication.md docs/cluster.md "$DESTDIR$docdir/"
+install -m 0644 README.md docs/*.md "$DESTDIR$docdir/"
 # More than one host (docs/cluster.md): the unit's network drop-in and the certificate maker.
 install -m 0644 systemd/userstored-cluster.conf "$DESTDIR$sharedir/userstored-cluster.conf"
 install -m 0755 scripts/cluster-certs.sh "$DESTDIR$sharedir/cluster-certs.sh"

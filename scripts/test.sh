@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
 bash scripts/install-deps.sh
 swift build --build-tests
+# Every relative link and #anchor of README.md and docs/ resolves.
+python3 scripts/check-links.py
 if (($# == 0)); then
     # The cluster tests time etcd leases of a few seconds and run etcd members and several
     # daemons: afterwards, one at a time, not starved by every other suite on 2 cores.

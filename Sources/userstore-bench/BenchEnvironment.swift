@@ -41,6 +41,11 @@ struct BenchEnvironment {
             if FileManager.default.fileExists(atPath: socket), shell("python3 -c \"import socket; s=socket.socket(socket.AF_UNIX); s.connect('\(socket)')\"").0 == 0 { break }
             usleep(50_000)
         }
+        // A fleet made on disk meeting an empty replica waits for the operator's word that the
+        // replica is new (ReplicaMissing otherwise: docs/replication.md, "The replica's identity").
+        if extra.contains("replication:") {
+            _ = shell("'\(binaries)/userstorectl' --socket '\(socket)' replication init >/dev/null 2>&1")
+        }
         return (process, socket)
     }
 

@@ -312,4 +312,69 @@ import Varlink
         #expect(try Self.titles("bob", three) == ["bob before"], "what the old holder uploaded after the fence was applied")
         #expect(try Self.titles("ann", three) == ["ann before", "ann second"])
     }
+
+    /// The log's folder made unwritable while writes go on: plain writes are served, durable ones
+    /// get ReplicationUnavailable, the daemon reports the outage once (`replication-degraded`);
+    /// once the folder is back every commit kept meanwhile is written, in order
+    /// (`replication-recovered`), a durable write is acknowledged, and after the disk is lost
+    /// every write comes back.
+    @Test func aLogThatCannotBeWrittenDegradesAndRecovers() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
+        let log = setup.replica.path + "/log"
+        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
+        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        for index in 0..<20 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during \(index)')", for: "ann", on: client) }
+        #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable during')", for: "ann", on: client, durable: true)
+        })
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" && ($0["log"]?["pendingBytes"]?.integerValue ?? 0) > 0 })
+        unlink(log)
+        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 })
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
+        let stderr = setup.daemon.stderr
+        #expect(stderr.components(separatedBy: "event=replication-degraded").count == 2, "one replication-degraded per outage")
+        #expect(stderr.contains("event=replication-recovered"))
+        try setup.loseTheHost()
+        #expect(try Self.titles("ann", try setup.daemon.connect()) == ["before"] + (0..<20).map { "during \($0)" } + ["durable during", "after"])
+    }
+
+    /// An existing deployment switching to the log: a user replicated by Litestream (its copy in
+    /// Litestream's layout), the disk lost, the daemon restarted with `engine: log` — the user
+    /// comes back from the Litestream copy once, ships a base to the log at its first open, and
+    /// after the disk is lost again comes back from the log with every write.
+    @Test func aCopyInLitestreamsLayoutIsRestoredOnceThenTheLogTakesOver() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try DaemonHarness(extraConfig: """
+            replication:
+              replica: "file://\(replica.path)"
+              litestream: \(litestreamPath)
+              engine: litestream
+            """)
+        try daemon.start()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on litestream')", for: "ann", on: try daemon.connect(), durable: true)
+        daemon.stop()
+        try daemon.writeConfig(extra: """
+            replication:
+              replica: "file://\(replica.path)"
+              litestream: \(litestreamPath)
+              engine: log
+            """)
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        let client = try daemon.connect()
+        #expect(try Self.titles("ann", client) == ["on litestream"])
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on the log')", for: "ann", on: client, durable: true)
+        let logged = (FileManager.default.subpaths(atPath: replica.path + "/log") ?? []).filter { $0.hasSuffix(".usl") }
+        let records = try logged.flatMap { try LogSegment.decode([UInt8](try Data(contentsOf: URL(fileURLWithPath: replica.path + "/log/" + $0)))).records }
+        #expect(records.contains { $0.user == "ann" && $0.kind == .base }, "the restored store shipped no base to the log")
+        daemon.stop(signal: SIGKILL)
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        #expect(try Self.titles("ann", try daemon.connect()) == ["on litestream", "on the log"])
+        daemon.stop()
+    }
 }

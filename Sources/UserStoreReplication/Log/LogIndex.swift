@@ -40,6 +40,9 @@ package final class LogIndex: Sendable {
         /// The log's fences, and the objects they void (left for the fold to delete).
         var fences = LogFences()
         var void: Set<String> = []
+        /// Users with a copy in Litestream's layout (`<ab>/<cd>/<user>/…`: replicated before
+        /// `engine: log`), restored from it once when the log holds nothing of them.
+        var legacy: Set<String> = []
     }
 
     private let state = Mutex(State())
@@ -57,6 +60,16 @@ package final class LogIndex: Sendable {
     /// The keys of `user`'s folded objects, sorted (oldest first); nil until the listing is in.
     package func folds(of user: String) -> [String]? {
         state.withLock { $0.loaded ? ($0.foldsOf[user] ?? []).sorted() : nil }
+    }
+
+    /// Whether `user` has a copy in Litestream's layout; nil until the listing is in.
+    package func legacyHolds(_ user: String) -> Bool? {
+        state.withLock { $0.loaded ? $0.legacy.contains(user) : nil }
+    }
+
+    /// `user`'s copy in Litestream's layout is gone (erased).
+    package func forgetLegacy(_ user: String) {
+        state.withLock { _ = $0.legacy.remove(user) }
     }
 
     /// The log's fences as listed; nil until the listing is in.
@@ -124,20 +137,25 @@ package final class LogIndex: Sendable {
         state.withLock { state in state = State(generation: state.generation + 1) }
     }
 
-    /// Lists the fences, every log object under `log` (reading its header) that they let count,
-    /// and every folded object under `folds`. Blocking.
+    /// Lists the replica once: the fences, every log object under `log` (reading its header)
+    /// that they let count, every folded object under `folds`, and the users with a copy in
+    /// Litestream's layout. Blocking.
     package func load(from storage: ReplicaStorage, log: String, folds: String) throws {
         let generation = state.withLock { $0.generation }
         let fences = try LogFences.load(from: storage)
         var entries: [String: Entry] = [:]
         var void: Set<String> = []
-        for key in try storage.keys(under: log) where key.hasSuffix(".usl") {
-            guard let header = try storage.header(of: key) else { continue }
-            if fences.counts(key, epoch: header.epoch) { entries[key] = Entry(header) } else { void.insert(key) }
-        }
         var foldsOf: [String: Set<String>] = [:]
-        for key in try storage.keys(under: folds) {
-            if let user = LogFolder.user(ofFold: key) { foldsOf[user, default: []].insert(key) }
+        var legacy: Set<String> = []
+        for key in try storage.keys(under: "") {
+            if key.hasPrefix(log) {
+                guard key.hasSuffix(".usl"), let header = try storage.header(of: key) else { continue }
+                if fences.counts(key, epoch: header.epoch) { entries[key] = Entry(header) } else { void.insert(key) }
+            } else if key.hasPrefix(folds) {
+                if let user = LogFolder.user(ofFold: key) { foldsOf[user, default: []].insert(key) }
+            } else if let user = Self.legacyUser(of: key) {
+                legacy.insert(user)
+            }
         }
         state.withLock { state in
             guard state.generation == generation else { return }
@@ -151,8 +169,18 @@ package final class LogIndex: Sendable {
             state.foldsChanged = [:]
             state.fences = fences
             state.void = void
+            state.legacy = legacy
             state.loaded = true
         }
+    }
+
+    /// The user whose copy in Litestream's layout `key` belongs to (`<ab>/<cd>/<user>/…`, two
+    /// hex digits twice); nil for any other key.
+    static func legacyUser(of key: String) -> String? {
+        let parts = key.split(separator: "/", omittingEmptySubsequences: false)
+        func hex2(_ part: Substring) -> Bool { part.count == 2 && part.allSatisfy(\.isHexDigit) }
+        guard parts.count >= 4, hex2(parts[0]), hex2(parts[1]), !parts[2].isEmpty else { return nil }
+        return String(parts[2])
     }
 
     private func insert(_ key: String, _ entry: Entry, into state: inout State) {

@@ -19,6 +19,10 @@ package final class LogReplicator: ReplicationEngine {
     package let uploader: LogUploader
     package let restorer: LogRestorer
     package let folder: LogFolder
+    /// Copies in Litestream's layout (from before `engine: log`), each restored once with
+    /// `litestream restore` when the log holds nothing of its user.
+    let legacy: ReplicaRestorer
+    let legacyLocations: ReplicaLocations
     /// Which log objects hold which users, listed once this host holds the replica.
     package let index = LogIndex()
     private let logger: Logger
@@ -31,6 +35,8 @@ package final class LogReplicator: ReplicationEngine {
         /// What the fold did since start, and why it last failed (while it fails).
         var folded = LogFolder.Report()
         var foldError: String?
+        /// Since when writing log objects fails (nil: it does not).
+        var uploadsFailingSince: Date?
     }
 
     private let state = Mutex(State())
@@ -56,6 +62,10 @@ package final class LogReplicator: ReplicationEngine {
                                index: index)
         restorer = LogRestorer(storage: setup.storage, index: index)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader)
+        legacyLocations = ReplicaLocations(replica: settings.replica, fencing: nil, storage: setup.storage, replicaIndex: ReplicaIndex(),
+                                           identity: setup.identity, lease: setup.lease)
+        legacy = ReplicaRestorer(locations: legacyLocations, command: LitestreamCommand(settings.litestream, environment: setup.storage.litestreamEnvironment),
+                                 durableTimeoutMilliseconds: settings.durableTimeoutMilliseconds)
         if case .bucket(let client, _, _) = setup.storage.kind {
             bucketTraffic = BucketTraffic(counting: {
                 let traffic = client.traffic
@@ -103,7 +113,8 @@ package final class LogReplicator: ReplicationEngine {
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         // A new user: the index of the log (listed while the replica was verified and this host
         // held it) answers without a request.
-        if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true { return nil }
+        if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true,
+           index.legacyHolds(user.rawValue) == false { return nil }
         let restored: LogRestorer.Restored?
         do {
             restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
@@ -113,6 +124,15 @@ package final class LogReplicator: ReplicationEngine {
             throw StoreError.replicationUnavailable(user: user, message: "reading the log: \(error)")
         }
         guard let restored else {
+            // Nothing in the log: a copy in Litestream's layout, from before `engine: log`, is
+            // restored once (its next open ships it to the log as a base).
+            if index.legacyHolds(user.rawValue) != false, let copy = try legacy.restore(user, to: path, timestamp: timestamp) {
+                LogPosition.forget(path)
+                state.withLock { $0.restored += 1 }
+                // (The registry logs store-restored with the source; this says why it is not the log.)
+                logger.info("\(user) had nothing in the log: restored from its copy in Litestream's layout, it replicates to the log from now on")
+                return copy
+            }
             if timestamp == nil { try identity?.confirm(before: user) }
             return nil
         }
@@ -203,6 +223,9 @@ package final class LogReplicator: ReplicationEngine {
         LogPosition.forget(path)
         guard deleteReplica else { return }
         do {
+            // A copy in Litestream's layout too (from before `engine: log`).
+            try storage.erase(legacyLocations.userFolderSuffix(user))
+            index.forgetLegacy(user.rawValue)
             try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); nothing was deleted here, retry")
@@ -321,7 +344,41 @@ package final class LogReplicator: ReplicationEngine {
         }
     }
 
+    /// Logs the start and the end of an outage of the log's uploads (from ``LogHealthService``,
+    /// every second): `replication-degraded` once when objects start failing, with why, and
+    /// `replication-recovered` once they are stored again.
+    func reportUploads() {
+        let upload = uploader.snapshot
+        enum Change { case began(String), ended(Date) }
+        let change = state.withLock { state -> Change? in
+            switch (upload.lastError, state.uploadsFailingSince) {
+            case (let error?, nil):
+                state.uploadsFailingSince = Date()
+                return .began(error)
+            case (nil, let since?):
+                state.uploadsFailingSince = nil
+                return .ended(since)
+            default:
+                return nil
+            }
+        }
+        switch change {
+        case .began(let error):
+            logger.error("replication degraded: \(error); stores are served, commits wait in memory (\(upload.pendingBytes) bytes now) and are written once the replica answers; durable writes fail meanwhile", metadata: [
+                "event": "replication-degraded", "error": .string(error),
+            ])
+        case .ended(let since):
+            logger.notice("replication recovered: the log's objects are stored again", metadata: [
+                "event": "replication-recovered", "degraded_seconds": .stringConvertible(Int(Date().timeIntervalSince(since))), "checked": "0",
+            ])
+        case nil:
+            break
+        }
+    }
+
     package var snapshot: ReplicationSnapshot {
+        // An outage's end is logged before anything shows replication ok again.
+        reportUploads()
         let upload = uploader.snapshot
         return state.withLock { state in
             let stores = state.open.values.map { (user: $0.user.rawValue, registered: !$0.needsBase, lastSync: Date?.none) }
@@ -379,6 +436,7 @@ struct LogHealthService: Service {
         var round = 0
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
+            replicator.reportUploads()
             await replicator.loadIndexIfDue()
             await replicator.foldIfDue()
             round += 1
