@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke
+.PHONY: deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3
 
 deps:
 	@bash scripts/install-deps.sh
@@ -85,3 +85,8 @@ tsan:
 
 clean:
 	rm -rf .build .run
+
+# 1,000 SIGKILLs of the daemon under durable writes to the daemon's own log on S3 (SeaweedFS on
+# its own port), then the disk lost: every durably acknowledged write must come back.
+crash-s3:
+	bash scripts/crash-s3.sh

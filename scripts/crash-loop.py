@@ -6,7 +6,12 @@ Proves: no acknowledged write is lost, every file passes PRAGMA integrity_check,
 between versions (user_version = app_version.schema_version = the newest applied migration, and
 every migration up to it applied exactly once).
 
-    python3 scripts/crash-loop.py --daemon .build/release/userstored [--kills 100] [--json]
+With --replica URL (file:///… or s3://…; the daemon's own log, replication.engine: log) every
+write is durable, and after the last kill the disk is lost too: a new daemon on an empty data
+directory restores every store from the replica, and every durably acknowledged write must be
+there (make crash-s3: 1,000 kills on SeaweedFS).
+
+    python3 scripts/crash-loop.py --daemon .build/release/userstored [--kills 100] [--replica URL] [--json]
 
 Prints a summary (and with --json one JSON object) and exits 1 if anything is wrong. Run by the
 test suite with --kills 10; the full run's figures are in docs/reliability.md.
@@ -19,19 +24,24 @@ USERS = [f"crash{n}" for n in range(8)]
 
 
 class Daemon:
-    def __init__(self, binary, directory):
-        self.binary, self.directory = binary, directory
+    def __init__(self, binary, directory, replica=None):
+        self.binary, self.directory, self.replica = binary, directory, replica
         self.config = os.path.join(directory, "userstored.yaml")
         self.socket = os.path.join(directory, "userstore.sock")
         self.migrations = os.path.join(directory, "migrations")
         os.makedirs(self.migrations)
         with open(os.path.join(self.migrations, "0001_log.sql"), "w") as f:
             f.write("CREATE TABLE log (v INTEGER NOT NULL);\nCREATE INDEX log_v ON log (v);\n")
-        with open(self.config, "w") as f:
-            f.write(f'appVersion: "1.0.0"\ndataDirectory: {directory}/data\nsocketPath: {self.socket}\n'
-                    f"migrationsDirectory: {self.migrations}\nlogTarget: stderr\n")
+        self.write_config(directory + "/data")
         self.process = None
         self.log = open(os.path.join(directory, "daemon.log"), "ab")
+
+    def write_config(self, data):
+        with open(self.config, "w") as f:
+            f.write(f'appVersion: "1.0.0"\ndataDirectory: {data}\nsocketPath: {self.socket}\n'
+                    f"migrationsDirectory: {self.migrations}\nlogTarget: stderr\n")
+            if self.replica:
+                f.write(f'replication:\n  replica: "{self.replica}"\n  engine: log\n  durableTimeoutMilliseconds: 5000\n')
 
     def start(self):
         self.process = subprocess.Popen([self.binary, "--config", self.config], stdout=subprocess.DEVNULL, stderr=self.log)
@@ -53,13 +63,15 @@ class Daemon:
 
 
 def writer(daemon, user, acked, stop):
-    """Inserts 0, 1, 2, ... for `user`; records the values the daemon acknowledged."""
+    """Inserts 0, 1, 2, ... for `user` (durably with a replica); records the values the daemon
+    acknowledged."""
     value, sock = 0, None
+    durable = {"durable": True} if daemon.replica else {}
     while not stop.is_set():
         try:
             if sock is None:
                 sock = connect(daemon.socket)
-            reply = call(sock, "io.userstore.Store.Execute", user=user, sql="INSERT INTO log (v) VALUES (?)", parameters=[value])
+            reply = call(sock, "io.userstore.Store.Execute", user=user, sql="INSERT INTO log (v) VALUES (?)", parameters=[value], **durable)
             if "error" not in reply:
                 acked.append(value)
             value += 1
@@ -100,10 +112,11 @@ def main():
     parser.add_argument("--daemon", required=True)
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--max-delay", type=float, default=0.4, help="longest run between kills, seconds")
+    parser.add_argument("--replica", help="replicate to this URL with the daemon's own log, durable writes, and lose the disk at the end")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="userstore-crash-")
-    daemon = Daemon(os.path.abspath(args.daemon), directory)
+    daemon = Daemon(os.path.abspath(args.daemon), directory, args.replica)
     started = time.monotonic()
     acked = {user: [] for user in USERS}
     stop = threading.Event()
@@ -129,8 +142,21 @@ def main():
         call(sock, "io.userstore.Store.Open", user=user)
     sock.close()
     exit_status = daemon.stop()
+    data = os.path.join(directory, "data")
+    if args.replica:
+        # The disk lost: a new data directory on the same replica restores every store.
+        data = os.path.join(directory, "data-restored")
+        daemon.write_config(data)
+        daemon.start()
+        sock = connect(daemon.socket)
+        for user in USERS:
+            reply = call(sock, "io.userstore.Store.Open", user=user)
+            if "error" in reply or reply.get("parameters", {}).get("created"):
+                print(f"{user}: not restored: {reply}", file=sys.stderr)
+        sock.close()
+        exit_status = daemon.stop() or exit_status
     problems, lost, checked = {}, 0, 0
-    layout = os.path.join(directory, "data", "stores")
+    layout = os.path.join(data, "stores")
     for root, _, files in os.walk(layout):
         for name in files:
             if name.endswith(".sqlite"):
@@ -143,12 +169,14 @@ def main():
     summary = {
         "kills": args.kills, "seconds": round(time.monotonic() - started, 1), "acknowledgedWrites": sum(len(v) for v in acked.values()),
         "lostWrites": lost, "storesChecked": checked, "migrationsAdded": version - 1, "problems": problems, "cleanStopStatus": exit_status,
+        "replica": args.replica, "restoredFromReplica": bool(args.replica),
     }
     ok = not problems and checked == len(USERS) and exit_status == 0
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"crash loop: {args.kills} SIGKILLs in {summary['seconds']} s, {summary['acknowledgedWrites']} acknowledged writes, "
+        what = "durably acknowledged writes, the disk then lost and every store restored from the replica" if args.replica else "acknowledged writes"
+        print(f"crash loop: {args.kills} SIGKILLs in {summary['seconds']} s, {summary['acknowledgedWrites']} {what}, "
               f"{lost} lost, {checked} stores checked, {version - 1} migrations added under fire, problems: {problems or 'none'}")
     if ok:
         shutil.rmtree(directory, ignore_errors=True)

@@ -204,4 +204,19 @@ import Varlink
         #expect((summary["acknowledgedWrites"]?.integerValue ?? 0) > 100)
         print("crash loop (short): \(result.stdout)")
     }
+
+    /// The same with the daemon's own log to a folder and every write durable, then the disk
+    /// lost: every store comes back from the replica with every durably acknowledged write
+    /// (`make crash-s3` runs 1,000 kills on S3).
+    @Test(.timeLimit(.minutes(10)))
+    func sigkillAgainAndAgainUnderDurableWritesThenTheDiskLostLosesNothing() throws {
+        let replica = try TemporaryDirectory()
+        let result = try run([testPython, repositoryRoot + "/scripts/crash-loop.py", "--daemon", productsDirectory + "/userstored", "--kills", "12",
+                              "--replica", "file://" + replica.path, "--json"])
+        #expect(result.status == 0, "\(result.stdout)\(result.stderr)")
+        let summary = try JSONParser().parse(result.stdout.split(separator: "\n").last.map(String.init) ?? "{}")
+        #expect(summary["lostWrites"] == 0 && summary["storesChecked"] == 8 && summary["restoredFromReplica"] == true)
+        #expect((summary["acknowledgedWrites"]?.integerValue ?? 0) > 50)
+        print("crash loop (short, durable, disk lost): \(result.stdout)")
+    }
 }

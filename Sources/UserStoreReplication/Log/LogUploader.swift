@@ -15,7 +15,7 @@ package final class LogUploader: Sendable {
     /// How the uploader batches.
     package struct Settings: Sendable {
         /// Objects being written at once.
-        package var maxInFlight = 2
+        package var maxInFlight = 4
         /// An object closes at this many bytes of records (more wait for the next).
         package var maxObjectBytes = 16 << 20
         /// Records waiting to be written, past which ``append(_:)`` refuses more (the replica has
@@ -61,7 +61,9 @@ package final class LogUploader: Sendable {
     private struct Waiter {
         let id: UInt64
         let number: UInt64
-        let continuation: CheckedContinuation<Bool, Never>
+        /// Resumed with when the object holding the record (and every one before) was stored,
+        /// nil when the deadline came first.
+        let continuation: CheckedContinuation<ContinuousClock.Instant?, Never>
     }
 
     private struct InFlight {
@@ -81,6 +83,8 @@ package final class LogUploader: Sendable {
         var stored: UInt64 = 0
         /// Every object up to this sequence is stored.
         var storedSequence: UInt64 = 0
+        /// When ``stored`` last moved.
+        var storedAt = ContinuousClock.now
         var waiters: [Waiter] = []
         var nextWaiter: UInt64 = 0
         var work: CheckedContinuation<Void, Never>?
@@ -157,21 +161,30 @@ package final class LogUploader: Sendable {
     /// Waits until record `number` (and every record before it) is stored; false when
     /// `deadline` came first.
     package func waitUntilStored(_ number: UInt64, until deadline: ContinuousClock.Instant) async -> Bool {
+        await storedInstant(of: number, until: deadline) != nil
+    }
+
+    /// Waits until record `number` (and every record before it) is stored, and returns an
+    /// instant at or after which it was (when the object that completed it was stored, or for a
+    /// record stored before the call, when the stored records last grew): a look at the writer
+    /// lease begun then is one every durable write of that object can share. Nil when
+    /// `deadline` came first.
+    package func storedInstant(of number: UInt64, until deadline: ContinuousClock.Instant) async -> ContinuousClock.Instant? {
         await withCheckedContinuation { continuation in
-            let id = state.withLock { state -> UInt64? in
-                if state.stored >= number { return nil }
+            let (id, at) = state.withLock { state -> (UInt64?, ContinuousClock.Instant) in
+                if state.stored >= number { return (nil, state.storedAt) }
                 state.nextWaiter += 1
                 state.waiters.append(Waiter(id: state.nextWaiter, number: number, continuation: continuation))
-                return state.nextWaiter
+                return (state.nextWaiter, state.storedAt)
             }
-            guard let id else { return continuation.resume(returning: true) }
+            guard let id else { return continuation.resume(returning: at) }
             Task {
                 try? await Task.sleep(until: deadline)
                 let timedOut = self.state.withLock { state -> Waiter? in
                     guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
                     return state.waiters.remove(at: index)
                 }
-                timedOut?.continuation.resume(returning: false)
+                timedOut?.continuation.resume(returning: nil)
             }
         }
     }
@@ -256,6 +269,7 @@ package final class LogUploader: Sendable {
         index?.add(key, .init(users: Set(batch.records.map(\.user)),
                               position: .init(epoch: batch.epoch, incarnation: origin.incarnation, sequence: batch.sequence),
                               createdAt: RFC3339.parse(RFC3339.format(createdAt)) ?? createdAt))
+        let storedAt = ContinuousClock.now
         let (resumed, wake) = state.withLock { state -> ([Waiter], CheckedContinuation<Void, Never>?) in
             state.objects += 1
             state.bytes += bytes.count
@@ -264,6 +278,7 @@ package final class LogUploader: Sendable {
             while let first = state.inFlight.first, first.done {
                 state.stored = first.through
                 state.storedSequence = first.sequence
+                state.storedAt = storedAt
                 state.inFlight.removeFirst()
             }
             let storedThrough = state.stored
@@ -275,7 +290,7 @@ package final class LogUploader: Sendable {
             state.work = nil
             return (ready, wake)
         }
-        for waiter in resumed { waiter.continuation.resume(returning: true) }
+        for waiter in resumed { waiter.continuation.resume(returning: storedAt) }
         wake?.resume()
     }
 }
