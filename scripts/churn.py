@@ -4,7 +4,7 @@ scripts/s3.sh) while 100,000 users are touched through maxOpenStores 1,024, then
 lost and a sample of users brought back from the bucket.
 
     python3 scripts/churn.py --daemon .build/release/userstored [--users 100000] [--revisits 0.1]
-        [--workers 32] [--sample 1000] [--json FILE] [--no-replication]
+        [--workers 32] [--sample 1000] [--json FILE] [--no-replication] [--engine litestream|log]
 
 What runs:
   touch    every user once, in order, by `workers` connections: a durable INSERT (the store is
@@ -20,6 +20,8 @@ What runs:
            from the bucket with its last durable write.
 With --no-replication the same touches are plain INSERTs with replication off (the baseline the
 daemon's figures are read against), and the sample is read back after a restart on the same disk.
+With --engine log the daemon replicates through its own log (replication.engine: log): no
+Litestream process, so its columns stay 0.
 Prints a table per minute and a summary; exits 1 when a sampled user did not come back whole.
 Not part of make test (make churn).
 """
@@ -30,6 +32,8 @@ from varlink_client import call, connect, call_once
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = int(os.environ.get("USERSTORE_S3_PORT", "8533"))
 REPLICATING = "--no-replication" not in sys.argv
+# --engine log: the daemon's own log (replication.engine: log), no Litestream process.
+ENGINE = sys.argv[sys.argv.index("--engine") + 1] if "--engine" in sys.argv else "litestream"
 
 
 def s3(command):
@@ -109,6 +113,7 @@ logTarget: stderr
                 config.write(f"""replication:
   replica: "{replica}"
   litestream: {litestream}
+  engine: {ENGINE}
 """)
         self.process = None
 
@@ -170,6 +175,7 @@ def main():
     parser.add_argument("--sample", type=int, default=1000)
     parser.add_argument("--json")
     parser.add_argument("--no-replication", action="store_true", help="plain INSERTs with replication off: the baseline")
+    parser.add_argument("--engine", choices=["litestream", "log"], default="litestream", help="replication.engine")
     arguments = parser.parse_args()
 
     if REPLICATING:
@@ -196,7 +202,7 @@ def main():
             continue
         litestream, open_stores = daemon.litestream_pid()
         counters = seaweed_counters()
-        runtime = litestream_runtime(daemon.litestream_socket) if REPLICATING else (0, 0)
+        runtime = litestream_runtime(daemon.litestream_socket) if REPLICATING and ENGINE == "litestream" else (0, 0)
         elapsed = now - previous[0]
         sample = {
             "seconds": round(now - started, 1), "touched": position[0], "open_stores": open_stores,

@@ -41,6 +41,14 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
             writes to it: one that does not hold it serves no store and takes it over once the \
             holder stops, is gone or lets it run out, or at once with `userstorectl replication \
             take-over`. See docs/replication.md.
+
+            With replication.engine: log (being built; one host only) the daemon copies the \
+            stores itself and runs no Litestream: every store's commits go into one log per \
+            host (<replica>/log/), a batch of stores per object; log objects older than \
+            replication.foldSeconds are folded into per-user objects (<replica>/users/); a host \
+            that takes the lease at a new epoch writes a fence (<replica>/fences/) so that what \
+            an old holder uploads later never counts; a user whose copy is only in Litestream's \
+            layout is restored from it once.
             """,
         version: DaemonInfo.version)
 
