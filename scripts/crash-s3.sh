@@ -10,6 +10,8 @@ bash scripts/install-deps.sh >/dev/null
 swift build -c release --static-swift-stdlib --product userstored
 export USERSTORE_S3_PORT=8633
 eval "$(bash scripts/s3.sh start)"
+# s3.sh exports the development replica for the daemon; this run names its own prefix.
+unset USERSTORED_REPLICATION_REPLICA
 trap 'bash scripts/s3.sh stop >/dev/null 2>&1 || true' EXIT
 replica="s3://userstore/crash-$$?endpoint=http://127.0.0.1:$USERSTORE_S3_PORT&region=us-east-1&forcePathStyle=true"
 python3 scripts/crash-loop.py --daemon "$(swift build -c release --show-bin-path)/userstored" --kills "${1:-1000}" --replica "$replica"

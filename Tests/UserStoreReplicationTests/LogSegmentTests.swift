@@ -60,4 +60,26 @@ struct LogSegmentTests {
         #expect(throws: Zstd.Failure.self) { try Zstd.decompress(frame, limit: 1000) }
         #expect(throws: Zstd.Failure.self) { try Zstd.decompress([1, 2, 3]) }
     }
+
+    /// What a restore applies after a base: the furthest-reaching record each time. A process
+    /// killed after its object with commit 3→4 was stored but before the one with 2→3 was leaves
+    /// a hole that its successor fills with one record 0→4 (its WAL sent again from the stored
+    /// position): that is a chain, not a gap (found by `make crash-s3`: ordered by txid alone, the
+    /// stale 3→4 came first and the restore said ReplicaDamaged); without the 0→4 record it is a
+    /// gap, named.
+    @Test func aRecordSentAgainAfterACrashCoversTheHoleItLeft() throws {
+        func commit(_ since: UInt64, _ txid: UInt64) -> LogRecord {
+            LogRecord(kind: .commit, user: "ann", bucket: nil, epoch: 1, stream: 7, txid: txid, since: since, pageSize: 4096, databasePages: 1,
+                      pages: [WALCapture.Page(number: 1, data: [UInt8](repeating: UInt8(txid), count: 4096))])
+        }
+        let chained = try LogRestorer.chain([commit(0, 1), commit(1, 2), commit(3, 4), commit(0, 4)], from: 0, user: "ann", stream: 7)
+        #expect(chained.map { [$0.since, $0.txid] } == [[0, 4]])
+        #expect(try LogRestorer.chain([commit(0, 1), commit(1, 2), commit(2, 3)], from: 0, user: "ann", stream: 7).map(\.txid) == [1, 2, 3])
+        #expect(throws: LogSegment.Damaged.self) { try LogRestorer.chain([commit(0, 1), commit(1, 2), commit(3, 4)], from: 0, user: "ann", stream: 7) }
+        // The fold's snapshot applies the same chain: page 1 as commit 4 left it.
+        let base = LogRecord(kind: .base, user: "ann", bucket: nil, epoch: 1, stream: 7, txid: 0, since: 0, pageSize: 4096, databasePages: 1,
+                             pages: [WALCapture.Page(number: 1, data: [UInt8](repeating: 0, count: 4096))])
+        let snapshot = try #require(try LogFolder.snapshot(of: [base, commit(0, 1), commit(1, 2), commit(3, 4), commit(0, 4)]))
+        #expect(snapshot.txid == 4 && snapshot.pages.first?.data.first == 4)
+    }
 }

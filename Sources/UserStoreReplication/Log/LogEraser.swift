@@ -33,22 +33,23 @@ package struct LogEraser: Sendable {
         guard try ReplicaStorage.blocking({ await uploader.waitUntilStored(appended, until: .now + .seconds(30)) }) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
-        folder?.exclusive.lock()
-        defer { folder?.exclusive.unlock() }
-        try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))
-        uploader.index?.setFolds(of: user, [])
-        for key in try storage.keys(under: LogRestorer.folder) where key.hasSuffix(".usl") {
-            guard let bytes = try storage.get(key) else { continue }
-            var segment = try LogSegment.decode(bytes)
-            guard segment.header.users.contains(user) else { continue }
-            segment.records.removeAll { $0.user == user }
-            if segment.records.isEmpty {
-                try storage.delete([key])
-            } else {
-                try storage.put(key, segment.encoded())
+        let rewrite = {
+            try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))
+            uploader.index?.setFolds(of: user, [])
+            for key in try storage.keys(under: LogRestorer.folder) where key.hasSuffix(".usl") {
+                guard let bytes = try storage.get(key) else { continue }
+                var segment = try LogSegment.decode(bytes)
+                guard segment.header.users.contains(user) else { continue }
+                segment.records.removeAll { $0.user == user }
+                if segment.records.isEmpty {
+                    try storage.delete([key])
+                } else {
+                    try storage.put(key, segment.encoded())
+                }
+                uploader.index?.replace(key, users: Set(segment.records.map(\.user)))
             }
-            uploader.index?.replace(key, users: Set(segment.records.map(\.user)))
         }
+        if let folder { try folder.gate.writing(rewrite) } else { try rewrite() }
         let origin = uploader.origin
         let tombstone = Tombstone(epoch: uploader.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
                                   erasedAt: RFC3339.format(Date()))

@@ -19,15 +19,17 @@ package final class LogFolder: Sendable {
     package let storage: ReplicaStorage
     package let index: LogIndex
     package let uploader: LogUploader
-    /// Held while a fold or an erase changes the user's objects: they do not interleave.
-    package let exclusive = NSLock()
+    /// Written while a fold or an erase deletes or rewrites objects, read while a restore reads
+    /// them: a restore never meets an object deleted halfway through its reading.
+    package let gate: ReadWriteLock
     /// Deltas after a snapshot past which the next fold of the user writes a snapshot.
     package static let maxDeltas = 8
 
-    package init(storage: ReplicaStorage, index: LogIndex, uploader: LogUploader) {
+    package init(storage: ReplicaStorage, index: LogIndex, uploader: LogUploader, gate: ReadWriteLock = ReadWriteLock()) {
         self.storage = storage
         self.index = index
         self.uploader = uploader
+        self.gate = gate
     }
 
     /// The folder of `user`'s folded objects: `users/<first byte of SHA-256(user), hex>/<user>/`
@@ -72,8 +74,10 @@ package final class LogFolder: Sendable {
     /// Blocking; throws when the replica fails (the next round tries again: nothing is deleted
     /// before the folds holding it are stored).
     package func fold(before cutoff: Date, maxObjects: Int = 64) throws -> Report? {
-        exclusive.lock()
-        defer { exclusive.unlock() }
+        try gate.writing { try foldAlone(before: cutoff, maxObjects: maxObjects) }
+    }
+
+    private func foldAlone(before cutoff: Date, maxObjects: Int) throws -> Report? {
         guard index.isLoaded else { return nil }
         // Objects the fences void: nothing reads them.
         let void = index.takeVoid()
@@ -177,9 +181,9 @@ package final class LogFolder: Sendable {
         var pages = Dictionary(base.pages.map { ($0.number, $0) }, uniquingKeysWith: { $1 })
         var current = base.txid
         var last = base
-        for record in commits where record.txid > current {
-            guard record.since <= current, record.pageSize == base.pageSize else {
-                throw LogSegment.Damaged(description: "the records of \(base.user) have no record from txid \(current) to \(record.since)")
+        for record in try LogRestorer.chain(commits, from: current, user: base.user, stream: base.stream) {
+            guard record.pageSize == base.pageSize else {
+                throw LogSegment.Damaged(description: "the records of \(base.user) change the page size from \(base.pageSize) to \(record.pageSize)")
             }
             for page in record.pages { pages[page.number] = page }
             current = record.txid

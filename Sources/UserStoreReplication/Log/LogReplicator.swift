@@ -60,8 +60,9 @@ package final class LogReplicator: ReplicationEngine {
                                origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
                                              epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/"),
                                index: index)
-        restorer = LogRestorer(storage: setup.storage, index: index)
-        folder = LogFolder(storage: setup.storage, index: index, uploader: uploader)
+        let gate = ReadWriteLock()
+        restorer = LogRestorer(storage: setup.storage, index: index, gate: gate)
+        folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
         legacyLocations = ReplicaLocations(replica: settings.replica, fencing: nil, storage: setup.storage, replicaIndex: ReplicaIndex(),
                                            identity: setup.identity, lease: setup.lease)
         legacy = ReplicaRestorer(locations: legacyLocations, command: LitestreamCommand(settings.litestream, environment: setup.storage.litestreamEnvironment),

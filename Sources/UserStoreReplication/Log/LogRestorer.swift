@@ -14,10 +14,13 @@ package struct LogRestorer: Sendable {
     package let storage: ReplicaStorage
     /// Which objects hold which users (nil, or not yet listed: every object is read).
     package var index: LogIndex?
+    /// Read while the user's objects are read: the fold and the erase wait (``LogFolder/gate``).
+    package var gate: ReadWriteLock?
 
-    package init(storage: ReplicaStorage, index: LogIndex? = nil) {
+    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: ReadWriteLock? = nil) {
         self.storage = storage
         self.index = index
+        self.gate = gate
     }
     /// The folder of every log object (`log/`).
     package static let folder = "log/"
@@ -53,6 +56,7 @@ package struct LogRestorer: Sendable {
         var attempt = 0
         while true {
             do {
+                if let gate { return try gate.reading { try readRecords(of: user, until: until) } }
                 return try readRecords(of: user, until: until)
             } catch let gone as Gone {
                 attempt += 1
@@ -131,16 +135,40 @@ package struct LogRestorer: Sendable {
         var current = base.txid
         var last = base
         try Self.apply(base, to: descriptor)
-        for record in commits where record.txid > current {
-            guard record.since <= current else {
-                throw LogSegment.Damaged(description: "the log of \(user) has no record from txid \(current) to \(record.since) of stream \(base.stream) (a log object is missing)")
-            }
+        for record in try Self.chain(commits, from: current, user: user, stream: base.stream) {
             try Self.apply(record, to: descriptor)
             current = record.txid
             last = record
         }
         guard fsync(descriptor) == 0 else { throw LogSegment.Damaged(description: "cannot sync \(path): \(String(cString: strerror(errno)))") }
         return Restored(stream: base.stream, txid: current, epoch: last.epoch, pageSize: Int(last.pageSize), databasePages: Int(last.databasePages))
+    }
+
+    /// The records to apply, in order, to the state at `start` to reach the newest state
+    /// `commits` hold: at each step the one that reaches furthest among those that start at or
+    /// before where the state is (a record from `since` to `txid` brings any state between the
+    /// two to `txid`). A record a crash left behind — its process killed after a later object was
+    /// stored but before this one was, its commits then sent again as one record from an older
+    /// position — is covered that way instead of read as a gap. Throws
+    /// ``LogSegment/Damaged`` when what is left starts past where the state got: a missing object.
+    static func chain(_ commits: [LogRecord], from start: UInt64, user: String, stream: UInt64) throws -> [LogRecord] {
+        let bySince = commits.sorted { ($0.since, $0.txid) < ($1.since, $1.txid) }
+        var current = start, next = 0
+        var chosen: [LogRecord] = []
+        while true {
+            var best: LogRecord?
+            while next < bySince.count, bySince[next].since <= current {
+                if bySince[next].txid > (best?.txid ?? current) { best = bySince[next] }
+                next += 1
+            }
+            guard let best else { break }
+            chosen.append(best)
+            current = best.txid
+        }
+        if let beyond = bySince[next...].first(where: { $0.txid > current }) {
+            throw LogSegment.Damaged(description: "the log of \(user) has no record from txid \(current) to \(beyond.since) of stream \(stream) (a log object is missing)")
+        }
+        return chosen
     }
 
     /// The newest base of `records` (in log order; after any erase) and the commits of its
