@@ -50,7 +50,7 @@ public enum DurableFile {
     }
 
     /// Removes `paths` (those that exist) and syncs their folders; returns the ones removed.
-    static func remove(_ paths: [String]) throws(Failure) -> [String] {
+    package static func remove(_ paths: [String]) throws(Failure) -> [String] {
         var removed: [String] = []
         var folders: Set<String> = []
         for path in paths {

@@ -39,6 +39,14 @@ package struct LogPosition: Codable, Sendable, Equatable {
     package static func forget(_ storePath: String) {
         unlink(path(of: storePath))
     }
+
+    /// Removes the position beside `storePath` and syncs its folder: done before a new base goes
+    /// out, so that a crash before the base's position is saved never leaves the old stream's
+    /// position to be continued after the base (a restore follows the newest base: commits of
+    /// the old stream after it would be lost — found by `make crash-s3`).
+    package static func forgetDurably(_ storePath: String) throws {
+        _ = try DurableFile.remove([path(of: storePath)])
+    }
 }
 
 extension WALCapture.Salt: Codable {

@@ -99,6 +99,10 @@ package final class LoggedStore: Sendable {
     func shipBase() {
         let stream = UInt64.random(in: 1...UInt64.max)
         do {
+            // The old stream's position goes first (and no save of it still waiting may land):
+            // after a crash the store ships a base again rather than continue the old stream.
+            state.withLock { $0.positions += 1 }
+            try LogPosition.forgetDurably(store.path)
             let (pageSize, pages) = try Self.readDatabaseFile(store.path)
             let wal = try capture.contentsAsOneCommit()
             let base = LogRecord(kind: .base, user: user.rawValue, bucket: bucket, epoch: epoch, stream: stream, txid: 0, since: 0,
@@ -173,7 +177,9 @@ package final class LoggedStore: Sendable {
 
     private func save(_ position: LogPosition, generation: Int) {
         let newest = state.withLock { state -> Bool in
-            guard generation > state.savedPosition else { return false }
+            // Only the newest position made: an older one (a base's, stored after a newer base
+            // began) would point at a stream no longer continued.
+            guard generation == state.positions, generation > state.savedPosition else { return false }
             state.savedPosition = generation
             return true
         }
