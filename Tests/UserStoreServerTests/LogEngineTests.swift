@@ -377,4 +377,23 @@ import Varlink
         #expect(try Self.titles("ann", try daemon.connect()) == ["on litestream", "on the log"])
         daemon.stop()
     }
+
+    /// A point-in-time restore, then a write: the store starts a new stream, so the write never
+    /// shares a txid with the commit the restore went back past — after the disk is lost the user
+    /// has the write, not that commit.
+    @Test func aWriteAfterAPointInTimeRestoreIsWhatComesBack() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "kim", on: client, durable: true)
+        let between = Date()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "kim", on: client, durable: true)
+        let ctl = try run([userstorectlPath, "restore", "kim", "--from-replica", "--timestamp", ReplicationTests.rfc3339(between)],
+                          environment: ["USERSTORE_SOCKET": setup.daemon.socketPath])
+        #expect(ctl.status == 0, "\(ctl.stderr)")
+        #expect(try Self.titles("kim", client) == ["before"])
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('later')", for: "kim", on: client, durable: true)
+        try setup.loseTheHost()
+        #expect(try Self.titles("kim", try setup.daemon.connect()) == ["before", "later"])
+    }
 }

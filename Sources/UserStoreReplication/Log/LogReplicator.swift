@@ -151,8 +151,14 @@ package final class LogReplicator: ReplicationEngine {
         } catch {
             throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
         }
-        // The position the file now holds: a reopen under the same epoch continues the stream.
-        try? LogPosition(stream: restored.stream, epoch: restored.epoch, txid: restored.txid, salt: nil, frames: 0).save(beside: path)
+        // The position the file now holds: a reopen under the same epoch continues the stream. Not
+        // after a point in time: the log already holds later commits of that stream, so the
+        // store starts a new one (a base at its first open) rather than reuse their txids.
+        if timestamp == nil {
+            try? LogPosition(stream: restored.stream, epoch: restored.epoch, txid: restored.txid, salt: nil, frames: 0).save(beside: path)
+        } else {
+            LogPosition.forget(path)
+        }
         state.withLock { $0.restored += 1 }
         return ReplicaRestore(source: storage.describe(LogRestorer.folder), schemaVersion: schemaVersion,
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
