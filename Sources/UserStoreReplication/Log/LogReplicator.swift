@@ -25,9 +25,9 @@ package final class LogReplicator: ReplicationEngine {
     let legacyLocations: ReplicaLocations
     /// Which log objects hold which users, listed once this host holds the replica.
     package let index = LogIndex()
-    private let logger: Logger
+    let logger: Logger
 
-    private struct State {
+    struct State {
         var open: [String: LoggedStore] = [:]
         var restored = 0
         var replicaProblem: String?
@@ -39,10 +39,10 @@ package final class LogReplicator: ReplicationEngine {
         var uploadsFailingSince: Date?
     }
 
-    private let state = Mutex(State())
+    let state = Mutex(State())
     /// The epoch whose fence this host wrote (nil: none yet), kept while it is written.
-    private let fenced = Mutex<Int64?>(nil)
-    private let fencing = NSLock()
+    let fenced = Mutex<Int64?>(nil)
+    let fencing = NSLock()
     /// The uploader's loop: started with the engine, stopped after every store's last records
     /// (``stop()``), so that it outlives the daemon's other services.
     private let uploading = Mutex<Task<Void, Never>?>(nil)
@@ -300,96 +300,6 @@ package final class LogReplicator: ReplicationEngine {
         index.reset()
     }
 
-    /// Writes the fence of the epoch this host holds, once per epoch, before the log is read under
-    /// it (a restore, the index's listing, the fold). Blocking.
-    func fenceIfDue() throws {
-        guard let lease, let epoch = lease.heldEpoch, fenced.withLock({ $0 }) != epoch else { return }
-        fencing.lock()
-        defer { fencing.unlock() }
-        guard fenced.withLock({ $0 }) != epoch else { return }
-        uploader.raiseEpoch(to: epoch)
-        let fence = try LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
-        fenced.withLock { $0 = epoch }
-        logger.info("fenced the log at epoch \(epoch): \(fence.through.count) log folders, what their holders upload later does not count",
-                    metadata: ["event": "replica-lease-held", "epoch": "\(epoch)"])
-    }
-
-    /// Lists the log's objects for the index once the replica is verified and this host holds
-    /// it (the health service asks every second until it is in).
-    func loadIndexIfDue() async {
-        guard !index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
-        let started = ContinuousClock.now
-        do {
-            try await BlockingPool.run { [index, storage] in
-                try self.fenceIfDue()
-                try index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root)
-            }
-            logger.info("log index: \(index.objects ?? 0) objects listed in \(ContinuousClock.now - started)")
-        } catch {
-            logger.warning("log index: listing the log failed (\(error)); restores read every object until it is in")
-        }
-    }
-
-    /// Folds the log objects older than `replication.foldSeconds` into per-user objects (from
-    /// ``LogHealthService``, every second), while this host holds the verified replica.
-    func foldIfDue() async {
-        guard index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
-        let cutoff = Date() - TimeInterval(settings.foldSeconds)
-        do {
-            while let report = try await BlockingPool.run({ [folder] in try folder.fold(before: cutoff) }) {
-                state.withLock { state in
-                    state.folded.logObjects += report.logObjects
-                    state.folded.users += report.users
-                    state.folded.snapshots += report.snapshots
-                    state.folded.bytesWritten += report.bytesWritten
-                    state.foldError = nil
-                }
-                if report.logObjects < 64 { break }
-            }
-        } catch {
-            let first = state.withLock { state -> Bool in
-                defer { state.foldError = "\(error)" }
-                return state.foldError == nil
-            }
-            if first {
-                logger.warning("folding the log into per-user objects failed: \(error); the log keeps its objects and the fold tries again",
-                               metadata: ["event": "replication-degraded"])
-            }
-        }
-    }
-
-    /// Logs the start and the end of an outage of the log's uploads (from ``LogHealthService``,
-    /// every second): `replication-degraded` once when objects start failing, with why, and
-    /// `replication-recovered` once they are stored again.
-    func reportUploads() {
-        let upload = uploader.snapshot
-        enum Change { case began(String), ended(Date) }
-        let change = state.withLock { state -> Change? in
-            switch (upload.lastError, state.uploadsFailingSince) {
-            case (let error?, nil):
-                state.uploadsFailingSince = Date()
-                return .began(error)
-            case (nil, let since?):
-                state.uploadsFailingSince = nil
-                return .ended(since)
-            default:
-                return nil
-            }
-        }
-        switch change {
-        case .began(let error):
-            logger.error("replication degraded: \(error); stores are served, commits wait in memory (\(upload.pendingBytes) bytes now) and are written once the replica answers; durable writes fail meanwhile", metadata: [
-                "event": "replication-degraded", "error": .string(error),
-            ])
-        case .ended(let since):
-            logger.notice("replication recovered: the log's objects are stored again", metadata: [
-                "event": "replication-recovered", "degraded_seconds": .stringConvertible(Int(Date().timeIntervalSince(since))), "checked": "0",
-            ])
-        case nil:
-            break
-        }
-    }
-
     package var snapshot: ReplicationSnapshot {
         // An outage's end is logged before anything shows replication ok again.
         reportUploads()
@@ -421,14 +331,6 @@ package final class LogReplicator: ReplicationEngine {
         await uploading.withLock { $0 }?.value
     }
 
-    /// Checks the replica's marker (every 5 s from ``LogHealthService``, every second while it fails).
-    package func checkReplica() async {
-        guard let identity else { return }
-        let verdict = (try? await BlockingPool.run { identity.check() }) ?? .unknown("the check did not run")
-        state.withLock { $0.replicaProblem = verdict.problem }
-        if verdict.isVerified, let lease, lease.heldEpoch == nil { _ = try? await BlockingPool.run { lease.round() } }
-    }
-
     // MARK: Helpers
 
     private static func fileSize(_ path: String) -> Int {
@@ -439,22 +341,5 @@ package final class LogReplicator: ReplicationEngine {
     /// Runs `work` and waits for it on this thread (a blocking-pool thread).
     static func waitBlocking<T: Sendable>(_ work: @escaping @Sendable () async -> T) throws -> T {
         try ReplicaStorage.blocking { await work() }
-    }
-}
-
-/// The replica's marker checked every 5 s (every second while it fails).
-struct LogHealthService: Service {
-    let replicator: LogReplicator
-
-    func run() async throws {
-        var round = 0
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
-            replicator.reportUploads()
-            await replicator.loadIndexIfDue()
-            await replicator.foldIfDue()
-            round += 1
-            try? await Task.sleep(for: .seconds(1))
-        }
     }
 }
