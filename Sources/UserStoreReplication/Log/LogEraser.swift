@@ -36,7 +36,9 @@ package struct LogEraser: Sendable {
         let rewrite = {
             try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))
             uploader.index?.setFolds(of: user, [])
-            for key in try storage.keys(under: LogRestorer.folder) where key.hasSuffix(".usl") {
+            // The index, once listed, names the objects holding the user: only those are read.
+            let keys = try uploader.index?.keys(of: user) ?? storage.keys(under: LogRestorer.folder)
+            for key in keys where key.hasSuffix(".usl") {
                 guard let bytes = try storage.get(key) else { continue }
                 var segment = try LogSegment.decode(bytes)
                 guard segment.header.users.contains(user) else { continue }
