@@ -40,7 +40,7 @@ let package = Package(
             ]
         ),
         // A VFS layer that keeps a database's size while its EXCLUSIVE lock is held, instead of
-        // an fstat per read transaction on a store whose WAL is empty (docs/performance.md).
+        // an fstat per read transaction on a store whose WAL is empty (docs/dev/performance-log.md).
         .target(name: "CSQLiteSizeCache", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")]),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),

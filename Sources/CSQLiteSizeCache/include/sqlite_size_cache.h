@@ -8,7 +8,7 @@
 ///
 /// Why: in WAL mode, a read transaction on a database whose WAL holds no frame (a store read
 /// but not written since it was opened) learns the database's size from `xFileSize`, an
-/// `fstat` per statement — 5-8% of the daemon's CPU on such stores (docs/performance.md).
+/// `fstat` per statement — 5-8% of the daemon's CPU on such stores (docs/dev/performance-log.md).
 /// With `locking_mode = EXCLUSIVE` (how the daemon opens its stores) the lock is held from the
 /// first read to the close, and nothing but this connection's own writes and truncations,
 /// which the layer follows, can change the file: SQLite's locks keep every other SQLite

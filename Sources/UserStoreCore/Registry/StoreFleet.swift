@@ -74,7 +74,7 @@ public struct StoreFleet: Sendable {
     /// current while its commits may not be durable yet. Requests for the user meanwhile wait
     /// for the job, as for any preparation, then open the store again.
     ///
-    /// What this saves per store (docs/performance.md): a second trip through the blocking pool
+    /// What this saves per store (docs/dev/performance-log.md): a second trip through the blocking pool
     /// for the close, and the last commit's fsync (``Migrator/Durability/checkpoint``).
     func migrateUnopened(_ user: UserID) async throws(StoreError) -> MigrationReport? {
         try registry.placement?.admit(user)

@@ -10,7 +10,7 @@ import Foundation
 /// and calls ``sync(since:)`` twice — once before its checkpoint writes the database file, once
 /// after — and one `syncfs` serves every store that asked while the previous one ran: on a
 /// journaled ext4 (2 cores, 10,000 stores) the daemon migrates 708 stores/s this way against
-/// 501 with per-file fsyncs, and SQLite alone 1,079 against 790 (docs/performance.md).
+/// 501 with per-file fsyncs, and SQLite alone 1,079 against 790 (docs/dev/performance-log.md).
 /// PostgreSQL offers the same trade for its start-up sync (`recovery_init_sync_method =
 /// syncfs`): `syncfs` also writes back other programs' dirty data on that file system, which
 /// `migrations.fleetSyncMethod: fsync` avoids.

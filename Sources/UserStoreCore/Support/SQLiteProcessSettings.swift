@@ -18,7 +18,7 @@ public enum SQLiteProcessSettings {
     ///
     /// The default VFS is a thin layer over SQLite's own that keeps a database's size while its
     /// EXCLUSIVE lock is held (the stores' locking mode) instead of an `fstat` per read
-    /// transaction on a store whose WAL is empty (CSQLiteSizeCache; docs/performance.md).
+    /// transaction on a store whose WAL is empty (CSQLiteSizeCache; docs/dev/performance-log.md).
     public static func apply() -> Bool { applied }
 
     private static let applied: Bool = {

@@ -5,7 +5,7 @@ import Glibc
 
 /// A value kept once per recording thread and merged when read, so that the event loops record
 /// every call without taking each other's lock. With one shared lock, two loops recording a
-/// call each made the metrics cost 11–15% of point-query throughput (docs/performance.md):
+/// call each made the metrics cost 11–15% of point-query throughput (docs/dev/performance-log.md):
 /// most of it waiting on the lock and its futex, not the recording itself.
 ///
 /// Each thread records into the shard of its ``ThreadNumber``; more threads than shards share
