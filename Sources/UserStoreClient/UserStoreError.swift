@@ -46,6 +46,9 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
     /// The error's parameters as the daemon sent them (for ``Kind/daemon``), scalars as
     /// ``SQLValue``s (true/false as 1/0; nested JSON as its text).
     public let parameters: [String: SQLValue]
+    /// The error's parameters exactly as the daemon sent them (booleans, nested arrays and
+    /// objects included), for ``Kind/daemon``; empty for the other kinds.
+    public let details: [String: JSONValue]
     /// What went wrong, in words: the daemon's `message` or `reason` parameter, or the transport's.
     public let message: String
     /// The operating system's error number (`errno`) behind a ``Kind/connectionFailed``:
@@ -58,6 +61,7 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
         self.name = name
         self.qualifiedName = nil
         self.parameters = [:]
+        self.details = [:]
         self.message = message
         self.systemError = systemError
     }
@@ -70,12 +74,16 @@ public struct UserStoreError: Error, Sendable, CustomStringConvertible {
         self.qualifiedName = qualifiedName
         name = qualifiedName.split(separator: ".").last.map(String.init) ?? qualifiedName
         var scalars: [String: SQLValue] = [:]
+        var details: [String: JSONValue] = [:]
         if let object {
             view.forEachMember(of: object) { key, value in
-                scalars[view.string(key)] = SQLValue(view, value) ?? .text(view.value(value).serialized)
+                let name = view.string(key)
+                scalars[name] = SQLValue(view, value) ?? .text(view.value(value).serialized)
+                details[name] = view.value(value)
             }
         }
         self.parameters = scalars
+        self.details = details
         if case .text(let text)? = scalars["message"] {
             message = text
         } else if case .text(let text)? = scalars["reason"] {

@@ -1,4 +1,5 @@
 import UserStoreClient
+import Varlink
 
 /// Exit codes scripts can trust (documented in `userstorectl --help` and docs/cli.md).
 public enum CtlExitCode: Int32, Sendable {
@@ -26,8 +27,10 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
 
     public var description: String { message }
 
-    /// The daemon's error reply `name` (qualified or short) with its `parameters`, in words.
-    static func from(name: String, parameters: [String: SQLValue], socket: String) -> CtlError {
+    /// The daemon's error reply `name` (qualified or short) with its `parameters`, in words:
+    /// the short name, then every parameter (`message` and `reason` first, the rest by name),
+    /// each as `key: value`. An empty text is left out rather than printed as `key: `.
+    static func from(name: String, parameters: [String: JSONValue], socket: String) -> CtlError {
         let short = name.split(separator: ".").last.map(String.init) ?? name
         if short == "WrongHost", let host = parameters["host"] {
             // An admin call acts on this host's stores only; the owner's daemon serves it.
@@ -35,22 +38,30 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
             return CtlError(.someFailed, "WrongHost: user \(parameters["user"].map(text) ?? "?") is on host \(text(host))"
                             + (address.isEmpty ? "" : " (\(address))") + ", epoch \(parameters["epoch"].map(text) ?? "?"): run userstorectl there")
         }
-        let detail = ["message", "reason", "problems", "parameter", "user", "migration", "migrations", "state", "action"].compactMap { key -> String? in
-            guard let value = parameters[key] else { return nil }
-            return "\(key): \(text(value))"
-        }.joined(separator: "; ")
+        let detail = describe(parameters)
         // PermissionDenied with statement: true refuses one statement (ATTACH, the bookkeeping);
         // only a refused caller (the access rules) means exit code 3.
-        let accessDenied = short == "PermissionDenied" && parameters["statement"] != .integer(1)
+        let accessDenied = short == "PermissionDenied" && parameters["statement"] != .bool(true)
         let code: CtlExitCode = accessDenied ? .unreachable : .someFailed
         let prefix = accessDenied ? "\(socket): permission denied" : short
         return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")
     }
 
-    /// A parameter as printed: text as the daemon wrote it (unquoted), anything else as
-    /// ``SQLValue`` shows it.
-    private static func text(_ value: SQLValue) -> String {
-        if case .text(let text) = value { return text }
-        return value.description
+    /// Every parameter as `key: value`, joined by `; `: `message` and `reason` first, then the
+    /// others by name; empty texts left out.
+    public static func describe(_ parameters: [String: JSONValue]) -> String {
+        let first = ["message", "reason"]
+        let keys = first.filter { parameters[$0] != nil } + parameters.keys.filter { !first.contains($0) }.sorted()
+        return keys.compactMap { key -> String? in
+            let value = text(parameters[key]!)
+            return value.isEmpty ? nil : "\(key): \(value)"
+        }.joined(separator: "; ")
+    }
+
+    /// A parameter as printed: text as the daemon wrote it (unquoted), anything else as JSON
+    /// (exact integers, `true`, arrays and objects whole).
+    public static func text(_ value: JSONValue) -> String {
+        if case .string(let text) = value { return text }
+        return value.serialized
     }
 }

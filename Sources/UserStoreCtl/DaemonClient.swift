@@ -108,7 +108,7 @@ public final class DaemonClient: Sendable {
             return CtlError(.unreachable, "userstorectl: lost the connection to userstored at \(socketPath): \(error)")
         }
         if error.kind == .daemon {
-            return CtlError.from(name: error.qualifiedName ?? error.name, parameters: error.parameters, socket: socketPath)
+            return CtlError.from(name: error.qualifiedName ?? error.name, parameters: error.details, socket: socketPath)
         }
         return CtlError(.unreachable, "userstorectl: lost the connection to userstored at \(socketPath): \(error.message)")
     }

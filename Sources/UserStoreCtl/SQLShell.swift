@@ -1,13 +1,15 @@
 import CEditLine
 import Foundation
 import GRDBSQLite
+import UserStoreCore
 import Varlink
 
 /// `userstorectl sql USER` without a statement: statements typed at a prompt (with line editing
 /// and history on a terminal) or read from standard input, as `psql` and `sqlite3` do.
 ///
 /// A statement ends with `;` (SQLite's own `sqlite3_complete` decides, so a `;` inside a string
-/// or a trigger body does not end it). `BEGIN`, `COMMIT`/`END` and `ROLLBACK` open and end an
+/// or a trigger body does not end it); a line may hold several, run in order. sqlite3's
+/// `.tables`, `.schema [TABLE]` and `.help` work at the start of a statement. `BEGIN`, `COMMIT`/`END` and `ROLLBACK` open and end an
 /// interactive transaction through the API (`io.userstore.Store.Begin`, `Commit`, `Rollback`);
 /// in one, statements run in it (and the prompt says `*`). Outside one, a statement runs as an
 /// administrator (`io.userstore.Admin.Execute`), like `userstorectl sql USER "SQL"`.
@@ -31,7 +33,7 @@ public final class SQLShell {
     public func run() -> Bool {
         if interactive {
             _ = read_history(Self.historyPath)
-            print("userstorectl sql: store '\(user)'. End statements with ';'. BEGIN/COMMIT/ROLLBACK for a transaction; \\q to quit.")
+            print("userstorectl sql: store '\(user)'. End statements with ';'. BEGIN/COMMIT/ROLLBACK for a transaction; .help for more; \\q to quit.")
         }
         defer {
             if interactive {
@@ -45,12 +47,21 @@ public final class SQLShell {
             let trimmed = line.trimmingCharacters(in: .whitespaces)
             if pending.isEmpty, trimmed == "\\q" || trimmed == ".quit" || trimmed == "exit" || trimmed == "quit" { break }
             if pending.isEmpty, trimmed.isEmpty { continue }
+            if pending.isEmpty, trimmed.hasPrefix(".") {
+                if interactive { add_history(trimmed) }
+                if !dotCommand(trimmed) {
+                    succeeded = false
+                    if !interactive { break }
+                }
+                continue
+            }
             pending += (pending.isEmpty ? "" : "\n") + line
             guard sqlite3_complete(pending) != 0 else { continue }
             if interactive { add_history(pending) }
-            let statement = pending
+            // Several statements on a line (`SELECT 1; SELECT 2;`) run one after another.
+            let statements = SQLScript(pending).statements
             pending = ""
-            if !execute(statement) {
+            if !statements.allSatisfy(execute) {
                 succeeded = false
                 if !interactive { break }
             }
@@ -78,6 +89,64 @@ public final class SQLShell {
         return String(cString: line)
     }
 
+    /// sqlite3's dot commands that make sense here: `.tables`, `.schema [TABLE]`, `.help`.
+    /// False when it failed or is unknown (the error is printed).
+    func dotCommand(_ line: String) -> Bool {
+        let words = line.split(whereSeparator: \.isWhitespace).map(String.init)
+        do {
+            switch words[0] {
+            case ".tables":
+                let rows = try run("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name", [])
+                if output.json { return showing(rows) }
+                for row in rows["rows"]?.arrayValue ?? [] { print(Output.cell(row.arrayValue?.first)) }
+            case ".schema":
+                let table = words.count > 1 ? words[1] : nil
+                let rows = try run("SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+                                   + (table == nil ? "" : " AND tbl_name = ?") + " ORDER BY tbl_name, type DESC, name",
+                                   table.map { [.string($0)] } ?? [])
+                if output.json { return showing(rows) }
+                for row in rows["rows"]?.arrayValue ?? [] { print(Output.cell(row.arrayValue?.first) + ";") }
+            case ".help":
+                print("""
+                    .tables            the tables and views
+                    .schema [TABLE]    the CREATE statements (of TABLE and its indexes and triggers)
+                    .help              this list
+                    \\q (.quit)         quit
+                    Statements end with ';' (several on a line run in order). BEGIN, COMMIT and ROLLBACK
+                    open and end a transaction.
+                    """)
+            default:
+                throw CtlError(.someFailed, "unknown command \(InputQuote.prefix(words[0])): .help lists the ones userstorectl knows")
+            }
+            return true
+        } catch let error as CtlError {
+            Output.error(error.message)
+            return false
+        } catch {
+            Output.error("\(error)")
+            return false
+        }
+    }
+
+    private func showing(_ result: [String: JSONValue]) -> Bool {
+        show(result)
+        return true
+    }
+
+    /// Runs `sql` in the open transaction, or as an administrator outside one.
+    private func run(_ sql: String, _ parameters: [JSONValue]) throws -> [String: JSONValue] {
+        if let transaction {
+            var statement: [String: JSONValue] = ["sql": .string(sql)]
+            if !parameters.isEmpty { statement["parameters"] = .array(parameters) }
+            let batch = try client.call("io.userstore.Store.Batch", ["user": .string(user), "transaction": .string(transaction),
+                                                                      "statements": [.object(statement)]])
+            return batch["results"]?.arrayValue?.first?.objectValue ?? [:]
+        }
+        var call: [String: JSONValue] = ["user": .string(user), "sql": .string(sql)]
+        if !parameters.isEmpty { call["parameters"] = .array(parameters) }
+        return try client.call("io.userstore.Admin.Execute", call)
+    }
+
     /// Runs one statement; false when it failed (the error is printed).
     func execute(_ statement: String) -> Bool {
         do {
@@ -92,15 +161,7 @@ public final class SQLShell {
                 _ = try client.call(commit ? "io.userstore.Store.Commit" : "io.userstore.Store.Rollback", ["transaction": .string(open)])
                 print(commit ? "COMMIT" : "ROLLBACK")
             case nil:
-                let result: [String: JSONValue]
-                if let transaction {
-                    let batch = try client.call("io.userstore.Store.Batch", ["user": .string(user), "transaction": .string(transaction),
-                                                                              "statements": [["sql": .string(statement)]]])
-                    result = batch["results"]?.arrayValue?.first?.objectValue ?? [:]
-                } else {
-                    result = try client.call("io.userstore.Admin.Execute", ["user": .string(user), "sql": .string(statement)])
-                }
-                show(result)
+                show(try run(statement, []))
             }
             return true
         } catch let error as CtlError {

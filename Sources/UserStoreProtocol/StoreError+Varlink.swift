@@ -7,7 +7,7 @@ extension StoreError {
         let prefix = "io.userstore.Store."
         switch self {
         case .invalidUser(let id, let reason):
-            return VarlinkError(prefix + "InvalidUser", ["user": .string(id), "reason": .string(reason)])
+            return VarlinkError(prefix + "InvalidUser", ["user": .string(InputQuote.prefix(id)), "reason": .string(reason)])
         case .migrationFailed(let user, let version, let migration, let message, let code, let schemaVersion):
             var parameters: [String: JSONValue] = [
                 "user": .string(user.rawValue), "version": .integer(version), "migration": .string(migration),

@@ -107,7 +107,7 @@ package struct ReplicaStorage: Sendable {
             if FileManager.default.fileExists(atPath: folder) { try FileManager.default.removeItem(atPath: folder) }
         case .bucket(let client, let bucket, let prefix):
             // The trailing slash: erasing "ann" must not touch "anna".
-            try Self.blocking { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
+            _ = try Self.blocking { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
         case .elsewhere:
             throw ReplicaStorage.Misconfigured(description: "userstored erases only file:// and s3:// replicas")
         }

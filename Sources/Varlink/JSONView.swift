@@ -100,6 +100,14 @@ public struct JSONView {
         return Self.integer(bytes, from: Int(token.start), to: Int(token.end))
     }
 
+    /// Whether the number at `index` is written as an integer (no fraction or exponent) too large
+    /// for 64 bits: the scanner reads it as a real, but what the writer meant was an integer.
+    public func isOutOfRangeInteger(_ index: Int) -> Bool {
+        let token = tokens[index]
+        guard token.kind == .number, token.flag else { return false }
+        return !bytes[Int(token.start)..<Int(token.end)].contains { $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "e") || $0 == UInt8(ascii: "E") }
+    }
+
     /// The number at `index` as a double (integers too), or nil when it is not a number.
     public func double(_ index: Int) -> Double? {
         let token = tokens[index]

@@ -74,10 +74,10 @@ public struct VarlinkError: Error, Sendable, Equatable, CustomStringConvertible 
 
     // The standard errors of org.varlink.service.
     public static func interfaceNotFound(_ interface: String) -> VarlinkError {
-        VarlinkError("org.varlink.service.InterfaceNotFound", ["interface": .string(interface)])
+        VarlinkError("org.varlink.service.InterfaceNotFound", ["interface": .string(InputQuote.prefix(interface))])
     }
     public static func methodNotFound(_ method: String) -> VarlinkError {
-        VarlinkError("org.varlink.service.MethodNotFound", ["method": .string(method)])
+        VarlinkError("org.varlink.service.MethodNotFound", ["method": .string(InputQuote.prefix(method))])
     }
     public static func methodNotImplemented(_ method: String) -> VarlinkError {
         VarlinkError("org.varlink.service.MethodNotImplemented", ["method": .string(method)])

@@ -58,10 +58,7 @@ extension UserStoreCtlCommand {
 
         func run() throws {
             var call: [String: JSONValue] = ["sql": .string(sql)]
-            let parameters: [JSONValue] = arguments.map { argument in
-                if let value = try? JSONParser().parse(argument), value.arrayValue == nil, value.objectValue == nil { return value }
-                return .string(argument)
-            }
+            let parameters = try SQLArguments.values(arguments)
             if !parameters.isEmpty { call["parameters"] = .array(parameters) }
             if let users { call["users"] = .array(commaSeparated(users).map { .string($0) }) }
             if all { call["all"] = true }

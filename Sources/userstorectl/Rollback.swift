@@ -16,6 +16,10 @@ extension UserStoreCtlCommand {
         @Option(name: .customLong("to"), help: "The schema version to roll back to.")
         var version: Int
 
+        func validate() throws {
+            if version < 0 { throw ValidationError("--to must be a schema version, 0 or more (0 undoes every migration)") }
+        }
+
         func run() throws {
             let result = try connection.client().call("io.userstore.Admin.Rollback", ["user": .string(user), "toVersion": .integer(Int64(version))])
             if connection.json { return connection.output.jsonLine(.object(result)) }

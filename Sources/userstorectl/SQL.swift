@@ -12,12 +12,14 @@ extension UserStoreCtlCommand {
                 With a statement: runs it as an administrator (works on a store whose migration \
                 failed, so its data can be repaired before a retry; the daemon's bookkeeping stays \
                 protected). Each ARG binds a ? parameter: JSON scalars (42, 2.5, null, true, \
-                "quoted") keep their type; anything else is text.
+                "quoted") keep their type; anything else is text; an integer outside the signed 64-bit \
+                range is refused. Negative numbers go after -- (sql USER 'SELECT ?' -- -5).
 
                 Without one: on a terminal, a prompt with line editing and history \
                 (~/.userstorectl_history); otherwise the statements of standard input, stopping at \
-                the first that fails. Statements end with ';'. BEGIN [DEFERRED], COMMIT (END) and \
-                ROLLBACK open and end an interactive transaction (io.userstore.Store.Begin/Commit/ \
+                the first that fails. Statements end with ';', and several on a line run in order; \
+                sqlite3's .tables, .schema [TABLE] and .help work too. BEGIN [DEFERRED], COMMIT (END) and \
+                ROLLBACK open and end an interactive transaction (io.userstore.Store.Begin, Commit and \
                 Rollback); statements in it run in it, and the prompt shows '*'. \\q quits.
                 """)
 
@@ -38,10 +40,7 @@ extension UserStoreCtlCommand {
                 if !shell.run() { throw ExitCode(CtlExitCode.someFailed.rawValue) }
                 return
             }
-            let parameters: [JSONValue] = arguments.map { argument in
-                if let value = try? JSONParser().parse(argument), value.arrayValue == nil, value.objectValue == nil { return value }
-                return .string(argument)
-            }
+            let parameters = try SQLArguments.values(arguments)
             var call: [String: JSONValue] = ["user": .string(user), "sql": .string(sql)]
             if !parameters.isEmpty { call["parameters"] = .array(parameters) }
             let result = try connection.client().call("io.userstore.Admin.Execute", call)

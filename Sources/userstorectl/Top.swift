@@ -8,9 +8,9 @@ extension UserStoreCtlCommand {
         static let configuration = CommandConfiguration(
             abstract: "Watch the daemon live: calls per second by method with latencies, the busiest users, open stores, connections.",
             discussion: """
-                On a terminal, refreshes every --interval seconds; q quits (like systemd-cgtop). \\
-                --once prints one report (--json: one JSON object, io.userstore.Admin.Top's reply). \\
-                Off a terminal, prints one report per interval until interrupted. Needs the \\
+                On a terminal, refreshes every --interval seconds; q quits (like systemd-cgtop). \
+                --once prints one report (--json: one JSON object, io.userstore.Admin.Top's reply). \
+                Off a terminal, prints one report per interval until interrupted. Needs the \
                 daemon's metrics (metrics.listen).
                 """)
 

@@ -48,7 +48,7 @@ public final class EtcdCluster: @unchecked Sendable {
             "--heartbeat-interval", "100", "--election-timeout", "1000",
         ]
         process.standardOutput = FileHandle(forWritingAtPath: "/dev/null")
-        FileManager.default.createFile(atPath: "\(directory)/\(member.name).log", contents: nil)
+        _ = FileManager.default.createFile(atPath: "\(directory)/\(member.name).log", contents: nil)
         process.standardError = FileHandle(forWritingAtPath: "\(directory)/\(member.name).log")
         try process.run()
         members[index].process = process

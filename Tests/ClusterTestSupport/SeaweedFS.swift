@@ -64,7 +64,7 @@ public final class SeaweedFS: @unchecked Sendable { // `process` is only touched
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             "-master.volumeSizeLimitMB=64", "-volume.max=0",
         ]
-        FileManager.default.createFile(atPath: directory + "/weed.log", contents: nil)
+        _ = FileManager.default.createFile(atPath: directory + "/weed.log", contents: nil)
         let log = FileHandle(forWritingAtPath: directory + "/weed.log")
         log?.seekToEndOfFile()
         process.standardOutput = log

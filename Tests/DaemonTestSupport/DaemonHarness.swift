@@ -72,7 +72,7 @@ public final class DaemonHarness {
         for (key, value) in self.environment { env[key] = value }
         for (key, value) in environment { env[key] = value }
         process.environment = env
-        FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
         process.standardError = FileHandle(forWritingAtPath: stderrPath)
         process.standardOutput = FileHandle.nullDevice
         try process.run()
@@ -102,6 +102,7 @@ public final class DaemonHarness {
     }
 
     /// Waits for the daemon to exit on its own.
+    @discardableResult
     public func waitForExit() -> Int32 {
         guard let process else { return -1 }
         process.waitUntilExit()

@@ -7,7 +7,7 @@ public final class TemporaryDirectory: Sendable {
     public init() throws {
         var bytes = Array((NSTemporaryDirectory() + "userstored-test-XXXXXX").utf8CString)
         guard mkdtemp(&bytes) != nil else { throw CocoaError(.fileWriteUnknown) }
-        path = String(cString: bytes)
+        path = String(decoding: bytes.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     deinit {

@@ -105,7 +105,7 @@ import Varlink
 
                 """,
         ])
-        let expected = Everything(id: 7, smallest: .min, largest: .max, real: 2.0, tiny: 5e-324, huge: 1.7976931348623157e308,
+        let expected = Everything(id: 7, smallest: .min, largest: .max, real: 2.0, tiny: .leastNonzeroMagnitude, huge: 1.7976931348623157e308,
                                   negative: -0.1, text: "nul \u{0} emoji 👩‍👩‍👧 and \"quotes\"\n", blob: Data([0, 1, 2, 0, 255]),
                                   bytes: [0xde, 0xad, 0, 0xef], empty: Data(), missing: nil, flag: true)
         let (decoded, types) = try await UserStoreClient.withClient(socketPath: daemon.socketPath) { client in

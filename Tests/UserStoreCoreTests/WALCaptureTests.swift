@@ -180,7 +180,7 @@ struct WALCaptureTests {
             }
         }
         var lastCommitFrame: Int32 = 0
-        try queue.writeWithoutTransaction { db in
+        queue.writeWithoutTransaction { db in
             var log: Int32 = 0, checkpointed: Int32 = 0
             // A zero-page "checkpoint" that copies nothing: it only reports the WAL's frame count.
             sqlite3_wal_checkpoint_v2(db.sqliteConnection!, nil, SQLITE_CHECKPOINT_PASSIVE, &log, &checkpointed)

@@ -11,8 +11,8 @@ import Varlink
     }
 
     /// Every subcommand's `--help`, found by walking the SUBCOMMANDS lists from the top: its
-    /// prose (everything before USAGE) has no run of spaces inside a line and no trailing space —
-    /// what a lost line continuation in a discussion leaves.
+    /// prose (everything before USAGE) has no run of spaces inside a line, no trailing space and
+    /// no stray backslash — what a lost or doubled line continuation in a discussion leaves.
     @Test func everyHelpPageReadsAsProse() throws {
         var pending: [[String]] = [[]], seen = 0
         while let path = pending.popLast() {
@@ -23,16 +23,109 @@ import Varlink
             for line in prose.split(separator: "\n") {
                 let text = line.drop { $0 == " " }
                 #expect(!text.contains("   ") && !text.hasSuffix(" "), "userstorectl \(path.joined(separator: " ")) --help: \"\(line)\"")
+                // A backslash only before a letter (sqlite3's \q): one before a space or at the end
+                // of a line is a doubled line continuation printed as text.
+                #expect(!text.hasSuffix("\\") && !text.contains("\\ "), "userstorectl \(path.joined(separator: " ")) --help: \"\(line)\"")
             }
             // "SUBCOMMANDS:" lists each name two spaces in; wrapped abstracts are indented further.
             guard let list = help.stdout.components(separatedBy: "\nSUBCOMMANDS:\n").dropFirst().first else { continue }
-            for line in list.split(separator: "\n").prefix { !$0.hasPrefix("  See ") && !$0.isEmpty }
+            for line in list.split(separator: "\n").prefix(while: { !$0.hasPrefix("  See ") && !$0.isEmpty })
             where line.hasPrefix("  ") && !line.hasPrefix("   ") {
                 let name = String(line.dropFirst(2).prefix { $0 != " " })
                 if name != "help" { pending.append(path + [name]) }
             }
         }
         #expect(seen > 20, "only \(seen) help pages found")
+    }
+
+    /// Every subcommand run into a failing daemon reply prints the reply whole: its name and
+    /// each of its parameters (integers, booleans and nested values too) as `key: value`, never
+    /// an empty one. The same call is made over the socket here and compared.
+    @Test func everyErrorPrintsEveryParameterOfTheReply() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title) VALUES ('x')"])
+        let file = daemon.directory.path + "/copy.db"
+        _ = try client.call("io.userstore.Admin.Backup", ["user": "alice", "path": .string(file)])
+        // (arguments, the method and parameters the subcommand sends)
+        let cases: [([String], String, [String: JSONValue], Bool)] = [
+            (["sql", "alice", "SELECT * FROM nope"], "io.userstore.Admin.Execute", ["user": "alice", "sql": "SELECT * FROM nope"], false),
+            (["sql", "alice", "ATTACH 'x' AS y"], "io.userstore.Admin.Execute", ["user": "alice", "sql": "ATTACH 'x' AS y"], false),
+            (["watch", "alice", "--since", "999"], "io.userstore.Store.Watch", ["user": "alice", "since": 999], true),
+            (["replication"], "io.userstore.Admin.Replication", [:], false),
+            (["import", "alice", file], "io.userstore.Admin.ImportStore", ["user": "alice", "path": .string(file)], false),
+            (["rollback", "a+b/c", "--to", "1"], "io.userstore.Admin.Rollback", ["user": "a+b/c", "toVersion": 1], false),
+            (["restore", "alice", "nosuch"], "io.userstore.Admin.RestoreStore", ["user": "alice", "backup": "nosuch"], false),
+            (["plan", "a/b"], "io.userstore.Admin.Plan", ["user": "a/b"], false),
+            (["release", "next"], "io.userstore.Admin.AdvanceRelease", [:], false),
+            (["cluster", "move", "1", "elsewhere"], "io.userstore.Admin.MoveBucket", ["bucket": 1, "host": "elsewhere"], false),
+        ]
+        for (arguments, method, parameters, more) in cases {
+            var writer = JSONWriter()
+            writer.write(VarlinkCall(method: method, parameters: parameters, more: more).message)
+            try client.send(raw: writer.bytes + [0])
+            let reply = try client.readReply()
+            guard let name = reply.error else {
+                Issue.record("\(method) did not fail: \(reply.parameters)")
+                continue
+            }
+            let printed = try ctl(["--socket", daemon.socketPath] + arguments)
+            #expect(printed.status != 0, "\(arguments)")
+            let short = String(name.split(separator: ".").last!)
+            let line = printed.stderr
+            #expect(line.contains(short) || short == "PermissionDenied", "\(arguments): \(line) (reply \(name))")
+            for (key, value) in reply.parameters {
+                let text = value.stringValue ?? value.serialized
+                if text.isEmpty {
+                    #expect(!line.contains("\(key): ;") && !line.hasSuffix("\(key): \n"), "\(arguments): an empty \(key) printed: \(line)")
+                } else {
+                    #expect(line.contains("\(key): \(text)"), "\(arguments): \(key) of \(name) missing: \(line)")
+                }
+            }
+        }
+        #expect(daemon.stop() == 0)
+    }
+
+    /// `userstorectl sql USER` on standard input: several statements on one line run in order;
+    /// sqlite3's `.tables`, `.schema [TABLE]` and `.help`; an unknown dot command is named.
+    @Test func theShellRunsSeveralStatementsALineAndKnowsDotCommands() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let environment = ["USERSTORE_SOCKET": daemon.socketPath]
+        let several = try run([userstorectlPath, "sql", "alice"], environment: environment,
+                              input: "CREATE TABLE kv (k TEXT PRIMARY KEY, v); INSERT INTO kv VALUES ('a', 1); SELECT 41 + v AS answer FROM kv;\n")
+        #expect(several.status == 0, "\(several.stderr)")
+        #expect(several.stdout.contains("answer") && several.stdout.contains("42") && several.stdout.contains("1 row changed"), "\(several.stdout)")
+        let dots = try run([userstorectlPath, "sql", "alice"], environment: environment, input: ".tables\n.schema kv\n.help\n")
+        #expect(dots.status == 0, "\(dots.stderr)")
+        let lines = dots.stdout.split(separator: "\n").map(String.init)
+        #expect(lines.contains("kv") && lines.contains("notes") && lines.contains("app_version"), "\(dots.stdout)")
+        #expect(lines.contains("CREATE TABLE kv (k TEXT PRIMARY KEY, v);"), "\(dots.stdout)")
+        #expect(!dots.stdout.contains("CREATE TABLE notes"), "the schema of kv only: \(dots.stdout)")
+        #expect(dots.stdout.contains(".schema [TABLE]"), "\(dots.stdout)")
+        let unknown = try run([userstorectlPath, "sql", "alice"], environment: environment, input: ".frobnicate\nSELECT 1;\n")
+        #expect(unknown.status == 1 && unknown.stderr.contains("unknown command .frobnicate") && !unknown.stdout.contains("1 row"), "\(unknown)")
+        // The first failing statement of a line stops a script: the ones after it do not run.
+        let stops = try run([userstorectlPath, "sql", "alice"], environment: environment, input: "SELECT * FROM nowhere; INSERT INTO kv VALUES ('b', 2);\n")
+        #expect(stops.status == 1 && stops.stderr.contains("no such table: nowhere"), "\(stops)")
+        #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM kv"])["rows"] == [[1]])
+        #expect(daemon.stop() == 0)
+    }
+
+    /// Integer arguments are exact to the 64-bit bounds and refused beyond them (not sent as reals).
+    @Test func integerArgumentsAreExactOrRefused() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let bounds = try ctl(["--socket", daemon.socketPath, "--json", "sql", "alice", "SELECT ?, ?", "--", "9223372036854775807", "-9223372036854775808"])
+        #expect(bounds.stdout.contains("[9223372036854775807,-9223372036854775808]"), "\(bounds.stdout) \(bounds.stderr)")
+        for number in ["9223372036854775808", "18446744073709551616", "-9223372036854775809"] {
+            for command in [["sql", "alice", "SELECT ?", "--", number], ["query", "--users", "alice", "SELECT ?", "--", number]] {
+                let refused = try ctl(["--socket", daemon.socketPath] + command)
+                #expect(refused.status == 2 && refused.stderr.contains("argument 1 (\(number)) is an integer outside the signed 64-bit range"), "\(command): \(refused)")
+            }
+        }
+        #expect(daemon.stop() == 0)
     }
 
     @Test(.timeLimit(.minutes(10)))

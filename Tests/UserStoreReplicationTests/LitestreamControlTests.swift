@@ -79,7 +79,7 @@ import Testing
         #expect(listed.contains { $0.path == store && $0.lastSyncAt != nil }, "\(listed)")
 
         // The blocking forms, from a thread that is not an event loop.
-        let blocking = try await Task.detached {
+        let blocking = await Task.detached {
             try control.unregister(store, until: .now + .seconds(10))
             return try control.syncAndWait(store, until: .now + .seconds(5))
         }.result

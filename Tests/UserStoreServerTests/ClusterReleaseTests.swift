@@ -47,7 +47,7 @@ import Varlink
         #expect(ClusterDaemonTests.eventually { users.allSatisfy { ClusterDaemonTests.answer(clients[0], $0).0 != "io.userstore.Store.ClusterUnavailable" } })
         _ = try clients[0].call("io.userstore.Admin.Rebalance")
         var owner: [String: Int] = [:]
-        #expect(try ClusterDaemonTests.eventually {
+        #expect(ClusterDaemonTests.eventually {
             owner = [:]
             for user in users {
                 for (index, client) in clients.enumerated() where ClusterDaemonTests.answer(client, user).0 == "here" { owner[user] = index }

@@ -108,6 +108,63 @@ import Varlink
         #expect(daemon.stop() == 0)
     }
 
+    /// Parameters are exact and defined: an integer beyond 64 bits anywhere in a call, or a
+    /// parameter the method does not define, is `InvalidParameter` naming it, on every path (a
+    /// ready store's fast path, a new store, a transaction, an admin call), and nothing runs;
+    /// the 64-bit boundaries and large reals come back exactly. A refused input is quoted by its
+    /// first 64 bytes and its length.
+    @Test func parametersAreExactAndDefinedAndRefusalsQuoteLittle() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "CREATE TABLE t (x)"])
+        func raw(_ text: String) throws -> VarlinkReplyMessage {
+            try client.send(raw: Array(text.utf8) + [0])
+            return try client.readReply()
+        }
+        func refused(_ reply: VarlinkReplyMessage) -> String? {
+            reply.error == "org.varlink.service.InvalidParameter" ? reply.parameters["parameter"]?.stringValue : nil
+        }
+        // Integers outside the signed 64-bit range, as positional and named SQL parameters.
+        for number in ["9223372036854775808", "18446744073709551616", "-9223372036854775809", "100000000000000000000000"] {
+            #expect(refused(try raw(#"{"method":"io.userstore.Store.Query","parameters":{"user":"alice","sql":"SELECT ?","parameters":[\#(number)]}}"#)) == "parameters[0]")
+            #expect(refused(try raw(#"{"method":"io.userstore.Store.Execute","parameters":{"user":"alice","sql":"INSERT INTO t VALUES (:n)","parameters":{"n":\#(number)}}}"#)) == "parameters.n")
+            #expect(refused(try raw(#"{"method":"io.userstore.Store.Batch","parameters":{"user":"alice","statements":[{"sql":"INSERT INTO t VALUES (?)","parameters":[1,\#(number)]}]}}"#)) == "statements[0].parameters[1]")
+            #expect(refused(try raw(#"{"method":"io.userstore.Admin.ListStores","parameters":{"limit":\#(number)}}"#)) == "limit")
+        }
+        #expect(try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM t"])["rows"] == [[0]])
+        // The boundaries themselves, and large reals, come back exactly.
+        let exact = try raw(#"{"method":"io.userstore.Store.Query","parameters":{"user":"alice","sql":"SELECT ?, ?, ?, ?, ?","parameters":[9223372036854775807,-9223372036854775808,1e300,-1.7976931348623157e308,2.5e-300]}}"#)
+        #expect(exact.parameters["rows"] == [[.integer(.max), .integer(.min), .real(1e300), .real(-1.7976931348623157e308), .real(2.5e-300)]])
+        // Parameters the method does not define: on a ready store (the fast path), a new store,
+        // a transaction's calls, an admin call. The misspelt `durable` runs nothing.
+        #expect(refused(try raw(#"{"method":"io.userstore.Store.Execute","parameters":{"user":"alice","sql":"INSERT INTO t VALUES (1)","durabel":true}}"#)) == "durabel")
+        #expect(refused(try raw(#"{"method":"io.userstore.Store.Query","parameters":{"user":"alice","sql":"SELECT 1","bogus":1}}"#)) == "bogus")
+        #expect(refused(try raw(#"{"method":"io.userstore.Store.Open","parameters":{"user":"newcomer","bogus":1}}"#)) == "bogus")
+        #expect(refused(try raw(#"{"method":"io.userstore.Store.Begin","parameters":{"user":"alice","bogus":1}}"#)) == "bogus")
+        #expect(refused(try raw(#"{"method":"io.userstore.Admin.Status","parameters":{"verbose":true}}"#)) == "verbose")
+        #expect(try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM t"])["rows"] == [[0]])
+        let transaction = try client.call("io.userstore.Store.Begin", ["user": "alice"])["transaction"]!
+        #expect(refused(try raw(#"{"method":"io.userstore.Store.Commit","parameters":{"transaction":"\#(transaction.stringValue!)","bogus":1}}"#)) == "bogus")
+        _ = try client.call("io.userstore.Store.Rollback", ["transaction": transaction])
+        // A negative rollback target is a typo, not "undo everything".
+        #expect(refused(try raw(#"{"method":"io.userstore.Admin.Rollback","parameters":{"user":"alice","toVersion":-5}}"#)) == "toVersion")
+        #expect(try client.call("io.userstore.Store.Open", ["user": "alice"])["schemaVersion"] == 6)
+        // Every defined parameter is accepted (the interface file is the list).
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO t VALUES (?)", "parameters": [1], "durable": false])
+        #expect(try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM t"])["rows"] == [[1]])
+        // A 10,000-byte user ID, method name, unknown parameter name: quoted by 64 bytes and the length.
+        let long = String(repeating: "a", count: 10_000)
+        for reply in [try raw(#"{"method":"io.userstore.Store.Open","parameters":{"user":"\#(long)!"}}"#),
+                      try raw(#"{"method":"io.userstore.Store.\#(long)","parameters":{}}"#),
+                      try raw(#"{"method":"io.userstore.Store.Open","parameters":{"user":"alice","\#(long)":1}}"#)] {
+            let quoted = reply.parameters.values.compactMap(\.stringValue).first { $0.hasPrefix("aaaa") || $0.contains("aaaa") }
+            #expect(quoted?.utf8.count ?? .max < 128, "\(reply.error ?? "") \(quoted?.prefix(100) ?? "")")
+            #expect(quoted?.hasSuffix("bytes)") == true)
+        }
+        #expect(daemon.stop() == 0)
+    }
+
     @Test func aSlowStatementIsInterruptedAndAHugeResultRefused() throws {
         let daemon = try DaemonHarness(extraConfig: "limits:\n  statementTimeoutMilliseconds: 200\n  maxResponseBytes: 65536\n")
         try daemon.start()
@@ -179,7 +236,8 @@ import Varlink
             import socket, json, sys
             s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
             for method in sys.argv[2:]:
-                s.sendall(json.dumps({"method": method, "parameters": {"user": "someone"}}).encode() + b"\\0")
+                parameters = {"user": "someone"} if method.endswith(".Open") else {}
+                s.sendall(json.dumps({"method": method, "parameters": parameters}).encode() + b"\\0")
                 data = b""
                 while not data.endswith(b"\\0"): data += s.recv(65536)
                 print(json.loads(data[:-1]).get("error", "ok"))

@@ -29,7 +29,7 @@ struct MetricShardsTests {
         let buckets = DaemonMetrics.requestBuckets
         let name = "userstore_request_duration_seconds"
         let registry = PrometheusCollectorRegistry()
-        let reference = registry.makeDurationHistogram(name: name, labels: [("method", "io.userstore.Store.Query")], buckets: buckets)
+        let reference = registry.makeDurationHistogram(descriptor: MetricNameDescriptor(metricName: "userstore_request_duration", unitName: "seconds", helpText: ""), labels: [("method", "io.userstore.Store.Query")], buckets: buckets)
         let ours = DurationHistogram(labels: [("method", "io.userstore.Store.Query")], buckets: buckets)
         // Zero, a value on a bound (it counts in that bucket), just above one, above the top.
         let values: [Int64] = [0, 1, 25_000, 25_001, 99_999, 100_000, 1_234_567, 999_999_999, 1_000_000_000, 5_000_000_001, 7_000_000_000]

@@ -391,7 +391,7 @@ import Varlink
             let hal = client.store(for: "hal")
             try await hal.execute("INSERT INTO notes (title) VALUES (?)", "one", durable: true)
             try await hal.batch(Statement("INSERT INTO notes (title) VALUES ('two')"), durable: true)
-            try await hal.transaction(durable: true) { tx in
+            _ = try await hal.transaction(durable: true) { tx in
                 try await tx.execute("INSERT INTO notes (title) VALUES ('three')")
             }
         }

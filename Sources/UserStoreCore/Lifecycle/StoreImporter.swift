@@ -127,7 +127,7 @@ struct StoreImporter {
         }
         let userVersion = try Bookkeeping.userVersion(db)
         guard let version = requested ?? (userVersion > 0 ? userVersion : nil) else {
-            throw refused("the file has no userstore bookkeeping and PRAGMA user_version is 0: pass schemaVersion (the last migration its schema already has; 0 for none)")
+            throw refused("the file has no userstore bookkeeping and PRAGMA user_version is 0: give the schema version (the last migration its schema already has; 0 for none): schemaVersion in ImportStore, --schema-version with userstorectl import")
         }
         guard version >= 0 else { throw refused("schemaVersion must be 0 or more") }
         guard version <= latest else { throw refused("schema version \(version) is newer than the latest known migration \(latest)") }

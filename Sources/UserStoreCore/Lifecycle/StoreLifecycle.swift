@@ -51,7 +51,7 @@ public struct StoreLifecycle: Sendable {
         let layout = registry.configuration.layout
         let report = try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            if exists && !replace { throw importer.refused("the user already has a store; pass replace to replace it (a copy of it is kept)") }
+            if exists && !replace { throw importer.refused("the user already has a store; to replace it (a copy of it is kept), set replace in ImportStore, or --replace with userstorectl import") }
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer) : nil
             try self.carryChangePositions(user, into: staged)
             try files.publish(staged, as: user)

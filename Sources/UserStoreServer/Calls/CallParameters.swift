@@ -83,7 +83,7 @@ struct CallParameters {
         do {
             return try UserID(text)
         } catch {
-            throw VarlinkError("io.userstore.Store.InvalidUser", ["user": .string(text), "reason": .string(error.description)])
+            throw VarlinkError("io.userstore.Store.InvalidUser", ["user": .string(InputQuote.prefix(text)), "reason": .string(error.description)])
         }
     }
 }

@@ -53,7 +53,7 @@ enum Errors {
 
     /// The transaction is not an open transaction of this connection.
     static func noSuchTransaction(_ transaction: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.NoSuchTransaction", ["transaction": .string(transaction)])
+        VarlinkError("io.userstore.Store.NoSuchTransaction", ["transaction": .string(InputQuote.prefix(transaction))])
     }
 
     /// A call for the user whose store this connection's own open transaction holds, without

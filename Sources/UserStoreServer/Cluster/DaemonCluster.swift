@@ -173,7 +173,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
             }
         }
         let controller = self.controller
-        _ = try? await cancelWhenGracefulShutdown {
+        _ = await cancelWhenGracefulShutdown {
             await withDiscardingTaskGroup { group in
                 group.addTask { await controller.run() }
                 group.addTask { await buckets.run() }

@@ -128,11 +128,13 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
             return
         }
         let peer = context.channel.remoteAddress?.ipAddress ?? "peer"
-        let network = context.channel, local = self.local, server = self.server
+        // The glue handler is the loop's own (not Sendable): handed to the initializer, which
+        // runs on the same loop, through a loop-bound box.
+        let network = context.channel, local = NIOLoopBound(self.local, eventLoop: context.eventLoop), server = self.server
         let served = pair[0]
         ClientBootstrap(group: context.eventLoop)
             .channelInitializer { channel in
-                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(local) }
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(local.value) }
             }
             .withConnectedSocket(pair[1])
             .whenComplete { [logger] result in

@@ -21,7 +21,10 @@ struct AdminMethods {
         case .verify: try await verify(parameters, more: call.more, send: send)
         case .rollbackMigrations:
             let user = try parameters.user()
-            let (undone, version) = try await registry.rollback(user, to: try parameters.int("toVersion"))
+            let target = try parameters.int("toVersion")
+            // A negative version would undo every migration: a typo, never a target.
+            guard target >= 0 else { throw VarlinkError.invalidParameter("toVersion") }
+            let (undone, version) = try await registry.rollback(user, to: target)
             context.index.update(user, version: version, failure: nil)
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "undone": .array(undone.map { .integer($0) }), "schemaVersion": .integer(version)]))
         case .backup:

@@ -18,6 +18,15 @@ public struct PeerIdentity: Sendable, Equatable {
     /// forwards are served here and never forwarded again.
     public var forwardedFrom: String? = nil
 
+    /// Whether the access rules let this peer call `method` (its interface's grant).
+    func mayCall(_ method: Method) -> Bool {
+        switch method.interface {
+        case .service: true
+        case .store: grant.store
+        case .admin: grant.admin
+        }
+    }
+
     /// Another daemon, authenticated by mutual TLS: `io.userstore.Store` only (its own client
     /// passed that daemon's access rules), and not counted against any Unix user's connections.
     static func forwarded(from peer: String) -> PeerIdentity {

@@ -31,7 +31,11 @@ struct RequestRouter {
             outcome = failure.name.split(separator: ".").last.map(String.init) ?? failure.name
             try await sink(VarlinkReply.encode(failure))
         }
-        context.logIfSlow(method: call.method, user: call.parameters["user"]?.stringValue ?? "", elapsed: ContinuousClock.now - started)
+        // A streamed call (Watch, a streamed Query) stays open as long as its client reads: its
+        // time is not a request's time.
+        if !call.more {
+            context.logIfSlow(method: call.method, user: call.parameters["user"]?.stringValue ?? "", elapsed: ContinuousClock.now - started)
+        }
     }
 
     /// Wraps the sink so a transport failure is told apart from a method's own errors.

@@ -78,6 +78,11 @@ final class Session {
     private func route(_ view: JSONView, _ bytes: UnsafeBufferPointer<UInt8>, descriptors: [Int32], stopping: Bool) -> Route {
         // The method, read once: every step below dispatches on it.
         let method = Method.of(view)
+        // A parameter the method does not define, or an integer beyond 64 bits: refused on every
+        // path, once the peer may call the method at all (PermissionDenied comes first).
+        if let method, peer.mayCall(method), let parameter = ParameterCheck.invalidParameter(view, method) {
+            return refuse(.invalidParameter(parameter), descriptors)
+        }
         // Another host owns the user (or holds the transaction the call names): sent there.
         if let method, let forwarder = shared.forwarder, peer.forwardedFrom == nil,
            let target = forwarder.target(of: view, method, peer: peer, transactions: forwarded?.transactions ?? [:]) {

@@ -11,7 +11,7 @@ final class TemporaryDirectory: Sendable {
         let template = NSTemporaryDirectory() + "userstore-test-XXXXXX"
         var bytes = Array(template.utf8CString)
         guard mkdtemp(&bytes) != nil else { throw CocoaError(.fileWriteUnknown) }
-        path = String(cString: bytes)
+        path = String(decoding: bytes.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     deinit {
