@@ -38,7 +38,14 @@ public enum ConfigurationLoader {
         } catch {
             throw ConfigurationError(file: absolutePath, key: nil, problem: "not valid YAML: \(error)")
         }
-        return try Reader(reader: reader, file: absolutePath, present: present).configuration()
+        do {
+            return try Reader(reader: reader, file: absolutePath, present: present).configuration()
+        } catch {
+            // A value the environment set is the environment's fault, not the file's.
+            var error = error
+            if let key = error.key, environment[environmentName(of: key)] != nil { error.environmentVariable = environmentName(of: key) }
+            throw error
+        }
     }
 
     /// The environment variable that overrides `key`: `limits.maxConnections` →

@@ -57,6 +57,7 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case releaseResumed = "release-resumed"
     case releaseAborted = "release-aborted"
     case releaseComplete = "release-complete"
+    case releaseNone = "release-none"
     case watchDropped = "watch-dropped"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
@@ -117,6 +118,7 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .releaseResumed: return "9c6fc969ab0a4a41b6f3a2fff10d7720"
         case .releaseAborted: return "17ea64fa2d634b8696f14433dbd2a278"
         case .releaseComplete: return "b072e2e0da39413f99078a87ad9069ab"
+        case .releaseNone: return "1f33812b073f4071907bfc14d65b45be"
         case .watchDropped: return "f2229eb6bcea485a9c4163c062d14b55"
         }
     }

@@ -46,26 +46,31 @@ extension UserStoreCtlCommand {
             static func render(_ status: [String: JSONValue], output: Output) -> String {
                 func text(_ key: String) -> String { Output.cell(status[key]) }
                 let percent = Release.percent, ratio = { (key: String) in Release.ratio(status[key]) }
-                var lines = ["release \(text("id"))   " + Release.paintState(status["state"], output: output)
-                             + "   schema version \(text("baseVersion")) -> \(text("version"))"]
+                let versions = (status["versions"]?.objectValue ?? [:]).sorted { (Int64($0.key) ?? 0) < (Int64($1.key) ?? 0) }
+                let perVersion = "Stores per schema version: " + (versions.isEmpty ? "none known." : versions.map { "v\($0.key): \(Output.cell($0.value))" }.joined(separator: ", ") + ".")
+                // No release: said in the words `release start` refuses with, and nothing of a rollout.
+                guard status["state"]?.stringValue != "none" else {
+                    return [UserStoreCore.Release.noReleaseText + " (schema version \(text("version"))).", perVersion].joined(separator: "\n")
+                }
+                var lines = ["Release \(text("id")) is " + Release.paintState(status["state"], output: output)
+                             + ": schema version \(text("baseVersion")) to \(text("version"))."]
                 if status["staged"]?.boolValue == true {
                     let steps = (status["steps"]?.arrayValue ?? []).map { percent($0) }.joined(separator: ", ")
                     let canary = (status["canary"]?.arrayValue ?? []).compactMap(\.stringValue)
-                    lines.append("step \(percent(status["step"])) of \(steps)" + (canary.isEmpty ? "" : "   canary \(canary.joined(separator: ", "))")
-                                 + "   \(text("waitSeconds")) s per step   halts past \(ratio("haltOn"))")
+                    lines.append("Step \(percent(status["step"])) of \(steps)" + (canary.isEmpty ? "" : ", canary users \(canary.joined(separator: ", "))")
+                                 + "; \(text("waitSeconds")) s per step; it halts past \(ratio("haltOn")) failed.")
                 } else {
-                    lines.append("not staged: every store migrates on its next request")
+                    lines.append("Not staged: every store migrates on its next request.")
                 }
                 let known = Int(status["knownStores"]?.integerValue ?? 0), atVersion = Int(status["storesAtVersion"]?.integerValue ?? 0)
-                lines.append("stores at version \(atVersion)/\(known)   reached by the step \(text("storesReached"))   "
+                lines.append("\(atVersion) of \(known) stores are at version \(text("version")); the current step reaches \(text("storesReached")).   "
                              + "[" + ProgressBar.bar(fraction: known == 0 ? 1 : Double(atVersion) / Double(known), width: 30) + "]")
-                let versions = (status["versions"]?.objectValue ?? [:]).sorted { (Int64($0.key) ?? 0) < (Int64($1.key) ?? 0) }
-                lines.append("stores per version: " + (versions.isEmpty ? "none known" : versions.map { "v\($0.key) \(Output.cell($0.value))" }.joined(separator: "   ")))
-                var timing = "rate \(text("ratePerSecond")) stores/s"
-                if let left = status["secondsLeft"]?.integerValue { timing += "   time left ~\(left) s" }
-                if let next = status["nextStepAt"]?.stringValue { timing += "   next step at \(next)" }
-                if let last = status["secondsToLastStep"]?.integerValue { timing += "   last step in \(last) s" }
-                lines.append(timing)
+                lines.append(perVersion)
+                var timing = ["Migrating \(text("ratePerSecond")) stores/s"]
+                if let left = status["secondsLeft"]?.integerValue { timing.append("about \(left) s left in this step") }
+                if let next = status["nextStepAt"]?.stringValue { timing.append("next step at \(next)") }
+                if let last = status["secondsToLastStep"]?.integerValue { timing.append("last step in \(last) s") }
+                lines.append(timing.joined(separator: "; ") + ".")
                 if let reason = status["haltReason"]?.stringValue { lines.append(output.paint("halted: \(reason)", .red)) }
                 let failures = status["failures"]?.arrayValue ?? []
                 if !failures.isEmpty {

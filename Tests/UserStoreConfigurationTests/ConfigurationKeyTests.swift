@@ -40,4 +40,17 @@ struct ConfigurationKeyTests {
         #expect(configuration.limits.maxConnections == 7)
         #expect(Set(ConfigurationKey.allCases.map { ConfigurationLoader.environmentName(of: $0.rawValue) }).count == ConfigurationKey.allCases.count)
     }
+
+    /// A bad value from the environment names the variable, not the file; one from the file names the file.
+    @Test func aBadValueNamesWhereItCameFrom() async throws {
+        await #expect { _ = try await Self.load("appVersion: \"1.0.0\"\n", environment: ["USERSTORED_LIMITS_MAX_CONNECTIONS": "abc"]) } throws: { error in
+            let text = "\(error)"
+            return text.hasPrefix("environment variable USERSTORED_LIMITS_MAX_CONNECTIONS (overriding key 'limits.maxConnections' of ")
+                && text.contains("must be an integer")
+        }
+        await #expect { _ = try await Self.load("appVersion: \"1.0.0\"\nlimits:\n  maxConnections: abc\n") } throws: { error in
+            let text = "\(error)"
+            return text.contains("userstored.yaml: key 'limits.maxConnections': ") && !text.contains("environment")
+        }
+    }
 }

@@ -60,6 +60,18 @@ import Testing
         #expect(unstaged.allowedVersions(for: user("bob")) == nil && !unstaged.servesFailedStores)
     }
 
+    /// A reload whose versions add nothing to the ones a release would build on (a migration
+    /// removed) starts no release, whatever the state before.
+    @Test func versionsThatAddNothingStartNoRelease() throws {
+        let baseline = Release.baseline(versions: [1, 2, 3], fingerprint: "a", now: start)
+        let removed = baseline.successor(versions: [1, 2], fingerprint: "b", policy: try RolloutPolicy(steps: [100]), now: start)
+        #expect(removed.state == .none && removed.versions == [1, 2] && removed.baseVersions == [1, 2] && removed.fingerprint == "b")
+        let running = try staged(steps: [10, 100], canary: [])
+        let withdrawn = running.successor(versions: [1, 2], fingerprint: "c", policy: nil, now: start)
+        #expect(withdrawn.state == .none && withdrawn.newVersions.isEmpty)
+        #expect(running.successor(versions: [1, 2, 4], fingerprint: "d", policy: nil, now: start).state == .running)
+    }
+
     @Test func onlyTheCurrentStepsCohortAndTheCanariesMigrate() throws {
         var release = try staged(steps: [10, 100], canary: ["bob"])
         #expect(release.step == 0 && release.servesFailedStores)

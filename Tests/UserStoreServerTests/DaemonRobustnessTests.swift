@@ -165,6 +165,20 @@ import Varlink
         #expect(daemon.stop() == 0)
     }
 
+    /// What io.userstore.Store.varlink says Query runs: any statement, writes included —
+    /// INSERT ... RETURNING returns its rows; a write without RETURNING returns none and is applied.
+    @Test func queryRunsWritesAsTheInterfaceSays() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        let inserted = try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "INSERT INTO notes (title) VALUES ('a'), ('b') RETURNING title"])
+        #expect(inserted["rows"] == [["a"], ["b"]])
+        let deleted = try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "DELETE FROM notes WHERE title = 'a'"])
+        #expect(deleted["rows"] == [])
+        #expect(try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT title FROM notes"])["rows"] == [["b"]])
+        #expect(daemon.stop() == 0)
+    }
+
     @Test func aSlowStatementIsInterruptedAndAHugeResultRefused() throws {
         let daemon = try DaemonHarness(extraConfig: "limits:\n  statementTimeoutMilliseconds: 200\n  maxResponseBytes: 65536\n")
         try daemon.start()

@@ -45,6 +45,10 @@ import Varlink
         let users = (0..<60).map { "user-\($0)" }
         for user in users { _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (body) VALUES ('x')"]) }
         #expect(try status(daemon)["state"] == "none")
+        // No release: status says so in the words `release start` is refused with.
+        let none = try ctl(daemon, "release", "status"), refused = try ctl(daemon, "release", "start", "--steps", "100%")
+        #expect(none.status == 0 && none.stdout.hasPrefix(Release.noReleaseText + " (schema version 1).\nStores per schema version: v1: 60."), "\(none.stdout)")
+        #expect(refused.status == 1 && refused.stderr.contains(Release.noReleaseText), "\(refused.stderr)")
 
         try daemon.addMigration("0002_pinned.sql", "-- Up\nALTER TABLE notes ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;\n-- Down\nALTER TABLE notes DROP COLUMN pinned;")
         _ = try client.call("io.userstore.Admin.Reload")

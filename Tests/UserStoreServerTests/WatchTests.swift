@@ -163,6 +163,34 @@ import Varlink
         }
     }
 
+    /// A streamed call stays open as long as its client wants: a Watch (ended by a reply, as at a
+    /// clean shutdown) and a streamed Query are not logged as slow requests, while a slow plain
+    /// call still is.
+    @Test func streamedCallsAreNotSlowRequests() throws {
+        let daemon = try DaemonHarness(extraConfig: Self.watchOn + "slowRequestMilliseconds: 1\n")
+        try daemon.start()
+        let client = try daemon.connect()
+        try execute(client, "alice", "CREATE TABLE t (x)")
+        let watcher = try daemon.connect()
+        _ = try watch(watcher, user: "alice")
+        for value in 0..<20 { try execute(client, "alice", "INSERT INTO t VALUES (?)", [.integer(Int64(value))]) }
+        for _ in 0..<20 { _ = try next(watcher) }
+        var rows = 0
+        try client.stream("io.userstore.Store.Query", ["user": "alice", "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000) SELECT i FROM n"]) { reply in
+            rows += reply["rows"]?.arrayValue?.count ?? 0
+        }
+        #expect(rows == 200_000)
+        // The watch ends with a reply (Retry: its store was deleted), as it would at shutdown.
+        _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "alice"])
+        #expect(throws: VarlinkError.self) { _ = try next(watcher) }
+        // A plain call that takes well over 1 ms: logged, so the log is where this test looks.
+        _ = try client.call("io.userstore.Admin.Execute", ["user": "bob", "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000000) SELECT count(*) FROM n"])
+        #expect(daemon.stop() == 0)
+        let slow = daemon.stderr.split(separator: "\n").filter { $0.contains("event=slow-request") }
+        #expect(slow.contains { $0.contains("io.userstore.Admin.Execute") }, "\(slow)")
+        #expect(!slow.contains { $0.contains("io.userstore.Store.Watch") || $0.contains("io.userstore.Store.Query") }, "\(slow)")
+    }
+
     @Test func watchWithoutMoreIsRefusedAndTablesFilter() throws {
         let daemon = try DaemonHarness(extraConfig: Self.watchOn)
         try daemon.start()

@@ -49,12 +49,18 @@ public struct Release: Sendable, Equatable, Codable {
                 versions: versions, fingerprint: fingerprint, policy: nil, startedAt: now, stageStartedAt: now)
     }
 
+    /// How an operator is told there is no release (`release status` and a refused `release start` alike).
+    public static let noReleaseText = "no release: no reload has brought a migration every store does not already have"
+
     /// The release that loading `versions` starts after this one (staged by `policy` when given).
+    /// Versions that add nothing to the ones it builds on (a reload that only removed or
+    /// corrected migrations) start no release: the result is a ``baseline(versions:fingerprint:now:)``.
     /// It builds on this one's versions once every store has them (none, complete); otherwise
     /// (running, halted, aborted) on the versions before this one, so that no store held back
     /// from this release gets its migrations through the next.
     public func successor(versions: [Int64], fingerprint: String, policy: RolloutPolicy?, now: Date) -> Release {
         let base = state == .none || state == .complete ? self.versions : baseVersions
+        if Set(versions).isSubset(of: Set(base)) { return .baseline(versions: versions, fingerprint: fingerprint, now: now) }
         return Release(id: "r\(Int64(now.timeIntervalSince1970))-\(fingerprint)", state: .running, baseVersions: base,
                 versions: versions, fingerprint: fingerprint, policy: policy, startedAt: now, stageStartedAt: now)
     }
@@ -184,7 +190,7 @@ public enum ReleaseError: Error, Equatable, Sendable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .noRelease: "no release: the migrations in force are the ones the data directory started with"
+        case .noRelease: Release.noReleaseText
         case .notAllowed(let state, let action): "cannot \(action) a release that is \(state.rawValue)"
         case .irreversible(let files): "cannot abort: these migrations of the release have no -- Down section: " + files.joined(separator: ", ")
         }

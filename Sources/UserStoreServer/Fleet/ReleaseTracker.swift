@@ -118,7 +118,13 @@ final class ReleaseTracker: MigrationGate, StoreObserver {
         if shared != nil { publishLoaded(policy: policy) }
         guard let (previous, started) = change else { return }
         carryOut(from: previous, to: started)
-        logStarted(started)
+        if started.state == .none {
+            logger.notice("release \(previous.id) replaced by the migrations reloaded: they bring no new version (schema version \(started.latest)); no release", metadata: [
+                "event": "release-none", "release": .string(started.id), "schema_version": .stringConvertible(started.latest),
+            ])
+        } else {
+            logStarted(started)
+        }
     }
 
     /// `release start`: stages the release by `policy` from its first step.
