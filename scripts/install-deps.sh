@@ -1,7 +1,11 @@
 #!/bin/bash
 # Installs what building and testing userstore needs on Debian 12, as root. Idempotent and quick
 # when everything is already there (no apt-get update then).
+# Usage: bash scripts/install-deps.sh [run]
+#   run: only what building and running the daemon and userstorectl need (scripts/run.sh): the
+#        C libraries they link. Without it, the test stack too (servers, Python tools, ~500 MB).
 set -euo pipefail
+mode="${1:-test}"
 
 # libzstd-dev: the host log's objects are zstd-compressed (Sources/CZstd).
 # libcurl4: FoundationNetworking (the example app test speaks HTTP with URLSession).
@@ -10,7 +14,10 @@ set -euo pipefail
 # the daemons' certificates (scripts/cluster-certs.sh); iptables cuts a host off from etcd in the
 # cluster harness (scripts/cluster-test.py); e2fsprogs and util-linux (mount, fsfreeze) give the
 # durability tests a replica on a file system that stalls.
-packages=(libsqlite3-dev libsystemd-dev libedit-dev libzstd-dev sqlite3 systemd systemd-container python3 python3-venv util-linux e2fsprogs mount libcurl4 etcd-server curl openssl iptables)
+packages=(libsqlite3-dev libsystemd-dev libedit-dev libzstd-dev)
+if [ "$mode" != run ]; then
+    packages+=(sqlite3 systemd systemd-container python3 python3-venv util-linux e2fsprogs mount libcurl4 etcd-server curl openssl iptables)
+fi
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -26,6 +33,7 @@ if ! command -v swift >/dev/null 2>&1 && [ ! -x /opt/swift/usr/bin/swift ]; then
     echo "error: Swift 6 is not installed (expected swift on PATH or /opt/swift/usr/bin/swift)" >&2
     exit 1
 fi
+[ "$mode" = run ] && exit 0
 
 # Independent implementations for the tests: PyPI's "varlink" parses the interface files and
 # talks to the daemon without any of this project's code;
