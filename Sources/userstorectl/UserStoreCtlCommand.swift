@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreCore
 
 /// `userstorectl`: the admin CLI for a fleet of per-user stores.
 @main
@@ -20,7 +21,7 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
             3 daemon unreachable, permission denied, or (offline) the daemon holds the data \
             directory; 130 interrupted.
             """,
-        version: "0.1.0",
+        version: UserStoreVersion.current,
         subcommands: [
             Status.self, List.self, Migrate.self, Plan.self, Verify.self, Rollback.self, Backup.self,
             Backups.self, Restore.self, Export.self, Import.self, Delete.self, Top.self,

@@ -3,8 +3,8 @@ import Varlink
 
 /// What the daemon says about itself.
 public enum DaemonInfo {
-    /// The daemon's version.
-    public static let version = "0.1.0"
+    /// The daemon's version (``UserStoreVersion/current``).
+    public static let version = UserStoreVersion.current
 
     /// The interface descriptions, verbatim from the `.varlink` files in Sources/UserStoreServer/Interfaces.
     public static let interfaces: [String: String] = [
