@@ -8,7 +8,9 @@ bash scripts/install-deps.sh
 # No compiler warnings in the project's own code (dependencies' are theirs): a warning fails.
 mkdir -p .build
 swift build --build-tests 2>&1 | tee .build/build.log
-if grep -E "^($PWD/(Sources|Tests|Examples)/.*|macro expansion .*): warning:" .build/build.log; then
+# (A warning in a macro's expansion names the file it came from on the line after it.)
+if grep -E "^$PWD/(Sources|Tests|Examples)/.*: warning:" .build/build.log \
+    || grep -A1 -E "^macro expansion .*: warning:" .build/build.log | grep -E "^.- $PWD/(Sources|Tests|Examples)/"; then
     echo "the warnings above are in the project's own code: fix them" >&2
     exit 1
 fi
