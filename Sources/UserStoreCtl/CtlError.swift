@@ -49,7 +49,7 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
 
     /// Every parameter as `key: value`, joined by `; `: `message` and `reason` first, then the
     /// others by name; empty texts left out.
-    public static func describe(_ parameters: [String: JSONValue]) -> String {
+    static func describe(_ parameters: [String: JSONValue]) -> String {
         let first = ["message", "reason"]
         let keys = first.filter { parameters[$0] != nil } + parameters.keys.filter { !first.contains($0) }.sorted()
         return keys.compactMap { key -> String? in
@@ -60,7 +60,7 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
 
     /// A parameter as printed: text as the daemon wrote it (unquoted), anything else as JSON
     /// (exact integers, `true`, arrays and objects whole).
-    public static func text(_ value: JSONValue) -> String {
+    private static func text(_ value: JSONValue) -> String {
         if case .string(let text) = value { return text }
         return value.serialized
     }

@@ -9,8 +9,8 @@ import Varlink
 ///
 /// A statement ends with `;` (SQLite's own `sqlite3_complete` decides, so a `;` inside a string
 /// or a trigger body does not end it); a line may hold several, run in order. sqlite3's
-/// `.tables`, `.schema [TABLE]` and `.help` work at the start of a statement. `BEGIN`, `COMMIT`/`END` and `ROLLBACK` open and end an
-/// interactive transaction through the API (`io.userstore.Store.Begin`, `Commit`, `Rollback`);
+/// `.tables`, `.schema [TABLE]` and `.help` work at the start of a statement. `BEGIN`,
+/// `COMMIT`/`END` and `ROLLBACK` open and end an interactive transaction through the API (`io.userstore.Store.Begin`, `Commit`, `Rollback`);
 /// in one, statements run in it (and the prompt says `*`). Outside one, a statement runs as an
 /// administrator (`io.userstore.Admin.Execute`), like `userstorectl sql USER "SQL"`.
 public final class SQLShell {
@@ -97,15 +97,13 @@ public final class SQLShell {
             switch words[0] {
             case ".tables":
                 let rows = try run("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name", [])
-                if output.json { return showing(rows) }
-                for row in rows["rows"]?.arrayValue ?? [] { print(Output.cell(row.arrayValue?.first)) }
+                printColumn(rows)
             case ".schema":
                 let table = words.count > 1 ? words[1] : nil
                 let rows = try run("SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
                                    + (table == nil ? "" : " AND tbl_name = ?") + " ORDER BY tbl_name, type DESC, name",
                                    table.map { [.string($0)] } ?? [])
-                if output.json { return showing(rows) }
-                for row in rows["rows"]?.arrayValue ?? [] { print(Output.cell(row.arrayValue?.first) + ";") }
+                printColumn(rows, after: ";")
             case ".help":
                 print("""
                     .tables            the tables and views
@@ -128,9 +126,11 @@ public final class SQLShell {
         }
     }
 
-    private func showing(_ result: [String: JSONValue]) -> Bool {
-        show(result)
-        return true
+    /// A one-column result as sqlite3's dot commands print it: each value on its line (`after`
+    /// appended); with --json, as any result.
+    private func printColumn(_ result: [String: JSONValue], after suffix: String = "") {
+        if output.json { return show(result) }
+        for row in result["rows"]?.arrayValue ?? [] { print(Output.cell(row.arrayValue?.first) + suffix) }
     }
 
     /// Runs `sql` in the open transaction, or as an administrator outside one.

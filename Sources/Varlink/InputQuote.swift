@@ -8,10 +8,14 @@ public enum InputQuote {
     /// `text` whole if it has at most ``limit`` bytes; else its first ``limit`` bytes (cut at a
     /// character boundary), an ellipsis and the length in bytes.
     public static func prefix(_ text: String) -> String {
-        let utf8 = text.utf8
-        guard utf8.count > limit else { return text }
-        var end = utf8.index(utf8.startIndex, offsetBy: limit)
-        while end > utf8.startIndex && !text.unicodeScalars.indices.contains(end) { end = utf8.index(before: end) }
-        return String(text[..<end]) + "... (\(utf8.count) bytes)"
+        let length = text.utf8.count
+        guard length > limit else { return text }
+        // Whole scalars while they fit: reads at most `limit` bytes of a hostile 10 MB input.
+        var bytes = 0
+        let kept = text.unicodeScalars.prefix { scalar in
+            bytes += UTF8.width(scalar)
+            return bytes <= limit
+        }
+        return String(String.UnicodeScalarView(kept)) + "... (\(length) bytes)"
     }
 }

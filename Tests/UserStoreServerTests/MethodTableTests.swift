@@ -7,18 +7,10 @@ import Varlink
 /// method added to a file and not to the table (or the other way round) fails here.
 struct MethodTableTests {
     /// `interface name` → its `method` names, read from each interface description the daemon
-    /// serves (`Interfaces/*.varlink`, and org.varlink.service's own).
+    /// serves (`Interfaces/*.varlink`, and org.varlink.service's own) by the reader the
+    /// parameter check uses.
     static func declaredMethods() -> [String: Set<String>] {
-        var declared: [String: Set<String>] = [:]
-        for (interface, description) in DaemonInfo.interfaces {
-            let methods = description.split(separator: "\n").compactMap { line -> String? in
-                let words = line.trimmingCharacters(in: .whitespaces).split(separator: " ", maxSplits: 1)
-                guard words.count == 2, words[0] == "method" else { return nil }
-                return String(words[1].prefix { $0.isLetter || $0.isNumber })
-            }
-            declared[interface] = Set(methods)
-        }
-        return declared
+        DaemonInfo.interfaces.mapValues { Set(InterfaceText.methodParameters($0).map(\.name)) }
     }
 
     @Test func theTableHoldsExactlyTheMethodsOfTheInterfaceFiles() {
@@ -28,6 +20,17 @@ struct MethodTableTests {
             let table = Set(Method.allCases.filter { $0.interface == interface }.map { String($0.member) })
             #expect(table == declared[interface.rawValue], "\(interface.rawValue): table \(table.sorted()), file \((declared[interface.rawValue] ?? []).sorted())")
         }
+    }
+
+    /// The parameters each method accepts are its interface line's, nested types and comments
+    /// notwithstanding.
+    @Test func everyMethodsParametersAreItsInterfaceLinesInputs() {
+        #expect(Method.query.definedParameters == ["user", "sql", "parameters", "transaction"])
+        #expect(Method.batch.definedParameters == ["user", "statements", "transaction", "durable"])
+        #expect(Method.status.definedParameters.isEmpty)
+        #expect(Method.queryStores.definedParameters == ["sql", "parameters", "users", "all", "state", "cohort", "parallel", "timeoutMilliseconds"])
+        #expect(Method.getInterfaceDescription.definedParameters == ["interface"])
+        #expect(Method.allCases.allSatisfy { !$0.definedParameters.contains { $0.contains(" ") || $0.contains("#") } })
     }
 
     @Test func everyMethodIsFoundByItsNameAndReadInPlace() throws {

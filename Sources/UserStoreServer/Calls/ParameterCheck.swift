@@ -16,7 +16,7 @@ enum ParameterCheck {
             guard fault == nil else { return }
             let known = view.withStringBytes(name) { bytes in defined.contains { $0.utf8.elementsEqual(bytes) } }
             if !known {
-                fault = Self.quoted(view.string(name))
+                fault = InputQuote.prefix(view.string(name))
             } else if let path = outOfRange(view, value) {
                 fault = view.string(name) + path
             }
@@ -46,11 +46,6 @@ enum ParameterCheck {
         default:
             return nil
         }
-    }
-
-    /// A name a client sent, at most its first 64 bytes (a refused input is not echoed whole).
-    static func quoted(_ name: String) -> String {
-        InputQuote.prefix(name)
     }
 }
 
