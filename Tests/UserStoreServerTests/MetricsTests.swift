@@ -132,6 +132,8 @@ import Varlink
 
         for index in 0..<5 { _ = try client.call("io.userstore.Store.Query", ["user": "metered", "sql": "SELECT ?", "parameters": [.integer(Int64(index))]]) }
         for _ in 0..<2 { _ = try? client.call("io.userstore.Store.Query", ["user": "metered", "sql": "SELEC oops"]) }
+        // Refused before it runs (a parameter Query does not define): counted all the same.
+        _ = try? client.call("io.userstore.Store.Query", ["user": "metered", "sql": "SELECT 1", "durable": true])
         _ = try client.call("io.userstore.Store.Execute", ["user": "metered", "sql": "INSERT INTO notes (title) VALUES ('x')"])
         let transaction = try client.call("io.userstore.Store.Begin", ["user": "metered"])["transaction"]!
         _ = try client.call("io.userstore.Store.Commit", ["transaction": transaction])
@@ -143,7 +145,8 @@ import Varlink
         let query = ["method": "io.userstore.Store.Query"]
         #expect(delta("userstore_requests_total", query.merging(["outcome": "ok", "interface": "io.userstore.Store"]) { $1 }) == 5)
         #expect(delta("userstore_requests_total", query.merging(["outcome": "SQLError"]) { $1 }) == 2)
-        #expect(delta("userstore_request_duration_seconds_count", query) == 7)
+        #expect(delta("userstore_requests_total", query.merging(["outcome": "InvalidParameter"]) { $1 }) == 1)
+        #expect(delta("userstore_request_duration_seconds_count", query) == 8)
         #expect(delta("userstore_request_duration_seconds_sum", query) > 0)
         #expect(delta("userstore_requests_total", ["method": "io.userstore.Store.Execute", "outcome": "ok"]) == 1)
         #expect(delta("userstore_transactions_total", ["outcome": "committed"]) == 1)

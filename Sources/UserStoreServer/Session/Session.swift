@@ -81,6 +81,7 @@ final class Session {
         // A parameter the method does not define, or an integer beyond 64 bits: refused on every
         // path, once the peer may call the method at all (PermissionDenied comes first).
         if let method, peer.mayCall(method), let parameter = ParameterCheck.invalidParameter(view, method) {
+            shared.context.metrics?.requestHandles(method: method).record(outcome: "InvalidParameter", nanoseconds: 0)
             return refuse(.invalidParameter(parameter), descriptors)
         }
         // Another host owns the user (or holds the transaction the call names): sent there.
