@@ -151,9 +151,12 @@ public final class SeaweedFS: @unchecked Sendable { // `process` is only touched
 
 /// A TCP proxy a test can cut like a network (Tests/Helpers/tcp-proxy.py): cut, connections
 /// are accepted and nothing is answered; mended, the held ones are dropped and new ones pass.
-public final class CuttableProxy: @unchecked Sendable { // `process` is owned by one test
+/// ``cut()`` and ``mend()`` return once the proxy says the change took effect.
+public final class CuttableProxy: @unchecked Sendable { // `process` and `lines` are owned by one test
     public let port: Int
     private let process: Process
+    private let output = Pipe()
+    private var buffered: [UInt8] = []
 
     /// A proxy from a free port on 127.0.0.1 to `targetPort`, listening when this returns.
     public init(to targetPort: Int) throws {
@@ -162,14 +165,24 @@ public final class CuttableProxy: @unchecked Sendable { // `process` is owned by
         process.executableURL = URL(fileURLWithPath: SeaweedFS.testenvPath + "/bin/python3")
         let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/Helpers/tcp-proxy.py"
         process.arguments = [script, "\(port)", "\(targetPort)"]
-        let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try process.run()
-        // It says "ready" once it listens.
-        let line = output.fileHandleForReading.availableData
-        guard String(decoding: line, as: UTF8.self).hasPrefix("ready") else {
+        guard nextLine() == "ready" else {
             throw NSError(domain: "CuttableProxy", code: 1, userInfo: [NSLocalizedDescriptionKey: "the proxy did not start"])
+        }
+    }
+
+    /// The proxy's next line of output (nil once it has exited).
+    private func nextLine() -> String? {
+        while true {
+            if let end = buffered.firstIndex(of: UInt8(ascii: "\n")) {
+                defer { buffered.removeFirst(end + 1) }
+                return String(decoding: buffered[..<end], as: UTF8.self)
+            }
+            let data = output.fileHandleForReading.availableData
+            if data.isEmpty { return nil }
+            buffered += data
         }
     }
 
@@ -177,6 +190,16 @@ public final class CuttableProxy: @unchecked Sendable { // `process` is owned by
         if process.isRunning { kill(process.processIdentifier, SIGKILL); process.waitUntilExit() }
     }
 
-    public func cut() { kill(process.processIdentifier, SIGUSR1) }
-    public func mend() { kill(process.processIdentifier, SIGUSR2) }
+    /// Cuts the proxy; nothing passes once this returns (a signal alone could be handled after
+    /// a request the test meant to hold had gone through).
+    public func cut() {
+        kill(process.processIdentifier, SIGUSR1)
+        precondition(nextLine() == "cut", "the proxy did not cut")
+    }
+
+    /// Mends the proxy; connections made once this returns go through.
+    public func mend() {
+        kill(process.processIdentifier, SIGUSR2)
+        precondition(nextLine() == "mended", "the proxy did not mend")
+    }
 }

@@ -1,6 +1,7 @@
 """A TCP proxy on 127.0.0.1 that a test can cut, as a network would: SIGUSR1 cuts it (connections
 are still accepted, nothing goes through either way, nothing is answered), SIGUSR2 mends it (the
-connections held meanwhile are dropped; new ones go through). Prints "ready" once listening.
+connections held meanwhile are dropped; new ones go through). Prints "ready" once listening, and
+"cut" / "mended" once a signal has taken effect, so a test knows nothing passes from then on.
 
 usage: tcp-proxy.py LISTEN_PORT TARGET_PORT"""
 import asyncio
@@ -43,6 +44,7 @@ async def handle(client_reader, client_writer):
 
 def cut():
     open_.clear()
+    print("cut", flush=True)
 
 
 def mend():
@@ -51,6 +53,7 @@ def mend():
         writer.close()
     held.clear()
     open_.set()
+    print("mended", flush=True)
 
 
 async def main():

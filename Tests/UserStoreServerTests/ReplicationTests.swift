@@ -115,11 +115,9 @@ import Varlink
 
     static func milliseconds() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
-    static func rfc3339(_ date: Date) -> String {
-        let formatter = ISO8601DateFormatter()
-        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
-        return formatter.string(from: date)
-    }
+    /// `date` as the daemon writes and reads times (microseconds): a time taken between two
+    /// acknowledged writes falls between their objects' times.
+    static func rfc3339(_ date: Date) -> String { RFC3339.format(date) }
 
     /// 16 or 200 users written to; SIGKILL of the daemon and of Litestream; the data directory
     /// gone; a new daemon on the same replica brings every user back on first request, with every
