@@ -113,6 +113,7 @@ let package = Package(
             name: "UserStoreReplication",
             dependencies: [
                 "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3", "CZstd",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),

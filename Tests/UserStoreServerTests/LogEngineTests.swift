@@ -378,6 +378,33 @@ import Varlink
         daemon.stop()
     }
 
+    /// One user written without pause — each commit's record still uploading when the next
+    /// commits — keeps its WAL near the checkpoint bound (1000 pages) instead of growing with every
+    /// write; after the disk is lost every acknowledged write comes back. Before the deferred
+    /// checkpoint the WAL held all 8000 commits here (100 MB; bound 8 MB).
+    @Test(arguments: ["file", "s3"]) func aStoreWrittenWithoutPauseKeepsItsWALBounded(kind: String) throws {
+        let setup = try Setup(kind)
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("CREATE TABLE rows (payload BLOB)", for: "max", on: client, durable: true)
+        let wal = try DurabilityTests.storePath("max", setup.daemon) + "-wal"
+        func walBytes() -> Int { (try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0 }
+        var largest = 0
+        for index in 0..<8000 {
+            // About two pages a commit: a 3000-byte row.
+            try DurabilityTests.execute("INSERT INTO rows VALUES (randomblob(3000))", for: "max", on: client)
+            if index % 50 == 0 { largest = max(largest, walBytes()) }
+        }
+        let bound = 2 * 1000 * (4096 + 24) + 32
+        print("\(kind): 8000 commits without pause, the WAL at most \(largest) bytes (bound \(bound))")
+        #expect(largest <= bound, "the WAL reached \(largest) bytes while the store was written (bound \(bound))")
+        try DurabilityTests.execute("INSERT INTO rows VALUES (x'1a57')", for: "max", on: client, durable: true)
+        try setup.loseTheHost()
+        let again = try setup.daemon.connect()
+        let rows = try again.call("io.userstore.Store.Query", ["user": "max", "sql": "SELECT count(*), sum(payload = x'1a57') FROM rows"])["rows"]
+        #expect(rows == [[8001, 1]])
+    }
+
     /// A point-in-time restore, then a write: the store starts a new stream, so the write never
     /// shares a txid with the commit the restore went back past — after the disk is lost the user
     /// has the write, not that commit.

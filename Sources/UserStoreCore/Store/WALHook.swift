@@ -17,16 +17,27 @@ public final class WALHook: Sendable {
     /// Reads each commit's pages for the daemon's own replication (nil: nobody does).
     private let captureSlot = Mutex<WALCapture?>(nil)
     /// The daemon's own replication's say on checkpoints: whether the WAL may be emptied now
-    /// (every captured commit is in the replica), and what to do once it was.
-    private let checkpointPolicy = Mutex<(may: @Sendable () -> Bool, done: @Sendable () -> Void)?>(nil)
+    /// (every captured commit is in the replica), what to do once it was, and what to do when
+    /// it is past the bound but may not be emptied yet.
+    private let checkpointPolicy = Mutex<CheckpointPolicy?>(nil)
+
+    private struct CheckpointPolicy {
+        let may: @Sendable () -> Bool
+        let done: @Sendable () -> Void
+        let later: @Sendable () -> Void
+    }
 
     public init() {}
 
     /// With the daemon's own replication: the store checkpoints itself (past ``checkpointPages``)
     /// when `may` says so, and `done` runs after each of its checkpoints (``checkpointsItself`` is
-    /// then not consulted).
-    public func checkpoints(when may: @escaping @Sendable () -> Bool, then done: @escaping @Sendable () -> Void) {
-        checkpointPolicy.withLock { $0 = (may, done) }
+    /// then not consulted). When `may` says no — right after a commit its record is rarely in the
+    /// replica yet — `later` runs instead (on the connection: it must not block), so that the
+    /// replication can checkpoint once the record is stored; else a store written without pause
+    /// would never empty its WAL.
+    public func checkpoints(when may: @escaping @Sendable () -> Bool, then done: @escaping @Sendable () -> Void,
+                            otherwise later: @escaping @Sendable () -> Void) {
+        checkpointPolicy.withLock { $0 = CheckpointPolicy(may: may, done: done, later: later) }
     }
 
     /// The capture each commit is handed to, first (before any checkpoint of the hook's own
@@ -45,7 +56,11 @@ public final class WALHook: Sendable {
             hook.capture?.committed(frames: pages)
             hook.committed.store(true, ordering: .relaxed)
             if pages >= WALHook.checkpointPages, let policy = hook.checkpointPolicy.withLock({ $0 }) {
-                if policy.may(), sqlite3_wal_checkpoint_v2(connection, schema, SQLITE_CHECKPOINT_TRUNCATE, nil, nil) == SQLITE_OK { policy.done() }
+                if !policy.may() {
+                    policy.later()
+                } else if sqlite3_wal_checkpoint_v2(connection, schema, SQLITE_CHECKPOINT_TRUNCATE, nil, nil) == SQLITE_OK {
+                    policy.done()
+                }
             } else if pages >= WALHook.checkpointPages, hook.selfCheckpointing.load(ordering: .relaxed) {
                 // TRUNCATE, not the PASSIVE checkpoint SQLite's automatic ones run: a PASSIVE
                 // one lets the next commit restart the WAL from its start, over old frames.

@@ -198,7 +198,8 @@ package final class LogReplicator: ReplicationEngine {
             logged.fail("reading the WAL: \(error)")
         }
         store.keepsWALOnClose()
-        store.wal.checkpoints(when: { [weak logged] in logged?.mayCheckpoint() ?? false }, then: { [weak logged] in logged?.checkpointed() })
+        store.wal.checkpoints(when: { [weak logged] in logged?.mayCheckpoint() ?? false }, then: { [weak logged] in logged?.checkpointed() },
+                              otherwise: { [weak logged] in logged?.checkpointOnceStored() })
         if logged.needsBase && FileManager.default.fileExists(atPath: store.path) && Self.fileSize(store.path) > 0 {
             logged.shipBase()
         }

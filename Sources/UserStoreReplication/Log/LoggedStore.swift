@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Synchronization
 import UserStoreCore
 
@@ -36,6 +37,8 @@ package final class LoggedStore: Sendable {
     }
 
     private let state: Mutex<State>
+    /// A checkpoint waits for the store's records (``checkpointOnceStored()``): one at a time.
+    private let checkpointWaiting = Atomic<Bool>(false)
 
     /// The store, replicated from `position` on (nil: a base goes out, now or at its first commit).
     init(store: Store, epoch: Int64, bucket: UInt16?, uploader: LogUploader, position: LogPosition?) {
@@ -152,6 +155,48 @@ package final class LoggedStore: Sendable {
     func mayCheckpoint() -> Bool {
         let (last, needsBase) = state.withLock { ($0.lastRecord, $0.needsBase) }
         return !needsBase && last <= uploader.stored
+    }
+
+    /// How long a checkpoint the WAL hook could not run waits for the store's records to be
+    /// stored (the replica may be away) before it gives up; the next commit past the bound asks
+    /// again.
+    static let checkpointWait: Duration = .seconds(30)
+    /// How long the checkpoint then holds the store, in its turn, for the records committed
+    /// meanwhile: the store's own requests wait at most that long (as a rule, one upload).
+    static let checkpointHold: Duration = .seconds(2)
+
+    /// The WAL is past ``WALHook/checkpointPages`` and the hook could not empty it, its last
+    /// records not stored yet (on the connection: never blocks). Once they are, a checkpoint is
+    /// queued in the store's turn (``checkpointInTurn(_:)``). Without it a store written without
+    /// pause would never empty its WAL: right after each commit its record is still uploading.
+    func checkpointOnceStored() {
+        guard !checkpointWaiting.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        let uploader = self.uploader
+        Task {
+            guard case .success(let last) = lastRecord, await uploader.waitUntilStored(last, until: .now + Self.checkpointWait) else {
+                checkpointWaiting.store(false, ordering: .releasing)
+                return
+            }
+            // Queued only while the store is open: once it is closing (``close()``, after its
+            // queued work finished) the connection may be gone by the time work would run.
+            state.withLock { state in
+                guard !state.closed else { return checkpointWaiting.store(false, ordering: .releasing) }
+                store.enqueue({ [self] db in checkpointInTurn(db) }, completion: { [self] _ in checkpointWaiting.store(false, ordering: .releasing) })
+            }
+        }
+    }
+
+    /// Empties the WAL in the store's turn, nothing else running on it: first waits (at most
+    /// ``checkpointHold``) for the records committed since the checkpoint was asked for.
+    private func checkpointInTurn(_ db: Database) {
+        guard case .success(let last) = lastRecord else { return }
+        if last > uploader.stored {
+            let uploader = self.uploader
+            guard (try? ReplicaStorage.blocking { await uploader.waitUntilStored(last, until: .now + Self.checkpointHold) }) == true else { return }
+        }
+        // The first column is 1 when the checkpoint could not finish (busy): tried again later.
+        guard mayCheckpoint(), (try? Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")) == 0 else { return }
+        checkpointed()
     }
 
     /// Nothing more is recorded (the store is closing, or the lease was lost).
