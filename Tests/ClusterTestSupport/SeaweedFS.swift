@@ -149,12 +149,14 @@ public final class SeaweedFS: @unchecked Sendable { // `process` is only touched
     }
 }
 
-/// A TCP proxy a test can cut like a network (Tests/Helpers/tcp-proxy.py): cut, connections
-/// are accepted and nothing is answered; mended, the held ones are dropped and new ones pass.
-/// ``cut()`` and ``mend()`` return once the proxy says the change took effect.
-public final class CuttableProxy: @unchecked Sendable { // `process` and `lines` are owned by one test
+/// A TCP proxy in front of the S3 store that a test can make misbehave (Tests/Helpers/tcp-proxy.py):
+/// cut like a network (connections accepted, nothing answered; mended, the held ones dropped),
+/// slow, answering an HTTP error, or cutting each request mid-body. Each change has taken effect
+/// when its method returns.
+public final class CuttableProxy: @unchecked Sendable { // `process` and `buffered` are owned by one test
     public let port: Int
     private let process: Process
+    private let input = Pipe()
     private let output = Pipe()
     private var buffered: [UInt8] = []
 
@@ -165,12 +167,36 @@ public final class CuttableProxy: @unchecked Sendable { // `process` and `lines`
         process.executableURL = URL(fileURLWithPath: SeaweedFS.testenvPath + "/bin/python3")
         let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path + "/Helpers/tcp-proxy.py"
         process.arguments = [script, "\(port)", "\(targetPort)"]
+        process.standardInput = input
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try process.run()
         guard nextLine() == "ready" else {
             throw NSError(domain: "CuttableProxy", code: 1, userInfo: [NSLocalizedDescriptionKey: "the proxy did not start"])
         }
+    }
+
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL); process.waitUntilExit() }
+    }
+
+    /// Cuts the proxy; nothing passes once this returns.
+    public func cut() { send("cut") }
+    /// Mends the proxy; connections made once this returns go through.
+    public func mend() { send("mend") }
+    /// Holds every answer `milliseconds` before it goes on.
+    public func slow(milliseconds: Int) { send("slow \(milliseconds)") }
+    /// Answers every request with HTTP `status` itself (nothing reaches the store).
+    public func fail(status: Int) { send("fail \(status)") }
+    /// Passes each request's head and half its body to the store, then closes both sides.
+    public func truncate() { send("truncate") }
+    /// Ends ``slow(milliseconds:)``, ``fail(status:)`` and ``truncate()``.
+    public func normal() { send("normal") }
+
+    private func send(_ command: String) {
+        input.fileHandleForWriting.write(Data((command + "\n").utf8))
+        let name = String(command.split(separator: " ")[0])
+        precondition(nextLine() == name, "the test proxy did not confirm \(command)")
     }
 
     /// The proxy's next line of output (nil once it has exited).
@@ -184,22 +210,5 @@ public final class CuttableProxy: @unchecked Sendable { // `process` and `lines`
             if data.isEmpty { return nil }
             buffered += data
         }
-    }
-
-    deinit {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL); process.waitUntilExit() }
-    }
-
-    /// Cuts the proxy; nothing passes once this returns (a signal alone could be handled after
-    /// a request the test meant to hold had gone through).
-    public func cut() {
-        kill(process.processIdentifier, SIGUSR1)
-        precondition(nextLine() == "cut", "the proxy did not cut")
-    }
-
-    /// Mends the proxy; connections made once this returns go through.
-    public func mend() {
-        kill(process.processIdentifier, SIGUSR2)
-        precondition(nextLine() == "mended", "the proxy did not mend")
     }
 }

@@ -378,6 +378,66 @@ import Varlink
         daemon.stop()
     }
 
+    /// The bucket misbehaving while writes go on — every answer 300 ms late, every request
+    /// answered 503, every PUT cut mid-body — through a proxy in front of SeaweedFS: plain writes
+    /// (and a 2 MB one) are served; a durable write is acknowledged late (slow) or gets
+    /// ReplicationUnavailable within its time-out and 10% (the others), Status naming the
+    /// failure; once the bucket behaves a durable write is acknowledged within 30 s, and after
+    /// the disk is lost the store is what it was at that acknowledgement. Prints the figures.
+    @Test(arguments: ["slow", "503", "cut mid-body"]) func theBucketMisbehavesAndNothingAcknowledgedIsLost(fault: String) throws {
+        let server = try SeaweedFS()
+        try server.createBucket("faults")
+        let proxy = try CuttableProxy(to: server.port)
+        let daemon = try DaemonHarness(extraConfig: """
+            replication:
+              replica: "\(server.replicaURL(bucket: "faults", prefix: "r", endpoint: "http://127.0.0.1:\(proxy.port)"))"
+              engine: log
+              durableTimeoutMilliseconds: 3000
+            """)
+        daemon.environment = server.environment
+        try daemon.start()
+        let client = try daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "gus", on: client, durable: true)
+        switch fault {
+        case "slow": proxy.slow(milliseconds: 300)
+        case "503": proxy.fail(status: 503)
+        default: proxy.truncate()
+        }
+        try DurabilityTests.writeBlob(2_000_000, for: "gus", on: client)
+        var durableWaits: [Duration] = []
+        for index in 0..<90 {
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('plain \(index)')", for: "gus", on: client)
+            guard index % 30 == 29 else { continue }
+            let started = ContinuousClock.now
+            let durable = { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable \(index)')", for: "gus", on: client, durable: true) }
+            if fault == "slow" {
+                _ = try durable()
+            } else {
+                #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") { _ = try durable() })
+            }
+            durableWaits.append(ContinuousClock.now - started)
+        }
+        if fault == "slow" {
+            #expect(durableWaits.allSatisfy { $0 >= .milliseconds(300) && $0 < .milliseconds(3000) }, "\(durableWaits)")
+        } else {
+            #expect(durableWaits.allSatisfy { $0 <= .milliseconds(3300) }, "durable writes waited \(durableWaits.max()!) against a 3 s time-out")
+            let status = try client.call("io.userstore.Admin.Status")["replication"]
+            #expect(status?["state"] == "degraded", "\(String(describing: status))")
+            let error = status?["lastError"]?.stringValue ?? ""
+            #expect(fault == "503" ? error.contains("503") : !error.isEmpty, "\(String(describing: status))")
+        }
+        proxy.normal()
+        let back = ContinuousClock.now
+        var acknowledged = false
+        while !acknowledged && ContinuousClock.now - back < .seconds(30) {
+            acknowledged = (try? DurabilityTests.execute("INSERT INTO notes (title) VALUES ('caught up')", for: "gus", on: client, durable: true)) != nil
+        }
+        #expect(acknowledged, "no durable write acknowledged within 30 s of the bucket behaving again")
+        print("bucket \(fault): durable waits \(durableWaits.map { "\($0)" }.joined(separator: ", ")), acknowledged again \(ContinuousClock.now - back) after it behaved")
+        #expect(try DurabilityTests.waitUntilHealthy(client))
+        try DurabilityTests.acknowledgeThenLoseTheHost("gus", daemon, client)
+    }
+
     /// One user written without pause — each commit's record still uploading when the next
     /// commits — keeps its WAL near the checkpoint bound (1000 pages) instead of growing with every
     /// write; after the disk is lost every acknowledged write comes back. Before the deferred
