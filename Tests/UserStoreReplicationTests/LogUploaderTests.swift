@@ -66,9 +66,12 @@ import UserStoreCore
         print("log uploader (\(kind)): 16 writers, 400 durable records in \(objects) objects")
     }
 
-    /// The first object cannot be written (a folder stands where its file goes) while the second
-    /// can: nothing counts as stored until the first is, then both do.
-    @Test func aRecordIsStoredOnlyOnceEveryEarlierObjectIs() async throws {
+    /// The first object cannot be written (a folder stands where its file goes): ann's next
+    /// record waits for it — a store's records never go out in two objects at once, so a crash
+    /// can never leave her later record in the replica without the earlier one — while bob's goes
+    /// out in the next object and is stored at once (his durable write does not wait for hers).
+    /// Once the first object is written, ann's second record follows in a third.
+    @Test func aStoresRecordWaitsForItsEarlierObjectWhileOtherStoresGoOn() async throws {
         let folder = try TemporaryDirectory()
         let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
         let uploader = Self.uploader(storage, inFlight: 2)
@@ -76,18 +79,19 @@ import UserStoreCore
         try FileManager.default.createDirectory(atPath: blocker + "/in-the-way", withIntermediateDirectories: true)
         let running = Task { await uploader.run() }
         defer { running.cancel() }
-        let first = try #require(uploader.append(Self.record("ann", 1)))
-        // The second object begins while the first is still being tried.
+        let annFirst = try #require(uploader.append(Self.record("ann", 1)))
         while uploader.snapshot.lastError == nil { try await Task.sleep(for: .milliseconds(10)) }
-        let second = try #require(uploader.append(Self.record("bob", 1)))
-        let secondWritten = folder.path + "/" + uploader.key(of: 2)
-        while !FileManager.default.fileExists(atPath: secondWritten) { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(uploader.stored == 0)
-        #expect(await !uploader.waitUntilStored(second, until: .now + .milliseconds(300)), "a record was stored before an earlier object")
+        let annSecond = try #require(uploader.append(Self.record("ann", 2)))
+        let bob = try #require(uploader.append(Self.record("bob", 1)))
+        #expect(await uploader.waitUntilStored(bob, until: .now + .seconds(30)), "bob's record waited for ann's object")
+        #expect(!uploader.isStored(annFirst) && !uploader.isStored(annSecond) && uploader.stored == 0)
+        #expect(!FileManager.default.fileExists(atPath: folder.path + "/" + uploader.key(of: 3)), "ann's second record went out while her first was not stored")
+        #expect(await !uploader.flush(until: .now + .milliseconds(300)), "everything counted as stored before the first object was")
         try FileManager.default.removeItem(atPath: blocker)
-        #expect(await uploader.waitUntilStored(second, until: .now + .seconds(30)))
-        #expect(uploader.stored == 2 && first < second)
-        #expect(try Self.readBack(storage).records.map(\.user) == ["ann", "bob"])
+        #expect(await uploader.waitUntilStored(annSecond, until: .now + .seconds(30)))
+        #expect(uploader.stored == 3 && uploader.snapshot.stored == 3)
+        let records = try Self.readBack(storage).records
+        #expect(records.map(\.user) == ["ann", "bob", "ann"] && records.filter { $0.user == "ann" }.map(\.txid) == [1, 2])
     }
 
     /// The bucket cut off: durable waits end at their deadline, plain appends go on; once it is

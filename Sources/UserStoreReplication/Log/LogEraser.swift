@@ -29,8 +29,7 @@ package struct LogEraser: Sendable {
     /// throws when the replica cannot be written (nothing of the user may remain: retry).
     package func erase(_ user: String) throws {
         // Every record appended so far in an object: the user's last ones included.
-        let appended = uploader.appended
-        guard try ReplicaStorage.blocking({ await uploader.waitUntilStored(appended, until: .now + .seconds(30)) }) else {
+        guard try ReplicaStorage.blocking({ await uploader.flush(until: .now + .seconds(30)) }) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
         let rewrite = {

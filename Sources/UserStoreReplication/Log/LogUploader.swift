@@ -6,11 +6,15 @@ import UserStoreCore
 /// another and writes each to the replica (group commit across stores), a bounded number at a
 /// time, trying a failed one again until it is stored (docs/design.md, "The host log").
 ///
-/// Records are numbered as they are appended. A record counts as stored once the object holding
-/// it *and every object begun before it* is stored (``stored``): so a durable write that waits
-/// for its store's last record waits for every earlier commit of that store too. A new object
-/// begins as soon as one of the `maxInFlight` slots is free and a record waits — with one PUT
-/// in flight, the records that arrive meanwhile go together in the next.
+/// Records are numbered as they are appended. A store's records go out in order and never two
+/// objects at once: a record waits while an object holding an earlier record of its store is
+/// being written. So once the object holding a store's record is stored, every earlier record of
+/// that store is too (``waitUntilStored(_:until:)``): a durable write waits for its own object
+/// only, not for other stores' objects begun before it, and a crash between two objects can
+/// never leave a store's later record in the replica without the one before it (a gap no
+/// restore could cross). A new object begins as soon as one of the `maxInFlight` slots is free
+/// and a record that may go waits — with PUTs in flight, the records that arrive meanwhile go
+/// together in the next.
 package final class LogUploader: Sendable {
     /// How the uploader batches.
     package struct Settings: Sendable {
@@ -58,29 +62,44 @@ package final class LogUploader: Sendable {
         package var lastError: String?
     }
 
-    private struct Waiter {
+    fileprivate struct Waiter {
         let id: UInt64
         let number: UInt64
+        /// Waits for every record up to `number` (``flush(until:)``), not just that one.
+        let prefix: Bool
         /// Resumed with when the object holding the record (and every one before) was stored,
         /// nil when the deadline came first.
         let continuation: CheckedContinuation<ContinuousClock.Instant?, Never>
     }
 
-    private struct InFlight {
+    fileprivate struct Pending {
+        let number: UInt64
+        let record: LogRecord
+        let appendedAt: ContinuousClock.Instant
+    }
+
+    fileprivate struct InFlight {
         let sequence: UInt64
-        let through: UInt64
+        /// Its records' numbers, ascending, and their stores.
+        let numbers: [UInt64]
+        let users: Set<String>
+        /// When its oldest record was appended.
+        let appendedAt: ContinuousClock.Instant
         var done = false
     }
 
-    private struct State {
-        var pending: [LogRecord] = []
+    fileprivate struct State {
+        /// Records not in an object yet, by number.
+        var pending: [Pending] = []
         var pendingBytes = 0
-        /// When each pending or unstored record was appended, by number (the oldest first).
-        var appendedAt: [(number: UInt64, at: ContinuousClock.Instant)] = []
         var appended: UInt64 = 0
         var sequence: UInt64 = 0
+        /// Objects begun and not yet followed by every earlier one stored (done or not).
         var inFlight: [InFlight] = []
+        /// Every record up to this number is stored.
         var stored: UInt64 = 0
+        /// Records stored past ``stored`` (an earlier one still pending or being written).
+        var storedAhead: Set<UInt64> = []
         /// Every object up to this sequence is stored.
         var storedSequence: UInt64 = 0
         /// When ``stored`` last moved.
@@ -121,9 +140,8 @@ package final class LogUploader: Sendable {
         let (number, wake) = state.withLock { state -> (UInt64?, CheckedContinuation<Void, Never>?) in
             guard state.pendingBytes + record.encodedSize <= settings.maxPendingBytes else { return (nil, nil) }
             state.appended += 1
-            state.pending.append(record)
+            state.pending.append(Pending(number: state.appended, record: record, appendedAt: .now))
             state.pendingBytes += record.encodedSize
-            state.appendedAt.append((state.appended, .now))
             let wake = state.work
             state.work = nil
             return (state.appended, wake)
@@ -147,34 +165,38 @@ package final class LogUploader: Sendable {
     /// Every record up to this number is stored.
     package var stored: UInt64 { state.withLock { $0.stored } }
 
+    /// Whether record `number` is stored — and with it every earlier record of its store.
+    package func isStored(_ number: UInt64) -> Bool { state.withLock { $0.isStored(number) } }
+
     /// Every object up to this sequence is stored (0: none yet): the fold takes no later one.
     package var storedSequence: UInt64 { state.withLock { $0.storedSequence } }
 
     /// The sequence of the last object begun (0: none).
     package var sequenceBegun: UInt64 { state.withLock { $0.sequence } }
 
-    /// Waits until every record appended so far is stored, by `deadline`; false when it came first.
+    /// Waits until every record appended so far (of every store) is stored, by `deadline`;
+    /// false when it came first.
     package func flush(until deadline: ContinuousClock.Instant) async -> Bool {
-        await waitUntilStored(appended, until: deadline)
+        await storedInstant(of: appended, prefix: true, until: deadline) != nil
     }
 
-    /// Waits until record `number` (and every record before it) is stored; false when
-    /// `deadline` came first.
+    /// Waits until record `number` — and with it every earlier record of its store — is stored;
+    /// false when `deadline` came first.
     package func waitUntilStored(_ number: UInt64, until deadline: ContinuousClock.Instant) async -> Bool {
         await storedInstant(of: number, until: deadline) != nil
     }
 
-    /// Waits until record `number` (and every record before it) is stored, and returns an
-    /// instant at or after which it was (when the object that completed it was stored, or for a
-    /// record stored before the call, when the stored records last grew): a look at the writer
-    /// lease begun then is one every durable write of that object can share. Nil when
-    /// `deadline` came first.
-    package func storedInstant(of number: UInt64, until deadline: ContinuousClock.Instant) async -> ContinuousClock.Instant? {
+    /// Waits until record `number` (with every earlier record of its store; with `prefix`, every
+    /// earlier record at all) is stored, and returns an instant at or after which it was (when
+    /// its object was stored, or for a record stored before the call, when records were last
+    /// stored): a look at the writer lease begun then is one every durable write of that object
+    /// can share. Nil when `deadline` came first.
+    package func storedInstant(of number: UInt64, prefix: Bool = false, until deadline: ContinuousClock.Instant) async -> ContinuousClock.Instant? {
         await withCheckedContinuation { continuation in
             let (id, at) = state.withLock { state -> (UInt64?, ContinuousClock.Instant) in
-                if state.stored >= number { return (nil, state.storedAt) }
+                if prefix ? state.stored >= number : state.isStored(number) { return (nil, state.storedAt) }
                 state.nextWaiter += 1
-                state.waiters.append(Waiter(id: state.nextWaiter, number: number, continuation: continuation))
+                state.waiters.append(Waiter(id: state.nextWaiter, number: number, prefix: prefix, continuation: continuation))
                 return (state.nextWaiter, state.storedAt)
             }
             guard let id else { return continuation.resume(returning: at) }
@@ -191,9 +213,9 @@ package final class LogUploader: Sendable {
 
     package var snapshot: Snapshot {
         state.withLock { state in
-            let oldest = state.appendedAt.first.map { (ContinuousClock.now - $0.at).inSeconds } ?? 0
-            return Snapshot(appended: state.appended, stored: state.stored, objects: state.objects, bytes: state.bytes,
-                            pendingBytes: state.pendingBytes, oldestUnstoredSeconds: oldest, lastError: state.lastError)
+            let oldest = state.oldestUnstored.map { (ContinuousClock.now - $0).inSeconds } ?? 0
+            return Snapshot(appended: state.appended, stored: state.stored + UInt64(state.storedAhead.count), objects: state.objects,
+                            bytes: state.bytes, pendingBytes: state.pendingBytes, oldestUnstoredSeconds: oldest, lastError: state.lastError)
         }
     }
 
@@ -212,25 +234,17 @@ package final class LogUploader: Sendable {
     private func nextBatch() async -> (sequence: UInt64, epoch: Int64, records: [LogRecord])? {
         while !Task.isCancelled {
             let batch = state.withLock { state -> (UInt64, Int64, [LogRecord])? in
-                guard !state.pending.isEmpty, state.inFlight.count < settings.maxInFlight else { return nil }
-                var bytes = 0, count = 0
-                for record in state.pending {
-                    if count > 0 && bytes + record.encodedSize > settings.maxObjectBytes { break }
-                    bytes += record.encodedSize
-                    count += 1
-                }
-                let records = Array(state.pending.prefix(count))
-                state.pending.removeFirst(count)
-                state.pendingBytes -= bytes
+                guard state.writing < settings.maxInFlight, let taken = state.takeBatch(maxBytes: settings.maxObjectBytes) else { return nil }
                 state.sequence += 1
-                state.inFlight.append(InFlight(sequence: state.sequence, through: state.appended - UInt64(state.pending.count)))
-                return (state.sequence, state.epoch, records)
+                state.inFlight.append(InFlight(sequence: state.sequence, numbers: taken.map(\.number), users: Set(taken.map(\.record.user)),
+                                               appendedAt: taken[0].appendedAt))
+                return (state.sequence, state.epoch, taken.map(\.record))
             }
             if let batch { return batch }
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let ready = state.withLock { state -> Bool in
-                        if !state.pending.isEmpty && state.inFlight.count < settings.maxInFlight { return true }
+                        if state.writing < settings.maxInFlight && state.hasBatch { return true }
                         state.work = continuation
                         return false
                     }
@@ -274,23 +288,77 @@ package final class LogUploader: Sendable {
             state.objects += 1
             state.bytes += bytes.count
             state.lastError = nil
-            if let index = state.inFlight.firstIndex(where: { $0.sequence == batch.sequence }) { state.inFlight[index].done = true }
+            if let index = state.inFlight.firstIndex(where: { $0.sequence == batch.sequence }) {
+                state.inFlight[index].done = true
+                state.storedAhead.formUnion(state.inFlight[index].numbers)
+            }
             while let first = state.inFlight.first, first.done {
-                state.stored = first.through
                 state.storedSequence = first.sequence
-                state.storedAt = storedAt
                 state.inFlight.removeFirst()
             }
-            let storedThrough = state.stored
-            state.appendedAt.removeFirst(state.appendedAt.prefix { $0.number <= storedThrough }.count)
-            let stored = state.stored
-            let ready = state.waiters.filter { $0.number <= stored }
-            state.waiters.removeAll { $0.number <= stored }
+            state.storedAt = storedAt
+            state.advanceStored()
+            let settled = state
+            let ready = state.waiters.filter { settled.satisfies($0) }
+            state.waiters.removeAll { settled.satisfies($0) }
             let wake = state.work
             state.work = nil
             return (ready, wake)
         }
         for waiter in resumed { waiter.continuation.resume(returning: storedAt) }
         wake?.resume()
+    }
+}
+
+extension LogUploader.State {
+    /// Objects being written now.
+    var writing: Int { inFlight.count { !$0.done } }
+
+    func isStored(_ number: UInt64) -> Bool { number <= stored || storedAhead.contains(number) }
+
+    func satisfies(_ waiter: LogUploader.Waiter) -> Bool { waiter.prefix ? waiter.number <= stored : isStored(waiter.number) }
+
+    /// When the oldest record not stored yet was appended (nil: none).
+    var oldestUnstored: ContinuousClock.Instant? {
+        ([pending.first?.appendedAt] + inFlight.filter { !$0.done }.map(\.appendedAt)).compactMap { $0 }.min()
+    }
+
+    /// Moves ``stored`` up to just below the lowest record still pending or being written.
+    mutating func advanceStored() {
+        let lowestPending = pending.first?.number
+        let lowestWriting = inFlight.filter { !$0.done }.compactMap(\.numbers.first).min()
+        stored = [lowestPending, lowestWriting].compactMap { $0 }.min().map { $0 - 1 } ?? appended
+        let through = stored
+        storedAhead = storedAhead.filter { $0 > through }
+    }
+
+    /// Whether a record may go out now: one whose store has no object being written.
+    var hasBatch: Bool {
+        guard !pending.isEmpty else { return false }
+        let busy = Set(inFlight.filter { !$0.done }.flatMap(\.users))
+        return pending.contains { !busy.contains($0.record.user) }
+    }
+
+    /// Takes the next object's records out of ``pending``: in order, up to `maxBytes` (at least
+    /// one), leaving a store's records where an object holding an earlier one is being written,
+    /// and every later record of a store one of whose records was left. Nil when none may go.
+    mutating func takeBatch(maxBytes: Int) -> [LogUploader.Pending]? {
+        var busy = Set(inFlight.filter { !$0.done }.flatMap(\.users))
+        var taken: [LogUploader.Pending] = [], kept: [LogUploader.Pending] = []
+        var bytes = 0
+        for item in pending {
+            let size = item.record.encodedSize
+            if busy.contains(item.record.user) || (!taken.isEmpty && bytes + size > maxBytes) {
+                busy.insert(item.record.user) // its later records keep their place behind it
+                kept.append(item)
+                continue
+            }
+            taken.append(item)
+            bytes += size
+        }
+        guard !taken.isEmpty else { return nil }
+        pending = kept
+        pendingBytes -= bytes
+        return taken
     }
 }

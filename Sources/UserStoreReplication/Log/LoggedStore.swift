@@ -154,7 +154,7 @@ package final class LoggedStore: Sendable {
     /// Whether the store may checkpoint now: every record of it is stored, none waits.
     func mayCheckpoint() -> Bool {
         let (last, needsBase) = state.withLock { ($0.lastRecord, $0.needsBase) }
-        return !needsBase && last <= uploader.stored
+        return !needsBase && uploader.isStored(last)
     }
 
     /// How long a checkpoint the WAL hook could not run waits for the store's records to be
@@ -190,7 +190,7 @@ package final class LoggedStore: Sendable {
     /// ``checkpointHold``) for the records committed since the checkpoint was asked for.
     private func checkpointInTurn(_ db: Database) {
         guard case .success(let last) = lastRecord else { return }
-        if last > uploader.stored {
+        if !uploader.isStored(last) {
             let uploader = self.uploader
             guard (try? ReplicaStorage.blocking { await uploader.waitUntilStored(last, until: .now + Self.checkpointHold) }) == true else { return }
         }
