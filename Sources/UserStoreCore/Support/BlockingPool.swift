@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// Threads for work that blocks on the disk: opening, migrating, copying and closing stores.
 ///
@@ -33,6 +34,40 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
         }
     }
 
+    /// Runs `body` for each of `items`, at most `width` at a time (on the calling thread and on
+    /// the pool's), and returns once every one has; throws the first error (items not begun by
+    /// then are not). For blocking I/O, such as requests to the replica, that would otherwise wait
+    /// for each other. The calling thread takes items too, so a pool with no thread free still
+    /// finishes.
+    public static func forEach<T: Sendable>(_ items: [T], width: Int, _ body: @escaping @Sendable (T) throws -> Void) throws {
+        let progress = ForEachProgress()
+        let work: @Sendable () -> Void = {
+            while progress.failure.withLock({ $0 == nil }) {
+                let index = progress.next.withLock { next in
+                    defer { next += 1 }
+                    return next
+                }
+                guard index < items.count else { return }
+                do {
+                    try body(items[index])
+                } catch {
+                    progress.failure.withLock { if $0 == nil { $0 = error } }
+                }
+            }
+        }
+        let group = DispatchGroup()
+        for _ in 0..<max(0, min(width, items.count) - 1) {
+            group.enter()
+            shared.submit {
+                work()
+                group.leave()
+            }
+        }
+        work()
+        group.wait()
+        if let error = progress.failure.withLock({ $0 }) { throw error }
+    }
+
     /// Runs `job` on one of the pool's threads.
     func submit(_ job: @escaping @Sendable () -> Void) {
         condition.lock()
@@ -52,4 +87,10 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
             job()
         }
     }
+}
+
+/// Where a ``BlockingPool/forEach(_:width:_:)`` stands: the next item, and the first failure.
+private final class ForEachProgress: Sendable {
+    let next = Mutex(0)
+    let failure = Mutex<(any Error)?>(nil)
 }

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Synchronization
 import UserStoreCore
 
 /// Folds the host log into per-user objects: the oldest log objects, once older than
@@ -94,24 +95,38 @@ package final class LogFolder: Sendable {
         // Each user's records, in log order.
         var recordsOf: [String: [LogRecord]] = [:]
         var newest = Date.distantPast
-        for (key, _) in batch {
+        // Read and written `width` requests at a time: one after another, the fold fell behind
+        // a log uploading 190 objects a second (66,000 objects unfolded after 110,000 touches).
+        let storage = self.storage
+        let segments = Mutex<[String: LogSegment]>([:])
+        try BlockingPool.forEach(batch.map(\.key), width: Self.width) { key in
             guard let bytes = try storage.get(key) else {
                 throw LogRestorer.Unreadable(description: "\(storage.describe(key)), listed in the log, is gone")
             }
             let segment = try LogSegment.decode(bytes)
+            segments.withLock { $0[key] = segment }
+        }
+        let read = segments.withLock { $0 }
+        for (key, _) in batch {
+            guard let segment = read[key] else { continue }
             newest = max(newest, RFC3339.parse(segment.header.createdAt) ?? .distantPast)
             for record in segment.records { recordsOf[record.user, default: []].append(record) }
         }
-        var report = Report(logObjects: batch.count, users: recordsOf.count)
-        for (user, records) in recordsOf.sorted(by: { $0.key < $1.key }) {
-            let written = try fold(records, of: user, through: through, createdAt: newest)
-            report.bytesWritten += written.bytes
-            if written.snapshot { report.snapshots += 1 }
+        let report = Mutex(Report(logObjects: batch.count, users: recordsOf.count))
+        try BlockingPool.forEach(Array(recordsOf), width: Self.width) { [newest] user, records in
+            let written = try self.fold(records, of: user, through: through, createdAt: newest)
+            report.withLock { report in
+                report.bytesWritten += written.bytes
+                if written.snapshot { report.snapshots += 1 }
+            }
         }
         try storage.delete(batch.map(\.key))
         for (key, _) in batch { index.replace(key, users: []) }
-        return report
+        return report.withLock { $0 }
     }
+
+    /// Requests to the replica a fold makes at once.
+    static let width = 8
 
     /// Writes one folded object of `user` with `records` (read from the log up to `through`),
     /// a snapshot when due, and deletes what a snapshot supersedes.

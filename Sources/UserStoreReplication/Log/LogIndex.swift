@@ -147,9 +147,17 @@ package final class LogIndex: Sendable {
         var void: Set<String> = []
         var foldsOf: [String: Set<String>] = [:]
         var legacy: Set<String> = []
-        for key in try storage.keys(under: "") {
+        let keys = try storage.keys(under: "")
+        // Each log object's header is a ranged read: `LogFolder.width` at a time.
+        let headers = Mutex<[String: LogSegment.Header]>([:])
+        try BlockingPool.forEach(keys.filter { $0.hasPrefix(log) && $0.hasSuffix(".usl") }, width: LogFolder.width) { key in
+            guard let header = try storage.header(of: key) else { return }
+            headers.withLock { $0[key] = header }
+        }
+        let read = headers.withLock { $0 }
+        for key in keys {
             if key.hasPrefix(log) {
-                guard key.hasSuffix(".usl"), let header = try storage.header(of: key) else { continue }
+                guard let header = read[key] else { continue }
                 if fences.counts(key, epoch: header.epoch) { entries[key] = Entry(header) } else { void.insert(key) }
             } else if key.hasPrefix(folds) {
                 if let user = LogFolder.user(ofFold: key) { foldsOf[user, default: []].insert(key) }
