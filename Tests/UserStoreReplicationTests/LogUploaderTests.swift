@@ -94,6 +94,26 @@ import UserStoreCore
         #expect(records.map(\.user) == ["ann", "bob", "ann"] && records.filter { $0.user == "ann" }.map(\.txid) == [1, 2])
     }
 
+    /// A wait that ended because its record was stored leaves nothing behind: its deadline's
+    /// timer goes with it. (A timer left sleeping a day for every new store's base held the
+    /// uploader, and ~3 KB each, for that day: here the uploader outlived its last reference.)
+    @Test func aWaitThatEndsLeavesNoTimerBehind() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
+        var uploader: LogUploader? = Self.uploader(storage)
+        weak let gone = uploader
+        let running = Task { [uploader] in await uploader!.run() }
+        let number = try #require(uploader!.append(Self.record("ann", 1)))
+        #expect(await uploader!.waitUntilStored(number, until: .now + .seconds(86_400)))
+        running.cancel()
+        await running.value
+        uploader = nil
+        // The cancelled timer finishes on the cooperative pool: at most 5 s for it.
+        let deadline = ContinuousClock.now + .seconds(5)
+        while gone != nil && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(gone == nil, "something still holds the uploader 5 s after its wait ended")
+    }
+
     /// The bucket cut off: durable waits end at their deadline, plain appends go on; once it is
     /// back, every record is stored, in order.
     @Test func waitsEndAtTheirDeadlineWhileTheBucketIsAwayAndAllIsStoredAfter() async throws {

@@ -67,6 +67,10 @@ package final class LogUploader: Sendable {
         let number: UInt64
         /// Waits for every record up to `number` (``flush(until:)``), not just that one.
         let prefix: Bool
+        /// Ends the wait at its deadline; cancelled when the record is stored first (a sleeping
+        /// task holds its memory until it wakes: a day's wait for each new store's base added
+        /// ~3 KB per new user to the daemon in `make churn-log`).
+        var sleeper: Task<Void, Never>?
         /// Resumed with when the object holding the record (and every one before) was stored,
         /// nil when the deadline came first.
         let continuation: CheckedContinuation<ContinuousClock.Instant?, Never>
@@ -200,7 +204,7 @@ package final class LogUploader: Sendable {
                 return (state.nextWaiter, state.storedAt)
             }
             guard let id else { return continuation.resume(returning: at) }
-            Task {
+            let sleeper = Task {
                 try? await Task.sleep(until: deadline)
                 let timedOut = self.state.withLock { state -> Waiter? in
                     guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
@@ -208,6 +212,12 @@ package final class LogUploader: Sendable {
                 }
                 timedOut?.continuation.resume(returning: nil)
             }
+            let waiting = state.withLock { state -> Bool in
+                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return false }
+                state.waiters[index].sleeper = sleeper
+                return true
+            }
+            if !waiting { sleeper.cancel() }
         }
     }
 
@@ -305,7 +315,10 @@ package final class LogUploader: Sendable {
             state.work = nil
             return (ready, wake)
         }
-        for waiter in resumed { waiter.continuation.resume(returning: storedAt) }
+        for waiter in resumed {
+            waiter.sleeper?.cancel()
+            waiter.continuation.resume(returning: storedAt)
+        }
         wake?.resume()
     }
 }
