@@ -199,13 +199,20 @@ public final class CuttableProxy: @unchecked Sendable { // `process` and `buffer
         precondition(nextLine() == name, "the test proxy did not confirm \(command)")
     }
 
-    /// The proxy's next line of output (nil once it has exited).
+    /// The proxy's next line of output; nil once it has exited or after 30 s of silence (a
+    /// test fails then instead of waiting for ever).
     private func nextLine() -> String? {
+        let deadline = ContinuousClock.now + .seconds(30)
         while true {
             if let end = buffered.firstIndex(of: UInt8(ascii: "\n")) {
                 defer { buffered.removeFirst(end + 1) }
                 return String(decoding: buffered[..<end], as: UTF8.self)
             }
+            var ready = pollfd(fd: output.fileHandleForReading.fileDescriptor, events: Int16(POLLIN), revents: 0)
+            let left = Int32(max(0, (deadline - ContinuousClock.now).components.seconds * 1000))
+            let polled = poll(&ready, 1, left)
+            if polled < 0 && errno == EINTR { continue } // a child's exit signalled meanwhile
+            guard polled > 0 else { return nil }
             let data = output.fileHandleForReading.availableData
             if data.isEmpty { return nil }
             buffered += data

@@ -96,7 +96,7 @@ import UserStoreCore
 
     /// A wait that ended because its record was stored leaves nothing behind: its deadline's
     /// timer goes with it. (A timer left sleeping a day for every new store's base held the
-    /// uploader, and ~3 KB each, for that day: here the uploader outlived its last reference.)
+    /// uploader, and ~1.5 KB each, for that day: here the uploader outlived its last reference.)
     @Test func aWaitThatEndsLeavesNoTimerBehind() async throws {
         let folder = try TemporaryDirectory()
         let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))

@@ -215,7 +215,12 @@ package final class LoggedStore: Sendable {
     private func savePositionOnceStored(_ position: LogPosition, through number: UInt64, generation: Int) {
         let uploader = self.uploader
         Task {
-            guard await uploader.waitUntilStored(number, until: .now + .seconds(86_400)) else { return }
+            // A minute at a time, until stored or superseded by a newer position: a wait's timer
+            // keeps its memory until its deadline even once the wait is over (Task.sleep's), so
+            // a day-long deadline held ~140 bytes for a day for every base shipped.
+            while await !uploader.waitUntilStored(number, until: .now + .seconds(60)) {
+                if state.withLock({ $0.positions != generation }) { return }
+            }
             try? await BlockingPool.run { self.save(position, generation: generation) }
         }
     }
