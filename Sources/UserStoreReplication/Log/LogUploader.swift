@@ -328,19 +328,25 @@ extension LogUploader.State {
     /// Objects being written now.
     var writing: Int { inFlight.count { !$0.done } }
 
+    /// The objects being written now.
+    var beingWritten: [LogUploader.InFlight] { inFlight.filter { !$0.done } }
+
+    /// The stores with a record in an object being written: their next records wait.
+    var busyStores: Set<String> { Set(beingWritten.flatMap(\.users)) }
+
     func isStored(_ number: UInt64) -> Bool { number <= stored || storedAhead.contains(number) }
 
     func satisfies(_ waiter: LogUploader.Waiter) -> Bool { waiter.prefix ? waiter.number <= stored : isStored(waiter.number) }
 
     /// When the oldest record not stored yet was appended (nil: none).
     var oldestUnstored: ContinuousClock.Instant? {
-        ([pending.first?.appendedAt] + inFlight.filter { !$0.done }.map(\.appendedAt)).compactMap { $0 }.min()
+        ([pending.first?.appendedAt] + beingWritten.map(\.appendedAt)).compactMap { $0 }.min()
     }
 
     /// Moves ``stored`` up to just below the lowest record still pending or being written.
     mutating func advanceStored() {
         let lowestPending = pending.first?.number
-        let lowestWriting = inFlight.filter { !$0.done }.compactMap(\.numbers.first).min()
+        let lowestWriting = beingWritten.compactMap(\.numbers.first).min()
         stored = [lowestPending, lowestWriting].compactMap { $0 }.min().map { $0 - 1 } ?? appended
         let through = stored
         storedAhead = storedAhead.filter { $0 > through }
@@ -349,7 +355,7 @@ extension LogUploader.State {
     /// Whether a record may go out now: one whose store has no object being written.
     var hasBatch: Bool {
         guard !pending.isEmpty else { return false }
-        let busy = Set(inFlight.filter { !$0.done }.flatMap(\.users))
+        let busy = busyStores
         return pending.contains { !busy.contains($0.record.user) }
     }
 
@@ -357,7 +363,7 @@ extension LogUploader.State {
     /// one), leaving a store's records where an object holding an earlier one is being written,
     /// and every later record of a store one of whose records was left. Nil when none may go.
     mutating func takeBatch(maxBytes: Int) -> [LogUploader.Pending]? {
-        var busy = Set(inFlight.filter { !$0.done }.flatMap(\.users))
+        var busy = busyStores
         var taken: [LogUploader.Pending] = [], kept: [LogUploader.Pending] = []
         var bytes = 0
         for item in pending {
