@@ -3,6 +3,7 @@
 this machine, a workload through all three, faults, and a history checker.
 
     python3 scripts/cluster-test.py [--users 300] [--seconds 8] [--scenarios kill-owner,...] [--json FILE]
+                                    [--engine litestream|log]
 
 Topology. etcd members on 127.0.0.1 (peer traffic), each also listening for clients on
 127.0.0.2-4; host hK is a daemon whose cluster address is 127.0.0.(K+1) and which reaches etcd
@@ -58,6 +59,8 @@ S3_PROBE = os.path.join(ROOT, "Tests/Helpers/s3-probe.py")
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster-harness", "AWS_SECRET_ACCESS_KEY": "cluster-harness-secret"}
 MIGRATIONS = os.path.join(ROOT, "config/migrations")
 LEASE = 3
+# replication.engine of every host (--engine): Litestream, or the daemon's own log.
+ENGINE = "litestream"
 HARNESS_MIGRATION = 900  # added mid-run; its table counts how often it ran on a store
 HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4"}
 
@@ -142,6 +145,7 @@ logTarget: stderr
 replication:
   replica: "s3://cluster/users?endpoint=http://127.0.0.1:{self.s3_ports[6]}&region=us-east-1&forcePathStyle=true"
   litestream: {LITESTREAM}
+  engine: {ENGINE}
 cluster:
   host: {name}
   etcd: [{", ".join(f"http://{address}:{m['port']}" for m in self.etcd)}]
@@ -667,7 +671,10 @@ def main():
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--self-test", action="store_true", help="only check that the checker catches fabricated violations")
     parser.add_argument("--serve", action="store_true", help="start the three hosts, print their sockets and wait for Ctrl-C (no workload)")
+    parser.add_argument("--engine", choices=["litestream", "log"], default="litestream", help="replication.engine of every host")
     args = parser.parse_args()
+    global ENGINE
+    ENGINE = args.engine
     if args.serve:
         return serve()
     if not self_test():

@@ -19,7 +19,7 @@ python3 scripts/check-links.py
 if (($# == 0)); then
     # The cluster tests time etcd leases of a few seconds and run etcd members and several
     # daemons: afterwards, one at a time, not starved by every other suite on 2 cores.
-    cluster='UserStoreClusterTests|ClusterDaemonTests|ClusterForwardingTests|ClusterReleaseTests'
+    cluster='UserStoreClusterTests|ClusterDaemonTests|ClusterForwardingTests|ClusterReleaseTests|ClusterLogTests'
     # Some async suites wait on deadlines of their own (the client's time limits, Litestream's
     # control socket) or run the daemon's request path in the test process (its tasks share the
     # two cooperative threads): they run on their own, where the blocking suites cannot starve

@@ -45,4 +45,7 @@ package protocol ReplicationEngine: StoreReplication, AnyObject {
     func services(registry: StoreRegistry) -> [any Service]
     /// After every store's final sync at shutdown: ends what the engine runs besides.
     func stop() async
+    /// Whether what the stores closed so far committed is in the replica, waiting for it until
+    /// `deadline` (a cluster releases a moving bucket only then).
+    func lastCommitsStored(until deadline: ContinuousClock.Instant) async -> Bool
 }

@@ -4,6 +4,7 @@ import Foundation
 import Testing
 import UserStoreCluster
 import UserStoreCore
+import UserStoreReplication
 import Varlink
 
 /// Two real daemons and one real etcd member (`cluster.*`, docs/cluster.md): each serves the
@@ -18,11 +19,28 @@ import Varlink
         return server
     }
 
-    /// `server`'s keys under `user`'s folder (`users/<bucket>/<user>/`): which epochs hold its copy.
+    /// Which epochs hold `user`'s copy in `server`: the epoch folders under `users/<bucket>/<user>/`
+    /// (Litestream), or the epochs of the user's records in the log and its folded objects.
     static func epochs(of user: String, in server: SeaweedFS) throws -> [Int64] {
+        if ReplicationTests.engine == "log" { return Set(try logRecords(of: user, in: server).map(\.epoch)).sorted() }
         let folder = "users/\(Placement.bucket(for: try UserID(user)))/\(user)/"
         let names = try server.keys("cluster", prefix: folder).compactMap { $0.dropFirst(folder.count).split(separator: "/").first }
         return Set(names.compactMap { $0.hasPrefix("e") ? Int64($0.dropFirst()) : nil }).sorted()
+    }
+
+    /// Every record of `user` in the log's objects and folded objects of `server` (read with boto3).
+    static func logRecords(of user: String, in server: SeaweedFS) throws -> [LogRecord] {
+        let folder = try TemporaryDirectory()
+        var records: [LogRecord] = []
+        for key in try server.keys("cluster", prefix: "users/") where key.hasSuffix(".usl") {
+            let file = folder.path + "/object"
+            unlink(file)
+            let result = try server.probe(["get", "cluster", key, file])
+            if result.output.contains("NoSuchKey") { continue } // folded meanwhile
+            #expect(result.status == 0, "\(result.output)")
+            records += try LogSegment.decode([UInt8](try Data(contentsOf: URL(fileURLWithPath: file)))).records.filter { $0.user == user }
+        }
+        return records
     }
 
     /// A daemon of the cluster `host` on `port`; `extraConfig`: more YAML (a rollout policy, say).
@@ -31,6 +49,7 @@ import Varlink
             replication:
               replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
               litestream: \(litestreamPath)
+              engine: \(ReplicationTests.engine)
             cluster:
               host: \(host)
               etcd: [\(etcd.endpoints.joined(separator: ", "))]

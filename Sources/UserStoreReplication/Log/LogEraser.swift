@@ -25,9 +25,10 @@ package struct LogEraser: Sendable {
         "erased/" + SHA256.hash(data: Data(user.utf8)).map { String(format: "%02x", $0) }.joined() + ".json"
     }
 
-    /// Erases `user` from the log (the store is closed: its last records were appended). Blocking;
-    /// throws when the replica cannot be written (nothing of the user may remain: retry).
-    package func erase(_ user: String) throws {
+    /// Erases `user` from the log (the store is closed: its last records were appended); in a
+    /// cluster the tombstone stands at `epoch`, the user's bucket's. Blocking; throws when the
+    /// replica cannot be written (nothing of the user may remain: retry).
+    package func erase(_ user: String, epoch: Int64? = nil) throws {
         // Every record appended so far in an object: the user's last ones included.
         guard try ReplicaStorage.blocking({ await uploader.flush(until: .now + .seconds(30)) }) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
@@ -52,7 +53,7 @@ package struct LogEraser: Sendable {
         }
         if let folder { try folder.gate.writing(rewrite) } else { try rewrite() }
         let origin = uploader.origin
-        let tombstone = Tombstone(epoch: uploader.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
+        let tombstone = Tombstone(epoch: epoch ?? uploader.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
                                   erasedAt: RFC3339.format(Date()))
         try storage.put(Self.tombstoneKey(of: user), Array((try? JSONEncoder().encode(tombstone)) ?? Data()))
     }

@@ -75,6 +75,9 @@ package final class LogIndex: Sendable {
     /// The log's fences as listed; nil until the listing is in.
     package var fences: LogFences? { state.withLock { $0.loaded ? $0.fences : nil } }
 
+    /// The fences known, listed or not (to read only new ones again).
+    package var knownFences: LogFences { state.withLock { $0.fences } }
+
     /// The log objects the fences void, forgotten as they are returned (the fold deletes them).
     package func takeVoid() -> [String] {
         state.withLock { state in
@@ -158,7 +161,8 @@ package final class LogIndex: Sendable {
         for key in keys {
             if key.hasPrefix(log) {
                 guard let header = read[key] else { continue }
-                if fences.counts(key, epoch: header.epoch) { entries[key] = Entry(header) } else { void.insert(key) }
+                // A cluster's objects are judged record by record (each record's bucket and epoch).
+                if header.cluster == true || fences.counts(key, epoch: header.epoch) { entries[key] = Entry(header) } else { void.insert(key) }
             } else if key.hasPrefix(folds) {
                 if let user = LogFolder.user(ofFold: key) { foldsOf[user, default: []].insert(key) }
             } else if let user = Self.legacyUser(of: key) {
@@ -175,20 +179,47 @@ package final class LogIndex: Sendable {
             for (user, keys) in state.foldsChanged { state.foldsOf[user] = keys.isEmpty ? nil : keys }
             state.added = [:]
             state.foldsChanged = [:]
-            state.fences = fences
+            state.fences = LogFences(fences.fences.merging(state.fences.fences) { listed, _ in listed })
             state.void = void
             state.legacy = legacy
             state.loaded = true
         }
     }
 
+    /// Adds the log objects of `listed` (a listing of the log, made after this host fenced
+    /// buckets it took in a cluster) it does not know, reading their headers, and takes
+    /// `fences` as the log's fences: in a cluster other hosts write the log too, and what they
+    /// wrote of a bucket before this host fenced it is read from here on. Blocking.
+    package func refresh(from storage: ReplicaStorage, listed: [String], fences: LogFences) throws {
+        let known = state.withLock { Set($0.entries.keys) }
+        let headers = Mutex<[String: LogSegment.Header]>([:])
+        try BlockingPool.forEach(listed.filter { $0.hasSuffix(".usl") && !known.contains($0) }, width: LogFolder.width) { key in
+            guard let header = try storage.header(of: key) else { return }
+            headers.withLock { $0[key] = header }
+        }
+        let read = headers.withLock { $0 }
+        state.withLock { state in
+            for (key, header) in read where state.entries[key] == nil { insert(key, Entry(header), into: &state) }
+            state.fences = fences
+        }
+    }
+
+    /// The log's fences are now `fences` (read again: in a cluster other hosts fence buckets).
+    package func setFences(_ fences: LogFences) {
+        state.withLock { $0.fences = fences }
+    }
+
     /// The user whose copy in Litestream's layout `key` belongs to (`<ab>/<cd>/<user>/…`, two
-    /// hex digits twice); nil for any other key.
+    /// hex digits twice; in a cluster `<bucket>/<user>/e<epoch>/…`); nil for any other key.
     static func legacyUser(of key: String) -> String? {
         let parts = key.split(separator: "/", omittingEmptySubsequences: false)
         func hex2(_ part: Substring) -> Bool { part.count == 2 && part.allSatisfy(\.isHexDigit) }
-        guard parts.count >= 4, hex2(parts[0]), hex2(parts[1]), !parts[2].isEmpty else { return nil }
-        return String(parts[2])
+        if parts.count >= 4, hex2(parts[0]), hex2(parts[1]), !parts[2].isEmpty { return String(parts[2]) }
+        if parts.count >= 4, let bucket = Int(parts[0]), (0..<4096).contains(bucket), !parts[1].isEmpty,
+           parts[2].first == "e", Int64(parts[2].dropFirst()) != nil {
+            return String(parts[1])
+        }
+        return nil
     }
 
     private func insert(_ key: String, _ entry: Entry, into state: inout State) {

@@ -19,6 +19,12 @@ package struct LogObjectPosition: Comparable, Hashable, Sendable {
         self.init(epoch: header.epoch, incarnation: header.incarnation, sequence: header.sequence)
     }
 
+    /// The position of `record` in the object with `header`: in a cluster's object, at its
+    /// bucket's epoch (objects of a cluster are written under 0).
+    package init(_ header: LogSegment.Header, _ record: LogRecord) {
+        self.init(epoch: header.cluster == true ? record.epoch : header.epoch, incarnation: header.incarnation, sequence: header.sequence)
+    }
+
     package static func < (a: Self, b: Self) -> Bool {
         (a.epoch, a.incarnation, a.sequence) < (b.epoch, b.incarnation, b.sequence)
     }

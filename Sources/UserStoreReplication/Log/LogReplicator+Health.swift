@@ -14,10 +14,71 @@ extension LogReplicator {
         defer { fencing.unlock() }
         guard fenced.withLock({ $0 }) != epoch else { return }
         uploader.raiseEpoch(to: epoch)
-        let fence = try LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
+        let (fence, _) = try LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
         fenced.withLock { $0 = epoch }
         logger.info("fenced the log at epoch \(epoch): \(fence.through.count) log folders, what their holders upload later does not count",
                     metadata: ["event": "replica-lease-held", "epoch": "\(epoch)"])
+    }
+
+    /// In a cluster: fences `user`'s bucket at its epoch now, unless this host did (with every
+    /// other bucket it owns at an epoch not fenced yet: one fence for all). Blocking.
+    func fenceBucket(of user: UserID) throws {
+        guard let cluster, let epoch = cluster.epoch(of: user) else { return }
+        var wanted = cluster.ownedEpochsSeen
+        wanted[cluster.bucket(of: user)] = epoch
+        try fenceBuckets(wanted)
+    }
+
+    /// In a cluster: writes one fence for those of `wanted` (buckets at their epochs) this host
+    /// has not fenced at that epoch, then reads into the index what the fence's listing holds
+    /// that it does not know (other hosts' objects): a restore of the bucket's users, after it,
+    /// reads all that counts. Blocking.
+    func fenceBuckets(_ wanted: [Int: Int64]) throws {
+        func due() -> [UInt16: Int64] {
+            fencedBuckets.withLock { fenced in
+                var due: [UInt16: Int64] = [:]
+                for (bucket, epoch) in wanted {
+                    guard let bucket = UInt16(exactly: bucket), (fenced.epochs[bucket] ?? .min) < epoch else { continue }
+                    due[bucket] = epoch
+                }
+                return due
+            }
+        }
+        guard !due().isEmpty else { return }
+        fencing.lock()
+        defer { fencing.unlock() }
+        let buckets = due()
+        guard let highest = buckets.values.max() else { return }
+        let number = fencedBuckets.withLock { $0.written + 1 }
+        let origin = uploader.origin
+        let key = LogFence.clusterKey(dataDirectory: origin.dataDirectory, incarnation: origin.incarnation, number: number)
+        try folder.gate.writing {
+            let (_, listed) = try LogFence.write(epoch: highest, holder: origin.host, storage: storage, log: LogRestorer.folder,
+                                                 buckets: Dictionary(uniqueKeysWithValues: buckets.map { (String($0.key), $0.value) }),
+                                                 dataDirectory: origin.dataDirectory, key: key)
+            try index.refresh(from: storage, listed: listed, fences: try LogFences.load(from: storage, known: index.knownFences))
+        }
+        fencedBuckets.withLock { fenced in
+            fenced.written = number
+            for (bucket, epoch) in buckets { fenced.epochs[bucket] = max(fenced.epochs[bucket] ?? epoch, epoch) }
+        }
+        logger.info("fenced the log for \(buckets.count) buckets this host took (up to epoch \(highest)): what their earlier owners upload later does not count",
+                    metadata: ["event": "cluster-buckets-fenced", "count": "\(buckets.count)"])
+    }
+
+    /// In a cluster: fences the buckets this host took since the last look (from
+    /// ``LogHealthService``, every second), so that what their earlier owners upload after it
+    /// never counts — and their folds can tell — even before a user of them is restored.
+    func fenceTakenBuckets() async {
+        guard let cluster, identity?.verdict.isVerified ?? true else { return }
+        let owned = cluster.ownedEpochsSeen
+        guard !owned.isEmpty else { return }
+        do {
+            try await BlockingPool.run { try self.fenceBuckets(owned) }
+        } catch {
+            logger.warning("fencing the log for the buckets this host took: \(error); tried again in a second, and before any of their users is restored",
+                           metadata: ["event": "replication-degraded"])
+        }
     }
 
     /// Lists the log's objects for the index once the replica is verified and this host holds
@@ -42,7 +103,18 @@ extension LogReplicator {
         guard index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let cutoff = Date() - TimeInterval(settings.foldSeconds)
         do {
-            while let report = try await BlockingPool.run({ [folder] in try folder.fold(before: cutoff) }) {
+            while true {
+                var view: LogFolder.ClusterView?
+                if let cluster {
+                    // What of this host's objects counts: the buckets it owns, read after they were stored.
+                    guard folder.hasWork(before: cutoff) else { break }
+                    let stored = uploader.storedSequence
+                    let owned = try await cluster.ownedEpochs()
+                    view = LogFolder.ClusterView(owned: Dictionary(uniqueKeysWithValues: owned.compactMap { bucket, epoch in
+                        UInt16(exactly: bucket).map { ($0, epoch) }
+                    }), storedThrough: stored)
+                }
+                guard let report = try await BlockingPool.run({ [folder, view] in try folder.fold(before: cutoff, cluster: view) }) else { break }
                 state.withLock { state in
                     state.folded.logObjects += report.logObjects
                     state.folded.users += report.users
@@ -114,6 +186,7 @@ struct LogHealthService: Service {
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
             if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
             replicator.reportUploads()
+            await replicator.fenceTakenBuckets()
             await replicator.loadIndexIfDue()
             await replicator.foldIfDue()
             round += 1

@@ -9,13 +9,16 @@ import UserStoreCore
 /// out of its WAL (``WALCapture``), go into one log per host (``LogUploader``) — group commit
 /// across stores — and a store missing here is rebuilt from its records (``LogRestorer``). No
 /// second process, and nothing kept per store but while it is open (docs/design.md, "The host
-/// log"). With one host only, for now: a cluster keeps Litestream.
+/// log"). In a cluster each host writes its own log; records carry their bucket's epoch, and a
+/// host fences the buckets it takes before it reads their users (``LogFence``).
 package final class LogReplicator: ReplicationEngine {
     package let settings: ReplicationSettings
     package let layout: StoreLayout
     package let storage: ReplicaStorage
     package let identity: ReplicaIdentity?
     package let lease: LeaseKeeper?
+    /// With more than one host: each user's bucket and its epoch (docs/cluster.md).
+    package let cluster: (any ReplicaFencing)?
     package let uploader: LogUploader
     package let restorer: LogRestorer
     package let folder: LogFolder
@@ -43,27 +46,32 @@ package final class LogReplicator: ReplicationEngine {
     /// The epoch whose fence this host wrote (nil: none yet), kept while it is written.
     let fenced = Mutex<Int64?>(nil)
     let fencing = NSLock()
+    /// In a cluster: the epoch this host last fenced each bucket at, and how many fences it wrote.
+    let fencedBuckets = Mutex<(epochs: [UInt16: Int64], written: Int)>(([:], 0))
     /// The uploader's loop: started with the engine, stopped after every store's last records
     /// (``stop()``), so that it outlives the daemon's other services.
     private let uploading = Mutex<Task<Void, Never>?>(nil)
 
-    package init(settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, incarnation: Int, logger: Logger) {
+    package init(settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, incarnation: Int,
+                 cluster: (any ReplicaFencing)? = nil, logger: Logger) {
         self.settings = settings
         self.layout = layout
         storage = setup.storage
         identity = setup.identity
         lease = setup.lease
+        self.cluster = cluster
         self.logger = logger
         let dataDirectory = setup.identity?.binding.dataDirectory ?? "unbound"
         let padded = String(format: "%010d", incarnation)
         uploader = LogUploader(storage: setup.storage,
                                origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
-                                             epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/"),
+                                             epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/",
+                                             cluster: cluster != nil),
                                index: index)
         let gate = ReadWriteLock()
-        restorer = LogRestorer(storage: setup.storage, index: index, gate: gate)
+        restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
-        legacyLocations = ReplicaLocations(replica: settings.replica, fencing: nil, storage: setup.storage, replicaIndex: ReplicaIndex(),
+        legacyLocations = ReplicaLocations(replica: settings.replica, fencing: cluster, storage: setup.storage, replicaIndex: ReplicaIndex(),
                                            identity: setup.identity, lease: setup.lease)
         legacy = ReplicaRestorer(locations: legacyLocations, command: LitestreamCommand(settings.litestream, environment: setup.storage.litestreamEnvironment),
                                  durableTimeoutMilliseconds: settings.durableTimeoutMilliseconds)
@@ -82,9 +90,10 @@ package final class LogReplicator: ReplicationEngine {
     }
 
     /// The engine on `setup`'s replica: this start's incarnation recorded, the uploader ready.
-    package static func start(_ settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, logger: Logger) throws(ReplicaSetup.Refusal) -> LogReplicator {
-        guard let identity = setup.identity, setup.lease != nil else {
-            throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log needs a file:// or s3:// replica and one host (no cluster section), for now", name: nil)
+    package static func start(_ settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, cluster: (any ReplicaFencing)? = nil,
+                              logger: Logger) throws(ReplicaSetup.Refusal) -> LogReplicator {
+        guard let identity = setup.identity, setup.lease != nil || cluster != nil else {
+            throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log needs a file:// or s3:// replica", name: nil)
         }
         let incarnation: Int
         do {
@@ -92,7 +101,7 @@ package final class LogReplicator: ReplicationEngine {
         } catch {
             throw ReplicaSetup.Refusal(code: .unavailable, description: "recording this start in \(layout.replicaBindingPath): \(error)", name: nil)
         }
-        let replicator = LogReplicator(settings: settings, setup: setup, layout: layout, incarnation: incarnation, logger: logger)
+        let replicator = LogReplicator(settings: settings, setup: setup, layout: layout, incarnation: incarnation, cluster: cluster, logger: logger)
         let uploader = replicator.uploader
         replicator.uploading.withLock { $0 = Task { await uploader.run() } }
         return replicator
@@ -106,6 +115,7 @@ package final class LogReplicator: ReplicationEngine {
         try identity?.require(for: user)
         do {
             try fenceIfDue()
+            try fenceBucket(of: user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for this host's epoch: \(error)")
         }
@@ -114,8 +124,9 @@ package final class LogReplicator: ReplicationEngine {
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         // A new user: the index of the log (listed while the replica was verified and this host
         // held it) answers without a request.
+        // (In a cluster another host may have folded the user: its folds are listed.)
         if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true,
-           index.legacyHolds(user.rawValue) == false { return nil }
+           index.legacyHolds(user.rawValue) == false, cluster == nil { return nil }
         let restored: LogRestorer.Restored?
         do {
             restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
@@ -165,9 +176,22 @@ package final class LogReplicator: ReplicationEngine {
     }
 
     package func newerCopy(of user: UserID, path: String) throws -> Int64? {
-        // A store last replicated under an older epoch than the one held: another host may have
-        // written the user since.
-        guard let held = lease?.heldEpoch, let position = LogPosition.load(path), position.epoch < held else { return nil }
+        // A store last replicated under an older epoch than the one held (in a cluster: than its
+        // bucket's now): another host may have written the user since.
+        let held: Int64?
+        if let cluster {
+            held = cluster.epoch(of: user)
+            do {
+                try fenceBucket(of: user)
+            } catch {
+                throw StoreError.replicationUnavailable(user: user, message: "fencing the log for the bucket's epoch: \(error)")
+            }
+        } else {
+            held = lease?.heldEpoch
+        }
+        // (No position: a store the log never held, or one put back to a point in time, which
+        // starts a new stream at its next open — not a copy to compare.)
+        guard let held, let position = LogPosition.load(path), position.epoch < held else { return nil }
         do {
             let newer = try restorer.records(of: user.rawValue).filter { $0.record.epoch > position.epoch }.map(\.record.epoch).max()
             return newer
@@ -177,11 +201,19 @@ package final class LogReplicator: ReplicationEngine {
     }
 
     package func storeOpened(_ store: Store) {
-        let epoch = lease?.pathEpoch ?? 0
-        uploader.raiseEpoch(to: epoch)
+        let epoch: Int64
+        var bucket: UInt16?
+        if let cluster {
+            // Objects of a cluster are written under 0: each record carries its bucket's epoch.
+            epoch = cluster.epoch(of: store.user) ?? 0
+            bucket = UInt16(cluster.bucket(of: store.user))
+        } else {
+            epoch = lease?.pathEpoch ?? 0
+            uploader.raiseEpoch(to: epoch)
+        }
         var position = LogPosition.load(store.path)
         if position?.epoch != epoch { position = nil } // a new epoch: a new stream, from a base
-        let logged = LoggedStore(store: store, epoch: epoch, bucket: nil, uploader: uploader, position: position)
+        let logged = LoggedStore(store: store, epoch: epoch, bucket: bucket, uploader: uploader, position: position)
         do {
             let current = try logged.capture.resumeAfterCurrentContents()
             if let position, position.salt != nil || current.frames > 0 {
@@ -234,7 +266,7 @@ package final class LogReplicator: ReplicationEngine {
             // A copy in Litestream's layout too (from before `engine: log`).
             try storage.erase(legacyLocations.userFolderSuffix(user))
             index.forgetLegacy(user.rawValue)
-            try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue)
+            try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue, epoch: cluster?.epoch(of: user))
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); nothing was deleted here, retry")
         }
@@ -320,6 +352,10 @@ package final class LogReplicator: ReplicationEngine {
 
     package func services(registry: StoreRegistry) -> [any Service] {
         [LogHealthService(replicator: self)]
+    }
+
+    package func lastCommitsStored(until deadline: ContinuousClock.Instant) async -> Bool {
+        await uploader.flush(until: deadline)
     }
 
     /// Waits (at most the durable time-out) for the log to store what the stores' last commits

@@ -16,11 +16,16 @@ package struct LogRestorer: Sendable {
     package var index: LogIndex?
     /// Read while the user's objects are read: the fold and the erase wait (``LogFolder/gate``).
     package var gate: ReadWriteLock?
+    /// In a cluster other hosts fold and delete objects this host's index lists: a user's folded
+    /// objects are listed at each restore, and a log object gone since the listing is dropped
+    /// from the index and the reading starts over (its records are in a fold by then).
+    package var cluster: Bool
 
-    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: ReadWriteLock? = nil) {
+    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: ReadWriteLock? = nil, cluster: Bool = false) {
         self.storage = storage
         self.index = index
         self.gate = gate
+        self.cluster = cluster
     }
     /// The folder of every log object (`log/`).
     package static let folder = "log/"
@@ -60,14 +65,18 @@ package struct LogRestorer: Sendable {
                 return try readRecords(of: user, until: until)
             } catch let gone as Gone {
                 attempt += 1
-                if attempt >= 3 { throw Unreadable(description: gone.description) }
+                if cluster, let index, gone.logObject { index.replace(gone.key, users: []) }
+                if attempt >= (cluster ? 10 : 3) { throw Unreadable(description: gone.description) }
             }
         }
     }
 
     /// An object listed a moment ago and gone now.
     private struct Gone: Error, CustomStringConvertible {
+        let key: String
         let description: String
+        /// A log object (not a folded one).
+        var logObject = false
     }
 
     private func readRecords(of user: String, until: Date?) throws -> [Ordered] {
@@ -77,13 +86,13 @@ package struct LogRestorer: Sendable {
         // deleted, so whatever the first listing saw and the second did not is read from a fold.
         let logKeys = try index?.keys(of: user) ?? storage.keys(under: Self.folder).filter { $0.hasSuffix(".usl") }
         // What an old holder uploaded after a new one fenced the log never counts.
-        let fences = try index?.fences ?? LogFences.load(from: storage)
-        let foldKeys = try index?.folds(of: user) ?? storage.keys(under: LogFolder.folder(of: user)).filter { LogFolder.position(ofFold: $0) != nil }
+        let fences = try index?.fences ?? LogFences.load(from: storage, known: index?.knownFences ?? LogFences())
+        let foldKeys = try (cluster ? nil : index?.folds(of: user)) ?? storage.keys(under: LogFolder.folder(of: user)).filter { LogFolder.position(ofFold: $0) != nil }
         // The newest snapshot (the newest made by `until`) and the deltas after it.
         var through: LogObjectPosition?
         var folds: [(key: String, segment: LogSegment)] = []
         for key in foldKeys.reversed() {
-            guard let bytes = try storage.get(key) else { throw Gone(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
+            guard let bytes = try storage.get(key) else { throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone") }
             let segment = try LogSegment.decode(bytes)
             if let until, (RFC3339.parse(segment.header.createdAt) ?? .distantPast) > until { continue }
             folds.insert((key, segment), at: 0)
@@ -96,13 +105,17 @@ package struct LogRestorer: Sendable {
             }
         }
         for key in logKeys {
-            guard let bytes = try storage.get(key) else { throw Gone(description: "\(storage.describe(key)), which holds records of \(user), is gone") }
+            guard let bytes = try storage.get(key) else {
+                throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone", logObject: true)
+            }
             let segment = try LogSegment.decode(bytes)
-            guard segment.header.users.contains(user), fences.counts(key, epoch: segment.header.epoch) else { continue }
-            if let through, LogObjectPosition(segment.header) <= through { continue }
+            guard segment.header.users.contains(user) else { continue }
             let createdAt = RFC3339.parse(segment.header.createdAt) ?? .distantPast
             if let until, createdAt > until { continue }
             for (index, record) in segment.records.enumerated() where record.user == user {
+                // What an old owner uploaded after the fence, and what a fold already holds, is left.
+                guard fences.counts(key, header: segment.header, record: record) else { continue }
+                if let through, LogObjectPosition(segment.header, record) <= through { continue }
                 // Erased: records written before the erase are void.
                 if let tombstone, (record.epoch, segment.header.incarnation, segment.header.sequence) <= (tombstone.epoch, tombstone.incarnation, tombstone.sequence) {
                     continue

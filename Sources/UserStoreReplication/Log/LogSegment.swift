@@ -35,6 +35,9 @@ package struct LogSegment: Sendable, Equatable {
         /// The body's length, compressed and not.
         package var bodyBytes: Int
         package var recordBytes: Int
+        /// Written by a cluster's host: each record carries its bucket and that bucket's epoch,
+        /// and the fences are applied record by record (absent: one host).
+        package var cluster: Bool? = nil
     }
 
     package var header: Header

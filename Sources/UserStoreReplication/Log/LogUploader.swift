@@ -37,13 +37,16 @@ package final class LogUploader: Sendable {
         package var epoch: Int64
         /// The folder its objects go to (`log/…/`), ending in `/`.
         package var folder: String
+        /// A cluster's host: each record carries its bucket's epoch (objects are written under 0).
+        package var cluster: Bool
 
-        package init(host: String, dataDirectory: String, incarnation: String, epoch: Int64, folder: String) {
+        package init(host: String, dataDirectory: String, incarnation: String, epoch: Int64, folder: String, cluster: Bool = false) {
             self.host = host
             self.dataDirectory = dataDirectory
             self.incarnation = incarnation
             self.epoch = epoch
             self.folder = folder
+            self.cluster = cluster
         }
     }
 
@@ -276,7 +279,7 @@ package final class LogUploader: Sendable {
         let createdAt = Date()
         let segment = LogSegment(header: .init(kind: "log", host: origin.host, dataDirectory: origin.dataDirectory, incarnation: origin.incarnation,
                                                epoch: batch.epoch, sequence: batch.sequence, createdAt: RFC3339.format(createdAt),
-                                               records: 0, users: [], bodyBytes: 0, recordBytes: 0),
+                                               records: 0, users: [], bodyBytes: 0, recordBytes: 0, cluster: origin.cluster ? true : nil),
                                  records: batch.records)
         let bytes = segment.encoded(level: 1)
         let key = key(of: batch.sequence)

@@ -25,6 +25,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The registry whose stores a moving bucket closes (set once it exists: it needs this
     /// placement first).
     private let registry = Mutex<StoreRegistry?>(nil)
+    private let engine = Mutex<(any ReplicationEngine)?>(nil)
     /// Buckets this host released, by the draining epoch it released them at.
     private let released = Mutex<[Int: Int64]>([:])
     /// The replica's marker against this data directory's binding (nil: not checked, sftp).
@@ -52,6 +53,24 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     func bucket(of user: UserID) -> Int { Placement.bucket(for: user) }
 
     func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
+
+    var ownedEpochsSeen: [Int: Int64] {
+        var owned: [Int: Int64] = [:]
+        for (name, entry) in buckets.all where entry.value.owner == settings.host {
+            if let bucket = Int(name) { owned[bucket] = entry.modRevision }
+        }
+        return owned
+    }
+
+    func ownedEpochs() async throws -> [Int: Int64] {
+        var owned: [Int: Int64] = [:]
+        for record in try await etcd.list(prefix: BucketRecord.prefix) {
+            guard let bucket = Int(record.key.dropFirst(BucketRecord.prefix.count)), let value = BucketRecord(json: record.value),
+                  value.owner == settings.host else { continue }
+            owned[bucket] = record.modRevision
+        }
+        return owned
+    }
 
     /// The buckets this host owns now, by its copy of the bucket records: one look at the
     /// records for a pass over many stores (whose buckets the fleet index keeps).
@@ -191,6 +210,9 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     func attach(_ registry: StoreRegistry) { self.registry.withLock { $0 = registry } }
 
+    /// The replication engine, which says when a moving bucket's last commits are stored.
+    func attach(engine: (any ReplicationEngine)?) { self.engine.withLock { $0 = engine } }
+
     /// The replica's identity, which decides whether this host may claim buckets.
     func attach(_ identity: ReplicaIdentity?) { replicaIdentity.withLock { $0 = identity } }
 
@@ -238,6 +260,13 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         guard !draining.isEmpty else { return }
         let wanted = Set(draining.map(\.bucket))
         let closed = await registry.closeStores { wanted.contains(Placement.bucket(for: $0)) }
+        // Their last commits in the replica, or the bucket stays this host's (draining: its users
+        // get Retry) and the release is tried again in a moment.
+        if let engine = self.engine.withLock({ $0 }), await !engine.lastCommitsStored(until: engine.durableDeadline) {
+            logger.warning("not releasing \(draining.count) moving buckets yet: the replica has not stored their stores' last commits (\(engine.snapshot.lastError ?? "it is slow")); trying again",
+                           metadata: ["event": "replication-degraded"])
+            return
+        }
         // Only now (every store of those buckets synced and closed) may the next owner start.
         for start in stride(from: 0, to: draining.count, by: 128) {
             let batch = Array(draining[start..<min(start + 128, draining.count)])

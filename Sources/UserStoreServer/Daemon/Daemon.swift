@@ -94,9 +94,6 @@ public enum Daemon {
         if let settings = configuration.replication {
             do throws(ReplicaSetup.Refusal) {
                 if settings.engine == .litestream { try LitestreamReplicator.checkBinary(settings) }
-                if settings.engine == .log, cluster != nil {
-                    throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log runs on one host only for now (no cluster section)", name: nil)
-                }
                 // The replica's identity (its marker against this data directory's binding) and,
                 // with one host, its writer lease: before anything can be created, restored or
                 // replicated.
@@ -107,7 +104,7 @@ public enum Daemon {
                                                                   fencing: cluster, logger: logger,
                                                                   syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
                 case .log:
-                    replicator = try LogReplicator.start(settings, setup: setup, layout: layout, logger: logger)
+                    replicator = try LogReplicator.start(settings, setup: setup, layout: layout, cluster: cluster, logger: logger)
                 }
             } catch {
                 var metadata: Logger.Metadata = ["event": "daemon-failed"]
@@ -134,6 +131,7 @@ public enum Daemon {
         let leaseKeeper = replicator?.lease.map { lease in Task { await lease.run() } }
         cluster?.attach(registry)
         cluster?.attach(replicator?.identity)
+        cluster?.attach(engine: replicator)
         release.attach(registry)
         do {
             for user in try registry.lifecycle.recoverInterruptedOperations() {

@@ -1,0 +1,190 @@
+import ClusterTestSupport
+import DaemonTestSupport
+import Foundation
+import Testing
+import UserStoreCluster
+import UserStoreCore
+import Varlink
+
+/// The daemon's own log in a cluster (`replication.engine: log` with `cluster.*`): a host that
+/// takes a bucket fences the log for it before it reads any of its users, so that what the old
+/// owner — paused, cut off from the bucket — uploads afterwards is never applied, neither by a
+/// restore nor by the old owner's fold (docs/design.md, "The host log").
+@Suite(.serialized) struct ClusterLogTests {
+    /// A host of the cluster on the log, its replica reached at `endpoint` (a proxy) if given.
+    static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
+                       foldSeconds: Int = 3600, engine: String = "log") throws -> DaemonHarness {
+        let daemon = try DaemonHarness(extraConfig: Self.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint,
+                                                                      foldSeconds: foldSeconds, engine: engine))
+        daemon.environment = store.environment
+        return daemon
+    }
+
+    /// The YAML of ``daemon(_:port:etcd:store:endpoint:foldSeconds:engine:)``.
+    static func configuration(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
+                              foldSeconds: Int = 3600, engine: String = "log") -> String {
+        """
+            replication:
+              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users", endpoint: endpoint))"
+              litestream: \(litestreamPath)
+              engine: \(engine)
+              durableTimeoutMilliseconds: 3000
+              foldSeconds: \(foldSeconds)
+            cluster:
+              host: \(host)
+              etcd: [\(etcd.endpoints.joined(separator: ", "))]
+              address: 127.0.0.1:\(port)
+              leaseSeconds: 3
+              forward: false
+            """
+    }
+
+    /// A user other than `user` in `user`'s bucket.
+    static func neighbour(of user: String) throws -> String {
+        let bucket = Placement.bucket(for: try UserID(user))
+        for index in 0... where Placement.bucket(for: try UserID("neighbour-\(index)")) == bucket { return "neighbour-\(index)" }
+        fatalError("unreachable")
+    }
+
+    /// Host a commits bob's late rows while the bucket cannot be reached, is paused until b takes
+    /// its buckets and fences them, then reaches the bucket again and uploads the late rows; b
+    /// restores bob without them. With `folded`, a's fold (every second) has folded and deleted
+    /// its objects before b reads bob: the fold too leaves out what the fence voids.
+    @Test(arguments: [false, true]) func whatAnOldOwnerUploadsAfterItsBucketWasTakenNeverCounts(folded: Bool) throws {
+        let etcd = try EtcdCluster(size: 1)
+        let store = try ClusterDaemonTests.objectStore()
+        let proxy = try CuttableProxy(to: store.port)
+        let a = try Self.daemon("a", port: 7121, etcd: etcd, store: store, endpoint: "http://127.0.0.1:\(proxy.port)", foldSeconds: folded ? 1 : 3600)
+        let b = try Self.daemon("b", port: 7122, etcd: etcd, store: store)
+        try a.start()
+        let toA = try a.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "bob").0 == "here" })
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('acknowledged')", for: "bob", on: toA, durable: true)
+        proxy.cut()
+        for index in 0..<3 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('late \(index)')", for: "bob", on: toA) }
+        try b.start()
+        let toB = try b.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toB, "bob").0 == "a" })
+
+        // a paused past its etcd lease: b takes its buckets, and fences bob's as it opens a
+        // neighbour of bob's (bob himself is not read yet).
+        kill(a.pid, SIGSTOP)
+        let neighbour = try Self.neighbour(of: "bob")
+        let taken = ContinuousClock.now + .seconds(60)
+        while ClusterDaemonTests.answer(toB, neighbour).0 != "here" {
+            try #require(ContinuousClock.now < taken, "b did not take a's buckets within 60 s: \(b.stderr.suffix(2000))")
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(b.stderr.contains("event=cluster-buckets-fenced"))
+
+        // a resumes and reaches the bucket: it uploads the late rows (its own count says so).
+        kill(a.pid, SIGCONT)
+        proxy.mend()
+        func uploads() throws -> (written: Int64, pending: Int64) {
+            let log = try toA.call("io.userstore.Admin.Status")["replication"]?["log"]
+            return (log?["objectsWritten"]?.integerValue ?? -1, log?["pendingBytes"]?.integerValue ?? -1)
+        }
+        let uploaded = ContinuousClock.now + .seconds(60)
+        while try uploads().pending != 0 {
+            try #require(ContinuousClock.now < uploaded, "a did not upload its late rows within 60 s: \(a.stderr.suffix(2000))")
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        let lateRecords = try ClusterDaemonTests.logRecords(of: "bob", in: store).filter { $0.kind == .commit }.count
+        if folded {
+            // a folds its own objects (it owns no bucket now): every one of them goes.
+            let binding = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: a.dataDirectory + "/replica.json"))) as? [String: Any]
+            let directory = try #require(binding?["dataDirectory"] as? String)
+            let deadline = ContinuousClock.now + .seconds(60)
+            while try store.keys("cluster", prefix: "users/log/\(directory)/").contains(where: { $0.hasSuffix(".usl") }) {
+                try #require(ContinuousClock.now < deadline, "a did not fold its log within 60 s: \(a.stderr.suffix(2000))")
+                Thread.sleep(forTimeInterval: 0.2)
+            }
+            #expect(!a.stderr.contains("folding the log into per-user objects failed"), "\(a.stderr.suffix(2000))")
+        } else {
+            #expect(lateRecords >= 2, "the late rows are not in the bucket: the test would prove nothing")
+        }
+        #expect(try LogEngineTests.titles("bob", toB) == ["acknowledged"], "what the old owner uploaded after the fence was applied")
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on b')", for: "bob", on: toB, durable: true)
+        #expect(try LogEngineTests.titles("bob", toB) == ["acknowledged", "on b"])
+        #expect(b.stop() == 0)
+        #expect(a.stop() == 0)
+    }
+
+    /// A cluster switching from Litestream to the log: a user replicated by Litestream (in the
+    /// cluster's layout, `<bucket>/<user>/e<epoch>/`), the disk lost, the host started again with
+    /// `engine: log` — the user comes back from the Litestream copy once, then from the log, with
+    /// every write, after the disk is lost again.
+    @Test func aClusterOnLitestreamSwitchesToTheLogAndLosesNothing() throws {
+        let etcd = try EtcdCluster(size: 1)
+        let store = try ClusterDaemonTests.objectStore()
+        let a = try Self.daemon("a", port: 7125, etcd: etcd, store: store, engine: "litestream")
+        try a.start()
+        let toA = try a.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "dana").0 == "here" })
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on litestream')", for: "dana", on: toA, durable: true)
+        #expect(a.stop() == 0)
+
+        func loseTheDiskAndStart() throws -> VarlinkConnection {
+            try FileManager.default.removeItem(atPath: a.dataDirectory)
+            try a.writeConfig(extra: Self.configuration("a", port: 7125, etcd: etcd, store: store))
+            try a.start()
+            let client = try a.connect()
+            #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(client, "dana").0 == "here" }, "\(a.stderr.suffix(2000))")
+            return client
+        }
+        let onLog = try loseTheDiskAndStart()
+        #expect(try LogEngineTests.titles("dana", onLog) == ["on litestream"])
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on the log')", for: "dana", on: onLog, durable: true)
+        a.stop(signal: SIGKILL)
+        // Its lease left to run out (3 s): the host starting again joins as a new one.
+        let again = try loseTheDiskAndStart()
+        #expect(try LogEngineTests.titles("dana", again) == ["on litestream", "on the log"])
+        #expect(a.stop() == 0)
+    }
+
+    /// A bucket moved while the replica cannot be reached: its owner closes the bucket's stores
+    /// but releases it only once their last commits are in the replica; until then the bucket
+    /// stays its own (users get Retry), and once the replica answers the new owner gets every
+    /// committed row.
+    @Test func aMoveReleasesTheBucketOnlyOnceItsLastCommitsAreStored() throws {
+        let etcd = try EtcdCluster(size: 1)
+        let store = try ClusterDaemonTests.objectStore()
+        let proxy = try CuttableProxy(to: store.port)
+        let a = try Self.daemon("a", port: 7123, etcd: etcd, store: store, endpoint: "http://127.0.0.1:\(proxy.port)")
+        let b = try Self.daemon("b", port: 7124, etcd: etcd, store: store)
+        try a.start()
+        let toA = try a.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "cleo").0 == "here" })
+        try b.start()
+        let toB = try b.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toB, "cleo").0 == "a" })
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "cleo", on: toA, durable: true)
+        proxy.cut()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('not yet stored')", for: "cleo", on: toA)
+
+        let bucket = Placement.bucket(for: try UserID("cleo"))
+        let move = try run([userstorectlPath, "cluster", "move", "\(bucket)", "b"], environment: ["USERSTORE_SOCKET": b.socketPath])
+        #expect(move.status == 0, "\(move)")
+        // a sees the bucket draining and closes cleo's store, but cannot store its last commit:
+        // the bucket is not released (b does not own it) while the replica is out of reach.
+        let other = try a.connect()
+        #expect(try ClusterDaemonTests.eventually { try other.call("io.userstore.Admin.Cluster")["movingBuckets"] == 1 })
+        let held = ContinuousClock.now + .seconds(8) // two durable time-outs: two tries to release
+        while ContinuousClock.now < held {
+            #expect(ClusterDaemonTests.answer(toB, "cleo").0 != "here", "the bucket was released before its last commit was stored")
+            Thread.sleep(forTimeInterval: 0.5)
+        }
+        #expect(a.stderr.contains("not releasing 1 moving buckets yet"), "\(a.stderr.suffix(2000))")
+
+        proxy.mend()
+        let deadline = ContinuousClock.now + .seconds(60)
+        while ClusterDaemonTests.answer(toB, "cleo").0 != "here" {
+            try #require(ContinuousClock.now < deadline, "the bucket did not move within 60 s of the replica's return: \(a.stderr.suffix(2000))")
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(try LogEngineTests.titles("cleo", toB) == ["stored", "not yet stored"])
+        #expect(a.stderr.contains("event=cluster-bucket-released"))
+        #expect(a.stop() == 0)
+        #expect(b.stop() == 0)
+    }
+}
