@@ -60,7 +60,7 @@ S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster-harness", "AWS_SECRET_ACCESS_KEY
 MIGRATIONS = os.path.join(ROOT, "config/migrations")
 LEASE = 3
 # replication.engine of every host (--engine): Litestream, or the daemon's own log.
-ENGINE = "litestream"
+ENGINE = "log"
 HARNESS_MIGRATION = 900  # added mid-run; its table counts how often it ran on a store
 HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4"}
 
@@ -671,7 +671,7 @@ def main():
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--self-test", action="store_true", help="only check that the checker catches fabricated violations")
     parser.add_argument("--serve", action="store_true", help="start the three hosts, print their sockets and wait for Ctrl-C (no workload)")
-    parser.add_argument("--engine", choices=["litestream", "log"], default="litestream", help="replication.engine of every host")
+    parser.add_argument("--engine", choices=["litestream", "log"], default="log", help="replication.engine of every host (default: the daemon's, log)")
     args = parser.parse_args()
     global ENGINE
     ENGINE = args.engine

@@ -4,18 +4,17 @@
 # needs first. Ctrl-C stops it gracefully.
 # Usage: bash scripts/run.sh [--s3] [userstored arguments]
 #   --s3  replicate every store to a local S3 API (SeaweedFS on 127.0.0.1:8333, scripts/s3.sh),
-#         with Litestream as the daemon's child; `bash scripts/s3.sh stop` ends the S3 server.
+#         through the daemon's own log; `bash scripts/s3.sh stop` ends the S3 server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"
-# Only what running needs; --s3 also needs the S3 server and Litestream of the test stack.
+# Only what running needs; --s3 also needs the S3 server of the test stack.
 if [ "${1:-}" = "--s3" ]; then bash scripts/install-deps.sh; else bash scripts/install-deps.sh run; fi
 swift build --product userstored
 swift build --product userstorectl
 if [ "${1:-}" = "--s3" ]; then
     shift
     eval "$(bash scripts/s3.sh start)"
-    export USERSTORED_REPLICATION_LITESTREAM="$(pwd)/.build/testenv/bin/litestream"
     echo "userstored: replicating to $USERSTORED_REPLICATION_REPLICA" >&2
 fi
 exec .build/debug/userstored --config config/userstored.yaml "$@"

@@ -250,6 +250,9 @@ extension ConfigurationLoader {
                     throw error(.replicationEngine, "must be litestream or log (got \"\(engine)\")")
                 }
                 settings.engine = chosen
+            } else if settings.replica.hasPrefix("sftp://") {
+                // The log needs a replica it can list and write itself: an sftp:// one stays on Litestream.
+                settings.engine = .litestream
             }
             settings.foldSeconds = try int(.replicationFoldSeconds, minimum: 0, maximum: 86_400) ?? 60
             if let address = try string(.replicationLitestreamMetricsAddress) {

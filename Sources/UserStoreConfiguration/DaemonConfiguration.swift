@@ -101,9 +101,9 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// durable writes only within this, less a margin, after its last renewal began; another host
     /// takes the replica over once it has seen the lease unchanged for this long.
     public var leaseSeconds: Int = 15
-    /// What copies the stores (`replication.engine`): Litestream, one replica per store (the
-    /// default), or the daemon's own log, one per host (``Engine/log``: one host only, for now).
-    public var engine: Engine = .litestream
+    /// What copies the stores (`replication.engine`): the daemon's own log, one per host (the
+    /// default, ``Engine/log``), or Litestream, one replica per store (being retired).
+    public var engine: Engine = .log
 
     /// With the log engine: log objects older than this are folded into per-user objects and
     /// deleted (`replication.foldSeconds`; 0: as soon as they are stored). Shorter: a smaller

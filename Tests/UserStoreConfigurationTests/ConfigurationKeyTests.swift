@@ -53,4 +53,14 @@ struct ConfigurationKeyTests {
             return text.contains("userstored.yaml: key 'limits.maxConnections': ") && !text.contains("environment")
         }
     }
+
+    /// The daemon's own log is the default engine, but not for an sftp:// replica (the log cannot
+    /// list or write one): that stays on Litestream; a named engine always wins.
+    @Test func theLogIsTheDefaultEngineButNotForAnSFTPReplica() async throws {
+        let header = "appVersion: \"1.0.0\"\nreplication:\n"
+        #expect(try await Self.load(header + "  replica: \"file:///tmp/r\"\n").replication?.engine == .log)
+        #expect(try await Self.load(header + "  replica: \"s3://bucket/prefix\"\n").replication?.engine == .log)
+        #expect(try await Self.load(header + "  replica: \"sftp://u@h/p\"\n").replication?.engine == .litestream)
+        #expect(try await Self.load(header + "  replica: \"file:///tmp/r\"\n  engine: litestream\n").replication?.engine == .litestream)
+    }
 }

@@ -99,7 +99,7 @@ import Varlink
     /// The scenario: Litestream paused (SIGSTOP) while small and large transactions
     /// commit — a 5 MB one, a durable write that fails, plain writes for 9 s — then resumed; a
     /// durable write acknowledged afterwards means the 5 MB transaction is in the replica too.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aPausedLitestreamLosesNoCommitBeforeADurableAcknowledgement() throws {
+    @Test(.litestreamBehaviour) func aPausedLitestreamLosesNoCommitBeforeADurableAcknowledgement() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -130,7 +130,7 @@ import Varlink
     /// is kept whole, because the paused Litestream still holds its position in it. Before the
     /// fix the WAL was reset here, Litestream took that for its own checkpoint, and the 5 MB
     /// write never reached the replica (every run).
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aStoreIsNotCheckpointedBehindAPausedLitestream() throws {
+    @Test(.litestreamBehaviour) func aStoreIsNotCheckpointedBehindAPausedLitestream() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "bea", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -152,7 +152,7 @@ import Varlink
     /// the fault finds it (`replica-diverged`), ships the store whole again, and only then counts
     /// it as registered: the durable write after it is acknowledged with everything before it in
     /// the replica.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aBrokenReplicaIsFoundAndShippedWholeAgain() throws {
+    @Test(.litestreamBehaviour) func aBrokenReplicaIsFoundAndShippedWholeAgain() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "cal", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -174,7 +174,7 @@ import Varlink
     /// Litestream killed while a large and small transactions commit: the daemon starts a new
     /// one, registers the store with it and compares it with its replica; a durable write then
     /// covers everything.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aKilledLitestreamLosesNothingAcknowledged() throws {
+    @Test(.litestreamBehaviour) func aKilledLitestreamLosesNothingAcknowledged() throws {
         let (_, daemon, client) = try Self.started()
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "dan", on: client, durable: true)
         let first = try ReplicationTests.litestreamPID(client)
@@ -188,7 +188,7 @@ import Varlink
     /// A Litestream child that stops answering is killed after
     /// `replication.restartUnresponsiveSeconds` and replaced; its stores, whose WAL it held, are
     /// registered with the new one and compared with their replica.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func anUnresponsiveLitestreamIsReplaced() throws {
+    @Test(.litestreamBehaviour) func anUnresponsiveLitestreamIsReplaced() throws {
         let (_, daemon, client) = try Self.started(extra: "  restartUnresponsiveSeconds: 2")
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "eve", on: client, durable: true)
         let first = try ReplicationTests.litestreamPID(client)
@@ -204,7 +204,7 @@ import Varlink
     /// so it is closed with its WAL kept (the paused Litestream still holds its position in it).
     /// Reopened after Litestream is back, it is compared with its replica before a durable write
     /// is acknowledged.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aStoreEvictedWhileLitestreamIsPausedLosesNothing() throws {
+    @Test(.litestreamBehaviour) func aStoreEvictedWhileLitestreamIsPausedLosesNothing() throws {
         let (_, daemon, client) = try Self.started(extra: "maxOpenStores: 2")
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
         let litestream = try ReplicationTests.litestreamPID(client)
@@ -267,6 +267,62 @@ import Varlink
         try Self.acknowledgeThenLoseTheHost("ida", daemon, client)
     }
 
+    /// The data directory's disk full (a loop-mounted ext4 filled by another file): writes are
+    /// refused by name (`StorageFailure`) — a durable one too, never acknowledged — reads and the
+    /// daemon go on; once space is back, writes and durable writes go through again, and after
+    /// the disk is lost the store is what it was at the last acknowledgement.
+    @Test(.enabled(if: getuid() == 0, "mounts a file system")) func aFullDiskRefusesWritesByNameAndLosesNothingAcknowledged() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try ReplicationTests.daemon(replica: replica.path, extra: "  durableTimeoutMilliseconds: 3000")
+        daemon.retained.append(replica)
+        let scratch = try TemporaryDirectory()
+        let image = scratch.path + "/data.img"
+        #expect(try run(["/usr/bin/truncate", "-s", "48M", image]).status == 0)
+        #expect(try run(["/sbin/mkfs.ext4", "-q", "-m", "0", image]).status == 0)
+        try FileManager.default.createDirectory(atPath: daemon.dataDirectory, withIntermediateDirectories: true)
+        let mount = try run(["/bin/mount", "-o", "loop", image, daemon.dataDirectory])
+        try #require(mount.status == 0, "\(mount.stderr)")
+        var mounted = true
+        defer { if mounted { _ = try? run(["/bin/umount", "-l", daemon.dataDirectory]) } }
+        try daemon.start()
+        let client = try daemon.connect()
+        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
+        try Self.execute("CREATE TABLE blobs (b BLOB)", for: "ann", on: client)
+        try Self.execute("INSERT INTO notes (title) VALUES ('other')", for: "bob", on: client)
+
+        // Another file takes every free block.
+        let filler = daemon.dataDirectory + "/filler"
+        _ = try run(["/bin/dd", "if=/dev/zero", "of=" + filler, "bs=1M"])
+        for attempt in 0..<3 {
+            #expect(ReplicationTests.isError("io.userstore.Store.StorageFailure") {
+                try Self.execute("INSERT INTO blobs VALUES (randomblob(4000000))", for: "ann", on: client, durable: attempt == 1)
+            }, "a write on a full disk was not refused as StorageFailure")
+        }
+        #expect(try LogEngineTests.titles("ann", client) == ["before"])
+        #expect(try LogEngineTests.titles("bob", client) == ["other"])
+        #expect(try client.call("io.userstore.Admin.Status")["replication"] != nil, "the daemon stopped answering")
+
+        // Space back: everything goes through again.
+        unlink(filler)
+        try Self.execute("INSERT INTO blobs VALUES (randomblob(4000000))", for: "ann", on: client)
+        try Self.execute("INSERT INTO notes (title) VALUES ('after the disk filled')", for: "ann", on: client, durable: true)
+        try Self.execute("INSERT INTO notes (title) VALUES ('other again')", for: "bob", on: client, durable: true)
+        let live = try Self.contents(try Self.storePath("ann", daemon))
+        #expect(live.contains("after the disk filled"))
+
+        // The disk lost: a new one, restored from the replica.
+        daemon.stop(signal: SIGKILL)
+        _ = try run(["/bin/umount", daemon.dataDirectory])
+        mounted = false
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        let again = try daemon.connect()
+        #expect(try again.call("io.userstore.Store.Open", ["user": "ann"])["created"] == false)
+        Self.expectSame(try Self.contents(try Self.storePath("ann", daemon)), live)
+        #expect(try LogEngineTests.titles("bob", again) == ["other", "other again"])
+        daemon.stop()
+    }
+
     /// `durableTimeoutMilliseconds` bounds a durable write from end to end: with replication
     /// stalled (Litestream paused; the log's folder made unwritable), the call returns
     /// ReplicationUnavailable after the time-out, within 10 %.
@@ -287,7 +343,7 @@ import Varlink
 
     /// Litestream never outlives its daemon: SIGKILL of the daemon alone ends it within a second
     /// (it runs tied to the daemon, PR_SET_PDEATHSIG), and it runs in the daemon's process group.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func litestreamEndsWithItsDaemon() throws {
+    @Test(.litestreamBehaviour) func litestreamEndsWithItsDaemon() throws {
         let (_, daemon, client) = try ReplicationTests.started()
         let litestream = try ReplicationTests.litestreamPID(client)
         #expect(litestream > 0)

@@ -49,8 +49,9 @@ import Varlink
         }
     }
 
-    /// Durable writes show on the dashboard: every sync asked of Litestream is counted and its
-    /// duration observed (`userstore_replication_sync_duration_seconds`).
+    /// Durable writes show on the dashboard: every log object written (with Litestream, every
+    /// sync asked of it) is counted and its duration observed
+    /// (`userstore_replication_sync_duration_seconds`).
     @Test func replicationSyncsAreCountedAndTimed() throws {
         let metricsSocket = try TemporaryDirectory().path + "-m.sock"
         let replica = try TemporaryDirectory()

@@ -40,7 +40,7 @@ import Varlink
     /// `DeleteStore` removes every object of the user — every LTX file of its history — before it
     /// answers, and nothing of a user whose name starts the same; a new daemon on an empty disk
     /// then starts the user empty. With the bucket cut off the erase is refused, nothing deleted.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func anEraseLeavesNothingOfTheUserInTheBucket() throws {
+    @Test(.litestreamBehaviour) func anEraseLeavesNothingOfTheUserInTheBucket() throws {
         let server = try SeaweedFS()
         let proxy = try CuttableProxy(to: server.port)
         let daemon = try Self.daemon(server, bucket: "erase", endpoint: "http://127.0.0.1:\(proxy.port)")
@@ -112,7 +112,7 @@ import Varlink
 
     /// Litestream's S3 client fails at once when `AWS_CA_BUNDLE` is set; the daemon starts it
     /// with an environment of its own, so a host that sets it replicates all the same.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aHostsAWSCABundleDoesNotReachLitestream() throws {
+    @Test(.litestreamBehaviour) func aHostsAWSCABundleDoesNotReachLitestream() throws {
         let server = try SeaweedFS()
         let daemon = try Self.daemon(server, bucket: "cabundle")
         let bundle = daemon.directory.path + "/ca.pem"
@@ -129,7 +129,7 @@ import Varlink
     /// counted it: at least one PUT and its bytes for every object the bucket holds (boto3's
     /// listing). A killed Litestream's successor counts from zero; the daemon's totals go on
     /// from where they were and take in what the new one sends.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func theBucketsTrafficIsOnTheDashboard() throws {
+    @Test(.litestreamBehaviour) func theBucketsTrafficIsOnTheDashboard() throws {
         let server = try SeaweedFS()
         let metricsSocket = try TemporaryDirectory().path + "-m.sock"
         let port = try EtcdCluster.freePorts(1)[0]

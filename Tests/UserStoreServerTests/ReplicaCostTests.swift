@@ -24,10 +24,10 @@ import Varlink
 
     /// New users are looked up in the replica without a `litestream restore` each; a user the
     /// replica holds and this host lost is still brought back (by one).
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aNewUserCostsNoLitestreamProcess() throws {
+    @Test(.litestreamBehaviour) func aNewUserCostsNoLitestreamProcess() throws {
         let replica = try TemporaryDirectory(), tools = try TemporaryDirectory()
         let (litestream, log) = try Self.recordingLitestream(in: tools)
-        let config = "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestream)\n"
+        let config = "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestream)\n  engine: \(ReplicationTests.engine)\n"
         let first = try DaemonHarness(extraConfig: config)
         try first.start()
         let client = try first.connect()
@@ -48,7 +48,7 @@ import Varlink
 
     /// Sixteen connections write durably to one store at once: every write is acknowledged and
     /// in the replica, and they shared syncs (group commit) — fewer syncs than writes.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func concurrentDurableWritesShareSyncs() throws {
+    @Test(.litestreamBehaviour) func concurrentDurableWritesShareSyncs() throws {
         let (replica, daemon, client) = try ReplicationTests.started()
         defer { _ = daemon.stop() }
         try ReplicationTests.insert("first", for: "shared", on: client, durable: true)
@@ -96,7 +96,7 @@ import Varlink
     /// its WAL at close, so the next registration finds Litestream's position in it and goes on
     /// from there (before, every reopen shipped a snapshot: a 10 MB store, 10 MB). And the
     /// replica built that way still restores to exactly the live store.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func reopeningAStoreShipsOnlyWhatChanged() throws {
+    @Test(.litestreamBehaviour) func reopeningAStoreShipsOnlyWhatChanged() throws {
         let (replica, daemon, client) = try ReplicationTests.started(extra: "maxOpenStores: 1")
         defer { _ = daemon.stop() }
         let size = 10 * 1_048_576
@@ -126,7 +126,7 @@ import Varlink
     /// opening the stores (which would register each with Litestream) and without removing the
     /// WALs (which would make their next reopen ship a snapshot).
     /// (Litestream only: the log engine checkpoints a store whose records are stored as it closes.)
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aRestartReadsKeptWALsWithoutOpeningTheStores() throws {
+    @Test(.litestreamBehaviour) func aRestartReadsKeptWALsWithoutOpeningTheStores() throws {
         let (_, daemon, client) = try ReplicationTests.started()
         let users = ["kim", "lee", "max"]
         for user in users { try ReplicationTests.insert("kept", for: user, on: client, durable: true) }

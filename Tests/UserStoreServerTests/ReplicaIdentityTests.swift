@@ -137,7 +137,7 @@ import Varlink
         _ = try daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])
         #expect(daemon.stop() == 0)
         let before = FileManager.default.subpaths(atPath: theirs.path)?.sorted()
-        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(theirs.path)\"\n  litestream: \(litestreamPath)\n")
+        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(theirs.path)\"\n  litestream: \(litestreamPath)\n  engine: \(ReplicationTests.engine)\n")
         try daemon.start(waitForReady: false)
         #expect(daemon.waitForExit() == 78)
         #expect(daemon.stderr.contains("ReplicaMismatch"), "\(daemon.stderr)")
@@ -153,7 +153,7 @@ import Varlink
         try daemon.start()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('local')", for: "ann", on: try daemon.connect())
         #expect(daemon.stop() == 0)
-        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestreamPath)\n")
+        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestreamPath)\n  engine: \(ReplicationTests.engine)\n")
         try daemon.start()
         defer { daemon.stop() }
         let client = try daemon.connect()
@@ -177,7 +177,7 @@ import Varlink
     /// A replica made before markers existed (its files directly under each user's folder, no
     /// marker, no lease) is adopted by a new host: the marker is written, and a lost user comes
     /// back from the old layout.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aReplicaFromBeforeMarkersIsAdoptedAndRestoresFromItsOldLayout() throws {
+    @Test(.litestreamBehaviour) func aReplicaFromBeforeMarkersIsAdoptedAndRestoresFromItsOldLayout() throws {
         let replica = try TemporaryDirectory()
         let daemon = try ReplicationTests.daemon(replica: replica.path)
         defer { daemon.stop() }

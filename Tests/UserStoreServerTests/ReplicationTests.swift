@@ -7,21 +7,28 @@ import UserStoreConfiguration
 import UserStoreReplication
 import Varlink
 
-/// Replication through a real Litestream 0.5.17 (`.build/testenv/bin/litestream`, installed by
-/// scripts/install-deps.sh) to a `file://` replica: the disaster, eviction, a Litestream crash,
-/// a damaged replica. docs/replication.md quotes the figures the disaster test prints.
+/// Replication to a `file://` replica, through the daemon's own log (the default) or a real
+/// Litestream 0.5.17 (`.build/testenv/bin/litestream`, installed by scripts/install-deps.sh):
+/// the disaster, eviction, a Litestream crash, a damaged replica. docs/replication.md quotes the
+/// figures the disaster test prints.
 @Suite(.serialized) struct ReplicationTests {
     /// A daemon replicating to `replica` (a folder), with Litestream as its child.
     static func daemon(replica: String, extra: String = "") throws -> DaemonHarness {
         try daemon(replicaURL: "file://" + replica, extra: extra)
     }
 
-    /// The replication engine the suites run on: `USERSTORE_TEST_ENGINE` (`litestream`, the
-    /// default, or `log`).
-    static let engine = ProcessInfo.processInfo.environment["USERSTORE_TEST_ENGINE"] ?? "litestream"
+    /// The replication engine a test runs on: Litestream for a test of Litestream's own
+    /// behaviour (``Trait/litestreamBehaviour``), otherwise `USERSTORE_TEST_ENGINE` (`log`, the
+    /// daemon's default, or `litestream`).
+    static var engine: String {
+        forcedEngine ?? ProcessInfo.processInfo.environment["USERSTORE_TEST_ENGINE"] ?? "log"
+    }
 
-    /// A daemon replicating to `replicaURL` (`file://…`, `s3://…`), with Litestream as its child
-    /// (or the daemon's own log, with `USERSTORE_TEST_ENGINE=log`).
+    /// Set for the tests of Litestream's own behaviour, while they run.
+    @TaskLocal static var forcedEngine: String?
+
+    /// A daemon replicating to `replicaURL` (`file://…`, `s3://…`) on ``engine``: the daemon's
+    /// own log, or Litestream as its child.
     static func daemon(replicaURL: String, extra: String = "") throws -> DaemonHarness {
         try DaemonHarness(extraConfig: """
             replication:
@@ -93,8 +100,7 @@ import Varlink
         }
     }
 
-    /// Whether the suites run on Litestream: its own tests (its process, its control socket, its
-    /// restore) run only then.
+    /// Whether this test runs on Litestream.
     static var onLitestream: Bool { engine == "litestream" }
 
     /// The replica's copy of `user`'s store, restored by Litestream itself into `directory`.
@@ -219,7 +225,7 @@ import Varlink
 
     /// A store closed to make room is synced and unregistered first: the replica has its last
     /// write the moment it is evicted, and Litestream no longer holds it.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func evictionUnregistersAfterAFinalSync() throws {
+    @Test(.litestreamBehaviour) func evictionUnregistersAfterAFinalSync() throws {
         let (replica, daemon, client) = try Self.started(extra: "maxOpenStores: 2")
         try Self.insert("first", for: "ann", on: client)
         try Self.insert("last before eviction", for: "ann", on: client)
@@ -247,7 +253,7 @@ import Varlink
     /// Litestream SIGKILLed while writes go on: the writes keep succeeding, durable ones fail
     /// with ReplicationUnavailable until it is back; the daemon starts it again and registers
     /// every open store again; the replica then has the writes made meanwhile.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func litestreamKilledAndRestartedWhileWritesContinue() throws {
+    @Test(.litestreamBehaviour) func litestreamKilledAndRestartedWhileWritesContinue() throws {
         let (replica, daemon, client) = try Self.started()
         for user in ["dan", "eve"] {
             try Self.insert("before", for: user, on: client, durable: true)
@@ -290,7 +296,7 @@ import Varlink
     /// daemon (`startLitestream: false`), so the outage lasts exactly as long as the test says:
     /// a 2 MB write it has replicated, then, while it is down, a 5 MB write (past the
     /// 1,000-page checkpoint threshold) and a small one after the checkpoint.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func writesCheckpointedWhileLitestreamIsDownReachTheReplica() throws {
+    @Test(.litestreamBehaviour) func writesCheckpointedWhileLitestreamIsDownReachTheReplica() throws {
         let replica = try TemporaryDirectory()
         let runtime = try TemporaryDirectory()
         let socket = runtime.path + "/litestream.sock"
@@ -346,7 +352,7 @@ import Varlink
     /// A replica whose files are damaged: restoring from it is refused with ReplicaDamaged and
     /// the good local store stays; a user whose store is missing here gets ReplicaDamaged and
     /// no empty store in its place; other users are served meanwhile.
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour")) func aDamagedReplicaNeverReplacesAGoodStore() throws {
+    @Test(.litestreamBehaviour) func aDamagedReplicaNeverReplacesAGoodStore() throws {
         let (replica, daemon, client) = try Self.started()
         try Self.insert("precious", for: "fay", on: client, durable: true)
         daemon.stop()
@@ -441,4 +447,17 @@ import Varlink
         #expect(try client.call("io.userstore.Store.Query", ["user": "kim", "sql": "SELECT count(*) FROM notes"])["rows"] == [[0]])
         daemon.stop()
     }
+}
+
+/// Runs a test on Litestream whatever `USERSTORE_TEST_ENGINE` says: Litestream's own behaviour
+/// (its process, its control socket, its restore), tested while the daemon still has it.
+struct LitestreamBehaviour: TestTrait, TestScoping {
+    func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
+        try await ReplicationTests.$forcedEngine.withValue("litestream") { try await function() }
+    }
+}
+
+extension Trait where Self == LitestreamBehaviour {
+    /// A test of Litestream's own behaviour: run on Litestream.
+    static var litestreamBehaviour: Self { LitestreamBehaviour() }
 }

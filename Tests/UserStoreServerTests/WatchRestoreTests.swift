@@ -10,7 +10,7 @@ import Varlink
 @Suite(.serialized) struct WatchRestoreTests {
     let watches = WatchTests()
 
-    @Test(.enabled(if: ReplicationTests.onLitestream, "Litestream's own behaviour"), .timeLimit(.minutes(5)))
+    @Test(.litestreamBehaviour, .timeLimit(.minutes(5)))
     func aWatcherResumingPastWhatTheReplicaHadIsToldToReRead() throws {
         let (_, daemon, client) = try DurabilityTests.started(extra: WatchTests.watchOn)
         defer { daemon.stop() }

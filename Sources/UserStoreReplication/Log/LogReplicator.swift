@@ -53,7 +53,7 @@ package final class LogReplicator: ReplicationEngine {
     private let uploading = Mutex<Task<Void, Never>?>(nil)
 
     package init(settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, incarnation: Int,
-                 cluster: (any ReplicaFencing)? = nil, logger: Logger) {
+                 cluster: (any ReplicaFencing)? = nil, logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil) {
         self.settings = settings
         self.layout = layout
         storage = setup.storage
@@ -67,7 +67,7 @@ package final class LogReplicator: ReplicationEngine {
                                origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
                                              epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/",
                                              cluster: cluster != nil),
-                               index: index)
+                               index: index, stored: syncDuration)
         let gate = ReadWriteLock()
         restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
@@ -91,7 +91,7 @@ package final class LogReplicator: ReplicationEngine {
 
     /// The engine on `setup`'s replica: this start's incarnation recorded, the uploader ready.
     package static func start(_ settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, cluster: (any ReplicaFencing)? = nil,
-                              logger: Logger) throws(ReplicaSetup.Refusal) -> LogReplicator {
+                              logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil) throws(ReplicaSetup.Refusal) -> LogReplicator {
         guard let identity = setup.identity, setup.lease != nil || cluster != nil else {
             throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log needs a file:// or s3:// replica", name: nil)
         }
@@ -101,7 +101,8 @@ package final class LogReplicator: ReplicationEngine {
         } catch {
             throw ReplicaSetup.Refusal(code: .unavailable, description: "recording this start in \(layout.replicaBindingPath): \(error)", name: nil)
         }
-        let replicator = LogReplicator(settings: settings, setup: setup, layout: layout, incarnation: incarnation, cluster: cluster, logger: logger)
+        let replicator = LogReplicator(settings: settings, setup: setup, layout: layout, incarnation: incarnation, cluster: cluster, logger: logger,
+                                       syncDuration: syncDuration)
         let uploader = replicator.uploader
         replicator.uploading.withLock { $0 = Task { await uploader.run() } }
         return replicator

@@ -127,14 +127,19 @@ package final class LogUploader: Sendable {
     package let settings: Settings
     /// Told of every object stored, with its users.
     package let index: LogIndex?
+    /// Told how long each object took, from its first try until it was stored (the metrics'
+    /// sync duration: what a durable write waits for).
+    package let objectStored: (@Sendable (Duration) -> Void)?
     private let state: Mutex<State>
 
-    package init(storage: ReplicaStorage, origin: Origin, settings: Settings = Settings(), index: LogIndex? = nil) {
+    package init(storage: ReplicaStorage, origin: Origin, settings: Settings = Settings(), index: LogIndex? = nil,
+                 stored: (@Sendable (Duration) -> Void)? = nil) {
         state = Mutex(State(epoch: origin.epoch))
         self.storage = storage
         self.origin = origin
         self.settings = settings
         self.index = index
+        self.objectStored = stored
     }
 
     /// The key of the object with `sequence` (16 hex digits: listed in order).
@@ -284,6 +289,8 @@ package final class LogUploader: Sendable {
         let bytes = segment.encoded(level: 1)
         let key = key(of: batch.sequence)
         var delay = Duration.milliseconds(100)
+        let begun = ContinuousClock.now
+        defer { objectStored?(ContinuousClock.now - begun) }
         while true {
             do {
                 try await BlockingPool.run { [storage] in try storage.put(key, bytes) }

@@ -104,7 +104,8 @@ public enum Daemon {
                                                                   fencing: cluster, logger: logger,
                                                                   syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
                 case .log:
-                    replicator = try LogReplicator.start(settings, setup: setup, layout: layout, cluster: cluster, logger: logger)
+                    replicator = try LogReplicator.start(settings, setup: setup, layout: layout, cluster: cluster, logger: logger,
+                                                         syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
                 }
             } catch {
                 var metadata: Logger.Metadata = ["event": "daemon-failed"]
