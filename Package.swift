@@ -136,7 +136,7 @@ let package = Package(
         .executableTarget(
             name: "userstorectl",
             dependencies: [
-                "UserStoreCtl", "UserStoreCore", "Varlink", "UserStoreConfiguration",
+                "UserStoreCtl", "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreReplication",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

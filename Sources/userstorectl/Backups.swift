@@ -1,4 +1,7 @@
 import ArgumentParser
+import UserStoreConfiguration
+import UserStoreCore
+import UserStoreReplication
 import UserStoreCtl
 import Varlink
 
@@ -21,7 +24,7 @@ extension UserStoreCtlCommand {
         }
     }
 
-    struct Restore: ParsableCommand {
+    struct Restore: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Replace a user's store with one of its backups (the live store is copied first).",
             discussion: """
@@ -29,6 +32,11 @@ extension UserStoreCtlCommand {
                 comes back from the replication replica (docs/replication.md): its latest state, or its state at \
                 --timestamp (RFC 3339). Either way the copy is integrity-checked first, the live store is kept as a \
                 backup (reason before-restore), and the next request migrates the restored store as usual.
+
+                With --from-replica --offline --to PATH no daemon is asked: the store is rebuilt from the replica's \
+                log (replication.engine: log) named by --config, integrity-checked and written to PATH, a new file; \
+                the data directory is not touched. Exit 1 with the error's name (NoSuchStore, ReplicaDamaged, \
+                ReplicationUnavailable, StorageFailure) when nothing is written.
                 """)
 
         @OptionGroup var connection: ConnectionOptions
@@ -45,19 +53,63 @@ extension UserStoreCtlCommand {
         @Option(help: "With --from-replica: the point in time to restore (RFC 3339, e.g. 2026-11-23T18:00:00Z); default the latest.")
         var timestamp: String?
 
+        @Flag(help: "With --from-replica: read the replica directly, no daemon needed; writes the store to --to.")
+        var offline = false
+
+        @Option(help: "With --offline: the daemon's configuration file, for its replica and credentials.")
+        var config = "/etc/userstore/userstored.yaml"
+
+        @Option(help: "With --offline: where to write the store (a new file; nothing is overwritten).")
+        var to: String?
+
         func validate() throws {
             if fromReplica && backup != nil { throw ValidationError("give a BACKUP or --from-replica, not both") }
             if !fromReplica && backup == nil { throw ValidationError("missing BACKUP (or --from-replica)") }
             if timestamp != nil && !fromReplica { throw ValidationError("--timestamp needs --from-replica") }
+            if offline && !fromReplica { throw ValidationError("--offline needs --from-replica") }
+            if offline != (to != nil) { throw ValidationError("--offline and --to PATH go together") }
+            if let timestamp, RFC3339.parse(timestamp) == nil { throw ValidationError("--timestamp must be an RFC 3339 time, e.g. 2026-11-23T18:00:00Z (got \"\(timestamp)\")") }
         }
 
-        func run() throws {
+        func run() async throws {
+            if offline { return try await restoreOffline() }
             if fromReplica { return try restoreFromReplica() }
             let backup = self.backup!
             let result = try connection.client().call("io.userstore.Admin.RestoreStore", ["user": .string(user), "backup": .string(backup)])
             if connection.json { return connection.output.jsonLine(.object(result)) }
             print("restored the store of '\(user)' from \(Output.cell(result["backup"]?["path"])) (schema version \(Output.cell(result["schemaVersion"])))")
             if let previous = result["previous"]?.stringValue { print("the previous store is kept as \(previous)") }
+        }
+
+        /// `--from-replica --offline --to PATH`: the store rebuilt by this process from the replica.
+        private func restoreOffline() async throws {
+            let configuration: DaemonConfiguration
+            do {
+                configuration = try await ConfigurationLoader.load(path: config)
+            } catch {
+                throw CtlError(.usage, "\(error)")
+            }
+            guard let settings = configuration.replication else {
+                throw CtlError(.usage, "\(config) has no replication section: there is no replica to restore from")
+            }
+            let user = self.user, path = to!, when = timestamp.flatMap(RFC3339.parse)
+            let started = ContinuousClock.now
+            let restored: LogRestorer.Restored
+            do {
+                restored = try await BlockingPool.run {
+                    try OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when)
+                }
+            } catch let failure as OfflineRestore.Failure {
+                throw CtlError(.someFailed, "\(failure.name): \(failure.description)")
+            }
+            let elapsed = ContinuousClock.now - started
+            let milliseconds = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
+            if connection.json {
+                return connection.output.jsonLine(.object(["user": .string(user), "path": .string(path), "txid": .integer(Int64(restored.txid)),
+                                                           "epoch": .integer(restored.epoch), "pages": .integer(Int64(restored.databasePages))]))
+            }
+            print("wrote the store of '\(user)' from the replica to \(path)\(timestamp.map { " as of \($0)" } ?? "") "
+                  + "(\(restored.databasePages) pages, \(String(format: "%.1f", milliseconds)) ms)")
         }
 
         private func restoreFromReplica() throws {

@@ -12,7 +12,8 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
         discussion: """
             Talks to userstored over its socket (so it never races the daemon for a file); \
             status, verify and migrate also work --offline on the data directory while the \
-            daemon is stopped.
+            daemon is stopped, and restore --from-replica --offline --to PATH writes a user's \
+            store from the replica with no daemon at all.
 
             The shared options --socket, --json, --offline and --config may come before the \
             subcommand's name as well as after it: `userstorectl --socket PATH cluster status`.

@@ -468,6 +468,42 @@ import Varlink
         #expect(rows == [[8001, 1]])
     }
 
+    /// `userstorectl restore USER --from-replica --offline --to PATH`, the daemon gone with its
+    /// disk: userstorectl alone writes the user's store from the replica — its latest state, and
+    /// its state at a point in time — a user the replica never held is `NoSuchStore` (exit 1), and
+    /// an existing PATH is never overwritten.
+    @Test(arguments: ["file", "s3"]) func userstorectlRestoresAUserFromTheReplicaWithNoDaemon(kind: String) throws {
+        let setup = try Setup(kind)
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('first')", for: "ann", on: client, durable: true)
+        let between = Date()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('second')", for: "ann", on: client, durable: true)
+        setup.daemon.stop(signal: SIGKILL)
+        try FileManager.default.removeItem(atPath: setup.daemon.dataDirectory)
+
+        let out = try TemporaryDirectory()
+        func restore(_ user: String, to name: String, _ extra: [String] = []) throws -> (status: Int32, stdout: String, stderr: String) {
+            try run([userstorectlPath, "restore", user, "--from-replica", "--offline", "--config", setup.daemon.configPath,
+                     "--to", out.path + "/" + name] + extra, environment: setup.server?.environment ?? [:])
+        }
+        func titles(_ name: String) throws -> [String] {
+            try run(["/usr/bin/sqlite3", "-readonly", out.path + "/" + name, "SELECT title FROM notes ORDER BY id"]).stdout.split(separator: "\n").map(String.init)
+        }
+        let latest = try restore("ann", to: "ann.sqlite")
+        #expect(latest.status == 0 && latest.stdout.contains("wrote the store of 'ann'"), "\(latest)")
+        #expect(try titles("ann.sqlite") == ["first", "second"])
+        let then = try restore("ann", to: "ann-then.sqlite", ["--timestamp", ReplicationTests.rfc3339(between)])
+        #expect(then.status == 0, "\(then)")
+        #expect(try titles("ann-then.sqlite") == ["first"])
+        let nobody = try restore("nobody", to: "nobody.sqlite")
+        #expect(nobody.status == 1 && nobody.stderr.contains("NoSuchStore"), "\(nobody)")
+        #expect(!FileManager.default.fileExists(atPath: out.path + "/nobody.sqlite"))
+        let again = try restore("ann", to: "ann.sqlite")
+        #expect(again.status == 1 && again.stderr.contains("exists"), "\(again)")
+        #expect(try titles("ann.sqlite") == ["first", "second"])
+    }
+
     /// A point-in-time restore, then a write: the store starts a new stream, so the write never
     /// shares a txid with the commit the restore went back past — after the disk is lost the user
     /// has the write, not that commit.
