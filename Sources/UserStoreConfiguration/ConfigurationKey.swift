@@ -59,6 +59,7 @@ public enum ConfigurationKey: String, CaseIterable, Sendable {
     case replicationLeaseSeconds = "replication.leaseSeconds"
     case replicationEngine = "replication.engine"
     case replicationFoldSeconds = "replication.foldSeconds"
+    case replicationBatchMilliseconds = "replication.batchMilliseconds"
     case replicationLitestreamMetricsAddress = "replication.litestreamMetricsAddress"
     case replicationS3Endpoint = "replication.s3.endpoint"
     case replicationS3Region = "replication.s3.region"

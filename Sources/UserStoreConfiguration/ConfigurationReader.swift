@@ -255,6 +255,7 @@ extension ConfigurationLoader {
                 settings.engine = .litestream
             }
             settings.foldSeconds = try int(.replicationFoldSeconds, minimum: 0, maximum: 86_400) ?? 60
+            settings.batchMilliseconds = try int(.replicationBatchMilliseconds, minimum: 0, maximum: 10_000) ?? 5
             if let address = try string(.replicationLitestreamMetricsAddress) {
                 guard case .tcp = MetricsAddress(address) else {
                     throw error(.replicationLitestreamMetricsAddress, "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")

@@ -109,6 +109,11 @@ public struct ReplicationSettings: Sendable, Equatable {
     /// deleted (`replication.foldSeconds`; 0: as soon as they are stored). Shorter: a smaller
     /// log for a restore to read, more per-user objects written.
     public var foldSeconds: Int = 60
+    /// With the log engine: while a log object is being written, the next begins once it is
+    /// stored or once its oldest commit has waited this long (`replication.batchMilliseconds`;
+    /// 0: at once, up to four objects in flight; 5 measured best, docs/performance.md). Longer:
+    /// fewer PUTs, a little more latency.
+    public var batchMilliseconds: Int = 5
 
     /// `replication.engine`.
     public enum Engine: String, Sendable, Equatable {

@@ -6,6 +6,15 @@ import UserStoreS3
 struct ObjectStoreScenario: Scenario {
     let bench: Bench
 
+    /// The log objects the daemon on `socket` wrote since it started (nil: not the log engine).
+    func objectsWritten(_ socket: String) async throws -> Int64? {
+        let client = UserStoreClient(socketPath: socket)
+        try await client.connect()
+        let status = try? await client.call("io.userstore.Admin.Status")
+        await client.shutdown()
+        return status?["replication"]?["log"]?["objectsWritten"]?.integerValue
+    }
+
     /// What replication to a bucket costs per new user and per durable write (issue #38), side by
     /// side with replication off in the same run: SeaweedFS (scripts/s3.sh, its own port) over
     /// its S3 API on loopback; Litestream as the daemon's child; the C client drives the writes.
@@ -22,13 +31,25 @@ struct ObjectStoreScenario: Scenario {
         // The daemon reads the bucket's credentials from its environment (inherited).
         setenv("AWS_ACCESS_KEY_ID", "userstore-dev", 1)
         setenv("AWS_SECRET_ACCESS_KEY", "userstore-dev-secret", 1)
-        let replica = "s3://userstore/bench-\(getpid())?endpoint=http://127.0.0.1:\(port)&region=us-east-1&forcePathStyle=true"
-        let modes: [(name: String, config: String)] = [
-            ("replication off", ""),
-            ("replication on S3, durableWrites", "replication:\n  replica: \"\(replica)\"\n  litestream: \(litestream)\n  durableWrites: true"),
-            // The daemon's own log ([hostlog]): its own prefix, so that its lease and marker are apart.
-            ("host log on S3, durableWrites", "replication:\n  replica: \"\(replica.replacingOccurrences(of: "bench-\(getpid())?", with: "bench-\(getpid())-log?"))\"\n  engine: log\n  durableWrites: true"),
+        // Each mode its own prefix, so that leases and markers are apart; the reopen measurement
+        // another (the users' names repeat).
+        let pid = getpid()
+        func replica(_ prefix: String) -> String {
+            "s3://userstore/\(prefix)?endpoint=http://127.0.0.1:\(port)&region=us-east-1&forcePathStyle=true"
+        }
+        let modes: [(name: String, prefix: String?, settings: String)] = [
+            ("replication off", nil, ""),
+            ("Litestream on S3, durableWrites", "bench-\(pid)", "  engine: litestream\n  litestream: \(litestream)\n  durableWrites: true"),
+            // The daemon's own log ([hostlog]) with its defaults, then other batch times: fewer
+            // objects per write, for what latency.
+            ("host log on S3, durableWrites", "bench-\(pid)-log", "  engine: log\n  durableWrites: true"),
+            ("host log on S3, durableWrites, batchMilliseconds 0", "bench-\(pid)-log0", "  engine: log\n  durableWrites: true\n  batchMilliseconds: 0"),
+            ("host log on S3, durableWrites, batchMilliseconds 20", "bench-\(pid)-log20", "  engine: log\n  durableWrites: true\n  batchMilliseconds: 20"),
         ]
+        func config(_ index: Int, reopen: Bool = false) -> String {
+            guard let prefix = modes[index].prefix else { return "" }
+            return "replication:\n  replica: \"\(replica(prefix + (reopen ? "-reopen" : "")))\"\n" + modes[index].settings
+        }
         // The floor: one PUT of a log object's size (4 KiB, one page and its framing), one at a
         // time, on the same SeaweedFS in the same run.
         let floor = try await putFloor(endpoint: "http://127.0.0.1:\(port)")
@@ -37,7 +58,7 @@ struct ObjectStoreScenario: Scenario {
         var newStoreP50: [Double] = [], reopenP50: [Double] = [], durable: [String: LoadGenerator.Result] = [:]
         for (index, mode) in modes.enumerated() {
             let fleet = try await kvFleet(name: "s3-\(index)", count: 8, rows: 0)
-            let (daemon, socket) = try env.startDaemon(name: "s3-\(index)", data: fleet.data, migrations: fleet.migrations, extra: mode.config)
+            let (daemon, socket) = try env.startDaemon(name: "s3-\(index)", data: fleet.data, migrations: fleet.migrations, extra: config(index))
             defer { env.stop(daemon) }
             // New users, one at a time: the lookup in the replica, the store, its migration, its
             // registration with Litestream.
@@ -52,12 +73,8 @@ struct ObjectStoreScenario: Scenario {
             await client.shutdown()
             let latencies = Latencies(samples: samples)
             newStoreP50.append(latencies.percentile(0.5))
-            // Its own replica folder: the users' names repeat.
-            let reopenConfig = mode.config.replacingOccurrences(of: "bench-\(getpid())?", with: "bench-\(getpid())-reopen?")
-                .replacingOccurrences(of: "bench-\(getpid())-log?", with: "bench-\(getpid())-log-reopen?")
-            reopenP50.append(try await reopenCost(mode: mode.name, index: index, config: reopenConfig, baselineP50: reopenP50.first,
-                                                  bucketPrefix: [nil, "bench-\(getpid())-reopen/", "bench-\(getpid())-log-reopen/"][index],
-                                                  s3Endpoint: "http://127.0.0.1:\(port)"))
+            reopenP50.append(try await reopenCost(mode: mode.name, index: index, config: config(index, reopen: true), baselineP50: reopenP50.first,
+                                                  bucketPrefix: mode.prefix.map { $0 + "-reopen/" }, s3Endpoint: "http://127.0.0.1:\(port)"))
             let ratio = index == 0 ? "" : String(format: "%.2f× replication off (p50)", latencies.percentile(0.5) / max(newStoreP50[0], 1))
             record(Measurement(scenario: "8. replication on S3", subject: "new store (lookup, create, migrate, register), \(mode.name)",
                                value: Double(samples.count) / (Double(samples.reduce(0, +)) / 1e9), unit: "stores/s",
@@ -66,6 +83,7 @@ struct ObjectStoreScenario: Scenario {
             // are created by their first write).
             guard let load else { continue }
             for writers in [8, 64] {
+                let objectsBefore = try await objectsWritten(socket)
                 let result = load.run(socket: socket, connections: writers, seconds: seconds,
                                       LoadGenerator.Workload(method: "io.userstore.Store.Execute", sql: "INSERT INTO kv (value) VALUES ('durable write')",
                                                              rows: 0, users: writers, userPerConnection: true))
@@ -76,6 +94,10 @@ struct ObjectStoreScenario: Scenario {
                 }
                 if index > 0 {
                     note += String(format: "; p50 %.2f×, p99 %.2f× one PUT's", result.p50 / max(floor.percentile(0.5), 1), result.p99 / max(floor.percentile(0.99), 1))
+                }
+                if let before = objectsBefore, let after = try await objectsWritten(socket), result.requests > 0 {
+                    // One PUT per log object, and one GET of the writer lease after it.
+                    note += String(format: "; %.3f log objects per write", Double(after - before) / Double(result.requests))
                 }
                 record(Measurement(scenario: "8. replication on S3", subject: "INSERT, \(mode.name), \(writers) writers on \(writers) stores",
                                    value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))

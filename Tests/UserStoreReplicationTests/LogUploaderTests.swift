@@ -17,9 +17,10 @@ import UserStoreCore
                   pages: [WALCapture.Page(number: 1, data: [UInt8](repeating: UInt8(truncatingIfNeeded: txid), count: 4096))])
     }
 
-    static func uploader(_ storage: ReplicaStorage, inFlight: Int = 2) -> LogUploader {
+    static func uploader(_ storage: ReplicaStorage, inFlight: Int = 2, batchMilliseconds: Int = 0) -> LogUploader {
         var settings = LogUploader.Settings()
         settings.maxInFlight = inFlight
+        settings.batchMilliseconds = batchMilliseconds
         return LogUploader(storage: storage, origin: .init(host: "h", dataDirectory: "d", incarnation: "i", epoch: 1, folder: "log/e1/d/i/"),
                            settings: settings)
     }
@@ -92,6 +93,37 @@ import UserStoreCore
         #expect(uploader.stored == 3 && uploader.snapshot.stored == 3)
         let records = try Self.readBack(storage).records
         #expect(records.map(\.user) == ["ann", "bob", "ann"] && records.filter { $0.user == "ann" }.map(\.txid) == [1, 2])
+    }
+
+    /// `batchMilliseconds`: while an object is being written (held back here by a folder in the
+    /// way of its key), other stores' records wait for it rather than start objects of their
+    /// own — and go together once it is stored (a day's batch time) or once the oldest of them
+    /// has waited the batch time (300 ms), whichever comes first.
+    @Test(arguments: [86_400_000, 300]) func recordsWaitForTheObjectInFlightUpToTheBatchTime(batchMilliseconds: Int) async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
+        let uploader = Self.uploader(storage, inFlight: 4, batchMilliseconds: batchMilliseconds)
+        let blocker = folder.path + "/" + uploader.key(of: 1)
+        try FileManager.default.createDirectory(atPath: blocker + "/in-the-way", withIntermediateDirectories: true)
+        let running = Task { await uploader.run() }
+        defer { running.cancel() }
+        let first = try #require(uploader.append(Self.record("ann", 1)))
+        while uploader.snapshot.lastError == nil { try await Task.sleep(for: .milliseconds(10)) }
+        let others = try ["bob", "cy", "dan"].map { try #require(uploader.append(Self.record($0, 1))) }
+        if batchMilliseconds > 1000 {
+            // Held until the object in flight is stored (a slot was free for each of them).
+            #expect(await !uploader.waitUntilStored(others[0], until: .now + .milliseconds(500)), "a record went out while an object was in flight")
+            try FileManager.default.removeItem(atPath: blocker)
+        } else {
+            // The batch time passed: they go, together, while the first object still cannot.
+            #expect(await uploader.waitUntilStored(others[2], until: .now + .seconds(10)))
+            #expect(!uploader.isStored(first))
+            try FileManager.default.removeItem(atPath: blocker)
+        }
+        #expect(await uploader.flush(until: .now + .seconds(30)))
+        let (objects, records) = try Self.readBack(storage)
+        #expect(objects == 2, "\(objects) objects for a record in flight and three waiting")
+        #expect(Set(records.map(\.user)) == ["ann", "bob", "cy", "dan"])
     }
 
     /// A wait that ended because its record was stored leaves nothing behind: its deadline's

@@ -75,8 +75,11 @@ extension LogReplicator {
         guard !owned.isEmpty else { return }
         do {
             try await BlockingPool.run { try self.fenceBuckets(owned) }
+            state.withLock { $0.fenceFailing = false }
         } catch {
-            logger.warning("fencing the log for the buckets this host took: \(error); tried again in a second, and before any of their users is restored",
+            // Once per outage: it is tried again every second.
+            guard state.withLock({ state in defer { state.fenceFailing = true }; return !state.fenceFailing }) else { return }
+            logger.warning("fencing the log for the buckets this host took: \(error); tried again every second, and before any of their users is restored",
                            metadata: ["event": "replication-degraded"])
         }
     }

@@ -40,6 +40,8 @@ package final class LogReplicator: ReplicationEngine {
         var foldError: String?
         /// Since when writing log objects fails (nil: it does not).
         var uploadsFailingSince: Date?
+        /// Fencing the buckets this host took fails (said once until it works again).
+        var fenceFailing = false
     }
 
     let state = Mutex(State())
@@ -67,7 +69,7 @@ package final class LogReplicator: ReplicationEngine {
                                origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
                                              epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/",
                                              cluster: cluster != nil),
-                               index: index, stored: syncDuration)
+                               settings: Self.uploaderSettings(settings), index: index, stored: syncDuration)
         let gate = ReadWriteLock()
         restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
@@ -109,6 +111,13 @@ package final class LogReplicator: ReplicationEngine {
     }
 
     package var durableDeadline: ContinuousClock.Instant { .now + .milliseconds(settings.durableTimeoutMilliseconds) }
+
+    /// How the uploader batches, from `replication.*`.
+    static func uploaderSettings(_ settings: ReplicationSettings) -> LogUploader.Settings {
+        var uploader = LogUploader.Settings()
+        uploader.batchMilliseconds = settings.batchMilliseconds
+        return uploader
+    }
 
     // MARK: StoreReplication
 

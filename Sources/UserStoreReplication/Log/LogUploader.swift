@@ -20,6 +20,11 @@ package final class LogUploader: Sendable {
     package struct Settings: Sendable {
         /// Objects being written at once.
         package var maxInFlight = 4
+        /// While an object is being written, the next one begins once that one is stored or once
+        /// its oldest record has waited this long (`replication.batchMilliseconds`); 0: at once,
+        /// whenever a slot is free. Longer: fewer, larger objects — fewer PUTs — for a little
+        /// latency under load.
+        package var batchMilliseconds = 0
         /// An object closes at this many bytes of records (more wait for the next).
         package var maxObjectBytes = 16 << 20
         /// Records waiting to be written, past which ``append(_:)`` refuses more (the replica has
@@ -252,31 +257,57 @@ package final class LogUploader: Sendable {
     /// The next object's records, once some wait and a slot is free; nil once cancelled.
     private func nextBatch() async -> (sequence: UInt64, epoch: Int64, records: [LogRecord])? {
         while !Task.isCancelled {
-            let batch = state.withLock { state -> (UInt64, Int64, [LogRecord])? in
-                guard state.writing < settings.maxInFlight, let taken = state.takeBatch(maxBytes: settings.maxObjectBytes) else { return nil }
+            let (batch, due) = state.withLock { state -> ((UInt64, Int64, [LogRecord])?, ContinuousClock.Instant?) in
+                guard case .now = begins(state), let taken = state.takeBatch(maxBytes: settings.maxObjectBytes) else {
+                    if case .at(let due) = begins(state) { return (nil, due) }
+                    return (nil, nil)
+                }
                 state.sequence += 1
                 state.inFlight.append(InFlight(sequence: state.sequence, numbers: taken.map(\.number), users: Set(taken.map(\.record.user)),
                                                appendedAt: taken[0].appendedAt))
-                return (state.sequence, state.epoch, taken.map(\.record))
+                return ((state.sequence, state.epoch, taken.map(\.record)), nil)
             }
             if let batch { return batch }
+            // Woken by an append, an object stored, or the oldest record's batch time.
+            let timer = due.map { due in Task { [weak self] in
+                try? await Task.sleep(until: due)
+                self?.wakeBatcher()
+            } }
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let ready = state.withLock { state -> Bool in
-                        if state.writing < settings.maxInFlight && state.hasBatch { return true }
+                        if case .now = begins(state) { return true }
                         state.work = continuation
                         return false
                     }
                     if ready { continuation.resume() }
                 }
             } onCancel: {
-                self.state.withLock { state in
-                    defer { state.work = nil }
-                    return state.work
-                }?.resume()
+                self.wakeBatcher()
             }
+            timer?.cancel()
         }
         return nil
+    }
+
+    /// When the next object may begin.
+    private enum Beginning { case now, at(ContinuousClock.Instant), never }
+
+    /// Whether an object may begin now: records wait that may go, a slot is free, and no object
+    /// is being written or the oldest record has waited `batchMilliseconds`.
+    private func begins(_ state: State) -> Beginning {
+        guard state.writing < settings.maxInFlight, state.hasBatch else { return .never }
+        guard settings.batchMilliseconds > 0, state.writing > 0, let oldest = state.pending.first?.appendedAt else { return .now }
+        let due = oldest + .milliseconds(settings.batchMilliseconds)
+        return ContinuousClock.now < due ? .at(due) : .now
+    }
+
+    /// Resumes the loop that begins objects, if it waits.
+    private func wakeBatcher() {
+        state.withLock { state in
+            defer { state.work = nil }
+            return state.work
+        }?.resume()
     }
 
     /// Writes one object, again and again until it is stored (backing off to 5 s between tries).
