@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
-import UserStoreCore
+@testable import UserStoreCore
 
 /// `BlockingPool.forEach`: every item once, at most `width` at a time, the first error thrown.
 @Suite struct BlockingPoolTests {
@@ -40,5 +40,30 @@ import UserStoreCore
             }
         }
         #expect(counters.seen.withLock { $0 } == [0, 1, 2, 3])
+    }
+
+    /// Every thread of the pool busy (blocked on something the caller will release only after):
+    /// the caller does every item itself and returns — it never waits for helpers that could
+    /// not start (the daemon's fence held a lock every pool thread queued on, and waited).
+    @Test(.timeLimit(.minutes(1))) func aPoolWithNoThreadFreeStillFinishes() throws {
+        let release = DispatchSemaphore(value: 0), occupied = DispatchSemaphore(value: 0)
+        let pool = BlockingPool.shared
+        for _ in 0..<pool.threads {
+            pool.submit {
+                occupied.signal()
+                release.wait()
+            }
+        }
+        for _ in 0..<pool.threads { occupied.wait() }
+        let counters = Counters()
+        let finished = DispatchSemaphore(value: 0)
+        Thread {
+            try? BlockingPool.forEach(Array(0..<16), width: 8) { item in counters.seen.withLock { $0.append(item) } }
+            finished.signal()
+        }.start()
+        let done = finished.wait(timeout: .now() + 10) == .success
+        for _ in 0..<pool.threads { release.signal() }
+        #expect(done, "forEach waited for pool threads that could not start")
+        #expect(counters.seen.withLock { $0 }.sorted() == Array(0..<16))
     }
 }

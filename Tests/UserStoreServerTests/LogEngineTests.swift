@@ -214,7 +214,11 @@ import Varlink
         #expect(try setup.allRecords(of: "ann").isEmpty, "records of the erased user are left in the bucket")
         #expect(!left.keys.contains { $0.contains("/ann/") }, "folded objects of the erased user are left: \(left.keys.sorted())")
         #expect(left.values.allSatisfy { !String(decoding: $0, as: UTF8.self).contains("\"ann\"") })
-        #expect(try setup.allRecords(of: "anna").count >= 2)
+        // anna is still in the bucket (whether her tail is in the log or already in her objects
+        // races with the fold, and a reading can miss an object moved between listing and read:
+        // what counts is that she comes back whole, below).
+        let annas = try left.filter { $0.key.hasSuffix(".usl") }.values.flatMap { try LogSegment.decode($0).records.filter { $0.user == "anna" } }
+        #expect(!annas.isEmpty, "nothing of anna is left: \(left.keys.sorted())")
         try setup.loseTheHost()
         let fresh = try setup.daemon.connect()
         #expect(try fresh.call("io.userstore.Store.Open", ["user": "ann"])["created"] == true)
@@ -343,6 +347,33 @@ import Varlink
         #expect(stderr.contains("event=replication-recovered"))
         try setup.loseTheHost()
         #expect(try Self.titles("ann", try setup.daemon.connect()) == ["before"] + (0..<20).map { "during \($0)" } + ["durable during", "after"])
+    }
+
+    /// A store closed (evicted) while the log cannot be written: it closes with its WAL kept —
+    /// its last commits not stored — and, reopened once the log can be written again, ships what
+    /// the WAL holds past its stored position; a durable write after that covers everything, and
+    /// after the disk is lost the store is what it was at that acknowledgement.
+    @Test func aStoreEvictedWhileTheLogCannotBeWrittenLosesNothing() throws {
+        let setup = try Setup("file", extra: "maxOpenStores: 2")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
+        let log = setup.replica.path + "/log"
+        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
+        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        try DurabilityTests.writeBlob(5_242_880, for: "fay", on: client)
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: "fay", on: client)
+        // Two other users: fay, least recently used, is closed.
+        _ = try client.call("io.userstore.Store.Open", ["user": "gil"])
+        _ = try client.call("io.userstore.Store.Open", ["user": "hal"])
+        let open = try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.compactMap { $0["user"]?.stringValue } ?? []
+        #expect(!open.contains("fay"), "fay's store was not closed: \(open)")
+        let wal = try DurabilityTests.storePath("fay", setup.daemon) + "-wal"
+        #expect(((try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0) > 5_242_880, "closing dropped the WAL holding what the log did not store")
+        unlink(log)
+        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('reopened')", for: "fay", on: client)
+        try DurabilityTests.acknowledgeThenLoseTheHost("fay", setup.daemon, client)
     }
 
     /// An existing deployment switching to the log: a user replicated by Litestream (its copy in

@@ -17,8 +17,11 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     private let condition = NSCondition()
     private var jobs: [@Sendable () -> Void] = []
     private var head = 0
+    /// How many threads it runs.
+    let threads: Int
 
     init(threads: Int) {
+        self.threads = threads
         for index in 0..<threads {
             let thread = Thread { [unowned self] in self.work() }
             thread.name = "userstore-io-\(index)"
@@ -55,16 +58,18 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
                 }
             }
         }
-        let group = DispatchGroup()
+        // Helpers that have not started by the time the caller ran out of items do nothing
+        // when they start: the caller waits only for those already at work, so a pool whose
+        // threads all wait (on a lock this caller holds, say) never holds it up.
         for _ in 0..<max(0, min(width, items.count) - 1) {
-            group.enter()
             shared.submit {
+                guard progress.begin() else { return }
                 work()
-                group.leave()
+                progress.end()
             }
         }
         work()
-        group.wait()
+        progress.closeAndWait()
         if let error = progress.failure.withLock({ $0 }) { throw error }
     }
 
@@ -90,7 +95,35 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
 }
 
 /// Where a ``BlockingPool/forEach(_:width:_:)`` stands: the next item, and the first failure.
-private final class ForEachProgress: Sendable {
+private final class ForEachProgress: @unchecked Sendable { // `running` and `closed` only under `condition`
     let next = Mutex(0)
     let failure = Mutex<(any Error)?>(nil)
+    private let condition = NSCondition()
+    private var running = 0
+    private var closed = false
+
+    /// A helper starts; false once the caller has closed (nothing is left for it).
+    func begin() -> Bool {
+        condition.lock()
+        defer { condition.unlock() }
+        guard !closed else { return false }
+        running += 1
+        return true
+    }
+
+    /// A helper is done.
+    func end() {
+        condition.lock()
+        running -= 1
+        if running == 0 { condition.broadcast() }
+        condition.unlock()
+    }
+
+    /// The caller ran out of items: no helper starts from now on, and it waits for those at work.
+    func closeAndWait() {
+        condition.lock()
+        closed = true
+        while running > 0 { condition.wait() }
+        condition.unlock()
+    }
 }

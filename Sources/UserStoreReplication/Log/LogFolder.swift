@@ -145,16 +145,20 @@ package final class LogFolder: Sendable {
             guard let segment = read[key] else { continue }
             var kept: [LogRecord] = []
             for record in segment.records {
-                if let cluster, let bucket = record.bucket {
-                    if cluster.owned[bucket] != record.epoch {
-                        // A bucket that moved: only its new owner's fence tells whether this counts.
-                        guard let fenced = fencedEpochs[bucket], fenced > record.epoch else { break objects }
-                        guard fences.counts(key, header: segment.header, record: record) else { continue }
-                    }
+                if let cluster, let bucket = record.bucket, cluster.owned[bucket] != record.epoch {
+                    // A bucket that moved: only its new owner's fence tells whether this counts.
+                    guard let fenced = fencedEpochs[bucket], fenced > record.epoch else { break objects }
+                    guard fences.counts(key, header: segment.header, record: record) else { continue }
+                }
+                kept.append(record)
+            }
+            // Only an object taken whole moves its users' positions (one left for a later round
+            // must not name a fold past what the fold holds).
+            if cluster != nil {
+                for record in kept {
                     let position = LogObjectPosition(segment.header, record)
                     throughOf[record.user] = max(throughOf[record.user] ?? position, position)
                 }
-                kept.append(record)
             }
             taken += 1
             newest = max(newest, RFC3339.parse(segment.header.createdAt) ?? .distantPast)

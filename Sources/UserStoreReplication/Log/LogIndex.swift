@@ -187,10 +187,17 @@ package final class LogIndex: Sendable {
     }
 
     /// Adds the log objects of `listed` (a listing of the log, made after this host fenced
-    /// buckets it took in a cluster) it does not know, reading their headers, and takes
+    /// buckets it took in a cluster) it does not know, reading their headers, drops those of
+    /// other data directories than `own` (`log/<id>/`) that are gone, and takes
     /// `fences` as the log's fences: in a cluster other hosts write the log too, and what they
     /// wrote of a bucket before this host fenced it is read from here on. Blocking.
-    package func refresh(from storage: ReplicaStorage, listed: [String], fences: LogFences) throws {
+    package func refresh(from storage: ReplicaStorage, listed: [String], fences: LogFences, own: String) throws {
+        // Other hosts' objects gone since (folded by their hosts) leave the index; this host's
+        // own are kept current by its uploader and fold.
+        let present = Set(listed)
+        state.withLock { state in
+            for key in state.entries.keys where !key.hasPrefix(own) && !present.contains(key) { remove(key, from: &state) }
+        }
         let known = state.withLock { Set($0.entries.keys) }
         let headers = Mutex<[String: LogSegment.Header]>([:])
         try BlockingPool.forEach(listed.filter { $0.hasSuffix(".usl") && !known.contains($0) }, width: LogFolder.width) { key in

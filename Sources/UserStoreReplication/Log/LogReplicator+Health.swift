@@ -24,8 +24,11 @@ extension LogReplicator {
     /// other bucket it owns at an epoch not fenced yet: one fence for all). Blocking.
     func fenceBucket(of user: UserID) throws {
         guard let cluster, let epoch = cluster.epoch(of: user) else { return }
+        let bucket = cluster.bucket(of: user)
+        // Fenced already: nothing to wait for (another bucket's fence is the health service's).
+        if let fenced = fencedBuckets.withLock({ $0.epochs[UInt16(truncatingIfNeeded: bucket)] }), fenced >= epoch { return }
         var wanted = cluster.ownedEpochsSeen
-        wanted[cluster.bucket(of: user)] = epoch
+        wanted[bucket] = epoch
         try fenceBuckets(wanted)
     }
 
@@ -56,7 +59,8 @@ extension LogReplicator {
             let (_, listed) = try LogFence.write(epoch: highest, holder: origin.host, storage: storage, log: LogRestorer.folder,
                                                  buckets: Dictionary(uniqueKeysWithValues: buckets.map { (String($0.key), $0.value) }),
                                                  dataDirectory: origin.dataDirectory, key: key)
-            try index.refresh(from: storage, listed: listed, fences: try LogFences.load(from: storage, known: index.knownFences))
+            try index.refresh(from: storage, listed: listed, fences: try LogFences.load(from: storage, known: index.knownFences),
+                              own: LogRestorer.folder + origin.dataDirectory + "/")
         }
         fencedBuckets.withLock { fenced in
             fenced.written = number

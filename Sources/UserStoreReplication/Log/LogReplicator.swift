@@ -188,20 +188,15 @@ package final class LogReplicator: ReplicationEngine {
     package func newerCopy(of user: UserID, path: String) throws -> Int64? {
         // A store last replicated under an older epoch than the one held (in a cluster: than its
         // bucket's now): another host may have written the user since.
-        let held: Int64?
-        if let cluster {
-            held = cluster.epoch(of: user)
-            do {
-                try fenceBucket(of: user)
-            } catch {
-                throw StoreError.replicationUnavailable(user: user, message: "fencing the log for the bucket's epoch: \(error)")
-            }
-        } else {
-            held = lease?.heldEpoch
-        }
+        let held = cluster.map { $0.epoch(of: user) } ?? lease?.heldEpoch
         // (No position: a store the log never held, or one put back to a point in time, which
         // starts a new stream at its next open — not a copy to compare.)
         guard let held, let position = LogPosition.load(path), position.epoch < held else { return nil }
+        do {
+            try fenceBucket(of: user)
+        } catch {
+            throw StoreError.replicationUnavailable(user: user, message: "fencing the log for the bucket's epoch: \(error)")
+        }
         do {
             let newer = try restorer.records(of: user.rawValue).filter { $0.record.epoch > position.epoch }.map(\.record.epoch).max()
             return newer

@@ -92,6 +92,11 @@ package struct LogRestorer: Sendable {
         var through: LogObjectPosition?
         var folds: [(key: String, segment: LogSegment)] = []
         for key in foldKeys.reversed() {
+            // A fold at or before an erase (another host's, written as the erase ran) is void.
+            if let tombstone, let position = LogFolder.position(ofFold: key),
+               (position.epoch, position.incarnation, position.sequence) <= (tombstone.epoch, tombstone.incarnation, tombstone.sequence) {
+                continue
+            }
             guard let bytes = try storage.get(key) else { throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone") }
             let segment = try LogSegment.decode(bytes)
             if let until, (RFC3339.parse(segment.header.createdAt) ?? .distantPast) > until { continue }

@@ -270,7 +270,8 @@ package final class LogUploader: Sendable {
             if let batch { return batch }
             // Woken by an append, an object stored, or the oldest record's batch time.
             let timer = due.map { due in Task { [weak self] in
-                try? await Task.sleep(until: due)
+                // Cancelled (woken otherwise first): it must not wake the next wait.
+                guard (try? await Task.sleep(until: due)) != nil else { return }
                 self?.wakeBatcher()
             } }
             await withTaskCancellationHandler {
