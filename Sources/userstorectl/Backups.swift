@@ -102,8 +102,7 @@ extension UserStoreCtlCommand {
             } catch let failure as OfflineRestore.Failure {
                 throw CtlError(.someFailed, "\(failure.name): \(failure.description)")
             }
-            let elapsed = ContinuousClock.now - started
-            let milliseconds = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
+            let milliseconds = Double((ContinuousClock.now - started).wholeMicroseconds) / 1000
             if connection.json {
                 return connection.output.jsonLine(.object(["user": .string(user), "path": .string(path), "txid": .integer(Int64(restored.txid)),
                                                            "epoch": .integer(restored.epoch), "pages": .integer(Int64(restored.databasePages))]))

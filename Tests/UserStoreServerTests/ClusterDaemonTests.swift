@@ -45,11 +45,21 @@ import Varlink
 
     /// A daemon of the cluster `host` on `port`; `extraConfig`: more YAML (a rollout policy, say).
     static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, extraConfig: String = "") throws -> DaemonHarness {
-        let daemon = try DaemonHarness(extraConfig: """
+        let daemon = try DaemonHarness(extraConfig: configuration(host, port: port, etcd: etcd, store: store, extraConfig: extraConfig))
+        daemon.environment = store.environment
+        return daemon
+    }
+
+    /// The YAML of ``daemon(_:port:etcd:store:extraConfig:)``: the replica reached at `endpoint`
+    /// (a proxy) if given, on `engine`, with `replication` (more lines of that section, indented).
+    static func configuration(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
+                              engine: String = ReplicationTests.engine, replication: String = "", extraConfig: String = "") -> String {
+        """
             replication:
-              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
+              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users", endpoint: endpoint))"
               litestream: \(litestreamPath)
-              engine: \(ReplicationTests.engine)
+              engine: \(engine)
+            \(replication)
             cluster:
               host: \(host)
               etcd: [\(etcd.endpoints.joined(separator: ", "))]
@@ -57,9 +67,7 @@ import Varlink
               leaseSeconds: 3
               forward: false
             \(extraConfig)
-            """)
-        daemon.environment = store.environment
-        return daemon
+            """
     }
 
     /// Who serves `user` according to `daemon`: "here", the owner WrongHost names (with its

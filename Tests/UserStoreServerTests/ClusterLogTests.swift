@@ -23,20 +23,8 @@ import Varlink
     /// The YAML of ``daemon(_:port:etcd:store:endpoint:foldSeconds:engine:)``.
     static func configuration(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
                               foldSeconds: Int = 3600, engine: String = "log") -> String {
-        """
-            replication:
-              replica: "\(store.replicaURL(bucket: "cluster", prefix: "users", endpoint: endpoint))"
-              litestream: \(litestreamPath)
-              engine: \(engine)
-              durableTimeoutMilliseconds: 3000
-              foldSeconds: \(foldSeconds)
-            cluster:
-              host: \(host)
-              etcd: [\(etcd.endpoints.joined(separator: ", "))]
-              address: 127.0.0.1:\(port)
-              leaseSeconds: 3
-              forward: false
-            """
+        ClusterDaemonTests.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint, engine: engine,
+                                         replication: "  durableTimeoutMilliseconds: 3000\n  foldSeconds: \(foldSeconds)")
     }
 
     /// A user other than `user` in `user`'s bucket.

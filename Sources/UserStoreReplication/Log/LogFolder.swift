@@ -187,8 +187,9 @@ package final class LogFolder: Sendable {
     /// a snapshot when due, and deletes what a snapshot supersedes.
     private func fold(_ records: [LogRecord], of user: String, through: LogObjectPosition, createdAt: Date) throws -> (bytes: Int, snapshot: Bool) {
         // Only folds before this one (in a cluster, a later owner may have folded the user since).
-        let existing = (index.folds(of: user) ?? []).filter { Self.position(ofFold: $0).map { $0 < through } ?? false }
-        let later = Set(index.folds(of: user) ?? []).subtracting(existing)
+        let listed = index.folds(of: user) ?? []
+        let existing = listed.filter { Self.position(ofFold: $0).map { $0 < through } ?? false }
+        let later = Set(listed).subtracting(existing)
         let lastSnapshot = existing.lastIndex(where: Self.isSnapshot)
         let deltas = existing.count - (lastSnapshot.map { $0 + 1 } ?? 0)
         var folded = Self.merged(records)

@@ -144,7 +144,8 @@ package struct LogRestorer: Sendable {
 
     /// Writes `user`'s store, as the log holds it (at `timestamp`: as of the last object made by
     /// then), to the new file `path`; nil when the log holds nothing of the user (or nothing
-    /// then). Throws ``LogSegment/Damaged`` for a copy that cannot be whole. Blocking.
+    /// then). Throws ``LogSegment/Damaged`` for a copy that cannot be whole or fails SQLite's
+    /// `quick_check`. Blocking.
     package func restore(_ user: String, to path: String, timestamp: Date? = nil) throws -> Restored? {
         guard let (base, commits) = try Self.reconstruction(of: try records(of: user, until: timestamp).map(\.record)) else { return nil }
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
@@ -159,6 +160,9 @@ package struct LogRestorer: Sendable {
             last = record
         }
         guard fsync(descriptor) == 0 else { throw LogSegment.Damaged(description: "cannot sync \(path): \(String(cString: strerror(errno)))") }
+        if let problem = StoreFileInspector.quickCheck(path) {
+            throw LogSegment.Damaged(description: "the store rebuilt from the log fails its integrity check: \(problem)")
+        }
         return Restored(stream: base.stream, txid: current, epoch: last.epoch, pageSize: Int(last.pageSize), databasePages: Int(last.databasePages))
     }
 

@@ -5,8 +5,8 @@ import UserStoreCore
 /// `userstorectl restore USER --from-replica --offline --to PATH`: a user's store written from
 /// the replica's log and folded objects to a new file, by the operator's own process — no daemon,
 /// no data directory, no lock (docs/replication.md, "Restoring without a daemon"). The same
-/// reading as a daemon's restore, fences included, with nothing cached: every fence, the user's
-/// folds and the log's objects are listed.
+/// reading as a daemon's restore (``LogRestorer``: fences, tombstones, folds, `quick_check`), with
+/// nothing cached: every fence, the user's folds and the log's objects are listed.
 package enum OfflineRestore {
     /// Why nothing was written.
     package struct Failure: Error, CustomStringConvertible, Sendable {
@@ -45,9 +45,6 @@ package enum OfflineRestore {
         }
         guard let restored else {
             throw Failure(name: "NoSuchStore", description: "the replica's log holds nothing of \(user)\(timestamp.map { " as of \(RFC3339.format($0))" } ?? "") (a copy in Litestream's layout, from before the log, is read with `litestream restore`: docs/replication.md)")
-        }
-        if let problem = StoreFileInspector.quickCheck(staged) {
-            throw Failure(name: "ReplicaDamaged", description: "the store rebuilt from the log fails its integrity check: \(problem)")
         }
         do {
             try DurableFile.publishDatabase(staged, as: path)

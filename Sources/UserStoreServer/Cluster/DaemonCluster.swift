@@ -54,19 +54,12 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
 
-    var ownedEpochsSeen: [Int: Int64] {
-        var owned: [Int: Int64] = [:]
-        for (name, entry) in buckets.all where entry.value.owner == settings.host {
-            if let bucket = Int(name) { owned[bucket] = entry.modRevision }
-        }
-        return owned
-    }
+    var ownedEpochsSeen: [Int: Int64] { ownedEpochs(in: buckets.all) }
 
     func ownedEpochs() async throws -> [Int: Int64] {
         var owned: [Int: Int64] = [:]
         for record in try await etcd.list(prefix: BucketRecord.prefix) {
-            guard let bucket = Int(record.key.dropFirst(BucketRecord.prefix.count)), let value = BucketRecord(json: record.value),
-                  value.owner == settings.host else { continue }
+            guard let bucket = BucketRecord.bucket(ofKey: record.key), BucketRecord(json: record.value)?.owner == settings.host else { continue }
             owned[bucket] = record.modRevision
         }
         return owned
@@ -78,7 +71,16 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     /// The buckets of `records` (a copy of the bucket records) this host owns.
     private func owned(in records: [String: PrefixMirror<BucketRecord>.Entry]) -> Set<Int> {
-        Set(records.compactMap { name, entry in entry.value.owner == settings.host ? Int(name) : nil })
+        Set(ownedEpochs(in: records).keys)
+    }
+
+    /// The buckets of `records` this host owns, at their epochs.
+    private func ownedEpochs(in records: [String: PrefixMirror<BucketRecord>.Entry]) -> [Int: Int64] {
+        var owned: [Int: Int64] = [:]
+        for (name, entry) in records where entry.value.owner == settings.host {
+            if let bucket = Int(name) { owned[bucket] = entry.modRevision }
+        }
+        return owned
     }
 
     /// The records as the release's completion needs them; nil until this host's copies are
