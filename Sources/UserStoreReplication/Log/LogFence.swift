@@ -137,13 +137,6 @@ package struct LogFences: Sendable, Equatable {
         return LogFences(fences)
     }
 
-    /// With `fence` (stored at `key`) added.
-    package func adding(_ fence: LogFence, at key: String) -> LogFences {
-        var fences = self.fences
-        fences[key] = fence
-        return LogFences(fences)
-    }
-
     /// The epoch each bucket was last fenced at (a cluster's fences).
     package var bucketEpochs: [UInt16: Int64] {
         var epochs: [UInt16: Int64] = [:]
