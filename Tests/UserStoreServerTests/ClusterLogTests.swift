@@ -99,22 +99,18 @@ import Varlink
     }
 
     /// A cluster switching from Litestream to the log: a user replicated by Litestream (in the
-    /// cluster's layout, `<bucket>/<user>/e<epoch>/`), the disk lost, the host started again with
-    /// `engine: log` — the user comes back from the Litestream copy once, then from the log, with
-    /// every write, after the disk is lost again.
+    /// cluster's layout, `<bucket>/<user>/e<epoch>/`, shipped by `litestream replicate`), the
+    /// host started on the log — the user comes back from the Litestream copy once, then from the
+    /// log, with every write, after the disk is lost again.
     @Test func aClusterOnLitestreamSwitchesToTheLogAndLosesNothing() throws {
         let etcd = try EtcdCluster(size: 1)
         let store = try ClusterDaemonTests.objectStore()
-        let a = try Self.daemon("a", port: 7125, etcd: etcd, store: store, engine: "litestream")
-        try a.start()
-        let toA = try a.connect()
-        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "dana").0 == "here" })
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on litestream')", for: "dana", on: toA, durable: true)
-        #expect(a.stop() == 0)
-
+        let a = try Self.daemon("a", port: 7125, etcd: etcd, store: store)
+        let bucket = Placement.bucket(for: try UserID("dana"))
+        try LitestreamCopies.write("dana", titles: ["on litestream"], replica: store.replicaURL(bucket: "cluster", prefix: "users"), folder: "/\(bucket)/dana/e1",
+                                   environment: store.environment)
         func loseTheDiskAndStart() throws -> VarlinkConnection {
-            try FileManager.default.removeItem(atPath: a.dataDirectory)
-            try a.writeConfig(extra: Self.configuration("a", port: 7125, etcd: etcd, store: store))
+            if FileManager.default.fileExists(atPath: a.dataDirectory) { try FileManager.default.removeItem(atPath: a.dataDirectory) }
             try a.start()
             let client = try a.connect()
             #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(client, "dana").0 == "here" }, "\(a.stderr.suffix(2000))")

@@ -377,8 +377,8 @@ import Varlink
     }
 
     /// An existing deployment switching to the log: a user replicated by Litestream (its copy in
-    /// Litestream's layout), the disk lost, the daemon restarted with `engine: log` — the user
-    /// comes back from the Litestream copy once, ships a base to the log at its first open, and
+    /// Litestream's layout, shipped by `litestream replicate`), the disk lost, the daemon
+    /// started — the user comes back from the Litestream copy once, ships a base to the log at its first open, and
     /// after the disk is lost again comes back from the log with every write.
     @Test func aCopyInLitestreamsLayoutIsRestoredOnceThenTheLogTakesOver() throws {
         let replica = try TemporaryDirectory()
@@ -386,17 +386,11 @@ import Varlink
             replication:
               replica: "file://\(replica.path)"
               litestream: \(litestreamPath)
-              engine: litestream
             """)
+        // The replica's marker and writer lease, then ann's copy as Litestream shipped it.
         try daemon.start()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('on litestream')", for: "ann", on: try daemon.connect(), durable: true)
-        daemon.stop()
-        try daemon.writeConfig(extra: """
-            replication:
-              replica: "file://\(replica.path)"
-              litestream: \(litestreamPath)
-              engine: log
-            """)
+        #expect(daemon.stop() == 0)
+        try LitestreamCopies.write("ann", titles: ["on litestream"], replica: "file://" + replica.path, folder: try LitestreamCopies.folder(of: "ann"))
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
         let client = try daemon.connect()

@@ -174,25 +174,16 @@ import Varlink
         #expect(restored.contains("'local'") && restored.contains("'durable'"))
     }
 
-    /// A replica made before markers existed (its files directly under each user's folder, no
-    /// marker, no lease) is adopted by a new host: the marker is written, and a lost user comes
-    /// back from the old layout.
-    @Test(.litestreamBehaviour) func aReplicaFromBeforeMarkersIsAdoptedAndRestoresFromItsOldLayout() throws {
+    /// A replica made before markers existed (Litestream's files directly under each user's
+    /// folder, no marker, no lease) is adopted by a new host: the marker is written, and a lost
+    /// user comes back from the old layout.
+    @Test func aReplicaFromBeforeMarkersIsAdoptedAndRestoresFromItsOldLayout() throws {
         let replica = try TemporaryDirectory()
         let daemon = try ReplicationTests.daemon(replica: replica.path)
         defer { daemon.stop() }
-        try daemon.start()
-        for row in Self.durableRows { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(row)')", for: "ann", on: try daemon.connect(), durable: true) }
-        #expect(daemon.stop() == 0)
         // The layout before markers: <ab>/<cd>/ann/ltx/…, nothing at the root.
-        let epochFolder = try #require(FileManager.default.subpaths(atPath: replica.path)?.first { $0.hasSuffix("/ann/" + ($0.split(separator: "/").last ?? "")) && $0.split(separator: "/").last?.hasPrefix("e") == true })
-        let userFolder = replica.path + "/" + (epochFolder as NSString).deletingLastPathComponent
-        for name in try FileManager.default.contentsOfDirectory(atPath: replica.path + "/" + epochFolder) {
-            try FileManager.default.moveItem(atPath: replica.path + "/" + epochFolder + "/" + name, toPath: userFolder + "/" + name)
-        }
-        try FileManager.default.removeItem(atPath: replica.path + "/" + epochFolder)
-        for name in ["userstore-replica.json", "userstore-lease.json"] { try FileManager.default.removeItem(atPath: replica.path + "/" + name) }
-        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try LitestreamCopies.write("ann", titles: Self.durableRows, replica: "file://" + replica.path, folder: try LitestreamCopies.folder(of: "ann", epoch: nil))
+        #expect(!FileManager.default.fileExists(atPath: replica.path + "/userstore-replica.json"))
 
         try daemon.start()
         let client = try daemon.connect()

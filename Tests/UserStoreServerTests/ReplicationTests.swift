@@ -349,20 +349,22 @@ import Varlink
         daemon.stop()
     }
 
-    /// A replica whose files are damaged: restoring from it is refused with ReplicaDamaged and
+    /// A replica whose objects are damaged: restoring from it is refused with ReplicaDamaged and
     /// the good local store stays; a user whose store is missing here gets ReplicaDamaged and
     /// no empty store in its place; other users are served meanwhile.
-    @Test(.litestreamBehaviour) func aDamagedReplicaNeverReplacesAGoodStore() throws {
+    @Test func aDamagedReplicaNeverReplacesAGoodStore() throws {
         let (replica, daemon, client) = try Self.started()
         try Self.insert("precious", for: "fay", on: client, durable: true)
         daemon.stop()
-        // Damage every file of fay's replica.
-        let files = FileManager.default.enumerator(atPath: replica.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".ltx") } ?? []
+        // Damage what every object holding fay carries past its header (magic, length, JSON):
+        // the log's (`log/…`) and any folded one (`users/…`).
+        let files = FileManager.default.enumerator(atPath: replica.path)?.compactMap { $0 as? String }.filter { $0.hasSuffix(".usl") } ?? []
         #expect(!files.isEmpty)
         for file in files {
             let path = replica.path + "/" + file
             var bytes = [UInt8](FileManager.default.contents(atPath: path)!)
-            for index in 100..<min(bytes.count, 400) { bytes[index] ^= 0xFF }
+            let body = 12 + Int(bytes[8..<12].reduce(UInt32(0)) { $0 << 8 | UInt32($1) })
+            for index in body..<min(bytes.count, body + 300) { bytes[index] ^= 0xFF }
             try Data(bytes).write(to: URL(fileURLWithPath: path))
         }
         try daemon.start()

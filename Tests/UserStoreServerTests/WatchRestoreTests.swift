@@ -4,15 +4,15 @@ import Testing
 import Varlink
 
 /// A watched store brought back from a replica that lacks its last transactions (the host lost
-/// while Litestream was paused): the positions watchers were sent past the replica's are never
+/// while the log could not be written): the positions watchers were sent past the replica's are never
 /// given to other transactions — a watcher resuming from one is told to re-read, and one that
 /// was behind the replica gets what it kept first.
 @Suite(.serialized) struct WatchRestoreTests {
     let watches = WatchTests()
 
-    @Test(.litestreamBehaviour, .timeLimit(.minutes(5)))
+    @Test(.timeLimit(.minutes(5)))
     func aWatcherResumingPastWhatTheReplicaHadIsToldToReRead() throws {
-        let (_, daemon, client) = try DurabilityTests.started(extra: WatchTests.watchOn)
+        let (replica, daemon, client) = try DurabilityTests.started(extra: WatchTests.watchOn)
         defer { daemon.stop() }
         // Recording on from a first watch; then three transactions, the last durable: all three
         // are in the replica.
@@ -20,10 +20,11 @@ import Varlink
         let start = try watches.watch(first, user: "ann")
         first.hangUp()
         for index in 0..<3 { try ReplicationTests.insert("replicated \(index)", for: "ann", on: client, durable: index == 2) }
-        // Five more the replica never gets, each sent to a watcher.
-        let litestream = try ReplicationTests.litestreamPID(client)
-        kill(litestream, SIGSTOP)
-        defer { kill(litestream, SIGCONT) }
+        // Five more the replica never gets, each sent to a watcher: a file where the log's
+        // folder was, so no object can be written.
+        let log = replica.path + "/log"
+        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
+        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
         let watcher = try daemon.connect()
         let before = try watches.watch(watcher, user: "ann")
         #expect(before == start + 3)
@@ -32,9 +33,16 @@ import Varlink
         for _ in 0..<5 { seen = try #require(try watches.next(watcher)["position"]?.integerValue) }
         #expect(seen == before + 5)
 
-        // The host is lost; the next one restores the store from the replica, and six new
-        // transactions follow — as many as it takes to pass the positions the watcher was sent.
-        let restored = try DurabilityTests.loseHostAndRestore("ann", daemon, client)
+        // The host is lost (the log's folder back for the next one); the next one restores the
+        // store from the replica, and six new transactions follow — as many as it takes to pass
+        // the positions the watcher was sent.
+        daemon.stop(signal: SIGKILL)
+        unlink(log)
+        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        #expect(try daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])["created"] == false)
+        let restored = try DurabilityTests.contents(try DurabilityTests.storePath("ann", daemon))
         #expect(restored.contains("replicated 2") && !restored.contains("lost 0"))
         let writer = try daemon.connect()
         for index in 0..<6 { try ReplicationTests.insert("new \(index)", for: "ann", on: writer) }
