@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deb package-test manpages deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3 churn-log
+.PHONY: deb package-test manpages deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3
 
 deps:
 	@bash scripts/install-deps.sh
@@ -80,10 +80,6 @@ soak:
 churn:
 	bash scripts/churn.sh --no-replication --json .build/churn-off.json
 	bash scripts/churn.sh --json .build/churn.json
-
-# The same churn through the daemon's own log (replication.engine: log): no Litestream process.
-churn-log:
-	bash scripts/churn.sh --engine log --json .build/churn-log.json
 
 ## The parsers' fuzzers for an hour each.
 fuzz:

@@ -4,36 +4,32 @@ scripts/s3.sh) while 100,000 users are touched through maxOpenStores 1,024, then
 lost and a sample of users brought back from the bucket.
 
     python3 scripts/churn.py --daemon .build/release/userstored [--users 100000] [--revisits 0.1]
-        [--workers 32] [--sample 1000] [--json FILE] [--no-replication] [--engine litestream|log]
+        [--workers 32] [--sample 1000] [--json FILE] [--no-replication]
 
 What runs:
   touch    every user once, in order, by `workers` connections: a durable INSERT (the store is
-           created, migrated, registered with Litestream, written, and the write confirmed in
-           the bucket); then `revisits` x users more touches of users already written (a reopen:
+           created, migrated, its base shipped to the daemon's log, written, and the write
+           confirmed in the bucket); then `revisits` x users more touches of users already written (a reopen:
            the LRU closed them long ago), each a durable INSERT too. Every user's last durable
            value is remembered.
-  sample   every 10 s: the daemon's and Litestream's RSS and open descriptors (/proc), open
-           stores, Litestream's goroutines and live heap (pprof on its control socket), and SeaweedFS's own counters of S3 requests and bytes received (its
-           Prometheus endpoint: the S3 side, not the daemon's account of it).
+  sample   every 10 s: the daemon's RSS and open descriptors (/proc), open stores, and
+           SeaweedFS's own counters of S3 requests and bytes received (its Prometheus endpoint:
+           the S3 side, not the daemon's account of it).
   restore  the daemon stopped, its data directory deleted, a new daemon on the same bucket; for
            `sample` users picked at random, a Query of their last value: each must come back
            from the bucket with its last durable write.
 With --no-replication the same touches are plain INSERTs with replication off (the baseline the
 daemon's figures are read against), and the sample is read back after a restart on the same disk.
-With --engine log the daemon replicates through its own log (replication.engine: log): no
-Litestream process, so its columns stay 0.
 Prints a table per minute and a summary; exits 1 when a sampled user did not come back whole.
 Not part of make test (make churn).
 """
-import argparse, json, os, random, re, shutil, signal, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import argparse, json, os, random, re, shutil, signal, subprocess, sys, tempfile, threading, time, urllib.request
 
 from varlink_client import call, connect, call_once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = int(os.environ.get("USERSTORE_S3_PORT", "8533"))
 REPLICATING = "--no-replication" not in sys.argv
-# --engine log: the daemon's own log (replication.engine: log), no Litestream process.
-ENGINE = sys.argv[sys.argv.index("--engine") + 1] if "--engine" in sys.argv else "litestream"
 
 
 def s3(command):
@@ -62,28 +58,6 @@ def seaweed_counters():
     return requests, puts, received
 
 
-def litestream_runtime(path):
-    """Litestream's goroutines and live heap (bytes), from the pprof pages on its control socket
-    at `path`: what its growth is made of."""
-    try:
-        goroutines = re.search(rb"total (\d+)", unix_get(path, "/debug/pprof/goroutine?debug=1")).group(1)
-        heap = re.search(rb"# HeapAlloc = (\d+)", unix_get(path, "/debug/pprof/heap?debug=1")).group(1)
-        return int(goroutines), int(heap)
-    except (OSError, ValueError, AttributeError):
-        return 0, 0
-
-
-def unix_get(path, target):
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(30)
-        sock.connect(path)
-        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: litestream\r\n\r\n".encode())
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def process_usage(pid):
     """(RSS in MiB, open descriptors) of `pid`, or (0, 0) when it is gone."""
     try:
@@ -98,9 +72,7 @@ class Daemon:
     def __init__(self, binary, root, replica):
         self.binary, self.root = binary, root
         self.data, self.socket = os.path.join(root, "data"), os.path.join(root, "userstore.sock")
-        self.litestream_socket = os.path.join(self.data, "litestream.sock")  # replication.socket's default
         self.config = os.path.join(root, "userstored.yaml")
-        litestream = os.path.join(ROOT, ".build/testenv/bin/litestream")
         with open(self.config, "w") as config:
             config.write(f"""appVersion: "1.0.0"
 dataDirectory: {self.data}
@@ -112,8 +84,6 @@ logTarget: stderr
             if replica:
                 config.write(f"""replication:
   replica: "{replica}"
-  litestream: {litestream}
-  engine: {ENGINE}
 """)
         self.process = None
 
@@ -128,11 +98,8 @@ logTarget: stderr
         self.process.wait(timeout=300)
         self.log.close()
 
-    def litestream_pid(self):
-        status = call_once(self.socket, "io.userstore.Admin.Status")["parameters"]
-        if not REPLICATING:
-            return 0, status.get("openStores", 0)
-        return status.get("replication", {}).get("litestreamPid", 0), status.get("openStores", 0)
+    def open_stores(self):
+        return call_once(self.socket, "io.userstore.Admin.Status")["parameters"].get("openStores", 0)
 
 
 def touch(daemon, users, revisits, workers, last, failures):
@@ -175,7 +142,6 @@ def main():
     parser.add_argument("--sample", type=int, default=1000)
     parser.add_argument("--json")
     parser.add_argument("--no-replication", action="store_true", help="plain INSERTs with replication off: the baseline")
-    parser.add_argument("--engine", choices=["litestream", "log"], default="litestream", help="replication.engine")
     arguments = parser.parse_args()
 
     if REPLICATING:
@@ -190,8 +156,8 @@ def main():
     started = time.monotonic()
     threads, position = touch(daemon, users, int(arguments.users * arguments.revisits), arguments.workers, last, failures)
     base = seaweed_counters()
-    print(f"{'min':>5} {'touched':>8} {'touch/s':>8} {'open':>5} {'daemon MiB':>10} {'fds':>5} {'litestream MiB':>14} {'fds':>5} "
-          f"{'gorout.':>7} {'heap MiB':>8} {'S3 req/s':>8} {'PUT/s':>6} {'MB in/min':>9}", flush=True)
+    print(f"{'min':>5} {'touched':>8} {'touch/s':>8} {'open':>5} {'daemon MiB':>10} {'fds':>5} "
+          f"{'S3 req/s':>8} {'PUT/s':>6} {'MB in/min':>9}", flush=True)
     previous = (started, 0, base)
     while any(thread.is_alive() for thread in threads):
         for thread in threads:
@@ -200,15 +166,12 @@ def main():
         now = time.monotonic()
         if now - previous[0] < 10 and any(thread.is_alive() for thread in threads):
             continue
-        litestream, open_stores = daemon.litestream_pid()
+        open_stores = daemon.open_stores()
         counters = seaweed_counters()
-        runtime = litestream_runtime(daemon.litestream_socket) if REPLICATING and ENGINE == "litestream" else (0, 0)
         elapsed = now - previous[0]
         sample = {
             "seconds": round(now - started, 1), "touched": position[0], "open_stores": open_stores,
             "daemon_rss_mib": round(process_usage(daemon.process.pid)[0], 1), "daemon_fds": process_usage(daemon.process.pid)[1],
-            "litestream_rss_mib": round(process_usage(litestream)[0], 1), "litestream_fds": process_usage(litestream)[1],
-            "litestream_goroutines": runtime[0], "litestream_heap_mib": round(runtime[1] / 2**20, 1),
             "touches_per_second": round((position[0] - previous[1]) / elapsed, 1),
             "s3_requests_per_second": round((counters[0] - previous[2][0]) / elapsed, 1),
             "s3_puts_per_second": round((counters[1] - previous[2][1]) / elapsed, 1),
@@ -216,8 +179,8 @@ def main():
         }
         samples.append(sample)
         print(f"{sample['seconds'] / 60:5.1f} {sample['touched']:8d} {sample['touches_per_second']:8.1f} {open_stores:5d} "
-              f"{sample['daemon_rss_mib']:10.1f} {sample['daemon_fds']:5d} {sample['litestream_rss_mib']:14.1f} {sample['litestream_fds']:5d} "
-              f"{runtime[0]:7d} {sample['litestream_heap_mib']:8.1f} {sample['s3_requests_per_second']:8.1f} {sample['s3_puts_per_second']:6.1f} {sample['s3_mb_received_per_minute']:9.2f}", flush=True)
+              f"{sample['daemon_rss_mib']:10.1f} {sample['daemon_fds']:5d} "
+              f"{sample['s3_requests_per_second']:8.1f} {sample['s3_puts_per_second']:6.1f} {sample['s3_mb_received_per_minute']:9.2f}", flush=True)
         previous = (now, position[0], counters)
     touch_seconds = time.monotonic() - started
     totals = [after - before for after, before in zip(seaweed_counters(), base)]
@@ -249,10 +212,6 @@ def main():
         "s3_requests": int(totals[0]), "s3_puts": int(totals[1]), "s3_bytes_received": int(totals[2]),
         "max_daemon_rss_mib": max((s["daemon_rss_mib"] for s in samples), default=0),
         "max_daemon_fds": max((s["daemon_fds"] for s in samples), default=0),
-        "max_litestream_rss_mib": max((s["litestream_rss_mib"] for s in samples), default=0),
-        "max_litestream_fds": max((s["litestream_fds"] for s in samples), default=0),
-        "max_litestream_goroutines": max((s["litestream_goroutines"] for s in samples), default=0),
-        "max_litestream_heap_mib": max((s["litestream_heap_mib"] for s in samples), default=0),
         "sampled": len(picked), "came_back": back, "restore_seconds": round(restore_seconds, 1),
         "first_failures": failures[:5], "wrong": wrong[:5],
     }

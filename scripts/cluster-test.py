@@ -3,7 +3,6 @@
 this machine, a workload through all three, faults, and a history checker.
 
     python3 scripts/cluster-test.py [--users 300] [--seconds 8] [--scenarios kill-owner,...] [--json FILE]
-                                    [--engine litestream|log]
 
 Topology. etcd members on 127.0.0.1 (peer traffic), each also listening for clients on
 127.0.0.2-4; host hK is a daemon whose cluster address is 127.0.0.(K+1) and which reaches etcd
@@ -59,8 +58,6 @@ S3_PROBE = os.path.join(ROOT, "Tests/Helpers/s3-probe.py")
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster-harness", "AWS_SECRET_ACCESS_KEY": "cluster-harness-secret"}
 MIGRATIONS = os.path.join(ROOT, "config/migrations")
 LEASE = 3
-# replication.engine of every host (--engine): Litestream, or the daemon's own log.
-ENGINE = "log"
 HARNESS_MIGRATION = 900  # added mid-run; its table counts how often it ran on a store
 HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4"}
 
@@ -145,7 +142,6 @@ logTarget: stderr
 replication:
   replica: "s3://cluster/users?endpoint=http://127.0.0.1:{self.s3_ports[6]}&region=us-east-1&forcePathStyle=true"
   litestream: {LITESTREAM}
-  engine: {ENGINE}
 cluster:
   host: {name}
   etcd: [{", ".join(f"http://{address}:{m['port']}" for m in self.etcd)}]
@@ -231,7 +227,6 @@ cluster:
         if sig == signal.SIGKILL:
             proc.wait(timeout=30)
             self.hosts[name]["proc"] = None
-            subprocess.run(["pkill", "-KILL", "-f", f"litestream replicate -config {self.hosts[name]['dir']}"], check=False)
 
     def start(self):
         self.start_s3()
@@ -306,7 +301,6 @@ cluster:
             if m["proc"] and m["proc"].poll() is None:
                 m["proc"].kill()
                 m["proc"].wait()
-        subprocess.run(["pkill", "-KILL", "-f", f"litestream replicate -config {self.root}"], check=False)
         if self.s3 and self.s3.poll() is None:
             self.s3.kill()
             self.s3.wait()
@@ -671,10 +665,7 @@ def main():
     parser.add_argument("--json", help="write the results here too")
     parser.add_argument("--self-test", action="store_true", help="only check that the checker catches fabricated violations")
     parser.add_argument("--serve", action="store_true", help="start the three hosts, print their sockets and wait for Ctrl-C (no workload)")
-    parser.add_argument("--engine", choices=["litestream", "log"], default="log", help="replication.engine of every host (default: the daemon's, log)")
     args = parser.parse_args()
-    global ENGINE
-    ENGINE = args.engine
     if args.serve:
         return serve()
     if not self_test():

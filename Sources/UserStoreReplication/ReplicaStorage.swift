@@ -3,10 +3,10 @@ import Synchronization
 import UserStoreConfiguration
 import UserStoreS3
 
-/// Where the replicas live, for the few things the daemon does there itself — Litestream does the
-/// copying: erasing a user's copies, finding the newest epoch that holds one (more than one
-/// host), and checking that the replica answers. A `file://` folder, an `s3://` bucket (through
-/// ``S3Client``), or an `sftp://` server, which the daemon cannot reach itself.
+/// Where the replica lives: a `file://` folder or an `s3://` bucket (through ``S3Client``) —
+/// the log's objects, folds, fences, the marker and the lease, and copies in Litestream's old
+/// layout (``ReplicaStorage/Kind/elsewhere``: a replica the daemon cannot reach itself, which the
+/// configuration no longer accepts).
 package struct ReplicaStorage: Sendable {
     package enum Kind: Sendable {
         case folder(String)
@@ -15,7 +15,8 @@ package struct ReplicaStorage: Sendable {
     }
 
     package let kind: Kind
-    /// Litestream's environment for this replica: the S3 credentials and CA, nothing inherited.
+    /// `litestream restore`'s environment for this replica (a copy in Litestream's layout, read
+    /// once): the S3 credentials and CA, nothing inherited.
     package let litestreamEnvironment: [String: String]
 
     /// A replica that cannot be used as configured (no credentials, an unreadable CA).

@@ -44,19 +44,3 @@ package struct ReplicationSnapshot: Sendable {
         return stores.filter(\.registered).compactMap { $0.lastSync.map { now.timeIntervalSince($0) } }.max() ?? 0
     }
 }
-
-extension LitestreamReplicator {
-    package var snapshot: ReplicationSnapshot {
-        let syncCounts = syncLanes.counts, lease = self.lease
-        return state.withLock { state in
-            let stores = state.open.map { path, entry in (user: entry.store.user.rawValue, registered: entry.registered, lastSync: state.lastSync[path]) }
-            return ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
-                            lastError: state.lastError, litestreamPID: Int(state.litestream?.pid ?? 0),
-                            litestreamVersion: state.litestream?.version ?? "", restored: state.restored, diverged: state.diverged,
-                            lastSyncPassSeconds: state.lastPass.inSeconds, longestSyncPassSeconds: state.longestPass.inSeconds,
-                            replicaProblem: state.replicaProblem,
-                            syncs: syncCounts.started, sharedSyncWaits: syncCounts.joined,
-                            stores: stores.sorted { $0.user < $1.user }, holdsLease: lease.map { $0.heldEpoch != nil } ?? true)
-        }
-    }
-}

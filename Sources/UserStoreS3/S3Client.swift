@@ -10,10 +10,9 @@ import Synchronization
 
 /// The few S3 calls userstored makes itself — checking a bucket, listing a prefix, deleting what
 /// is under it, reading and writing small objects, conditionally — signed with SigV4 over
-/// AsyncHTTPClient. Litestream does the replication; this client erases a user's replica
-/// (`DeleteStore`), finds the newest epoch holding a user's copy, checks that the bucket answers,
-/// and keeps the replica's marker and writer lease (compare-and-swap with `If-None-Match` and
-/// `If-Match`).
+/// AsyncHTTPClient: the host log's objects, folds and fences, erasing a user's copies
+/// (`DeleteStore`), checking that the bucket answers, and the replica's marker and writer lease
+/// (compare-and-swap with `If-None-Match` and `If-Match`).
 public final class S3Client: Sendable {
     /// Where the bucket is served.
     public struct Endpoint: Sendable, Equatable {

@@ -17,14 +17,14 @@ struct ObjectStoreScenario: Scenario {
 
     /// What replication to a bucket costs per new user and per durable write (issue #38), side by
     /// side with replication off in the same run: SeaweedFS (scripts/s3.sh, its own port) over
-    /// its S3 API on loopback; Litestream as the daemon's child; the C client drives the writes.
+    /// its S3 API on loopback; the daemon's own log; the C client drives the writes. (Litestream's
+    /// figures, from before it was retired, are in docs/bench/hostlog-s3-2026-11-28.json.)
     func run() async throws {
         log("8. replication on S3")
-        let litestream = env.repository + "/.build/testenv/bin/litestream"
         let port = 8433
         let s3 = "USERSTORE_S3_PORT=\(port) bash '\(env.repository)/scripts/s3.sh'"
-        guard FileManager.default.isExecutableFile(atPath: litestream), shell("\(s3) start").0 == 0 else {
-            log("8. skipped: Litestream or SeaweedFS missing (scripts/install-deps.sh installs both)")
+        guard shell("\(s3) start").0 == 0 else {
+            log("8. skipped: SeaweedFS missing (scripts/install-deps.sh installs it)")
             return
         }
         defer { _ = shell("\(s3) stop") }
@@ -39,12 +39,11 @@ struct ObjectStoreScenario: Scenario {
         }
         let modes: [(name: String, prefix: String?, settings: String)] = [
             ("replication off", nil, ""),
-            ("Litestream on S3, durableWrites", "bench-\(pid)", "  engine: litestream\n  litestream: \(litestream)\n  durableWrites: true"),
-            // The daemon's own log ([hostlog]) with its defaults, then other batch times: fewer
-            // objects per write, for what latency.
-            ("host log on S3, durableWrites", "bench-\(pid)-log", "  engine: log\n  durableWrites: true"),
-            ("host log on S3, durableWrites, batchMilliseconds 0", "bench-\(pid)-log0", "  engine: log\n  durableWrites: true\n  batchMilliseconds: 0"),
-            ("host log on S3, durableWrites, batchMilliseconds 20", "bench-\(pid)-log20", "  engine: log\n  durableWrites: true\n  batchMilliseconds: 20"),
+            // The daemon's own log with its defaults, then other batch times: fewer objects per
+            // write, for what latency.
+            ("host log on S3, durableWrites", "bench-\(pid)-log", "  durableWrites: true"),
+            ("host log on S3, durableWrites, batchMilliseconds 0", "bench-\(pid)-log0", "  durableWrites: true\n  batchMilliseconds: 0"),
+            ("host log on S3, durableWrites, batchMilliseconds 20", "bench-\(pid)-log20", "  durableWrites: true\n  batchMilliseconds: 20"),
         ]
         func config(_ index: Int, reopen: Bool = false) -> String {
             guard let prefix = modes[index].prefix else { return "" }
@@ -61,7 +60,7 @@ struct ObjectStoreScenario: Scenario {
             let (daemon, socket) = try env.startDaemon(name: "s3-\(index)", data: fleet.data, migrations: fleet.migrations, extra: config(index))
             defer { env.stop(daemon) }
             // New users, one at a time: the lookup in the replica, the store, its migration, its
-            // registration with Litestream.
+            // base in the log.
             let client = UserStoreClient(socketPath: socket)
             try await client.connect()
             var samples: [UInt64] = [], failures = 0
@@ -103,7 +102,7 @@ struct ObjectStoreScenario: Scenario {
                                    value: result.throughput, unit: "req/s", p50: result.p50, p99: result.p99, note: note + errors(result.errors)))
             }
         }
-        if let eight = durable["2-8"], let sixtyFour = durable["2-64"] {
+        if let eight = durable["1-8"], let sixtyFour = durable["1-64"] {
             let (p50, p99) = (floor.percentile(0.5), floor.percentile(0.99))
             for (writers, result) in [(8, eight), (64, sixtyFour)] {
                 check(TargetCheck(target: "host log: durable INSERT, \(writers) writers on \(writers) stores: p50 ≤ 1.5× and p99 ≤ 3× one PUT's",
@@ -115,15 +114,8 @@ struct ObjectStoreScenario: Scenario {
         }
         if newStoreP50.count >= 2 {
             let (on, off) = (newStoreP50[1], newStoreP50[0])
-            check(TargetCheck(target: "new store with replication on S3: p50 ≤ 5 ms and ≤ 2× replication off",
-                              measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 5000 && on <= 2 * off))
-        }
-        if let eight = durable["1-8"], let sixtyFour = durable["1-64"] {
-            check(TargetCheck(target: "durable INSERTs on S3, 8 writers: p50 ≤ 5 ms, p99 ≤ 25 ms",
-                              measured: "p50 \(format(eight.p50)) µs, p99 \(format(eight.p99)) µs", met: eight.p50 <= 5000 && eight.p99 <= 25000))
-            let scale = sixtyFour.throughput / max(eight.throughput, 1)
-            check(TargetCheck(target: "durable INSERTs on S3: 64 writers ≥ 4× the 8 writers' throughput",
-                              measured: String(format: "%.1f×", scale), met: scale >= 4))
+            check(TargetCheck(target: "new store with replication on S3: p50 ≤ 1.2× replication off",
+                              measured: String(format: "p50 %@ µs (%.2f×)", format(on), on / max(off, 1)), met: on <= 1.2 * off))
         }
     }
 

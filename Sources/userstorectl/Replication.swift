@@ -5,7 +5,7 @@ import Varlink
 extension UserStoreCtlCommand {
     struct Replication: ParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Show replication (Litestream), or act on the replica: init, take-over.",
+            abstract: "Show replication (the host log), or act on the replica: init, take-over.",
             discussion: """
                 `replication [USER]` shows replication's state (`show`, the default; `replication show init` \
                 shows a user named init). `replication init` says that the replica configured is this data \
@@ -17,11 +17,11 @@ extension UserStoreCtlCommand {
 
         struct Show: ParsableCommand {
             static let configuration = CommandConfiguration(
-                abstract: "Show replication: its state, the replica's identity and writer lease, and per open store whether it is registered and its lag.",
+                abstract: "Show replication: its state, the host log, the replica's identity and writer lease, and the open stores.",
                 discussion: """
-                    Without USER: every open store (only open stores are registered with Litestream; a closed store's \
-                    replica is complete as of its close). With USER: that store, open or not, and its replica URL. \
-                    Lag is the time since Litestream last synced the store. The replica line says whether the \
+                    Without USER: every open store (registered: its base is in the log). With USER: that store, open or \
+                    not, and where its copy is. The host log line: objects written and not yet folded, the oldest commit \
+                    not yet stored and the bytes waiting. The replica line says whether the \
                     replica is this data directory's (verified; missing or mismatch: nothing is created or \
                     restored) and, with one host, who holds its writer lease (holding: this host; standby: \
                     another, and this host serves no store). Exit 1 when replication is degraded.
@@ -105,21 +105,15 @@ extension UserStoreCtlCommand {
             func value(_ key: String) -> String { Output.cell(status[key]) }
             let state = value("state")
             var line = "replication " + output.paint(state, state == "ok" ? .green : .red)
-                + "   \(value("registeredStores")) registered   \(value("unregisteredStores")) unregistered   max lag \(value("maxLagSeconds")) s"
+                + "   \(value("registeredStores")) registered   \(value("unregisteredStores")) unregistered"
                 + "   \(value("restoredStores")) restored   durable writes \(status["durableWrites"]?.boolValue == true ? "on" : "off")"
-                + (status["engine"]?.stringValue == "log" ? "   engine log" : "   litestream \(value("litestreamVersion")) pid \(value("litestreamPid"))")
-                + "\n            replica \(value("replica"))   last sync pass \(value("syncPassSeconds")) s (longest \(value("longestSyncPassSeconds")) s)"
-                + "   syncs \(value("syncs")) (\(value("sharedSyncWaits")) waits shared)"
+                + "\n            replica \(value("replica"))"
                 + (status["replicaIndexUsers"]?.integerValue.map { "   bucket index \($0) users" } ?? "")
             if let log = status["log"] {
-                // The host log: no Litestream, one log per host.
                 line += "\n            host log: \(Output.cell(log["objectsWritten"])) objects written, \(Output.cell(log["tailObjects"])) unfolded"
                     + " (folded after \(Output.cell(log["foldSeconds"])) s; \(Output.cell(log["objectsFolded"])) folded)"
                     + "   oldest unstored commit \(Output.cell(log["oldestUnstoredSeconds"])) s   \(Output.cell(log["pendingBytes"])) bytes waiting"
                 if let error = log["foldError"]?.stringValue { line += "\n            " + output.paint("fold failing: \(error)", .red) }
-            }
-            if let diverged = status["divergedReplicas"]?.integerValue, diverged > 0 {
-                line += "\n            " + output.paint("\(diverged) replicas found diverged after a fault (shipped whole again; see replica-diverged in the journal)", .yellow)
             }
             let identity = status["identity"]?.stringValue ?? "none"
             if identity != "none" {

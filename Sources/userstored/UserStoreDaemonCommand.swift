@@ -20,25 +20,24 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
             USERSTORED_LIMITS_MAX_CONNECTIONS). Every key is described in docs/configuration.md \
             and in the commented /etc/userstore/userstored.yaml (config/userstored.yaml).
 
-            With replication on, the daemon copies the stores itself (replication.engine: log, \
-            the default) and runs no other process: every store's commits go into one log per \
-            host (<replica>/log/), a batch of stores per object; log objects older than \
+            With replication on (a file:// or s3:// replica), the daemon copies the stores \
+            itself and runs no other process: every store's commits go into one log per host \
+            (<replica>/log/), a batch of stores per object; log objects older than \
             replication.foldSeconds are folded into per-user objects (<replica>/users/); a host \
             that takes the lease at a new epoch — in a cluster, a bucket — writes a fence \
-            (<replica>/fences/) so that what an old owner uploads later never counts; a user \
-            whose copy is only in Litestream's layout is restored from it once. With \
-            replication.engine: litestream (being retired) Litestream runs as this process's \
-            child unless replication.startLitestream is false: it dies with the daemon (however \
-            the daemon ends) and is killed and restarted after \
-            replication.restartUnresponsiveSeconds without an answer on its control socket. An s3:// replica takes its endpoint, \
+            (<replica>/fences/) so that what an old owner uploads later never counts. A user \
+            whose copy is only in Litestream's layout (replicated before the daemon's own log) \
+            is restored from it once with `litestream restore` (replication.litestream). \
+            Litestream's keys (replication.engine: litestream, syncIntervalMilliseconds, \
+            maxRegisteredStores, socket, startLitestream, restartUnresponsiveSeconds, \
+            litestreamMetricsAddress) are accepted and unused; an sftp:// replica is refused. An \
+            s3:// replica takes its endpoint, \
             region, addressing, credentials (a file, or a systemd credential: \
             replication.s3.credential with LoadCredential=) and CA from replication.s3.*; a \
             bucket that refuses the credentials (ReplicaAccessDenied) or does not exist \
             (ReplicaBucketMissing) stops the daemon at start (exit 78), one that cannot be \
-            reached (ReplicaUnreachable) leaves replication degraded until it answers. With \
-            replication.litestreamMetricsAddress (host:port), Litestream serves its Prometheus \
-            page there and /metrics shows the requests and bytes it sent to the bucket (the log \
-            engine counts its own).
+            reached (ReplicaUnreachable) leaves replication degraded until it answers. /metrics \
+            shows the requests and bytes the daemon sent to the bucket.
 
             A file:// or s3:// replica carries a marker (userstore-replica.json) whose ID the \
             data directory records (replica.json): while the replica is empty or another one \

@@ -54,13 +54,25 @@ struct ConfigurationKeyTests {
         }
     }
 
-    /// The daemon's own log is the default engine, but not for an sftp:// replica (the log cannot
-    /// list or write one): that stays on Litestream; a named engine always wins.
-    @Test func theLogIsTheDefaultEngineButNotForAnSFTPReplica() async throws {
-        let header = "appVersion: \"1.0.0\"\nreplication:\n"
-        #expect(try await Self.load(header + "  replica: \"file:///tmp/r\"\n").replication?.engine == .log)
-        #expect(try await Self.load(header + "  replica: \"s3://bucket/prefix\"\n").replication?.engine == .log)
-        #expect(try await Self.load(header + "  replica: \"sftp://u@h/p\"\n").replication?.engine == .litestream)
-        #expect(try await Self.load(header + "  replica: \"file:///tmp/r\"\n  engine: litestream\n").replication?.engine == .litestream)
+    /// Litestream is retired: the keys of its time are accepted (each named as unused, a wrong
+    /// value still refused by name), `engine: litestream` means the log, and an sftp:// replica —
+    /// which only Litestream wrote — is refused by name rather than left unreplicated.
+    @Test func litestreamsKeysAreAcceptedAndUnusedAndSFTPIsRefusedByName() async throws {
+        let header = "appVersion: \"1.0.0\"\nreplication:\n  replica: \"file:///tmp/r\"\n"
+        #expect(try await Self.load(header).replication?.unusedKeys == [])
+        #expect(try await Self.load(header + "  engine: log\n").replication?.unusedKeys == [])
+        let old = "  engine: litestream\n  syncIntervalMilliseconds: 500\n  maxRegisteredStores: 10\n  socket: /run/l.sock\n"
+            + "  startLitestream: false\n  restartUnresponsiveSeconds: 5\n  litestreamMetricsAddress: 127.0.0.1:9090\n  litestream: /usr/bin/litestream\n"
+        let loaded = try await Self.load(header + old).replication
+        #expect(loaded?.unusedKeys == ["replication.engine", "replication.syncIntervalMilliseconds", "replication.maxRegisteredStores", "replication.socket",
+                                       "replication.startLitestream", "replication.restartUnresponsiveSeconds", "replication.litestreamMetricsAddress"])
+        #expect(loaded?.litestream == "/usr/bin/litestream")
+        for (yaml, key) in [("  engine: raft\n", "replication.engine"), ("  syncIntervalMilliseconds: 5\n", "replication.syncIntervalMilliseconds"),
+                            ("  litestreamMetricsAddress: unix:/x\n", "replication.litestreamMetricsAddress")] {
+            await #expect { _ = try await Self.load(header + yaml) } throws: { "\($0)".contains("key '\(key)'") }
+        }
+        await #expect { _ = try await Self.load("appVersion: \"1.0.0\"\nreplication:\n  replica: \"sftp://u@h/p\"\n") } throws: { error in
+            "\(error)".contains("key 'replication.replica'") && "\(error)".contains("sftp:// replicas are no longer served")
+        }
     }
 }

@@ -14,7 +14,7 @@ import UserStoreCore
     /// A replica folder and keepers on it, each with its own data directory.
     final class Replica {
         let folder = try! TemporaryDirectory()
-        var storage: ReplicaStorage { try! ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null")) }
+        var storage: ReplicaStorage { try! ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path)) }
 
         /// A keeper for the data directory `directory` (a new one when nil), its replica's
         /// marker checked.

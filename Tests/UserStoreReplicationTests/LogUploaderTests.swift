@@ -34,7 +34,7 @@ import UserStoreCore
     @Test(arguments: ["folder", "s3"]) func manyWritersRecordsGoTogetherAndComeBackInOrder(kind: String) async throws {
         let folder = try TemporaryDirectory()
         let server = kind == "s3" ? try SeaweedFS() : nil
-        var settings = ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null")
+        var settings = ReplicationSettings(replica: "file://" + folder.path)
         if let server {
             try server.createBucket("log")
             settings = try await ConfigurationKeyTestsSupport.s3Settings(server.replicaURL(bucket: "log", prefix: "p"))
@@ -74,7 +74,7 @@ import UserStoreCore
     /// Once the first object is written, ann's second record follows in a third.
     @Test func aStoresRecordWaitsForItsEarlierObjectWhileOtherStoresGoOn() async throws {
         let folder = try TemporaryDirectory()
-        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path))
         let uploader = Self.uploader(storage, inFlight: 2)
         let blocker = folder.path + "/" + uploader.key(of: 1)
         try FileManager.default.createDirectory(atPath: blocker + "/in-the-way", withIntermediateDirectories: true)
@@ -101,7 +101,7 @@ import UserStoreCore
     /// has waited the batch time (300 ms), whichever comes first.
     @Test(arguments: [86_400_000, 300]) func recordsWaitForTheObjectInFlightUpToTheBatchTime(batchMilliseconds: Int) async throws {
         let folder = try TemporaryDirectory()
-        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path))
         let uploader = Self.uploader(storage, inFlight: 4, batchMilliseconds: batchMilliseconds)
         let blocker = folder.path + "/" + uploader.key(of: 1)
         try FileManager.default.createDirectory(atPath: blocker + "/in-the-way", withIntermediateDirectories: true)
@@ -131,7 +131,7 @@ import UserStoreCore
     /// uploader, and ~1.5 KB each, for that day: here the uploader outlived its last reference.)
     @Test func aWaitThatEndsLeavesNoTimerBehind() async throws {
         let folder = try TemporaryDirectory()
-        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path, socket: "/dev/null"))
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path))
         var uploader: LogUploader? = Self.uploader(storage)
         weak let gone = uploader
         let running = Task { [uploader] in await uploader!.run() }

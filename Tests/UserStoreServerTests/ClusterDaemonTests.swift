@@ -19,13 +19,10 @@ import Varlink
         return server
     }
 
-    /// Which epochs hold `user`'s copy in `server`: the epoch folders under `users/<bucket>/<user>/`
-    /// (Litestream), or the epochs of the user's records in the log and its folded objects.
+    /// Which epochs hold `user`'s copy in `server`: the epochs of the user's records in the log
+    /// and its folded objects.
     static func epochs(of user: String, in server: SeaweedFS) throws -> [Int64] {
-        if ReplicationTests.engine == "log" { return Set(try logRecords(of: user, in: server).map(\.epoch)).sorted() }
-        let folder = "users/\(Placement.bucket(for: try UserID(user)))/\(user)/"
-        let names = try server.keys("cluster", prefix: folder).compactMap { $0.dropFirst(folder.count).split(separator: "/").first }
-        return Set(names.compactMap { $0.hasPrefix("e") ? Int64($0.dropFirst()) : nil }).sorted()
+        Set(try logRecords(of: user, in: server).map(\.epoch)).sorted()
     }
 
     /// Every record of `user` in the log's objects and folded objects of `server` (read with boto3).
@@ -53,12 +50,11 @@ import Varlink
     /// The YAML of ``daemon(_:port:etcd:store:extraConfig:)``: the replica reached at `endpoint`
     /// (a proxy) if given, on `engine`, with `replication` (more lines of that section, indented).
     static func configuration(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
-                              engine: String = ReplicationTests.engine, replication: String = "", extraConfig: String = "") -> String {
+                              replication: String = "", extraConfig: String = "") -> String {
         """
             replication:
               replica: "\(store.replicaURL(bucket: "cluster", prefix: "users", endpoint: endpoint))"
               litestream: \(litestreamPath)
-              engine: \(engine)
             \(replication)
             cluster:
               host: \(host)

@@ -17,7 +17,6 @@ import Varlink
             replication:
               replica: "\(store.replicaURL(bucket: "cluster", prefix: "users"))"
               litestream: \(litestreamPath)
-              engine: \(ReplicationTests.engine)
             cluster:
               host: \(host)
               etcd: [\(etcd.endpoints.joined(separator: ", "))]

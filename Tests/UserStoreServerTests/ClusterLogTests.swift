@@ -13,17 +13,17 @@ import Varlink
 @Suite(.serialized) struct ClusterLogTests {
     /// A host of the cluster on the log, its replica reached at `endpoint` (a proxy) if given.
     static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
-                       foldSeconds: Int = 3600, engine: String = "log") throws -> DaemonHarness {
+                       foldSeconds: Int = 3600) throws -> DaemonHarness {
         let daemon = try DaemonHarness(extraConfig: Self.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint,
-                                                                      foldSeconds: foldSeconds, engine: engine))
+                                                                      foldSeconds: foldSeconds))
         daemon.environment = store.environment
         return daemon
     }
 
-    /// The YAML of ``daemon(_:port:etcd:store:endpoint:foldSeconds:engine:)``.
+    /// The YAML of ``daemon(_:port:etcd:store:endpoint:foldSeconds:)``.
     static func configuration(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
-                              foldSeconds: Int = 3600, engine: String = "log") -> String {
-        ClusterDaemonTests.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint, engine: engine,
+                              foldSeconds: Int = 3600) -> String {
+        ClusterDaemonTests.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint,
                                          replication: "  durableTimeoutMilliseconds: 3000\n  foldSeconds: \(foldSeconds)")
     }
 

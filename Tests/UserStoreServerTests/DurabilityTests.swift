@@ -57,14 +57,11 @@ import Varlink
         return dump.stdout
     }
 
-    /// Loses the host (daemon and Litestream SIGKILLed, the data directory deleted), starts a new
+    /// Loses the host (the daemon SIGKILLed, the data directory deleted), starts a new
     /// daemon on the same replica and returns what `user`'s store holds once its first request
     /// restored it.
     static func loseHostAndRestore(_ user: String, _ daemon: DaemonHarness, _ client: VarlinkConnection) throws -> String {
-        // Litestream, when the daemon runs it (a suite on the log engine runs none).
-        let litestream = Int32(try client.call("io.userstore.Admin.Status")["replication"]?["litestreamPid"]?.integerValue ?? 0)
         kill(daemon.pid, SIGKILL)
-        if litestream > 0 { kill(litestream, SIGKILL) }
         daemon.waitForExit()
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
@@ -94,134 +91,6 @@ import Varlink
         #expect(live.contains("CREATE TABLE blobs"), sourceLocation: sourceLocation)
         expectSame(try loseHostAndRestore(user, daemon, client), live, sourceLocation)
         daemon.stop()
-    }
-
-    /// The issue's scenario: Litestream paused (SIGSTOP) while small and large transactions
-    /// commit — a 5 MB one, a durable write that fails, plain writes for 9 s — then resumed; a
-    /// durable write acknowledged afterwards means the 5 MB transaction is in the replica too.
-    @Test(.litestreamBehaviour) func aPausedLitestreamLosesNoCommitBeforeADurableAcknowledgement() throws {
-        let (_, daemon, client) = try Self.started()
-        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
-        let litestream = try ReplicationTests.litestreamPID(client)
-        kill(litestream, SIGSTOP)
-        defer { kill(litestream, SIGCONT) }
-        for index in 0..<5 { try Self.execute("INSERT INTO notes (title) VALUES ('plain \(index)')", for: "ann", on: client) }
-        try Self.writeBlob(5242880, for: "ann", on: client)
-        #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
-            try Self.execute("INSERT INTO notes (title) VALUES ('durable while paused')", for: "ann", on: client, durable: true)
-        })
-        let until = ContinuousClock.now + .seconds(9)
-        var written = 0
-        while ContinuousClock.now < until {
-            try Self.execute("INSERT INTO notes (title) VALUES ('during \(written)')", for: "ann", on: client)
-            written += 1
-        }
-        kill(litestream, SIGCONT)
-        #expect(try Self.waitUntilHealthy(client))
-        try Self.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
-        let live = try Self.contents(try Self.storePath("ann", daemon))
-        #expect(live.contains("CREATE TABLE blobs") && live.contains("'during \(written - 1)'"))
-        Self.expectSame(try Self.loseHostAndRestore("ann", daemon, client), live)
-        daemon.stop()
-    }
-
-    /// Paused past the point where the daemon used to checkpoint a store behind Litestream (the
-    /// health check has given up on it, the WAL is past 1,000 pages, one more commit): the WAL
-    /// is kept whole, because the paused Litestream still holds its position in it. Before the
-    /// fix the WAL was reset here, Litestream took that for its own checkpoint, and the 5 MB
-    /// write never reached the replica (every run).
-    @Test(.litestreamBehaviour) func aStoreIsNotCheckpointedBehindAPausedLitestream() throws {
-        let (_, daemon, client) = try Self.started()
-        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "bea", on: client, durable: true)
-        let litestream = try ReplicationTests.litestreamPID(client)
-        kill(litestream, SIGSTOP)
-        defer { kill(litestream, SIGCONT) }
-        try Self.writeBlob(5242880, for: "bea", on: client)
-        #expect(try Self.waitForReplication(client) { $0["unregisteredStores"] == 1 })
-        try Self.execute("INSERT INTO notes (title) VALUES ('small')", for: "bea", on: client)
-        let wal = try Self.storePath("bea", daemon) + "-wal"
-        let walSize = (try FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0
-        #expect(walSize > 5_242_880, "the WAL was reset behind the paused Litestream (\(walSize) bytes left); Litestream \(litestream), daemon's log:\n\(daemon.stderr.split(separator: "\n").suffix(30).joined(separator: "\n"))")
-        kill(litestream, SIGCONT)
-        #expect(try Self.waitUntilHealthy(client))
-        try Self.acknowledgeThenLoseTheHost("bea", daemon, client)
-    }
-
-    /// A WAL reset the daemon cannot prevent — another process checkpoints the store while
-    /// Litestream is paused — breaks the replica's continuity just the same. The comparison after
-    /// the fault finds it (`replica-diverged`), ships the store whole again, and only then counts
-    /// it as registered: the durable write after it is acknowledged with everything before it in
-    /// the replica.
-    @Test(.litestreamBehaviour) func aBrokenReplicaIsFoundAndShippedWholeAgain() throws {
-        let (_, daemon, client) = try Self.started()
-        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "cal", on: client, durable: true)
-        let litestream = try ReplicationTests.litestreamPID(client)
-        kill(litestream, SIGSTOP)
-        defer { kill(litestream, SIGCONT) }
-        try Self.writeBlob(3000000, for: "cal", on: client)
-        #expect(try Self.waitForReplication(client) { $0["unregisteredStores"] == 1 })
-        let path = try Self.storePath("cal", daemon)
-        let checkpoint = try run(["/usr/bin/sqlite3", "-cmd", ".timeout 5000", path, "PRAGMA wal_checkpoint(TRUNCATE);"])
-        #expect(checkpoint.stdout.hasPrefix("0|0|0"), "\(checkpoint)")
-        try Self.execute("INSERT INTO notes (title) VALUES ('small')", for: "cal", on: client)
-        kill(litestream, SIGCONT)
-        #expect(try Self.waitUntilHealthy(client))
-        #expect(daemon.stderr.contains("event=replica-diverged"), "the broken replica went unnoticed")
-        #expect(try client.call("io.userstore.Admin.Status")["replication"]?["divergedReplicas"] == 1)
-        try Self.acknowledgeThenLoseTheHost("cal", daemon, client)
-    }
-
-    /// Litestream killed while a large and small transactions commit: the daemon starts a new
-    /// one, registers the store with it and compares it with its replica; a durable write then
-    /// covers everything.
-    @Test(.litestreamBehaviour) func aKilledLitestreamLosesNothingAcknowledged() throws {
-        let (_, daemon, client) = try Self.started()
-        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "dan", on: client, durable: true)
-        let first = try ReplicationTests.litestreamPID(client)
-        kill(first, SIGKILL)
-        try Self.writeBlob(5242880, for: "dan", on: client)
-        for index in 0..<20 { try Self.execute("INSERT INTO notes (title) VALUES ('while down \(index)')", for: "dan", on: client) }
-        #expect(try Self.waitForReplication(client) { $0["state"] == "ok" && $0["unregisteredStores"] == 0 && $0["litestreamPid"]?.integerValue != Int64(first) })
-        try Self.acknowledgeThenLoseTheHost("dan", daemon, client)
-    }
-
-    /// A Litestream child that stops answering is killed after
-    /// `replication.restartUnresponsiveSeconds` and replaced; its stores, whose WAL it held, are
-    /// registered with the new one and compared with their replica.
-    @Test(.litestreamBehaviour) func anUnresponsiveLitestreamIsReplaced() throws {
-        let (_, daemon, client) = try Self.started(extra: "  restartUnresponsiveSeconds: 2")
-        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "eve", on: client, durable: true)
-        let first = try ReplicationTests.litestreamPID(client)
-        kill(first, SIGSTOP)
-        try Self.writeBlob(5242880, for: "eve", on: client)
-        #expect(try Self.waitForReplication(client) { $0["state"] == "ok" && $0["unregisteredStores"] == 0 && $0["litestreamPid"]?.integerValue != Int64(first) })
-        #expect(daemon.stderr.contains("event=litestream-unresponsive"))
-        #expect(us_wait_for_exit(first, 0) == 1, "the paused Litestream is still there")
-        try Self.acknowledgeThenLoseTheHost("eve", daemon, client)
-    }
-
-    /// A store evicted while Litestream is paused: its final sync and unregistration time out,
-    /// so it is closed with its WAL kept (the paused Litestream still holds its position in it).
-    /// Reopened after Litestream is back, it is compared with its replica before a durable write
-    /// is acknowledged.
-    @Test(.litestreamBehaviour) func aStoreEvictedWhileLitestreamIsPausedLosesNothing() throws {
-        let (_, daemon, client) = try Self.started(extra: "maxOpenStores: 2")
-        try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
-        let litestream = try ReplicationTests.litestreamPID(client)
-        kill(litestream, SIGSTOP)
-        defer { kill(litestream, SIGCONT) }
-        try Self.writeBlob(5242880, for: "fay", on: client)
-        // Two other users: fay, least recently used, is closed.
-        _ = try client.call("io.userstore.Store.Open", ["user": "gil"])
-        _ = try client.call("io.userstore.Store.Open", ["user": "hal"])
-        let open = try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.compactMap { $0["user"]?.stringValue } ?? []
-        #expect(!open.contains("fay"))
-        let wal = try Self.storePath("fay", daemon) + "-wal"
-        #expect(((try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0) > 5_242_880, "closing reset the WAL the paused Litestream holds")
-        kill(litestream, SIGCONT)
-        try Self.execute("INSERT INTO notes (title) VALUES ('reopened')", for: "fay", on: client)
-        #expect(try Self.waitUntilHealthy(client))
-        try Self.acknowledgeThenLoseTheHost("fay", daemon, client)
     }
 
     /// A replica on a file system that stalls (`fsfreeze` on a loop-mounted ext4): Litestream
@@ -341,15 +210,4 @@ import Varlink
         daemon.stop()
     }
 
-    /// Litestream never outlives its daemon: SIGKILL of the daemon alone ends it within a second
-    /// (it runs tied to the daemon, PR_SET_PDEATHSIG), and it runs in the daemon's process group.
-    @Test(.litestreamBehaviour) func litestreamEndsWithItsDaemon() throws {
-        let (_, daemon, client) = try ReplicationTests.started()
-        let litestream = try ReplicationTests.litestreamPID(client)
-        #expect(litestream > 0)
-        #expect(getpgid(litestream) == getpgid(daemon.pid))
-        kill(daemon.pid, SIGKILL)
-        daemon.waitForExit()
-        #expect(us_wait_for_exit(litestream, 1000) == 1, "Litestream (pid \(litestream)) outlived its daemon by more than a second")
-    }
 }

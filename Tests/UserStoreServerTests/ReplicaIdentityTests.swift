@@ -17,9 +17,7 @@ import Varlink
         try daemon.start()
         let first = try daemon.connect()
         for row in durableRows { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(row)')", for: "ann", on: first, durable: true) }
-        let litestream = ReplicationTests.onLitestream ? try ReplicationTests.litestreamPID(first) : nil
         kill(daemon.pid, SIGKILL)
-        if let litestream { kill(litestream, SIGKILL) }
         daemon.waitForExit()
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
@@ -137,7 +135,7 @@ import Varlink
         _ = try daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])
         #expect(daemon.stop() == 0)
         let before = FileManager.default.subpaths(atPath: theirs.path)?.sorted()
-        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(theirs.path)\"\n  litestream: \(litestreamPath)\n  engine: \(ReplicationTests.engine)\n")
+        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(theirs.path)\"\n  litestream: \(litestreamPath)\n")
         try daemon.start(waitForReady: false)
         #expect(daemon.waitForExit() == 78)
         #expect(daemon.stderr.contains("ReplicaMismatch"), "\(daemon.stderr)")
@@ -153,7 +151,7 @@ import Varlink
         try daemon.start()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('local')", for: "ann", on: try daemon.connect())
         #expect(daemon.stop() == 0)
-        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestreamPath)\n  engine: \(ReplicationTests.engine)\n")
+        try daemon.writeConfig(extra: "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestreamPath)\n")
         try daemon.start()
         defer { daemon.stop() }
         let client = try daemon.connect()

@@ -12,29 +12,18 @@ import Varlink
 /// the disaster, eviction, a Litestream crash, a damaged replica. docs/replication.md quotes the
 /// figures the disaster test prints.
 @Suite(.serialized) struct ReplicationTests {
-    /// A daemon replicating to `replica` (a folder), with Litestream as its child.
+    /// A daemon replicating to `replica` (a folder).
     static func daemon(replica: String, extra: String = "") throws -> DaemonHarness {
         try daemon(replicaURL: "file://" + replica, extra: extra)
     }
 
-    /// The replication engine a test runs on: Litestream for a test of Litestream's own
-    /// behaviour (``Trait/litestreamBehaviour``), otherwise `USERSTORE_TEST_ENGINE` (`log`, the
-    /// daemon's default, or `litestream`).
-    static var engine: String {
-        forcedEngine ?? ProcessInfo.processInfo.environment["USERSTORE_TEST_ENGINE"] ?? "log"
-    }
-
-    /// Set for the tests of Litestream's own behaviour, while they run.
-    @TaskLocal static var forcedEngine: String?
-
-    /// A daemon replicating to `replicaURL` (`file://…`, `s3://…`) on ``engine``: the daemon's
-    /// own log, or Litestream as its child.
+    /// A daemon replicating to `replicaURL` (`file://…`, `s3://…`) with its own log; Litestream
+    /// there to read a copy in its layout.
     static func daemon(replicaURL: String, extra: String = "") throws -> DaemonHarness {
         try DaemonHarness(extraConfig: """
             replication:
               replica: "\(replicaURL)"
               litestream: \(litestreamPath)
-              engine: \(engine)
             \(extra)
             """)
     }
@@ -66,29 +55,10 @@ import Varlink
         }
     }
 
-    /// Litestream's pid, as the daemon reports it.
-    /// Never 0: `kill(0, …)` would signal the test runner's own process group (it throws
-    /// instead, with no Litestream running — the log engine).
-    static func litestreamPID(_ client: VarlinkConnection) throws -> Int32 {
-        let pid = Int32(try client.call("io.userstore.Admin.Status")["replication"]?["litestreamPid"]?.integerValue ?? 0)
-        guard pid > 0 else { throw NoLitestream() }
-        return pid
-    }
-
-    struct NoLitestream: Error, CustomStringConvertible {
-        var description: String { "the daemon runs no Litestream (Status.replication.litestreamPid is 0)" }
-    }
-
     /// Stalls replication to the folder replica `replica` until the returned closure runs (once;
-    /// later calls do nothing): Litestream paused (SIGSTOP), or the log's folder swapped for a
-    /// file, so that no log object can be written.
+    /// later calls do nothing): the log's folder swapped for a file, so that no log object can be
+    /// written.
     static func stall(_ client: VarlinkConnection, replica: String) throws -> @Sendable () -> Void {
-        if onLitestream {
-            let litestream = try litestreamPID(client)
-            kill(litestream, SIGSTOP)
-            let once = Mutex(false)
-            return { if !once.withLock({ done in let was = done; done = true; return was }) { kill(litestream, SIGCONT) } }
-        }
         let log = replica + "/log"
         try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
         try #require(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
@@ -100,22 +70,12 @@ import Varlink
         }
     }
 
-    /// Whether this test runs on Litestream.
-    static var onLitestream: Bool { engine == "litestream" }
-
-    /// The replica's copy of `user`'s store, restored by Litestream itself into `directory`.
-    /// On the log engine: rebuilt from the folder's log by the daemon's own restorer, run here.
-    static func replicaCopy(of user: String, daemon: DaemonHarness, replica: String, directory: String) throws -> String {
-        if !onLitestream {
-            let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
-            let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + replica, socket: "/dev/null"))
-            #expect(try LogRestorer(storage: storage).restore(user, to: output) != nil, "the log holds nothing of \(user)")
-            return output
-        }
-        let url = try daemon.connect().call("io.userstore.Admin.Replication", ["user": .string(user)])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? ""
+    /// The replica's copy of `user`'s store, rebuilt from the folder's log by the daemon's own
+    /// restorer, run here, into `directory`.
+    static func replicaCopy(of user: String, replica: String, directory: String) throws -> String {
         let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
-        let result = try run([litestreamPath, "restore", "-o", output, url])
-        #expect(result.status == 0, "\(result.stderr)")
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + replica))
+        #expect(try LogRestorer(storage: storage).restore(user, to: output) != nil, "the log holds nothing of \(user)")
         return output
     }
 
@@ -183,10 +143,8 @@ import Varlink
         }
         let longest = Int64((longestPass * 1000).rounded(.up))
         let bound = max(1000, max(250, longest) + longest)
-        let litestream = Self.onLitestream ? try Self.litestreamPID(client) : nil
         let killedAt = Self.milliseconds()
         kill(daemon.pid, SIGKILL)
-        if let litestream { kill(litestream, SIGKILL) }
         daemon.waitForExit()
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
 
@@ -220,132 +178,6 @@ import Varlink
               + "max \(restoreMicroseconds.last! / 1000) ms")
         #expect(daemon.stderr.contains("event=store-restored"))
         #expect(try fresh.call("io.userstore.Admin.Status")["replication"]?["restoredStores"] == .integer(Int64(users.count)))
-        daemon.stop()
-    }
-
-    /// A store closed to make room is synced and unregistered first: the replica has its last
-    /// write the moment it is evicted, and Litestream no longer holds it.
-    @Test(.litestreamBehaviour) func evictionUnregistersAfterAFinalSync() throws {
-        let (replica, daemon, client) = try Self.started(extra: "maxOpenStores: 2")
-        try Self.insert("first", for: "ann", on: client)
-        try Self.insert("last before eviction", for: "ann", on: client)
-        // Registered (at once, unless Litestream's socket was slow to answer a health check under
-        // load: then by the next check).
-        #expect(try DurabilityTests.waitForReplication(client) { _ in
-            let before = try? client.call("io.userstore.Admin.Replication", ["user": "ann"])["stores"]?.arrayValue?.first
-            return before?["open"] == true && before?["registered"] == true
-        })
-        // Two more users: ann, least recently used, is closed.
-        _ = try client.call("io.userstore.Store.Open", ["user": "ben"])
-        _ = try client.call("io.userstore.Store.Open", ["user": "cat"])
-        let after = try client.call("io.userstore.Admin.Replication")
-        let open = Set((after["stores"]?.arrayValue ?? []).compactMap { $0["user"]?.stringValue })
-        #expect(open == ["ben", "cat"])
-        #expect(after["replication"]?["registeredStores"] == 2)
-        let listed = try run(["/usr/bin/curl", "-s", "--unix-socket", daemon.dataDirectory + "/litestream.sock", "http://localhost/list"])
-        #expect(listed.stdout.contains("cat.sqlite") && !listed.stdout.contains("ann.sqlite"), "\(listed.stdout)")
-        // No sync interval waited for: the final sync ran before the store closed.
-        let copy = try Self.replicaCopy(of: "ann", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        #expect(try sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "first\nlast before eviction")
-        daemon.stop()
-    }
-
-    /// Litestream SIGKILLed while writes go on: the writes keep succeeding, durable ones fail
-    /// with ReplicationUnavailable until it is back; the daemon starts it again and registers
-    /// every open store again; the replica then has the writes made meanwhile.
-    @Test(.litestreamBehaviour) func litestreamKilledAndRestartedWhileWritesContinue() throws {
-        let (replica, daemon, client) = try Self.started()
-        for user in ["dan", "eve"] {
-            try Self.insert("before", for: user, on: client, durable: true)
-        }
-        let first = try Self.litestreamPID(client)
-        kill(first, SIGKILL)
-        #expect(Self.isError("io.userstore.Store.ReplicationUnavailable") {
-            try client.call("io.userstore.Store.Execute", ["user": "dan", "sql": "INSERT INTO notes (title) VALUES ('durable while down')", "durable": true])
-        })
-        // Ordinary writes go on until the daemon has a new Litestream with both stores registered.
-        var written = 0
-        var degradedSeen = false
-        var status: [String: JSONValue] = [:]
-        let deadline = ContinuousClock.now + .seconds(30)
-        repeat {
-            for user in ["dan", "eve"] {
-                try Self.insert("during", for: user, on: client)
-            }
-            written += 1
-            status = try client.call("io.userstore.Admin.Status")["replication"]?.objectValue ?? [:]
-            if status["state"] == "degraded" { degradedSeen = true }
-        } while !(degradedSeen && status["state"] == "ok" && status["registeredStores"] == 2 && status["litestreamPid"]?.integerValue != Int64(first))
-            && ContinuousClock.now < deadline
-        #expect(degradedSeen && status["state"] == "ok", "\(status)")
-        #expect(status["litestreamPid"]?.integerValue != Int64(first))
-        // A durable write now confirms everything before it is in the replica.
-        try Self.insert("after", for: "dan", on: client, durable: true)
-        let copy = try Self.replicaCopy(of: "dan", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        let during = try sqlite3(copy, "SELECT count(*) FROM notes WHERE title = 'during'")
-        let all = try sqlite3(copy, "SELECT count(*) FROM notes")
-        #expect(during == "\(written)")
-        #expect(all == "\(written + 3)") // before, durable while down (committed here), after
-        #expect(daemon.stderr.contains("event=replication-degraded") && daemon.stderr.contains("event=replication-recovered"))
-        daemon.stop()
-    }
-
-    /// The daemon checkpoints a store itself while Litestream is down. Litestream, back, must
-    /// not resume after its last WAL position as if nothing happened: the frames written after
-    /// it and checkpointed meanwhile are no longer in the WAL. Here Litestream runs outside the
-    /// daemon (`startLitestream: false`), so the outage lasts exactly as long as the test says:
-    /// a 2 MB write it has replicated, then, while it is down, a 5 MB write (past the
-    /// 1,000-page checkpoint threshold) and a small one after the checkpoint.
-    @Test(.litestreamBehaviour) func writesCheckpointedWhileLitestreamIsDownReachTheReplica() throws {
-        let replica = try TemporaryDirectory()
-        let runtime = try TemporaryDirectory()
-        let socket = runtime.path + "/litestream.sock"
-        let configuration = runtime.path + "/litestream.yml"
-        try "socket:\n  enabled: true\n  path: \"\(socket)\"\n".write(toFile: configuration, atomically: true, encoding: .utf8)
-        func startLitestream() throws -> Process {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: litestreamPath)
-            process.arguments = ["replicate", "-config", configuration]
-            process.standardOutput = FileHandle.nullDevice
-            process.standardError = FileHandle.nullDevice
-            try process.run()
-            return process
-        }
-        var litestream = try startLitestream()
-        defer { if litestream.isRunning { kill(litestream.processIdentifier, SIGKILL); litestream.waitUntilExit() } }
-        let daemon = try Self.daemon(replica: replica.path, extra: "  startLitestream: false\n  socket: \(socket)")
-        try daemon.start()
-        let client = try daemon.connect()
-        func replicationState() throws -> (state: String?, registered: Int64?) {
-            let status = try client.call("io.userstore.Admin.Status")["replication"]
-            return (status?["state"]?.stringValue, status?["registeredStores"]?.integerValue)
-        }
-        func waitFor(_ state: String, registered: Int64) throws -> Bool {
-            let deadline = ContinuousClock.now + .seconds(30)
-            while ContinuousClock.now < deadline {
-                let now = try replicationState()
-                if now.state == state && now.registered == registered { return true }
-                _ = try client.call("io.userstore.Admin.Status") // one round trip between looks
-            }
-            return false
-        }
-        // Litestream may answer a moment after it started: the first durable write waits for it.
-        #expect(try waitFor("ok", registered: 0))
-        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "CREATE TABLE blobs (b BLOB)"])
-        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "INSERT INTO blobs VALUES (randomblob(2000000))", "durable": true])
-        kill(litestream.processIdentifier, SIGKILL)
-        litestream.waitUntilExit()
-        #expect(try waitFor("degraded", registered: 0))
-        _ = try client.call("io.userstore.Store.Execute", ["user": "kim", "sql": "INSERT INTO blobs VALUES (randomblob(5000000))"])
-        try Self.insert("after the checkpoint", for: "kim", on: client)
-        litestream = try startLitestream()
-        #expect(try waitFor("ok", registered: 1))
-        try Self.insert("durable", for: "kim", on: client, durable: true)
-        let copy = try Self.replicaCopy(of: "kim", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
-        let blobs = try sqlite3(copy, "SELECT count(*), sum(length(b)) FROM blobs")
-        let notes = try sqlite3(copy, "SELECT group_concat(title, ',') FROM notes")
-        #expect(blobs == "2|7000000")
-        #expect(notes == "after the checkpoint,durable")
         daemon.stop()
     }
 
@@ -402,7 +234,7 @@ import Varlink
             }
         }
         // Read straight from the replica, with the store still open and nothing waited for.
-        let copy = try Self.replicaCopy(of: "hal", daemon: daemon, replica: replica.path, directory: daemon.directory.path)
+        let copy = try Self.replicaCopy(of: "hal", replica: replica.path, directory: daemon.directory.path)
         #expect(try sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "one\ntwo\nthree")
         daemon.stop()
 
@@ -439,27 +271,11 @@ import Varlink
         #expect(try sqlite3(backup, "SELECT count(*) FROM notes") == "2")
 
         _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "kim"])
-        if Self.onLitestream {
-            let folder = replica.path + "/" + (try client.call("io.userstore.Admin.Replication", ["user": "kim"])["stores"]?.arrayValue?.first?["replica"]?.stringValue ?? "")
-                .replacingOccurrences(of: "file://" + replica.path + "/", with: "")
-            #expect(!FileManager.default.fileExists(atPath: folder), "the replica \(folder) is still there")
-        }
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + replica.path))
+        #expect(try LogRestorer(storage: storage).restore("kim", to: daemon.directory.path + "/kim-after-delete.sqlite") == nil, "the replica still holds kim")
         let again = try client.call("io.userstore.Store.Open", ["user": "kim"])
         #expect(again["created"] == true)
         #expect(try client.call("io.userstore.Store.Query", ["user": "kim", "sql": "SELECT count(*) FROM notes"])["rows"] == [[0]])
         daemon.stop()
     }
-}
-
-/// Runs a test on Litestream whatever `USERSTORE_TEST_ENGINE` says: Litestream's own behaviour
-/// (its process, its control socket, its restore), tested while the daemon still has it.
-struct LitestreamBehaviour: TestTrait, TestScoping {
-    func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
-        try await ReplicationTests.$forcedEngine.withValue("litestream") { try await function() }
-    }
-}
-
-extension Trait where Self == LitestreamBehaviour {
-    /// A test of Litestream's own behaviour: run on Litestream.
-    static var litestreamBehaviour: Self { LitestreamBehaviour() }
 }

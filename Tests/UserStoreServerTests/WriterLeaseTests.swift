@@ -33,11 +33,10 @@ import Varlink
             }
         }
 
-        /// Every daemon SIGKILLed with its Litestream, and a third on an empty disk: `user`'s
+        /// Every daemon SIGKILLed, and a third on an empty disk: `user`'s
         /// rows, as it restores them.
         func restoreOnAFreshHost(_ user: String) throws -> [String] {
             for daemon in [first, second] where daemon.process != nil {
-                if ReplicationTests.onLitestream, let pid = try? ReplicationTests.litestreamPID(daemon.connect()) { kill(pid, SIGKILL) }
                 kill(daemon.pid, SIGCONT)
                 daemon.stop(signal: SIGKILL)
             }
@@ -86,10 +85,8 @@ import Varlink
         #expect(Self.refused { try second.call("io.userstore.Store.Open", ["user": "bob"]) })
         try Self.durable("first 2", first)
 
-        let litestream = ReplicationTests.onLitestream ? try ReplicationTests.litestreamPID(first) : nil
         let killedAt = ContinuousClock.now
         kill(pair.first.pid, SIGKILL)
-        if let litestream { kill(litestream, SIGKILL) }
         pair.first.waitForExit()
         #expect(try Self.waitForLease(second, "holding"))
         let tookOver = ContinuousClock.now - killedAt

@@ -1,9 +1,9 @@
 import Foundation
 
-/// What the registry asks of an off-host copy of every store (Litestream, through the
-/// daemon's `LitestreamReplicator`), at the points of a store's life where it matters.
+/// What the registry asks of an off-host copy of every store (the daemon's host log,
+/// `LogReplicator`), at the points of a store's life where it matters.
 ///
-/// Every method blocks (a process to spawn, a control-socket round trip) and is called on
+/// Every method may block (a request to the replica) and is called on
 /// ``BlockingPool`` threads, never on an event loop or the cooperative pool. None throws for a
 /// replication outage: the store is served unreplicated (degraded) and registered again later;
 /// only ``restore(_:to:timestamp:)`` and ``storeReplaced(_:path:deleteReplica:)`` refuse,

@@ -168,7 +168,7 @@ extension LogReplicator {
             ])
         case .ended(let since):
             logger.notice("replication recovered: the log's objects are stored again", metadata: [
-                "event": "replication-recovered", "degraded_seconds": .stringConvertible(Int(Date().timeIntervalSince(since))), "checked": "0",
+                "event": "replication-recovered", "degraded_seconds": .stringConvertible(Int(Date().timeIntervalSince(since))),
             ])
         case nil:
             break

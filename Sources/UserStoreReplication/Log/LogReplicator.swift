@@ -11,7 +11,7 @@ import UserStoreCore
 /// second process, and nothing kept per store but while it is open (docs/design.md, "The host
 /// log"). In a cluster each host writes its own log; records carry their bucket's epoch, and a
 /// host fences the buckets it takes before it reads their users (``LogFence``).
-package final class LogReplicator: ReplicationEngine {
+package final class LogReplicator: StoreReplication {
     package let settings: ReplicationSettings
     package let layout: StoreLayout
     package let storage: ReplicaStorage
@@ -274,8 +274,11 @@ package final class LogReplicator: ReplicationEngine {
         }
     }
 
-    // MARK: ReplicationEngine
+    // MARK: What the daemon asks besides the registry
 
+    /// Waits until every transaction committed to `user`'s store so far is in the replica, and
+    /// may be acknowledged (``StoreError/replicationUnavailable(user:message:)`` otherwise), by
+    /// `deadline`.
     package func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
         try identity?.require(for: user)
         guard let logged = state.withLock({ $0.open[layout.storePath(for: user)] }) else {
@@ -301,22 +304,32 @@ package final class LogReplicator: ReplicationEngine {
         }
     }
 
+    /// The epoch `user`'s open store replicates under (nil: none, or not open).
     package func registeredEpoch(of user: UserID) -> Int64? {
         state.withLock { $0.open[layout.storePath(for: user)]?.epoch }
     }
 
+    /// Where `user`'s copy is in the replica (for operators).
     package func replicaURL(for user: UserID) -> String { storage.describe(LogRestorer.folder) }
 
+    /// How many users the index of the log holds, once listed.
     package var indexedUsers: Int? { index.users }
     /// What the daemon sent to the bucket (nil with a folder replica).
     package let bucketTraffic: BucketTraffic?
 
+    /// The replica could not be reached or verified (at start: served degraded).
     package func replicaFailed(_ problem: String) {
         state.withLock { $0.replicaProblem = problem }
     }
 
+    /// An operator's call on the replica that this replica cannot take.
+    package struct NotReachable: Error, CustomStringConvertible {
+        package let description: String
+    }
+
+    /// `userstorectl replication init`.
     package func initializeReplica() async throws -> ReplicaMarker {
-        guard let identity else { throw LitestreamReplicator.NotReachable(description: "no marker in this replica") }
+        guard let identity else { throw NotReachable(description: "no marker in this replica") }
         let marker = try await BlockingPool.run { try identity.initialize() }
         await checkReplica()
         if let lease { _ = try? await BlockingPool.run { lease.round() } }
@@ -324,7 +337,7 @@ package final class LogReplicator: ReplicationEngine {
     }
 
     package func takeOverReplica() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
-        guard let lease else { throw LitestreamReplicator.NotReachable(description: "no writer lease in this replica") }
+        guard let lease else { throw NotReachable(description: "no writer lease in this replica") }
         return try await BlockingPool.run { try lease.takeOver() }
     }
 
@@ -335,6 +348,7 @@ package final class LogReplicator: ReplicationEngine {
         index.reset()
     }
 
+    /// What `Status`, `userstorectl replication` and the metrics show.
     package var snapshot: ReplicationSnapshot {
         // An outage's end is logged before anything shows replication ok again.
         reportUploads()
@@ -352,10 +366,14 @@ package final class LogReplicator: ReplicationEngine {
         }
     }
 
+    /// The log's background work (health checks, the fold, fences), run with the daemon's
+    /// services until shutdown.
     package func services(registry: StoreRegistry) -> [any Service] {
         [LogHealthService(replicator: self)]
     }
 
+    /// Whether what the stores closed so far committed is in the replica, waiting for it until
+    /// `deadline` (a cluster releases a moving bucket only then).
     package func lastCommitsStored(until deadline: ContinuousClock.Instant) async -> Bool {
         await uploader.flush(until: deadline)
     }

@@ -25,7 +25,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The registry whose stores a moving bucket closes (set once it exists: it needs this
     /// placement first).
     private let registry = Mutex<StoreRegistry?>(nil)
-    private let engine = Mutex<(any ReplicationEngine)?>(nil)
+    private let engine = Mutex<LogReplicator?>(nil)
     /// Buckets this host released, by the draining epoch it released them at.
     private let released = Mutex<[Int: Int64]>([:])
     /// The replica's marker against this data directory's binding (nil: not checked, sftp).
@@ -213,7 +213,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     func attach(_ registry: StoreRegistry) { self.registry.withLock { $0 = registry } }
 
     /// The replication engine, which says when a moving bucket's last commits are stored.
-    func attach(engine: (any ReplicationEngine)?) { self.engine.withLock { $0 = engine } }
+    func attach(engine: LogReplicator?) { self.engine.withLock { $0 = engine } }
 
     /// The replica's identity, which decides whether this host may claim buckets.
     func attach(_ identity: ReplicaIdentity?) { replicaIdentity.withLock { $0 = identity } }

@@ -90,23 +90,20 @@ public enum Daemon {
         }
         if cluster != nil { release.publishLoaded(policy: configuration.rollout) }
         let observer = ObserverFanOut(observers: [index, release, EventLogger(logger: logger)] + (metrics.map { [$0] } ?? []))
-        var replicator: (any ReplicationEngine)?
+        var replicator: LogReplicator?
         if let settings = configuration.replication {
             do throws(ReplicaSetup.Refusal) {
-                if settings.engine == .litestream { try LitestreamReplicator.checkBinary(settings) }
+                if !settings.unusedKeys.isEmpty {
+                    logger.notice("replication: \(settings.unusedKeys.joined(separator: ", ")) from Litestream's time: accepted and unused (the daemon's own log replicates; docs/configuration.md)", metadata: [
+                        "event": "configuration-keys-unused", "keys": .string(settings.unusedKeys.joined(separator: " ")),
+                    ])
+                }
                 // The replica's identity (its marker against this data directory's binding) and,
                 // with one host, its writer lease: before anything can be created, restored or
                 // replicated.
                 let setup = try await ReplicaSetup.prepare(settings, layout: layout, clusterHost: cluster?.settings.host, logger: logger)
-                switch settings.engine {
-                case .litestream:
-                    replicator = await LitestreamReplicator.start(settings, setup: setup, layout: layout, runtimeDirectory: configuration.dataDirectory,
-                                                                  fencing: cluster, logger: logger,
-                                                                  syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
-                case .log:
-                    replicator = try LogReplicator.start(settings, setup: setup, layout: layout, cluster: cluster, logger: logger,
-                                                         syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
-                }
+                replicator = try LogReplicator.start(settings, setup: setup, layout: layout, cluster: cluster, logger: logger,
+                                                     syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
             } catch {
                 var metadata: Logger.Metadata = ["event": "daemon-failed"]
                 if let name = error.name { metadata["error"] = .string(name) }

@@ -3,7 +3,7 @@ import UserStoreReplication
 import Varlink
 
 /// Durable writes (docs/replication.md): an `Execute`, `Batch` or `Commit` that replies only
-/// once Litestream confirms its transaction is in the replica — for every write with
+/// once the log object holding its transaction (and every earlier one of its store) is stored — for every write with
 /// `replication.durableWrites`, or for a call with `durable: true`.
 extension DaemonContext {
     /// Whether the write call in `view` (parameters at `call`) must wait for the replica.

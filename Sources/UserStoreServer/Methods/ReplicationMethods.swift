@@ -58,7 +58,7 @@ struct ReplicationMethods {
     }
 
     /// The replicator, or `ReplicaRefused` when replication is off.
-    private static func replicator(_ context: DaemonContext) throws(VarlinkError) -> any ReplicationEngine {
+    private static func replicator(_ context: DaemonContext) throws(VarlinkError) -> LogReplicator {
         guard let replicator = context.replicator else { throw refused("replication is off (no replication section in the configuration)") }
         return replicator
     }
@@ -76,7 +76,7 @@ struct ReplicationMethods {
             "replica": .string(replicator.settings.replica),
             "registeredStores": .integer(Int64(snapshot.registered)),
             "unregisteredStores": .integer(Int64(snapshot.unregistered)),
-            "maxRegisteredStores": .integer(Int64(replicator.settings.maxRegisteredStores)),
+            "maxRegisteredStores": .integer(Int64(context.configuration.maxOpenStores)),
             "maxLagSeconds": .real((snapshot.maxLagSeconds * 1000).rounded() / 1000),
             "durableWrites": .bool(replicator.settings.durableWrites),
             "restoredStores": .integer(Int64(snapshot.restored)),
@@ -101,7 +101,7 @@ struct ReplicationMethods {
         } ?? "none")
         if let id = replicator.identity?.binding.replica { fields["replicaId"] = .string(id) }
         if let lease = replicator.lease { fields["lease"] = Self.lease(lease) }
-        fields["engine"] = .string(replicator.settings.engine.rawValue)
+        fields["engine"] = "log"
         if let log = snapshot.log {
             var state: [String: JSONValue] = [
                 "tailObjects": .integer(Int64(log.tailObjects)),

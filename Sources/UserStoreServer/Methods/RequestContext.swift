@@ -56,7 +56,7 @@ final class DaemonContext: Sendable {
     let settings: Mutex<RuntimeSettings>
     let counters = Mutex(Counters())
     /// Replication, when it is on (`replication.*`).
-    let replicator: (any ReplicationEngine)?
+    let replicator: LogReplicator?
     /// This daemon's part in a cluster (`cluster.*`); nil: one host.
     let cluster: DaemonCluster?
     /// The release in force and its staging (docs/releases.md).
@@ -108,7 +108,7 @@ final class DaemonContext: Sendable {
     }
 
     init(configuration: DaemonConfiguration, registry: StoreRegistry, index: FleetIndex, release: ReleaseTracker, logger: Logger,
-         metrics: DaemonMetrics? = nil, replicator: (any ReplicationEngine)? = nil, cluster: DaemonCluster? = nil) {
+         metrics: DaemonMetrics? = nil, replicator: LogReplicator? = nil, cluster: DaemonCluster? = nil) {
         self.release = release
         self.metrics = metrics
         self.cluster = cluster

@@ -122,7 +122,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
     private let migrationsOK: CoreMetrics.Counter
     private let migrationsFailed: CoreMetrics.Counter
     private let migrationDuration: CoreMetrics.Timer
-    /// Each `/sync` with `wait` the daemon asked Litestream for, from the request to its answer.
+    /// Each write of a log object, from its first try until it was stored.
     let replicationSyncDuration: CoreMetrics.Timer
     private let backups: CoreMetrics.Counter
     private let backupBytes: CoreMetrics.Counter
@@ -237,16 +237,16 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_migration_duration_seconds": "Duration of a store's migration run (every step of it).",
         "userstore_migrations_total": "Migration runs of a store, by outcome.",
         "userstore_open_stores": "Store files open now (maxOpenStores bounds them).",
-        "userstore_replication_degraded": "1 while replication is degraded (Litestream or the replica unreachable, the replica missing or another one, the writer lease held elsewhere, or open stores unregistered), else 0 (also when replication is off).",
-        "userstore_replication_stores": "Open stores by replication state: registered with Litestream, or unregistered (served, not replicated).",
-        "userstore_replication_max_lag_seconds": "The longest time since Litestream last synced an open store.",
-        "userstore_replication_sync_pass_seconds": "How long the last sync pass over the stores written since the one before took; the plain-write loss window is at most the sync interval while every pass stays within half of it.",
-        "userstore_replication_diverged_replicas": "Replicas found to differ from their store when compared after a replication fault (each was shipped again as a snapshot), since the daemon started.",
-        "userstore_replication_syncs": "Log objects written since the daemon started (with Litestream: syncs it asked for, durable writes and sync passes; each ships what was committed since the one before).",
-        "userstore_replication_sync_duration_seconds": "How long each write of a log object took, from its first try until it was stored (with Litestream: each sync the daemon asked for, until Litestream answered); what a durable write waits for.",
-        "userstore_replication_bucket_requests_total": "Requests sent to the bucket, by S3 operation (PUT, GET, HEAD, DELETE, LIST): by the daemon itself with the host log (replication.engine: log), or by Litestream, read from its Prometheus page (replication.litestreamMetricsAddress) at each scrape and summed across its restarts.",
+        "userstore_replication_degraded": "1 while replication is degraded (the log cannot be written, the replica unreachable, missing or another one, the writer lease held elsewhere, or open stores without a base in the log), else 0 (also when replication is off).",
+        "userstore_replication_stores": "Open stores by replication state: registered (their base is in the log), or unregistered (served; durable writes fail until the base is stored).",
+        "userstore_replication_max_lag_seconds": "0: kept for dashboards from Litestream's time (retired); userstore_replication_log_oldest_unstored_seconds is the log's lag.",
+        "userstore_replication_sync_pass_seconds": "0: kept for dashboards from Litestream's time (retired; the log has no sync passes).",
+        "userstore_replication_diverged_replicas": "0: kept for dashboards from Litestream's time (retired).",
+        "userstore_replication_syncs": "Log objects written since the daemon started (each ships what every store committed since the one before).",
+        "userstore_replication_sync_duration_seconds": "How long each write of a log object took, from its first try until it was stored; what a durable write waits for.",
+        "userstore_replication_bucket_requests_total": "Requests the daemon sent to the bucket, by S3 operation (PUT, GET, HEAD, DELETE, LIST), as its S3 client counted them.",
         "userstore_replication_bucket_bytes_total": "Bytes sent to (PUT) and read from (GET) the bucket, counted like userstore_replication_bucket_requests_total.",
-        "userstore_replication_log_tail_objects": "Host log (replication.engine: log): log objects in the bucket not yet folded into per-user objects (0 until the log is listed).",
+        "userstore_replication_log_tail_objects": "Host log: log objects in the bucket not yet folded into per-user objects (0 until the log is listed).",
         "userstore_replication_log_oldest_unstored_seconds": "Host log: how long the oldest commit not yet stored in the bucket has waited (0: none waits); what a durable write waits for at most, and the plain-write loss window now.",
         "userstore_replication_log_pending_bytes": "Host log: bytes of commits waiting to be written to the bucket.",
         "userstore_replication_log_objects_written": "Host log: log objects written to the bucket since the daemon started (one PUT each: group commit across stores).",
@@ -309,7 +309,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         bucketCounted.withLock { counted in
             for (name, values, previous) in [("userstore_replication_bucket_requests_total", totals.requests, counted.requests),
                                              ("userstore_replication_bucket_bytes_total", totals.bytes, counted.bytes)] {
-                // The usual operations from the first scrape on, at 0 until Litestream uses them.
+                // The usual operations from the first scrape on, at 0 until the daemon uses them.
                 for operation in Set(values.keys).union(["PUT", "GET", "DELETE", "LIST"]) {
                     let value = values[operation] ?? 0
                     Self.counter(registry, name, [("operation", operation)]).increment(by: max(0, value - (previous[operation] ?? 0)))

@@ -65,17 +65,7 @@ private final class MetricsHandler: ChannelInboundHandler {
         case .end:
             guard let head = request else { return }
             request = nil
-            // What Litestream sent to the bucket is read from its own page first, so that a
-            // scrape shows it as of now.
-            guard Self.isScrape(head), let traffic = self.context.replicator?.bucketTraffic else {
-                respond(channelContext, head)
-                return
-            }
-            let bound = NIOLoopBound((self, channelContext), eventLoop: channelContext.eventLoop)
-            traffic.refresh().hop(to: channelContext.eventLoop).whenComplete { _ in
-                let (handler, channelContext) = bound.value
-                handler.respond(channelContext, head)
-            }
+            respond(channelContext, head)
         }
     }
 
