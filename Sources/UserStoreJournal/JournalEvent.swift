@@ -54,6 +54,8 @@ public enum JournalEvent: String, CaseIterable, Sendable {
     case releaseComplete = "release-complete"
     case releaseNone = "release-none"
     case watchDropped = "watch-dropped"
+    case configurationKeysUnused = "configuration-keys-unused"
+    case replicationBaseNeeded = "replication-base-needed"
 
     /// The 128-bit `MESSAGE_ID` (32 lowercase hex digits), fixed forever for this kind.
     public var messageID: String {
@@ -110,6 +112,8 @@ public enum JournalEvent: String, CaseIterable, Sendable {
         case .releaseComplete: return "b072e2e0da39413f99078a87ad9069ab"
         case .releaseNone: return "1f33812b073f4071907bfc14d65b45be"
         case .watchDropped: return "f2229eb6bcea485a9c4163c062d14b55"
+        case .configurationKeysUnused: return "9e34794775f449e889087a8a32467113"
+        case .replicationBaseNeeded: return "24e1002093b64595974e8cb11f7e6fb1"
         }
     }
 }

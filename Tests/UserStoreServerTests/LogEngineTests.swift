@@ -166,6 +166,30 @@ import Varlink
         #expect(try Self.titles("ann", try setup.daemon.connect()) == ["after the reopen"])
     }
 
+    /// A store written by another process while the daemon had it closed — `sqlite3` inserting
+    /// a row large enough for overflow pages and checkpointing it into the file as it exits,
+    /// leaving no WAL behind — ships a base at its next open: after the disk is lost, the store
+    /// comes back exactly as it was (a later commit's pages alone would point at overflow pages
+    /// the replica never got).
+    @Test func aStoreChangedByAnotherProcessWhileClosedShipsABase() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: try setup.daemon.connect(), durable: true)
+        #expect(setup.daemon.stop() == 0)
+        let path = try DurabilityTests.storePath("ann", setup.daemon)
+        let outside = try run(["/usr/bin/sqlite3", path, "INSERT INTO notes (title, body) VALUES ('outside', hex(randomblob(30000)))"])
+        #expect(outside.status == 0, "\(outside.stderr)")
+        let walBytes = (try? FileManager.default.attributesOfItem(atPath: path + "-wal")[.size] as? Int) ?? 0
+        #expect(walBytes == 0, "sqlite3 left a WAL of \(walBytes) bytes: not the case this test is about")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
+        let live = try DurabilityTests.contents(path)
+        try setup.loseTheHost()
+        #expect(try setup.daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])["created"] == false)
+        #expect(try DurabilityTests.contents(try DurabilityTests.storePath("ann", setup.daemon)) == live, "the store came back without what the other process wrote")
+    }
+
     /// Commits a crash left unstored (the folder's log made unwritable, then the daemon
     /// SIGKILLed) are sent again when the store next opens, with the same txids: after the disk
     /// is then lost, every one of them comes back.

@@ -8,8 +8,9 @@ import UserStoreCore
 /// empty), is the state at `txid` of `stream`, replicated under `epoch`; each commit frame of the
 /// WAL after that adds one to the txid.
 ///
-/// A store whose WAL does not match it — changed where capture could not see it (offline,
-/// restored, imported), a crash between a checkpoint and this file's update, or replicated under
+/// A store whose WAL or database file does not match it — changed where capture could not see
+/// it (offline, restored, imported; another process that checkpointed its writes into the file
+/// and left no WAL), a crash between a checkpoint and this file's update, or replicated under
 /// another epoch before — ships a new base (docs/design.md, "The host log").
 package struct LogPosition: Codable, Sendable, Equatable {
     package var stream: UInt64
@@ -17,6 +18,36 @@ package struct LogPosition: Codable, Sendable, Equatable {
     package var txid: UInt64
     package var salt: WALCapture.Salt?
     package var frames: UInt32
+    /// The database file as it was when this was saved (nil in a position saved before the
+    /// stamp existed: then only the WAL is compared).
+    package var file: FileStamp?
+
+    /// What identifies a version of the database file without reading it: only a checkpoint
+    /// writes the file of a store in WAL mode, and the daemon saves a new position after each
+    /// of its own, so a file that differs was written by someone else (or the daemon crashed
+    /// between its checkpoint and the save).
+    package struct FileStamp: Codable, Sendable, Equatable {
+        var size: Int64
+        var modifiedSeconds: Int64
+        var modifiedNanoseconds: Int64
+        var inode: UInt64
+
+        /// The stamp of the file at `path` now (nil when it cannot be read).
+        package init?(of path: String) {
+            var status = stat()
+            guard stat(path, &status) == 0 else { return nil }
+            size = Int64(status.st_size)
+            modifiedSeconds = Int64(status.st_mtim.tv_sec)
+            modifiedNanoseconds = Int64(status.st_mtim.tv_nsec)
+            inode = UInt64(status.st_ino)
+        }
+    }
+
+    /// Whether the database file at `storePath` is the one this position was saved with (true
+    /// for a position without a stamp).
+    package func matchesFile(_ storePath: String) -> Bool {
+        file.map { $0 == FileStamp(of: storePath) } ?? true
+    }
 
     /// The file beside the store at `storePath`.
     package static func path(of storePath: String) -> String {
@@ -30,9 +61,11 @@ package struct LogPosition: Codable, Sendable, Equatable {
         FileManager.default.contents(atPath: path(of: storePath)).flatMap { try? JSONDecoder().decode(Self.self, from: $0) }
     }
 
-    /// Writes it beside the store at `storePath`, durably.
+    /// Writes it beside the store at `storePath`, durably, with the database file's stamp now.
     package func save(beside storePath: String) throws {
-        try DurableFile.write(String(decoding: (try? JSONEncoder().encode(self)) ?? Data(), as: UTF8.self), to: Self.path(of: storePath))
+        var stamped = self
+        stamped.file = FileStamp(of: storePath)
+        try DurableFile.write(String(decoding: (try? JSONEncoder().encode(stamped)) ?? Data(), as: UTF8.self), to: Self.path(of: storePath))
     }
 
     /// Removes the position beside `storePath` (the file was replaced: its next open ships a base).

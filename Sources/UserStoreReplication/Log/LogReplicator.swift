@@ -215,6 +215,11 @@ package final class LogReplicator: StoreReplication {
         }
         var position = LogPosition.load(store.path)
         if position?.epoch != epoch { position = nil } // a new epoch: a new stream, from a base
+        if let saved = position, !saved.matchesFile(store.path) {
+            // Written by someone else since (its WAL checkpointed away): a base.
+            position = nil
+            logger.notice("\(store.user)'s database file changed while the daemon had it closed: it ships whole to the log", metadata: ["event": "replication-base-needed", "user": .string(store.user.rawValue)])
+        }
         let logged = LoggedStore(store: store, epoch: epoch, bucket: bucket, uploader: uploader, position: position)
         do {
             let current = try logged.capture.resumeAfterCurrentContents()
