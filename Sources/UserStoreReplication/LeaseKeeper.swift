@@ -146,7 +146,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         let task = state.withLock { state -> Task<Bool, Never> in
             if let current = state.confirmation, current.started >= replicated { return current.task }
             let started = ContinuousClock.now
-            let task = Task { (try? await BlockingPool.run { self.look(started: started) }) ?? false }
+            let task = Task { await self.look(started: started) }
             state.confirmation = (started, task)
             return task
         }
@@ -154,12 +154,12 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     }
 
     /// Reads the lease: true when it is still the one this host holds (a look, begun at
-    /// `started`); a lease another host wrote means it was lost. Blocking.
-    private func look(started: ContinuousClock.Instant) -> Bool {
+    /// `started`); a lease another host wrote means it was lost.
+    private func look(started: ContinuousClock.Instant) async -> Bool {
         guard let held = state.withLock({ $0.held }) else { return false }
         let object: ReplicaStorage.StoredObject?
         do {
-            object = try storage.readObject(ReplicaLease.name)
+            object = try await storage.readObjectAsync(ReplicaLease.name)
         } catch {
             failed("\(error)")
             return false

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import UserStoreCore
 import UserStoreS3
 
 /// Small objects at the replica's root that the daemon keeps itself — the replica's marker
@@ -42,6 +43,14 @@ extension ReplicaStorage {
         case .elsewhere:
             return nil
         }
+    }
+
+    /// ``readObject(_:)`` from async code: a bucket is asked on the S3 client's own loop, with no
+    /// thread blocked for it (a durable write's look at the lease waits on this); a folder is read
+    /// on a blocking-pool thread.
+    package func readObjectAsync(_ name: String) async throws -> StoredObject? {
+        guard case .bucket(let client, let bucket, let prefix) = kind else { return try await BlockingPool.run { try readObject(name) } }
+        return try await client.getObject(bucket: bucket, key: Self.key(prefix, "/" + name)).map { StoredObject(data: $0.body, version: $0.etag) }
     }
 
     /// Writes `data` as `name` at the replica's root when `condition` holds of what is there, and

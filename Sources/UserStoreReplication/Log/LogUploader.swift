@@ -325,7 +325,7 @@ package final class LogUploader: Sendable {
         defer { objectStored?(ContinuousClock.now - begun) }
         while true {
             do {
-                try await BlockingPool.run { [storage] in try storage.put(key, bytes) }
+                try await storage.putAsync(key, bytes)
                 break
             } catch {
                 state.withLock { $0.lastError = "writing \(key): \(error)" }

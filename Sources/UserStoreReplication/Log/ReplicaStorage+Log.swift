@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreCore
 import UserStoreS3
 
 /// The host log's objects in the replica, by key (a path under the replica's root, `/`-separated):
@@ -7,6 +8,14 @@ import UserStoreS3
 extension ReplicaStorage {
     /// Writes `bytes` as `key` (an object written whole: a folder gets a file synced and renamed
     /// into place, its folders made as needed).
+    /// ``put(_:_:)`` from async code: a bucket is written on the S3 client's own loop, with no
+    /// thread blocked for it (every durable write waits on this); a folder on a blocking-pool
+    /// thread.
+    package func putAsync(_ key: String, _ bytes: [UInt8]) async throws {
+        guard case .bucket(let client, let bucket, let prefix) = kind else { return try await BlockingPool.run { try put(key, bytes) } }
+        _ = try await client.putObject(bucket: bucket, key: Self.key(prefix, "/" + key), body: Data(bytes))
+    }
+
     package func put(_ key: String, _ bytes: [UInt8]) throws {
         switch kind {
         case .folder(let root):
