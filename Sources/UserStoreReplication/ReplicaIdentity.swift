@@ -236,7 +236,7 @@ package final class ReplicaIdentity: Sendable {
         }
         let contents: Bool
         do {
-            contents = try storage.holdsAnything(besides: Self.ownObjects) ?? false
+            contents = try storage.holdsAnything(besides: Self.ownObjects)
         } catch {
             return .unknown("\(error)")
         }

@@ -11,8 +11,8 @@ package struct ReplicaLocations: Sendable {
     package let storage: ReplicaStorage
     /// Which users the bucket holds (one host, `s3://`), once listed.
     package let replicaIndex: ReplicaIndex
-    /// The replica's marker against the data directory's binding (nil for `sftp://`, which the
-    /// daemon cannot look into): asked before a user the replica holds nothing of is created.
+    /// The replica's marker against the data directory's binding: asked before a user the
+    /// replica holds nothing of is created (nil in unit tests of the paths).
     package var identity: ReplicaIdentity?
     /// With one host on a `file://` or `s3://` replica: the writer lease, whose epoch the paths carry.
     package var lease: LeaseKeeper?
@@ -20,7 +20,7 @@ package struct ReplicaLocations: Sendable {
     /// Where this host replicates `user` to: `<replica>/<ab>/<cd>/<user>/e<epoch>` under the
     /// writer lease's epoch (``LeaseKeeper``); with more than one host
     /// `<replica>/<bucket>/<user>/e<epoch>` (the bucket's epoch now); `<replica>/<ab>/<cd>/<user>`
-    /// without either (`sftp://`, or no lease held yet). Any query (`s3://b/p?endpoint=…`) is
+    /// without either (no lease held yet). Any query (`s3://b/p?endpoint=…`) is
     /// kept at the end.
     package func replicaURL(for user: UserID) -> String {
         replicaLocation(for: user).url
@@ -48,8 +48,7 @@ package struct ReplicaLocations: Sendable {
     /// Where a restore of `user` reads: the replica URL; with more than one host the newest
     /// epoch folder that holds data (a host that lost the bucket may still ship to an older
     /// one, which is then never read again once the new owner has written). Nil when the
-    /// replica holds nothing of the user (asked with one listing, or a look into the folder;
-    /// an `sftp://` replica, which the daemon cannot look into, is left to Litestream). Throws
+    /// replica holds nothing of the user (asked with one listing, or a look into the folder). Throws
     /// when the replica cannot be asked. Blocking.
     ///
     /// "Found nothing" never overrules "known to be there": a user the index lists whose folder
@@ -60,10 +59,9 @@ package struct ReplicaLocations: Sendable {
         // The index, once listed, answers without a request (one host only).
         let indexed = fencing == nil ? replicaIndex.holds(user.rawValue) : nil
         if indexed == false { return nil }
-        guard storage.canList else { return replicaURL(for: user) } // sftp: Litestream looks
         let found: String?
         if fencing == nil && lease == nil {
-            found = try storage.holdsAnything(userFolderSuffix(user)) != false ? replicaURL(for: user) : nil
+            found = try storage.holdsAnything(userFolderSuffix(user)) ? replicaURL(for: user) : nil
         } else {
             let epoch = try newestEpochWithData(user)
             try requireNotAboveLease(epoch, user)
@@ -81,10 +79,10 @@ package struct ReplicaLocations: Sendable {
     }
 
     /// Every epoch folder of `user` that holds data, as restore URLs, newest first (a restore
-    /// to a point in time tries each); nil without epochs (one host without a lease, `sftp://`).
+    /// to a point in time tries each); nil without epochs (one host without a lease).
     /// Throws when the replica cannot be asked. Blocking.
     package func restoreURLsAtAnyEpoch(for user: UserID) throws -> [String]? {
-        guard storage.canList, fencing != nil || lease != nil else { return nil }
+        guard fencing != nil || lease != nil else { return nil }
         return try storage.epochsWithData(userFolderSuffix(user), unfenced: fencing == nil).map { url(of: user, epoch: $0) }
     }
 

@@ -10,8 +10,8 @@ import UserStoreS3
 /// copied (docs/replication.md).
 package struct ReplicaSetup: Sendable {
     package let storage: ReplicaStorage
-    /// Nil for `sftp://`, which the daemon cannot look into.
-    package let identity: ReplicaIdentity?
+    /// The replica's marker against this data directory's binding.
+    package let identity: ReplicaIdentity
     /// With one host (no `cluster` section) on a `file://` or `s3://` replica.
     package let lease: LeaseKeeper?
     /// The replica could not be reached or verified at start (served degraded; checked again).
@@ -54,12 +54,6 @@ package struct ReplicaSetup: Sendable {
             throw Refusal(code: .configuration, description: "\(error) (replication.replica, replication.s3.*)", name: error.name)
         } catch {
             problem = "\(error)" // served degraded; checked again by the engine's health check
-        }
-        guard storage.canList else {
-            logger.warning("an \(settings.replica.prefix { $0 != ":" }):// replica has no marker and no writer lease (userstored cannot reach it itself): an empty or vanished replica is not told from a new one, and two hosts on it are not kept apart", metadata: [
-                "event": "replication-degraded",
-            ])
-            return ReplicaSetup(storage: storage, identity: nil, lease: nil, problem: problem)
         }
         let identity: ReplicaIdentity
         do {

@@ -40,8 +40,6 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let key = Self.key(prefix, "/" + name)
             return try Self.blocking { try await client.getObject(bucket: bucket, key: key) }.map { StoredObject(data: $0.body, version: $0.etag) }
-        case .elsewhere:
-            return nil
         }
     }
 
@@ -77,8 +75,6 @@ extension ReplicaStorage {
             guard let etag = try Self.blocking({ try await client.putObject(bucket: bucket, key: key, body: data, condition: condition) }) else { return nil }
             // A server that sends no ETag: a single-part object's is the quoted MD5 of its bytes.
             return etag.isEmpty ? "\"" + Insecure.MD5.hash(data: data).map { String(format: "%02x", $0) }.joined() + "\"" : etag
-        case .elsewhere:
-            throw Misconfigured(description: "userstored writes only to file:// and s3:// replicas")
         }
     }
 
@@ -92,8 +88,6 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let key = Self.key(prefix, "/" + name)
             try Self.blocking { try await client.deleteObject(bucket: bucket, key: key) }
-        case .elsewhere:
-            break
         }
     }
 
@@ -112,8 +106,8 @@ extension ReplicaStorage {
     }
 
     /// Whether the replica holds anything besides the objects named in `ours` (and a folder's
-    /// lock file): nil where the daemon cannot look (`sftp://`). One listing. Blocking.
-    package func holdsAnything(besides ours: Set<String>) throws -> Bool? {
+    /// lock file). One listing. Blocking.
+    package func holdsAnything(besides ours: Set<String>) throws -> Bool {
         switch kind {
         case .folder(let root):
             guard try Self.folderExists(root) else { return false }
@@ -126,8 +120,6 @@ extension ReplicaStorage {
                 let name = String(key.dropFirst(root.count))
                 return !ours.contains(name) && !name.hasPrefix(".userstore-")
             }
-        case .elsewhere:
-            return nil
         }
     }
 

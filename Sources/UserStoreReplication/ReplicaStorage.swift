@@ -5,13 +5,11 @@ import UserStoreS3
 
 /// Where the replica lives: a `file://` folder or an `s3://` bucket (through ``S3Client``) —
 /// the log's objects, folds, fences, the marker and the lease, and copies in Litestream's old
-/// layout (``ReplicaStorage/Kind/elsewhere``: a replica the daemon cannot reach itself, which the
-/// configuration no longer accepts).
+/// layout.
 package struct ReplicaStorage: Sendable {
     package enum Kind: Sendable {
         case folder(String)
         case bucket(S3Client, bucket: String, prefix: String)
-        case elsewhere
     }
 
     package let kind: Kind
@@ -50,9 +48,7 @@ package struct ReplicaStorage: Sendable {
             if let ca = s3.caFile { variables["SSL_CERT_FILE"] = ca }
             litestreamEnvironment = variables
         } else {
-            kind = .elsewhere
-            // sftp: Litestream reads nothing from the environment for it.
-            litestreamEnvironment = base
+            throw Misconfigured(description: "userstored replicates to file:// and s3:// replicas only (got \(settings.replica))")
         }
     }
 
@@ -80,12 +76,6 @@ package struct ReplicaStorage: Sendable {
         return credentials
     }
 
-    /// Whether the daemon can erase copies itself (not on `sftp://`).
-    package var canErase: Bool {
-        if case .elsewhere = kind { return false }
-        return true
-    }
-
     /// Checks that the replica answers: the bucket exists and takes the credentials; the folder
     /// exists or can be made.
     package func check() async throws {
@@ -94,8 +84,6 @@ package struct ReplicaStorage: Sendable {
             try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         case .bucket(let client, let bucket, _):
             try await client.checkBucket(bucket)
-        case .elsewhere:
-            break
         }
     }
 
@@ -109,18 +97,12 @@ package struct ReplicaStorage: Sendable {
         case .bucket(let client, let bucket, let prefix):
             // The trailing slash: erasing "ann" must not touch "anna".
             _ = try Self.blocking { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
-        case .elsewhere:
-            throw ReplicaStorage.Misconfigured(description: "userstored erases only file:// and s3:// replicas")
         }
     }
 
-    /// Whether the daemon can look into the replica itself (`file://`, `s3://`; not `sftp://`).
-    package var canList: Bool { canErase }
-
     /// Whether anything is stored under the user folder `suffix`: one listing of at most one key
-    /// in a bucket, a look into a folder; nil where the daemon cannot look (`sftp://`). Throws
-    /// when the replica does not answer. Blocking.
-    package func holdsAnything(_ suffix: String) throws -> Bool? {
+    /// in a bucket, a look into a folder. Throws when the replica does not answer. Blocking.
+    package func holdsAnything(_ suffix: String) throws -> Bool {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
@@ -130,8 +112,6 @@ package struct ReplicaStorage: Sendable {
             // The trailing slash: "ann" must not find "anna".
             let folder = Self.key(prefix, suffix) + "/"
             return try Self.blocking { try await client.holdsAny(bucket: bucket, prefix: folder) }
-        case .elsewhere:
-            return nil
         }
     }
 
@@ -177,8 +157,6 @@ package struct ReplicaStorage: Sendable {
             holdsLTX = { name in
                 try Self.blocking { try await client.firstKeys(bucket: bucket, prefix: folder + name + "/", count: 100) }.contains { $0.hasSuffix(".ltx") }
             }
-        case .elsewhere:
-            return []
         }
         var found: [Int64] = []
         for epoch in names.compactMap(Self.epoch(ofFolder:)).sorted(by: >) where try holdsLTX("e\(epoch)") {

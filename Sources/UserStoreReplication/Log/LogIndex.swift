@@ -274,8 +274,6 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + key)
             return try Self.blocking { try await client.getObject(bucket: bucket, key: full, range: 0..<bytes) }.map { Array($0.body) }
-        case .elsewhere:
-            return nil
         }
     }
 }

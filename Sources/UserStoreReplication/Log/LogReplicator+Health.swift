@@ -74,7 +74,7 @@ extension LogReplicator {
     /// ``LogHealthService``, every second), so that what their earlier owners upload after it
     /// never counts — and their folds can tell — even before a user of them is restored.
     func fenceTakenBuckets() async {
-        guard let cluster, identity?.verdict.isVerified ?? true else { return }
+        guard let cluster, identity.verdict.isVerified else { return }
         let owned = cluster.ownedEpochsSeen
         guard !owned.isEmpty else { return }
         do {
@@ -91,7 +91,7 @@ extension LogReplicator {
     /// Lists the log's objects for the index once the replica is verified and this host holds
     /// it (the health service asks every second until it is in).
     func loadIndexIfDue() async {
-        guard !index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
+        guard !index.isLoaded, identity.verdict.isVerified, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let started = ContinuousClock.now
         do {
             try await BlockingPool.run { [index, storage] in
@@ -107,7 +107,7 @@ extension LogReplicator {
     /// Folds the log objects older than `replication.foldSeconds` into per-user objects (from
     /// ``LogHealthService``, every second), while this host holds the verified replica.
     func foldIfDue() async {
-        guard index.isLoaded, identity?.verdict.isVerified ?? true, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
+        guard index.isLoaded, identity.verdict.isVerified, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let cutoff = Date() - TimeInterval(settings.foldSeconds)
         do {
             while true {
@@ -177,8 +177,7 @@ extension LogReplicator {
 
     /// Checks the replica's marker (every 5 s from ``LogHealthService``, every second while it fails).
     package func checkReplica() async {
-        guard let identity else { return }
-        let verdict = (try? await BlockingPool.run { identity.check() }) ?? .unknown("the check did not run")
+        let verdict = (try? await BlockingPool.run { [identity] in identity.check() }) ?? .unknown("the check did not run")
         state.withLock { $0.replicaProblem = verdict.problem }
         if verdict.isVerified, let lease, lease.heldEpoch == nil { _ = try? await BlockingPool.run { lease.round() } }
     }

@@ -15,7 +15,7 @@ package final class LogReplicator: StoreReplication {
     package let settings: ReplicationSettings
     package let layout: StoreLayout
     package let storage: ReplicaStorage
-    package let identity: ReplicaIdentity?
+    package let identity: ReplicaIdentity
     package let lease: LeaseKeeper?
     /// With more than one host: each user's bucket and its epoch (docs/cluster.md).
     package let cluster: (any ReplicaFencing)?
@@ -63,7 +63,7 @@ package final class LogReplicator: StoreReplication {
         lease = setup.lease
         self.cluster = cluster
         self.logger = logger
-        let dataDirectory = setup.identity?.binding.dataDirectory ?? "unbound"
+        let dataDirectory = setup.identity.binding.dataDirectory
         let padded = String(format: "%010d", incarnation)
         uploader = LogUploader(storage: setup.storage,
                                origin: .init(host: HostName.current, dataDirectory: dataDirectory, incarnation: padded,
@@ -94,9 +94,7 @@ package final class LogReplicator: StoreReplication {
     /// The engine on `setup`'s replica: this start's incarnation recorded, the uploader ready.
     package static func start(_ settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, cluster: (any ReplicaFencing)? = nil,
                               logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil) throws(ReplicaSetup.Refusal) -> LogReplicator {
-        guard let identity = setup.identity, setup.lease != nil || cluster != nil else {
-            throw ReplicaSetup.Refusal(code: .configuration, description: "replication.engine: log needs a file:// or s3:// replica", name: nil)
-        }
+        let identity = setup.identity
         let incarnation: Int
         do {
             incarnation = try identity.nextIncarnation()
@@ -122,7 +120,7 @@ package final class LogReplicator: StoreReplication {
     // MARK: StoreReplication
 
     package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
-        try identity?.require(for: user)
+        try identity.require(for: user)
         do {
             try fenceIfDue()
             try fenceBucket(of: user)
@@ -155,7 +153,7 @@ package final class LogReplicator: StoreReplication {
                 logger.info("\(user) had nothing in the log: restored from its copy in Litestream's layout, it replicates to the log from now on")
                 return copy
             }
-            if timestamp == nil { try identity?.confirm(before: user) }
+            if timestamp == nil { try identity.confirm(before: user) }
             return nil
         }
         do throws(ChangeLogError) {
@@ -285,7 +283,7 @@ package final class LogReplicator: StoreReplication {
     /// may be acknowledged (``StoreError/replicationUnavailable(user:message:)`` otherwise), by
     /// `deadline`.
     package func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
-        try identity?.require(for: user)
+        try identity.require(for: user)
         guard let logged = state.withLock({ $0.open[layout.storePath(for: user)] }) else {
             throw StoreError.replicationUnavailable(user: user, message: "the store is not open")
         }
@@ -334,8 +332,7 @@ package final class LogReplicator: StoreReplication {
 
     /// `userstorectl replication init`.
     package func initializeReplica() async throws -> ReplicaMarker {
-        guard let identity else { throw NotReachable(description: "no marker in this replica") }
-        let marker = try await BlockingPool.run { try identity.initialize() }
+        let marker = try await BlockingPool.run { [identity] in try identity.initialize() }
         await checkReplica()
         if let lease { _ = try? await BlockingPool.run { lease.round() } }
         return marker

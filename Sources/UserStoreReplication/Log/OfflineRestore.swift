@@ -30,9 +30,6 @@ package enum OfflineRestore {
         } catch {
             throw Failure(name: "ReplicationUnavailable", description: "\(error)")
         }
-        guard storage.canList else {
-            throw Failure(name: "ReplicationUnavailable", description: "an \(settings.replica.prefix { $0 != ":" }):// replica cannot be read by userstorectl (the log needs file:// or s3://)")
-        }
         let staged = path + ".restoring"
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         let restored: LogRestorer.Restored?

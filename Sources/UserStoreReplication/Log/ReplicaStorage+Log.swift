@@ -31,8 +31,6 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + key)
             _ = try Self.blocking { try await client.putObject(bucket: bucket, key: full, body: Data(bytes)) }
-        case .elsewhere:
-            throw Misconfigured(description: "userstored writes only to file:// and s3:// replicas")
         }
     }
 
@@ -49,8 +47,6 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + key)
             return try Self.blocking { try await client.getObject(bucket: bucket, key: full) }.map { Array($0.body) }
-        case .elsewhere:
-            return nil
         }
     }
 
@@ -70,8 +66,6 @@ extension ReplicaStorage {
             let full = Self.key(prefix, "/" + folder)
             let root = prefix.isEmpty ? "" : prefix + "/"
             return try Self.blocking { try await client.list(bucket: bucket, prefix: full).keys }.map { String($0.dropFirst(root.count)) }.sorted()
-        case .elsewhere:
-            return []
         }
     }
 
@@ -80,7 +74,6 @@ extension ReplicaStorage {
         switch kind {
         case .folder(let root): "file://" + root + "/" + folder
         case .bucket(_, let bucket, let prefix): "s3://" + bucket + "/" + Self.key(prefix, "/" + folder)
-        case .elsewhere: folder
         }
     }
 
@@ -94,8 +87,6 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let full = keys.map { Self.key(prefix, "/" + $0) }
             try Self.blocking { try await client.delete(bucket: bucket, keys: full) }
-        case .elsewhere:
-            break
         }
     }
 }

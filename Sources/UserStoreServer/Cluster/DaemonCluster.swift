@@ -28,7 +28,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     private let engine = Mutex<LogReplicator?>(nil)
     /// Buckets this host released, by the draining epoch it released them at.
     private let released = Mutex<[Int: Int64]>([:])
-    /// The replica's marker against this data directory's binding (nil: not checked, sftp).
+    /// The replica's marker against this data directory's binding (nil: replication off).
     private let replicaIdentity = Mutex<ReplicaIdentity?>(nil)
     /// The lease under which this host put its own unfit key (it sees no replica of its own);
     /// nil while it has none.

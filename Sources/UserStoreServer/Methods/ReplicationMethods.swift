@@ -91,15 +91,15 @@ struct ReplicationMethods {
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
         if let indexed = replicator.indexedUsers { fields["replicaIndexUsers"] = .integer(Int64(indexed)) }
-        fields["identity"] = .string(replicator.identity.map { identity in
-            switch identity.verdict {
+        fields["identity"] = .string({
+            switch replicator.identity.verdict {
             case .verified: "verified"
             case .missing: "missing"
             case .mismatch: "mismatch"
             case .unknown: "unknown"
             }
-        } ?? "none")
-        if let id = replicator.identity?.binding.replica { fields["replicaId"] = .string(id) }
+        }())
+        if let id = replicator.identity.binding.replica { fields["replicaId"] = .string(id) }
         if let lease = replicator.lease { fields["lease"] = Self.lease(lease) }
         fields["engine"] = "log"
         if let log = snapshot.log {

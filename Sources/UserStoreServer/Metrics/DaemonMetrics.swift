@@ -252,7 +252,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_replication_log_objects_written": "Host log: log objects written to the bucket since the daemon started (one PUT each: group commit across stores).",
         "userstore_replication_log_objects_folded": "Host log: log objects folded into per-user objects and deleted since the daemon started.",
         "userstore_replication_shared_sync_waits": "Durable writes and sync passes since start that waited for a sync another caller had queued (group commit) instead of one of their own.",
-        "userstore_replication_replica_verified": "1 while the replica's marker is there and is this data directory's replica, else 0 (missing, another replica, not reachable yet; 1 for sftp://, which has none). While it is 0 no store is created or restored.",
+        "userstore_replication_replica_verified": "1 while the replica's marker is there and is this data directory's replica, else 0 (missing, another replica, not reachable yet). While it is 0 no store is created or restored.",
         "userstore_replication_lease_held": "1 while this host holds the replica's writer lease (one host) and may acknowledge under it, else 0 (another host holds it, or it was not renewed in time: no store is served).",
         "userstore_replication_lease_epoch": "The epoch of the replica's writer lease, held here or seen held by another host (0 before any was read); every store is replicated under <user>/e<epoch>.",
         "userstore_request_duration_seconds": "Time from a call's arrival to its reply, by method.",
@@ -349,7 +349,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
             }
         }
         if let replicator = context.replicator {
-            gauges["replication.verified"]?.set(replicator.identity.map { $0.verdict.isVerified ? 1 : 0 } ?? 1)
+            gauges["replication.verified"]?.set(replicator.identity.verdict.isVerified ? 1 : 0)
             if let lease = replicator.lease {
                 gauges["replication.lease"]?.set(lease.isValid ? 1 : 0)
                 gauges["replication.epoch"]?.set(Int(lease.snapshot.epoch ?? 0))
