@@ -9,8 +9,6 @@ package struct ReplicaLocations: Sendable {
     package let fencing: (any ReplicaFencing)?
     /// The replica itself, looked into for what it holds.
     package let storage: ReplicaStorage
-    /// Which users the bucket holds (one host, `s3://`), once listed.
-    package let replicaIndex: ReplicaIndex
     /// The replica's marker against the data directory's binding: asked before a user the
     /// replica holds nothing of is created (nil in unit tests of the paths).
     package var identity: ReplicaIdentity?
@@ -51,14 +49,10 @@ package struct ReplicaLocations: Sendable {
     /// replica holds nothing of the user (asked with one listing, or a look into the folder). Throws
     /// when the replica cannot be asked. Blocking.
     ///
-    /// "Found nothing" never overrules "known to be there": a user the index lists whose folder
-    /// is empty throws, and before answering nil for a user the index does not answer for, the
+    /// "Found nothing" never overrules "known to be there": before answering nil, the
     /// replica's marker is read again (``ReplicaIdentity/confirm(before:)``): an unmounted
     /// folder or an emptied prefix holds nothing either.
     package func restoreURL(for user: UserID) throws -> String? {
-        // The index, once listed, answers without a request (one host only).
-        let indexed = fencing == nil ? replicaIndex.holds(user.rawValue) : nil
-        if indexed == false { return nil }
         let found: String?
         if fencing == nil && lease == nil {
             found = try storage.holdsAnything(userFolderSuffix(user)) ? replicaURL(for: user) : nil
@@ -67,13 +61,7 @@ package struct ReplicaLocations: Sendable {
             try requireNotAboveLease(epoch, user)
             found = epoch.map { url(of: user, epoch: $0) }
         }
-        if let found {
-            if fencing == nil { replicaIndex.insert(user.rawValue) }
-            return found
-        }
-        if indexed == true {
-            throw StoreError.replicationUnavailable(user: user, message: "the daemon's index of the replica lists the user, but the replica holds nothing of it now (a vanished or emptied replica?); nothing was created")
-        }
+        if let found { return found }
         try identity?.confirm(before: user)
         return nil
     }
@@ -109,18 +97,5 @@ package struct ReplicaLocations: Sendable {
         var base = String(replica[..<query])
         if base.hasSuffix("/") { base.removeLast() }
         return base + suffix + String(replica[query...])
-    }
-
-    /// Litestream's state folder beside a store (`.<name>-litestream`).
-    package static func sidecar(of path: String) -> String {
-        let url = URL(fileURLWithPath: path)
-        return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-litestream"
-    }
-
-    /// The epoch this host last replicated the store at `path` under (more than one host),
-    /// beside the store: a later open compares it with the replica's newest epoch.
-    package static func epochFile(of path: String) -> String {
-        let url = URL(fileURLWithPath: path)
-        return url.deletingLastPathComponent().path + "/." + url.lastPathComponent + "-epoch"
     }
 }

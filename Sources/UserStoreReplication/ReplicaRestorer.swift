@@ -2,7 +2,8 @@ import Foundation
 import UserStoreCore
 
 /// Bringing a store back from the replica with `litestream restore`: on open when it is
-/// missing here, for an operator's restore, and for a comparison (``ReplicaCheck``).
+/// missing here and for an operator's restore — only for a copy in Litestream's layout, from
+/// before the daemon's own log (``LogReplicator``).
 package struct ReplicaRestorer: Sendable {
     package let locations: ReplicaLocations
     package let command: LitestreamCommand

@@ -198,7 +198,7 @@ import Varlink
     @Test func theDurableTimeOutBoundsTheWholeCall() throws {
         let (replica, daemon, client) = try ReplicationTests.started(extra: "  durableTimeoutMilliseconds: 2000")
         try Self.execute("INSERT INTO notes (title) VALUES ('before')", for: "jo", on: client, durable: true)
-        let resume = try ReplicationTests.stall(client, replica: replica.path)
+        let resume = try ReplicationTests.stall(replica: replica.path)
         defer { resume() }
         let started = ContinuousClock.now
         #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {

@@ -199,13 +199,10 @@ import Varlink
         let client = try setup.daemon.connect()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "ann", on: client, durable: true)
         // A file where the log's folder is: no object can be written any more.
-        let log = setup.replica.path + "/log"
-        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
-        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
         for index in 0..<5 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('unstored \(index)')", for: "ann", on: client) }
         setup.daemon.stop(signal: SIGKILL)
-        try FileManager.default.removeItem(atPath: log)
-        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        resume()
         try setup.daemon.start()
         let again = try setup.daemon.connect()
         #expect(try Self.titles("ann", again).count == 6)
@@ -354,16 +351,13 @@ import Varlink
         try setup.daemon.start()
         let client = try setup.daemon.connect()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
-        let log = setup.replica.path + "/log"
-        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
-        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
         for index in 0..<20 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during \(index)')", for: "ann", on: client) }
         #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
             try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable during')", for: "ann", on: client, durable: true)
         })
         #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" && ($0["log"]?["pendingBytes"]?.integerValue ?? 0) > 0 })
-        unlink(log)
-        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        resume()
         #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 })
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
         let stderr = setup.daemon.stderr
@@ -382,9 +376,7 @@ import Varlink
         try setup.daemon.start()
         let client = try setup.daemon.connect()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
-        let log = setup.replica.path + "/log"
-        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
-        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
         try DurabilityTests.writeBlob(5_242_880, for: "fay", on: client)
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: "fay", on: client)
         // Two other users: fay, least recently used, is closed.
@@ -394,8 +386,7 @@ import Varlink
         #expect(!open.contains("fay"), "fay's store was not closed: \(open)")
         let wal = try DurabilityTests.storePath("fay", setup.daemon) + "-wal"
         #expect(((try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0) > 5_242_880, "closing dropped the WAL holding what the log did not store")
-        unlink(log)
-        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        resume()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('reopened')", for: "fay", on: client)
         try DurabilityTests.acknowledgeThenLoseTheHost("fay", setup.daemon, client)
     }

@@ -58,7 +58,7 @@ import Varlink
     /// Stalls replication to the folder replica `replica` until the returned closure runs (once;
     /// later calls do nothing): the log's folder swapped for a file, so that no log object can be
     /// written.
-    static func stall(_ client: VarlinkConnection, replica: String) throws -> @Sendable () -> Void {
+    static func stall(replica: String) throws -> @Sendable () -> Void {
         let log = replica + "/log"
         try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
         try #require(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))

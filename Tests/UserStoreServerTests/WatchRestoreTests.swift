@@ -22,9 +22,7 @@ import Varlink
         for index in 0..<3 { try ReplicationTests.insert("replicated \(index)", for: "ann", on: client, durable: index == 2) }
         // Five more the replica never gets, each sent to a watcher: a file where the log's
         // folder was, so no object can be written.
-        let log = replica.path + "/log"
-        try FileManager.default.moveItem(atPath: log, toPath: log + ".aside")
-        #expect(FileManager.default.createFile(atPath: log, contents: Data("in the way".utf8)))
+        let resume = try ReplicationTests.stall(replica: replica.path)
         let watcher = try daemon.connect()
         let before = try watches.watch(watcher, user: "ann")
         #expect(before == start + 3)
@@ -37,8 +35,7 @@ import Varlink
         // store from the replica, and six new transactions follow — as many as it takes to pass
         // the positions the watcher was sent.
         daemon.stop(signal: SIGKILL)
-        unlink(log)
-        try FileManager.default.moveItem(atPath: log + ".aside", toPath: log)
+        resume()
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
         #expect(try daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])["created"] == false)

@@ -3,6 +3,7 @@ import Logging
 import ServiceLifecycle
 import Synchronization
 import UserStoreConfiguration
+import UserStoreS3
 import UserStoreCore
 
 /// The daemon's own replication (`replication.engine: log`): every open store's commits, read
@@ -73,21 +74,10 @@ package final class LogReplicator: StoreReplication {
         let gate = ReadWriteLock()
         restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
-        legacyLocations = ReplicaLocations(replica: settings.replica, fencing: cluster, storage: setup.storage, replicaIndex: ReplicaIndex(),
+        legacyLocations = ReplicaLocations(replica: settings.replica, fencing: cluster, storage: setup.storage,
                                            identity: setup.identity, lease: setup.lease)
         legacy = ReplicaRestorer(locations: legacyLocations, command: LitestreamCommand(settings.litestream, environment: setup.storage.litestreamEnvironment),
                                  durableTimeoutMilliseconds: settings.durableTimeoutMilliseconds)
-        if case .bucket(let client, _, _) = setup.storage.kind {
-            bucketTraffic = BucketTraffic(counting: {
-                let traffic = client.traffic
-                var counts = BucketTraffic.Counts()
-                counts.requests = traffic.requests
-                counts.bytes = traffic.bytes
-                return counts
-            })
-        } else {
-            bucketTraffic = nil
-        }
         if let problem = setup.problem { replicaFailed(problem) }
     }
 
@@ -317,8 +307,12 @@ package final class LogReplicator: StoreReplication {
 
     /// How many users the index of the log holds, once listed.
     package var indexedUsers: Int? { index.users }
-    /// What the daemon sent to the bucket (nil with a folder replica).
-    package let bucketTraffic: BucketTraffic?
+    /// What the daemon sent to the bucket since start, as its S3 client counted it (nil with a
+    /// folder replica).
+    package var bucketTraffic: S3Client.Traffic? {
+        guard case .bucket(let client, _, _) = storage.kind else { return nil }
+        return client.traffic
+    }
 
     /// The replica could not be reached or verified (at start: served degraded).
     package func replicaFailed(_ problem: String) {
@@ -356,15 +350,14 @@ package final class LogReplicator: StoreReplication {
         reportUploads()
         let upload = uploader.snapshot
         return state.withLock { state in
-            let stores = state.open.values.map { (user: $0.user.rawValue, registered: !$0.needsBase, lastSync: Date?.none) }
-            var snapshot = ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
-                                       lastError: upload.lastError ?? state.lastError, litestreamPID: 0, litestreamVersion: "",
-                                       restored: state.restored, diverged: 0, lastSyncPassSeconds: 0, longestSyncPassSeconds: 0,
-                                       replicaProblem: state.replicaProblem, syncs: upload.objects, sharedSyncWaits: 0,
-                                       stores: stores.sorted { $0.user < $1.user }, holdsLease: lease.map { $0.heldEpoch != nil } ?? true)
-            snapshot.log = .init(tailObjects: index.objects ?? 0, oldestUnstoredSeconds: upload.oldestUnstoredSeconds, pendingBytes: upload.pendingBytes,
-                                 objectsWritten: upload.objects, objectsFolded: state.folded.logObjects, foldError: state.foldError)
-            return snapshot
+            let stores = state.open.values.map { (user: $0.user.rawValue, registered: !$0.needsBase) }
+            let log = ReplicationSnapshot.LogState(tailObjects: index.objects ?? 0, oldestUnstoredSeconds: upload.oldestUnstoredSeconds,
+                                                   pendingBytes: upload.pendingBytes, objectsWritten: upload.objects,
+                                                   objectsFolded: state.folded.logObjects, foldError: state.foldError)
+            return ReplicationSnapshot(registered: stores.filter(\.registered).count, unregistered: stores.filter { !$0.registered }.count,
+                                       lastError: upload.lastError ?? state.lastError, restored: state.restored,
+                                       replicaProblem: state.replicaProblem, syncs: upload.objects,
+                                       stores: stores.sorted { $0.user < $1.user }, holdsLease: lease.map { $0.heldEpoch != nil } ?? true, log: log)
         }
     }
 

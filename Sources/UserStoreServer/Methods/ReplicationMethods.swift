@@ -77,16 +77,17 @@ struct ReplicationMethods {
             "registeredStores": .integer(Int64(snapshot.registered)),
             "unregisteredStores": .integer(Int64(snapshot.unregistered)),
             "maxRegisteredStores": .integer(Int64(context.configuration.maxOpenStores)),
-            "maxLagSeconds": .real((snapshot.maxLagSeconds * 1000).rounded() / 1000),
+            "maxLagSeconds": .real(0),
             "durableWrites": .bool(replicator.settings.durableWrites),
             "restoredStores": .integer(Int64(snapshot.restored)),
-            "litestreamPid": .integer(Int64(snapshot.litestreamPID)),
-            "litestreamVersion": .string(snapshot.litestreamVersion),
-            "syncPassSeconds": .real((snapshot.lastSyncPassSeconds * 1000).rounded() / 1000),
-            "longestSyncPassSeconds": .real((snapshot.longestSyncPassSeconds * 1000).rounded() / 1000),
-            "divergedReplicas": .integer(Int64(snapshot.diverged)),
+            // Fields of Litestream's time, kept for clients that read them (the .varlink file).
+            "litestreamPid": 0,
+            "litestreamVersion": "",
+            "syncPassSeconds": .real(0),
+            "longestSyncPassSeconds": .real(0),
+            "divergedReplicas": 0,
             "syncs": .integer(Int64(snapshot.syncs)),
-            "sharedSyncWaits": .integer(Int64(snapshot.sharedSyncWaits)),
+            "sharedSyncWaits": 0,
         ]
         if let error = snapshot.lastError { fields["lastError"] = .string(error) }
         if let problem = snapshot.replicaProblem { fields["replicaProblem"] = .string(problem) }
@@ -102,18 +103,17 @@ struct ReplicationMethods {
         if let id = replicator.identity.binding.replica { fields["replicaId"] = .string(id) }
         if let lease = replicator.lease { fields["lease"] = Self.lease(lease) }
         fields["engine"] = "log"
-        if let log = snapshot.log {
-            var state: [String: JSONValue] = [
-                "tailObjects": .integer(Int64(log.tailObjects)),
-                "oldestUnstoredSeconds": .real((log.oldestUnstoredSeconds * 1000).rounded() / 1000),
-                "pendingBytes": .integer(Int64(log.pendingBytes)),
-                "objectsWritten": .integer(Int64(log.objectsWritten)),
-                "objectsFolded": .integer(Int64(log.objectsFolded)),
-                "foldSeconds": .integer(Int64(replicator.settings.foldSeconds)),
-            ]
-            if let error = log.foldError { state["foldError"] = .string(error) }
-            fields["log"] = .object(state)
-        }
+        let log = snapshot.log
+        var state: [String: JSONValue] = [
+            "tailObjects": .integer(Int64(log.tailObjects)),
+            "oldestUnstoredSeconds": .real((log.oldestUnstoredSeconds * 1000).rounded() / 1000),
+            "pendingBytes": .integer(Int64(log.pendingBytes)),
+            "objectsWritten": .integer(Int64(log.objectsWritten)),
+            "objectsFolded": .integer(Int64(log.objectsFolded)),
+            "foldSeconds": .integer(Int64(replicator.settings.foldSeconds)),
+        ]
+        if let error = log.foldError { state["foldError"] = .string(error) }
+        fields["log"] = .object(state)
         return .object(fields)
     }
 
@@ -136,25 +136,19 @@ struct ReplicationMethods {
         guard let replicator = context.replicator, let status = Self.status(context) else {
             throw Errors.replicationUnavailable(user: user?.rawValue ?? "", message: "replication is off (no replication section in the configuration)")
         }
-        let now = Date()
         let open = replicator.snapshot.stores
         var stores: [JSONValue] = []
-        func entry(_ name: String, open: Bool, registered: Bool, lastSync: Date?) throws -> JSONValue {
-            var fields: [String: JSONValue] = [
+        func entry(_ name: String, open: Bool, registered: Bool) throws -> JSONValue {
+            .object([
                 "user": .string(name), "replica": .string(replicator.replicaURL(for: try UserID(name))),
                 "open": .bool(open), "registered": .bool(registered),
-            ]
-            if let lastSync {
-                fields["lastSyncAt"] = .string(RFC3339.format(lastSync))
-                fields["lagSeconds"] = .real((now.timeIntervalSince(lastSync) * 1000).rounded() / 1000)
-            }
-            return .object(fields)
+            ])
         }
         if let user {
             let found = open.first { $0.user == user.rawValue }
-            stores.append(try entry(user.rawValue, open: found != nil, registered: found?.registered ?? false, lastSync: found?.lastSync))
+            stores.append(try entry(user.rawValue, open: found != nil, registered: found?.registered ?? false))
         } else {
-            for store in open { stores.append(try entry(store.user, open: true, registered: store.registered, lastSync: store.lastSync)) }
+            for store in open { stores.append(try entry(store.user, open: true, registered: store.registered)) }
         }
         return ["replication": status, "stores": .array(stores)]
     }

@@ -5,6 +5,7 @@ import Prometheus
 import Synchronization
 import UserStoreCore
 import UserStoreReplication
+import UserStoreS3
 
 /// The daemon's metrics: recorded through swift-metrics types (`Counter`, `Timer`, `Meter`,
 /// `FloatingPointCounter`), backed by swift-prometheus collectors registered with their help
@@ -136,8 +137,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
     private let gauges: [String: CoreMetrics.Meter]
     private let cpuSeconds: CoreMetrics.FloatingPointCounter
     private let cpuRecorded = Mutex<Double>(0)
-    /// What of ``BucketTraffic``'s totals the bucket counters hold.
-    private let bucketCounted = Mutex(BucketTraffic.Counts())
+    /// What of the S3 client's totals the bucket counters hold.
+    private let bucketCounted = Mutex(S3Client.Traffic())
 
     /// The daemon's metrics, and swift-metrics' global factory pointed at the same registry (so
     /// whatever else records through swift-metrics is exported too). Once per process.
@@ -305,7 +306,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
     }
 
     /// The bucket counters, each by what it lacks of `totals` (they only go up).
-    private func recordBucketTraffic(_ totals: BucketTraffic.Counts) {
+    private func recordBucketTraffic(_ totals: S3Client.Traffic) {
         bucketCounted.withLock { counted in
             for (name, values, previous) in [("userstore_replication_bucket_requests_total", totals.requests, counted.requests),
                                              ("userstore_replication_bucket_bytes_total", totals.bytes, counted.bytes)] {
@@ -335,18 +336,14 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.degraded"]?.set(replication.degraded ? 1 : 0)
             gauges["replication.registered"]?.set(replication.registered)
             gauges["replication.unregistered"]?.set(replication.unregistered)
-            gauges["replication.lag"]?.set(replication.maxLagSeconds)
-            gauges["replication.pass"]?.set(replication.lastSyncPassSeconds)
-            gauges["replication.diverged"]?.set(replication.diverged)
+            // Litestream's time: kept at 0 for dashboards that read them.
+            for retired in ["replication.lag", "replication.pass", "replication.diverged", "replication.shared"] { gauges[retired]?.set(0) }
             gauges["replication.syncs"]?.set(replication.syncs)
-            gauges["replication.shared"]?.set(replication.sharedSyncWaits)
-            if let log = replication.log {
-                gauges["replication.log.tail"]?.set(log.tailObjects)
-                gauges["replication.log.oldest"]?.set(log.oldestUnstoredSeconds)
-                gauges["replication.log.pending"]?.set(log.pendingBytes)
-                gauges["replication.log.written"]?.set(log.objectsWritten)
-                gauges["replication.log.folded"]?.set(log.objectsFolded)
-            }
+            gauges["replication.log.tail"]?.set(replication.log.tailObjects)
+            gauges["replication.log.oldest"]?.set(replication.log.oldestUnstoredSeconds)
+            gauges["replication.log.pending"]?.set(replication.log.pendingBytes)
+            gauges["replication.log.written"]?.set(replication.log.objectsWritten)
+            gauges["replication.log.folded"]?.set(replication.log.objectsFolded)
         }
         if let replicator = context.replicator {
             gauges["replication.verified"]?.set(replicator.identity.verdict.isVerified ? 1 : 0)
@@ -355,7 +352,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
                 gauges["replication.epoch"]?.set(Int(lease.snapshot.epoch ?? 0))
             }
         }
-        if let traffic = context.replicator?.bucketTraffic { recordBucketTraffic(traffic.totals) }
+        if let traffic = context.replicator?.bucketTraffic { recordBucketTraffic(traffic) }
         let fleet = context.counters.withLock { $0.fleet }
         gauges["fleet.done"]?.set(fleet?.done ?? 0)
         gauges["fleet.failed"]?.set(fleet?.failures ?? 0)
