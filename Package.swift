@@ -147,8 +147,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
-        // The S3 calls userstored makes itself (a user's erase, the newest epoch's copy, the
-        // bucket's health): SigV4 over AsyncHTTPClient; Litestream does the replication.
+        // The S3 client userstored replicates with (the host log's objects, folds, fences, the
+        // writer lease, erases): SigV4 over AsyncHTTPClient.
         .target(
             name: "UserStoreS3",
             dependencies: [
@@ -183,6 +183,7 @@ let package = Package(
             name: "userstore-bench",
             dependencies: [
                 "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreS3",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]

@@ -25,7 +25,11 @@ import UserStoreS3
 ///   recent (``confirmationWindow``): a holder paused past that acknowledges nothing after it
 ///   resumes until it has looked again.
 /// - An operator's take-over (``takeOver()``) takes it at once under a new epoch; the old
-///   holder, if it comes back, finds the new version and is fenced.
+///   holder, if it comes back, finds the new version and is fenced. The new holder writes its
+///   fence only once the old holder can no longer acknowledge (``fenceNotBefore``): the old holder
+///   acknowledges only within ``confirmationWindow`` of a look that found the lease its own, and
+///   every such look began before the take-over landed — so whatever it acknowledged was stored
+///   before the fence listed the log, and no durable write needs a look of its own.
 package final class LeaseKeeper: StorePlacement, Sendable {
     private struct State {
         /// The lease this host holds, as written, and its version; nil while it holds none.
@@ -55,6 +59,8 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         var confirmedAt: ContinuousClock.Instant?
         /// The read of the lease durable writes wait for now (shared), and when it began.
         var confirmation: (started: ContinuousClock.Instant, task: Task<Bool, Never>)?
+        /// The fence of the lease held may be written from this instant on (``fenceNotBefore``).
+        var fenceNotBefore = ContinuousClock.now
         /// How many times a lease was taken and lost since start.
         var acquisitions = 0
         var losses = 0
@@ -116,11 +122,17 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// held at that epoch, its last renewal began less than ``acknowledgeWithin`` ago, and the
     /// last look that found it unchanged began less than ``confirmationWindow`` ago.
     package func mayAcknowledge(epoch: Int64?) -> Bool {
+        guard let until = acknowledgesUntil, ContinuousClock.now < until else { return false }
+        return epoch == heldEpoch
+    }
+
+    /// Until when durable writes may be acknowledged as things stand: the earlier of the lease's
+    /// end (``acknowledgeWithin`` after its last renewal began) and ``confirmationWindow`` after
+    /// the last look that found it this host's began. Nil while no lease is held.
+    package var acknowledgesUntil: ContinuousClock.Instant? {
         state.withLock { state in
-            let now = ContinuousClock.now
-            guard let held = state.held, let until = state.validUntil, now < until,
-                  let confirmed = state.confirmedAt, now - confirmed < Self.confirmationWindow else { return false }
-            return epoch == held.lease.epoch
+            guard state.held != nil, let until = state.validUntil, let confirmed = state.confirmedAt else { return nil }
+            return min(until, confirmed + Self.confirmationWindow)
         }
     }
 
@@ -130,28 +142,33 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         state.withLock { state in state.held != nil && state.validUntil.map { ContinuousClock.now < $0 } ?? false }
     }
 
-    /// Serves `user` while this host holds the lease — also while the replica cannot be
-    /// reached to renew it (an outage: stores are served as when the bucket is down, durable
-    /// writes fail), as long as the keeper's last round found that outage and it is still
-    /// trying (a round under way, or one ended less than 2 s ago). A host that was paused past
-    /// its lease made no round meanwhile: it serves nothing until a round has found the lease
-    /// still its own.
-    /// The acknowledge rule for a durable write whose commit the replica confirmed at `replicated`
-    /// (``mayAcknowledge(epoch:)``), proven by a read of the lease that began after it: a host
-    /// another took the replica over from — an operator's take-over while it was paused or
-    /// running — finds the new holder's lease and acknowledges nothing, and a take-over after that
-    /// read finds the write in the replica when it restores the user. Concurrent durable writes
-    /// share one read (a GET) begun after the last of their commits was confirmed.
-    package func confirmHeld(epoch: Int64?, after replicated: ContinuousClock.Instant) async -> Bool {
-        let task = state.withLock { state -> Task<Bool, Never> in
-            if let current = state.confirmation, current.started >= replicated { return current.task }
+    /// The acknowledge rule for a durable write stored under `epoch` (``mayAcknowledge(epoch:)``):
+    /// free while the keeper's rounds keep the lease confirmed (a read every second); when the
+    /// last confirmation is older than ``confirmationWindow`` (the keeper starved, the replica
+    /// slow) but the lease is still held, one read of it, shared by every durable write waiting
+    /// meanwhile (one begun less than a second ago is shared). No look per write is needed: a host that takes the lease over writes its fence
+    /// only after ``fenceNotBefore``, when this host can no longer acknowledge anything it did not
+    /// store before the fence listed the log.
+    package func confirmHeld(epoch: Int64?) async -> Bool {
+        if mayAcknowledge(epoch: epoch) { return true }
+        let task = state.withLock { state -> Task<Bool, Never>? in
+            guard state.held?.lease.epoch == epoch, state.validUntil.map({ ContinuousClock.now < $0 }) ?? false else { return nil }
+            if let current = state.confirmation, ContinuousClock.now - current.started < .seconds(1) { return current.task }
             let started = ContinuousClock.now
             let task = Task { await self.look(started: started) }
             state.confirmation = (started, task)
             return task
         }
+        guard let task else { return false }
         return await task.value && mayAcknowledge(epoch: epoch)
     }
+
+    /// When the fence of the lease held may be written: at once for a lease taken from nobody,
+    /// from a released or gone holder, or after it ran out (its holder stopped acknowledging
+    /// before this host could take it); ``confirmationWindow`` plus a margin for the clocks' rates
+    /// after an operator's take-over of a live holder, which acknowledges what it stores until its
+    /// last confirmation is that old.
+    package var fenceNotBefore: ContinuousClock.Instant { state.withLock { $0.fenceNotBefore } }
 
     /// Reads the lease: true when it is still the one this host holds (a look, begun at
     /// `started`); a lease another host wrote means it was lost.
@@ -180,6 +197,12 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         return true
     }
 
+    /// Serves `user` while this host holds the lease — also while the replica cannot be
+    /// reached to renew it (an outage: stores are served as when the bucket is down, durable
+    /// writes fail), as long as the keeper's last round found that outage and it is still
+    /// trying (a round under way, or one ended less than 2 s ago). A host that was paused past
+    /// its lease made no round meanwhile: it serves nothing until a round has found the lease
+    /// still its own.
     package func admit(_ user: UserID) throws(StoreError) {
         let refusal = state.withLock { state -> String? in
             guard state.held != nil else { return Self.refusal(state, host: host) }
@@ -461,6 +484,10 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             }
             let wasHeld = state.held?.lease.epoch == lease.epoch && state.held?.lease.incarnation == incarnation
             if !wasHeld { state.acquisitions += 1 }
+            // Taken from a live holder: it may acknowledge until its last confirmation — begun
+            // before this write landed, so before now — is a window old (a second more for the
+            // clocks' rates).
+            if reason == "take-over" { state.fenceNotBefore = .now + Self.confirmationWindow + .seconds(1) }
             return wasHeld
         }
         if !wasHeld {

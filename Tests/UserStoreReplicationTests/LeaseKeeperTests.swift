@@ -90,19 +90,26 @@ import UserStoreCore
     }
 
     /// An operator's take-over takes a lease its holder still renews, at once and at a higher
-    /// epoch; the old holder's next look finds it lost, and a durable write it confirms after
-    /// that is refused.
-    @Test func aTakeOverFencesTheHolder() async throws {
+    /// epoch. The old holder cannot know at once and acknowledges until its last confirmation is
+    /// ``LeaseKeeper/confirmationWindow`` old — before the new holder may write its fence; after
+    /// that, its look finds the lease lost, and a durable write it confirms is refused.
+    @Test func aTakeOverFencesTheHolderOnlyOnceItStoppedAcknowledging() async throws {
         let replica = Replica()
         let (a, _) = try replica.keeper(host: "a", leaseSeconds: 60)
         let (b, _) = try replica.keeper(host: "b", leaseSeconds: 60)
         #expect(a.round())
         let epoch = try #require(a.heldEpoch)
         #expect(!b.round())
+        #expect(b.fenceNotBefore <= .now, "a host that took a lease from nobody waits to fence")
         let (held, previous) = try b.takeOver()
         #expect(held.epoch > epoch && previous?.holder == "a" && b.mayAcknowledge(epoch: held.epoch))
         #expect(a.mayAcknowledge(epoch: epoch), "the holder cannot know yet")
-        #expect(await !a.confirmHeld(epoch: epoch, after: .now), "a durable write was confirmed under a lease taken over")
+        #expect(await a.confirmHeld(epoch: epoch), "the holder refused within its confirmation window")
+        let acknowledgesUntil = try #require(a.acknowledgesUntil)
+        #expect(acknowledgesUntil < b.fenceNotBefore, "the new holder may fence while the old one still acknowledges")
+        try await Task.sleep(until: acknowledgesUntil)
+        #expect(!a.mayAcknowledge(epoch: epoch))
+        #expect(await !a.confirmHeld(epoch: epoch), "a durable write was confirmed under a lease taken over")
         #expect(a.heldEpoch == nil && a.snapshot.losses == 1)
     }
 

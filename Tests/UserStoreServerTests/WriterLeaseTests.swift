@@ -1,6 +1,7 @@
 import ClusterTestSupport
 import DaemonTestSupport
 import Foundation
+import Synchronization
 import Testing
 import Varlink
 
@@ -151,5 +152,52 @@ import Varlink
         kill(pair.first.pid, SIGCONT)
         #expect(Self.refused { try Self.durable("resumed", try pair.first.connect()) })
         #expect(try pair.restoreOnAFreshHost("ann") == ["first", "second"])
+    }
+
+    /// An operator's take-over while the first host runs and acknowledges durable writes (not
+    /// paused): it cannot know at once and acknowledges for up to a few seconds more (it looks at
+    /// the lease every second, not per write). The second host fences the log only once the
+    /// first cannot acknowledge any more — so a fresh host restores every row the first
+    /// acknowledged, before the take-over and after, and the second's.
+    @Test(arguments: ["file", "s3"]) func aRunningHostsAcknowledgedWritesSurviveAnOperatorsTakeOver(kind: String) throws {
+        let pair = try Pair(kind, leaseSeconds: 60)
+        try pair.first.start()
+        try Self.durable("first 0", try pair.first.connect())
+        try pair.second.start()
+        let second = try pair.second.connect()
+        #expect(try Self.waitForLease(second, "standby"))
+
+        // A writer on the first host: durable writes one after another until five in a row are
+        // refused (the first found the lease lost).
+        nonisolated(unsafe) let writerClient = try pair.first.connect()
+        let acknowledged = Mutex<[String]>([])
+        let underWay = DispatchSemaphore(value: 0), finished = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            defer { finished.signal() }
+            var refusedInARow = 0, index = 0
+            while refusedInARow < 5 {
+                index += 1
+                do {
+                    try Self.durable("first \(index)", writerClient)
+                    acknowledged.withLock { $0.append("first \(index)") }
+                    refusedInARow = 0
+                } catch {
+                    refusedInARow += 1
+                }
+                if index == 20 { underWay.signal() }
+            }
+        }
+        try #require(underWay.wait(timeout: .now() + 60) == .success, "the first host's writer did not get under way")
+        let took = try run([userstorectlPath, "--socket", pair.second.socketPath, "replication", "take-over"])
+        #expect(took.status == 0, "\(took.stdout)\(took.stderr)")
+        try Self.durable("second", second)
+        try #require(finished.wait(timeout: .now() + 120) == .success, "the first host still acknowledges two minutes after the take-over")
+
+        let rows = try pair.restoreOnAFreshHost("ann")
+        let written = acknowledged.withLock { $0 }
+        #expect(written.count >= 19)
+        let lost = written.filter { !rows.contains($0) }
+        #expect(lost.isEmpty, "the first host acknowledged \(written.count) writes; a fresh host lacks \(lost)")
+        #expect(rows.contains("second") && rows.first == "first 0", "\(rows)")
     }
 }

@@ -13,6 +13,10 @@ extension LogReplicator {
         fencing.lock()
         defer { fencing.unlock() }
         guard fenced.withLock({ $0 }) != epoch else { return }
+        // After an operator's take-over, the old holder may still acknowledge for a few seconds
+        // what it stores: the fence waits until it cannot (LeaseKeeper.fenceNotBefore).
+        let wait = lease.fenceNotBefore - .now
+        if wait > .zero { Thread.sleep(forTimeInterval: wait.inSeconds) }
         uploader.raiseEpoch(to: epoch)
         let (fence, _) = try LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
         fenced.withLock { $0 = epoch }

@@ -282,17 +282,12 @@ package final class LogReplicator: StoreReplication {
         case .success(let number): last = number
         case .failure(let why): throw StoreError.replicationUnavailable(user: user, message: "\(why)")
         }
-        var storedAt = ContinuousClock.now
-        if last > 0 {
-            guard let at = await uploader.storedInstant(of: last, until: deadline) else {
-                throw StoreError.replicationUnavailable(user: user, message: "the log did not store the commit within \(settings.durableTimeoutMilliseconds) ms (\(uploader.snapshot.lastError ?? "the replica is slow"))")
-            }
-            storedAt = at
+        if last > 0, await !uploader.waitUntilStored(last, until: deadline) {
+            throw StoreError.replicationUnavailable(user: user, message: "the log did not store the commit within \(settings.durableTimeoutMilliseconds) ms (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
-        // A look at the lease begun after the commit's object was stored: one look serves every
-        // durable write of that object (the fence rule: a host that took the replica over later
-        // lists the object in its fence).
-        if let lease, await !lease.confirmHeld(epoch: logged.epoch, after: storedAt) {
+        // Stored, and the lease confirmed recently (no request as a rule): a host that takes the
+        // replica over later lists the object in its fence (LeaseKeeper.fenceNotBefore).
+        if let lease, await !lease.confirmHeld(epoch: logged.epoch) {
             throw StoreError.replicationUnavailable(user: user, message: "committed here and in the log under epoch \(logged.epoch), but this host does not hold the replica's writer lease now: the write may be lost")
         }
     }

@@ -80,9 +80,9 @@ package final class LogUploader: Sendable {
         /// ~1.5 KB per new user to the daemon in `make churn-log`; cancelled, only Task.sleep's
         /// own timer, ~140 bytes, stays until the deadline).
         var sleeper: Task<Void, Never>?
-        /// Resumed with when the object holding the record (and every one before) was stored,
-        /// nil when the deadline came first.
-        let continuation: CheckedContinuation<ContinuousClock.Instant?, Never>
+        /// Resumed with true once the record (and every one it waits for) is stored, false when
+        /// the deadline came first.
+        let continuation: CheckedContinuation<Bool, Never>
     }
 
     fileprivate struct Pending {
@@ -115,8 +115,6 @@ package final class LogUploader: Sendable {
         var storedAhead: Set<UInt64> = []
         /// Every object up to this sequence is stored.
         var storedSequence: UInt64 = 0
-        /// When ``stored`` last moved.
-        var storedAt = ContinuousClock.now
         var waiters: [Waiter] = []
         var nextWaiter: UInt64 = 0
         var work: CheckedContinuation<Void, Never>?
@@ -195,36 +193,33 @@ package final class LogUploader: Sendable {
     /// Waits until every record appended so far (of every store) is stored, by `deadline`;
     /// false when it came first.
     package func flush(until deadline: ContinuousClock.Instant) async -> Bool {
-        await storedInstant(of: appended, prefix: true, until: deadline) != nil
+        await wait(for: appended, prefix: true, until: deadline)
     }
 
     /// Waits until record `number` — and with it every earlier record of its store — is stored;
     /// false when `deadline` came first.
     package func waitUntilStored(_ number: UInt64, until deadline: ContinuousClock.Instant) async -> Bool {
-        await storedInstant(of: number, until: deadline) != nil
+        await wait(for: number, prefix: false, until: deadline)
     }
 
     /// Waits until record `number` (with every earlier record of its store; with `prefix`, every
-    /// earlier record at all) is stored, and returns an instant at or after which it was (when
-    /// its object was stored, or for a record stored before the call, when records were last
-    /// stored): a look at the writer lease begun then is one every durable write of that object
-    /// can share. Nil when `deadline` came first.
-    package func storedInstant(of number: UInt64, prefix: Bool = false, until deadline: ContinuousClock.Instant) async -> ContinuousClock.Instant? {
+    /// earlier record at all) is stored; false when `deadline` came first.
+    private func wait(for number: UInt64, prefix: Bool, until deadline: ContinuousClock.Instant) async -> Bool {
         await withCheckedContinuation { continuation in
-            let (id, at) = state.withLock { state -> (UInt64?, ContinuousClock.Instant) in
-                if prefix ? state.stored >= number : state.isStored(number) { return (nil, state.storedAt) }
+            let id = state.withLock { state -> UInt64? in
+                if prefix ? state.stored >= number : state.isStored(number) { return nil }
                 state.nextWaiter += 1
                 state.waiters.append(Waiter(id: state.nextWaiter, number: number, prefix: prefix, continuation: continuation))
-                return (state.nextWaiter, state.storedAt)
+                return state.nextWaiter
             }
-            guard let id else { return continuation.resume(returning: at) }
+            guard let id else { return continuation.resume(returning: true) }
             let sleeper = Task {
                 try? await Task.sleep(until: deadline)
                 let timedOut = self.state.withLock { state -> Waiter? in
                     guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
                     return state.waiters.remove(at: index)
                 }
-                timedOut?.continuation.resume(returning: nil)
+                timedOut?.continuation.resume(returning: false)
             }
             let waiting = state.withLock { state -> Bool in
                 guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return false }
@@ -336,7 +331,6 @@ package final class LogUploader: Sendable {
         index?.add(key, .init(users: Set(batch.records.map(\.user)),
                               position: .init(epoch: batch.epoch, incarnation: origin.incarnation, sequence: batch.sequence),
                               createdAt: RFC3339.parse(RFC3339.format(createdAt)) ?? createdAt))
-        let storedAt = ContinuousClock.now
         let (resumed, wake) = state.withLock { state -> ([Waiter], CheckedContinuation<Void, Never>?) in
             state.objects += 1
             state.bytes += bytes.count
@@ -349,7 +343,6 @@ package final class LogUploader: Sendable {
                 state.storedSequence = first.sequence
                 state.inFlight.removeFirst()
             }
-            state.storedAt = storedAt
             state.advanceStored()
             let settled = state
             let ready = state.waiters.filter { settled.satisfies($0) }
@@ -360,7 +353,7 @@ package final class LogUploader: Sendable {
         }
         for waiter in resumed {
             waiter.sleeper?.cancel()
-            waiter.continuation.resume(returning: storedAt)
+            waiter.continuation.resume(returning: true)
         }
         wake?.resume()
     }
