@@ -61,13 +61,15 @@ import Varlink
     /// daemon on the same replica and returns what `user`'s store holds once its first request
     /// restored it.
     static func loseHostAndRestore(_ user: String, _ daemon: DaemonHarness, _ client: VarlinkConnection) throws -> String {
-        kill(daemon.pid, SIGKILL)
-        daemon.waitForExit()
+        daemon.stop(signal: SIGKILL)
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
         let opened = try daemon.connect().call("io.userstore.Store.Open", ["user": .string(user)])
         #expect(opened["created"] == false, "\(user) was created empty instead of restored")
-        return try contents(try storePath(user, daemon))
+        // Read once the daemon is gone: it holds each open store's file exclusively.
+        let path = try storePath(user, daemon)
+        daemon.stop()
+        return try contents(path)
     }
 
     static func expectSame(_ restored: String, _ live: String, _ sourceLocation: SourceLocation = #_sourceLocation) {
@@ -87,10 +89,12 @@ import Varlink
     static func acknowledgeThenLoseTheHost(_ user: String, _ daemon: DaemonHarness, _ client: VarlinkConnection,
                                            _ sourceLocation: SourceLocation = #_sourceLocation) throws {
         try execute("INSERT INTO notes (title) VALUES ('after')", for: user, on: client, durable: true)
+        // The host is lost right after the acknowledgement; what the store held then is read
+        // from its disk once the daemon (which holds the file exclusively) is gone.
+        daemon.stop(signal: SIGKILL)
         let live = try contents(try storePath(user, daemon))
         #expect(live.contains("CREATE TABLE blobs"), sourceLocation: sourceLocation)
         expectSame(try loseHostAndRestore(user, daemon, client), live, sourceLocation)
-        daemon.stop()
     }
 
     /// A replica on a file system that stalls (`fsfreeze` on a loop-mounted ext4): Litestream
@@ -176,20 +180,20 @@ import Varlink
         try Self.execute("INSERT INTO blobs VALUES (randomblob(4000000))", for: "ann", on: client)
         try Self.execute("INSERT INTO notes (title) VALUES ('after the disk filled')", for: "ann", on: client, durable: true)
         try Self.execute("INSERT INTO notes (title) VALUES ('other again')", for: "bob", on: client, durable: true)
+        // The disk lost: a new one, restored from the replica (what the store held is read once
+        // the daemon, which holds the file exclusively, is gone).
+        daemon.stop(signal: SIGKILL)
         let live = try Self.contents(try Self.storePath("ann", daemon))
         #expect(live.contains("after the disk filled"))
-
-        // The disk lost: a new one, restored from the replica.
-        daemon.stop(signal: SIGKILL)
         _ = try run(["/bin/umount", daemon.dataDirectory])
         mounted = false
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
         let again = try daemon.connect()
         #expect(try again.call("io.userstore.Store.Open", ["user": "ann"])["created"] == false)
-        Self.expectSame(try Self.contents(try Self.storePath("ann", daemon)), live)
         #expect(try LogEngineTests.titles("bob", again) == ["other", "other again"])
         daemon.stop()
+        Self.expectSame(try Self.contents(try Self.storePath("ann", daemon)), live)
     }
 
     /// `durableTimeoutMilliseconds` bounds a durable write from end to end: with replication

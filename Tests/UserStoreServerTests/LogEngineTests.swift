@@ -184,9 +184,11 @@ import Varlink
         try setup.daemon.start()
         let client = try setup.daemon.connect()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
+        setup.daemon.stop(signal: SIGKILL) // the daemon holds the file exclusively
         let live = try DurabilityTests.contents(path)
         try setup.loseTheHost()
         #expect(try setup.daemon.connect().call("io.userstore.Store.Open", ["user": "ann"])["created"] == false)
+        setup.daemon.stop()
         #expect(try DurabilityTests.contents(try DurabilityTests.storePath("ann", setup.daemon)) == live, "the store came back without what the other process wrote")
     }
 

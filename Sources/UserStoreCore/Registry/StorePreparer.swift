@@ -80,10 +80,11 @@ struct StorePreparer: Sendable {
         }
     }
 
-    /// How a fleet run's job makes `user`'s store, which it closes right after, durable: not
-    /// while a replicator's connection can hold the WAL back from a full checkpoint.
+    /// How a fleet run's job makes `user`'s store, which it closes right after, durable: a
+    /// replicated store's checkpoints are its replicator's (never past what the replica holds),
+    /// so each of its commits is synced.
     func fleetDurability(for user: UserID) -> Migrator.Durability {
-        if opener.sharedFiles { return .lastCommit }
+        if opener.replicated { return .lastCommit }
         // Before Linux 5.8, syncfs does not report write-back errors: sync file by file there,
         // and for a store on another file system than the data directory's (a folder mounted
         // inside it), which the shared syncfs would not write back.

@@ -55,7 +55,7 @@ public final class StoreRegistry: Sendable {
         self.replication = replication
         self.lock = lock
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
-        opener.sharedFiles = replication != nil
+        opener.replicated = replication != nil
         opener.changeRetention = configuration.changeRetention
         preparer = StorePreparer(configuration: configuration, opener: opener, observer: observer, replication: replication,
                                  fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory), gate: gate)

@@ -10,9 +10,9 @@ import Foundation
 /// because serving an empty store in place of a replicated one, or replacing a file the
 /// replicator still holds, would lose the user's data.
 ///
-/// A registry with a replication opens its stores for another process's reader: `locking_mode`
-/// NORMAL (a `-shm` file) instead of EXCLUSIVE, and no automatic checkpoints (the replicator
-/// checkpoints).
+/// A registry with a replication installs a ``WALHook`` on each store's connection: every
+/// commit is captured, and the replicator decides when the WAL is checkpointed (never past what
+/// the replica holds).
 public protocol StoreReplication: Sendable {
     /// Puts the replica's copy of `user`'s store at `path` (which does not exist) when the
     /// replica has one: its latest state, or its state at `timestamp`. Returns what was

@@ -27,10 +27,8 @@ public enum StoreFileInspector {
     }
 
     /// The schema version as SQLite reads it, WAL included, through a read-only connection
-    /// that leaves the WAL as it is when it closes. For a replicated store closed with its WAL
-    /// kept (Litestream's position is in it): opening it as a store would register it with
-    /// Litestream. Safe beside the daemon's own connection only with normal locking (replicated
-    /// stores). -1 when the file cannot be read.
+    /// that leaves the WAL as it is when it closes (a restored copy, an offline store: nothing
+    /// else has the file open). -1 when the file cannot be read.
     public static func versionReadingWAL(of path: String) -> Int64 {
         var configuration = Configuration()
         configuration.readonly = true

@@ -7,9 +7,9 @@ struct StoreOpener: Sendable {
     let layout: StoreLayout
     /// How long a statement waits for another process's lock before failing with SQLITE_BUSY.
     let busyTimeoutSeconds: Double
-    /// Another process reads the files too (a replicator): normal locking and no automatic
-    /// checkpoints (a registry with a ``StoreReplication``).
-    var sharedFiles = false
+    /// The stores are replicated (a registry with a ``StoreReplication``): a ``WALHook`` on each
+    /// captures every commit and replaces SQLite's automatic checkpoints.
+    var replicated = false
     /// Stores record their committed changes for watchers (nil: they do not).
     var changeRetention: ChangeRetention?
 
@@ -33,7 +33,7 @@ struct StoreOpener: Sendable {
             try template?.install(at: path, user: user)
         }
         let guardian = StoreGuard()
-        let sharedFiles = self.sharedFiles
+        let replicated = self.replicated
         let recorder = changeRetention.map { ChangeRecorder(guardian: guardian, retention: $0) }
         let wal = WALHook()
         var configuration = Configuration()
@@ -48,14 +48,11 @@ struct StoreOpener: Sendable {
             // and each through one connection: the file lock is taken once and kept (no lock
             // and unlock system calls per statement), and WAL's index lives in the connection's
             // memory instead of a -shm file (one file descriptor fewer per open store). Must be
-            // set before the first read of the file.
-            //
-            // A replicated store is read by Litestream's own connection, which a file locked
-            // exclusively would refuse (SQLITE_BUSY): it keeps normal locking and a -shm file,
-            // and its WALHook (installed below) replaces SQLite's automatic checkpoints.
-            if !sharedFiles {
-                try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
-            }
+            // set before the first read of the file. A replicated store too: the host log reads
+            // its WAL's bytes (WALCapture), not through SQLite, and takes no lock. (Litestream,
+            // until 2026-11-28, read it through a connection of its own, so replicated stores
+            // kept normal locking: ~5 fcntl calls per durable write.)
+            try db.execute(sql: "PRAGMA locking_mode = EXCLUSIVE")
             // Durability of every committed transaction (WAL's default NORMAL can lose the last ones on power loss).
             try db.execute(sql: "PRAGMA synchronous = FULL")
             // Replaces GRDB's own authorizer, which only feeds features userstore does not use
@@ -68,7 +65,7 @@ struct StoreOpener: Sendable {
             sqlite3_rollback_hook(db.sqliteConnection!, nil, nil)
             // The change stream's recorder takes the commit and rollback hooks instead.
             recorder?.install(on: db.sqliteConnection!)
-            if sharedFiles { wal.install(on: db.sqliteConnection!) }
+            if replicated { wal.install(on: db.sqliteConnection!) }
         }
         do {
             let queue = try DatabaseQueue(path: path, configuration: configuration)

@@ -32,7 +32,8 @@ package final class LogReplicator: StoreReplication {
     let logger: Logger
 
     struct State {
-        var open: [String: LoggedStore] = [:]
+        /// The stores replicated now, by user.
+        var open: [UserID: LoggedStore] = [:]
         var restored = 0
         var replicaProblem: String?
         var lastError: String?
@@ -231,13 +232,13 @@ package final class LogReplicator: StoreReplication {
             logged.shipBase()
         }
         store.wal.capture = logged.capture
-        state.withLock { $0.open[store.path] = logged }
+        state.withLock { $0.open[store.user] = logged }
     }
 
     package func storeClosing(_ store: Store) {
         guard let logged = state.withLock({ state -> LoggedStore? in
-            guard state.open[store.path]?.store === store else { return nil }
-            return state.open.removeValue(forKey: store.path)
+            guard state.open[store.user]?.store === store else { return nil }
+            return state.open.removeValue(forKey: store.user)
         }) else { return }
         logged.close()
         store.wal.capture = nil
@@ -274,7 +275,7 @@ package final class LogReplicator: StoreReplication {
     /// `deadline`.
     package func waitUntilReplicated(_ user: UserID, until deadline: ContinuousClock.Instant) async throws {
         try identity.require(for: user)
-        guard let logged = state.withLock({ $0.open[layout.storePath(for: user)] }) else {
+        guard let logged = state.withLock({ $0.open[user] }) else {
             throw StoreError.replicationUnavailable(user: user, message: "the store is not open")
         }
         let last: UInt64
@@ -294,7 +295,7 @@ package final class LogReplicator: StoreReplication {
 
     /// The epoch `user`'s open store replicates under (nil: none, or not open).
     package func registeredEpoch(of user: UserID) -> Int64? {
-        state.withLock { $0.open[layout.storePath(for: user)]?.epoch }
+        state.withLock { $0.open[user]?.epoch }
     }
 
     /// Where `user`'s copy is in the replica (for operators).

@@ -75,11 +75,8 @@ package final class LogUploader: Sendable {
         let number: UInt64
         /// Waits for every record up to `number` (``flush(until:)``), not just that one.
         let prefix: Bool
-        /// Ends the wait at its deadline; cancelled when the record is stored first (a sleeping
-        /// task holds its memory until it wakes: a day's wait for each new store's base added
-        /// ~1.5 KB per new user to the daemon in `make churn-log`; cancelled, only Task.sleep's
-        /// own timer, ~140 bytes, stays until the deadline).
-        var sleeper: Task<Void, Never>?
+        /// When the wait ends unless the record was stored first (``sweep()``).
+        let deadline: ContinuousClock.Instant
         /// Resumed with true once the record (and every one it waits for) is stored, false when
         /// the deadline came first.
         let continuation: CheckedContinuation<Bool, Never>
@@ -109,6 +106,8 @@ package final class LogUploader: Sendable {
         var sequence: UInt64 = 0
         /// Objects begun and not yet followed by every earlier one stored (done or not).
         var inFlight: [InFlight] = []
+        /// The stores with a record in an object being written: their next records wait.
+        var busyStores: Set<String> = []
         /// Every record up to this number is stored.
         var stored: UInt64 = 0
         /// Records stored past ``stored`` (an earlier one still pending or being written).
@@ -117,6 +116,11 @@ package final class LogUploader: Sendable {
         var storedSequence: UInt64 = 0
         var waiters: [Waiter] = []
         var nextWaiter: UInt64 = 0
+        /// One task ends the waits whose deadline passed: it sleeps until the earliest deadline
+        /// (`sweepAt`). A task per wait cost a task, a timer and its cancellation per durable
+        /// write, and a sleeping task holds its memory until it wakes.
+        var sweepAt: ContinuousClock.Instant?
+        var sweeper: Task<Void, Never>?
         var work: CheckedContinuation<Void, Never>?
         var objects = 0
         var bytes = 0
@@ -206,28 +210,47 @@ package final class LogUploader: Sendable {
     /// earlier record at all) is stored; false when `deadline` came first.
     private func wait(for number: UInt64, prefix: Bool, until deadline: ContinuousClock.Instant) async -> Bool {
         await withCheckedContinuation { continuation in
-            let id = state.withLock { state -> UInt64? in
-                if prefix ? state.stored >= number : state.isStored(number) { return nil }
+            let (stored, sweepAt) = state.withLock { state -> (Bool, ContinuousClock.Instant?) in
+                if prefix ? state.stored >= number : state.isStored(number) { return (true, nil) }
                 state.nextWaiter += 1
-                state.waiters.append(Waiter(id: state.nextWaiter, number: number, prefix: prefix, continuation: continuation))
-                return state.nextWaiter
+                state.waiters.append(Waiter(id: state.nextWaiter, number: number, prefix: prefix, deadline: deadline, continuation: continuation))
+                guard state.sweepAt.map({ deadline < $0 }) ?? true else { return (false, nil) }
+                state.sweepAt = deadline
+                return (false, deadline)
             }
-            guard let id else { return continuation.resume(returning: true) }
-            let sleeper = Task {
-                try? await Task.sleep(until: deadline)
-                let timedOut = self.state.withLock { state -> Waiter? in
-                    guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return nil }
-                    return state.waiters.remove(at: index)
-                }
-                timedOut?.continuation.resume(returning: false)
-            }
-            let waiting = state.withLock { state -> Bool in
-                guard let index = state.waiters.firstIndex(where: { $0.id == id }) else { return false }
-                state.waiters[index].sleeper = sleeper
-                return true
-            }
-            if !waiting { sleeper.cancel() }
+            if stored { return continuation.resume(returning: true) }
+            if let sweepAt { armSweeper(at: sweepAt) }
         }
+    }
+
+    /// Starts the task that ends waits at `instant` (``State/sweepAt``), in place of the one
+    /// armed for a later instant.
+    private func armSweeper(at instant: ContinuousClock.Instant) {
+        let task = Task { [weak self] in
+            guard (try? await Task.sleep(until: instant)) != nil else { return }
+            self?.sweep()
+        }
+        let replaced = state.withLock { state -> Task<Void, Never>? in
+            // Armed for an earlier instant meanwhile: that one stays.
+            guard state.sweepAt == instant else { return task }
+            defer { state.sweeper = task }
+            return state.sweeper
+        }
+        replaced?.cancel()
+    }
+
+    /// Ends every wait whose deadline passed (false: not stored in time), and arms the next.
+    private func sweep() {
+        let (expired, next) = state.withLock { state -> ([Waiter], ContinuousClock.Instant?) in
+            let now = ContinuousClock.now
+            let expired = state.waiters.filter { $0.deadline <= now }
+            state.waiters.removeAll { $0.deadline <= now }
+            state.sweepAt = state.waiters.lazy.map(\.deadline).min()
+            state.sweeper = nil
+            return (expired, state.sweepAt)
+        }
+        for waiter in expired { waiter.continuation.resume(returning: false) }
+        if let next { armSweeper(at: next) }
     }
 
     package var snapshot: Snapshot {
@@ -258,8 +281,9 @@ package final class LogUploader: Sendable {
                     return (nil, nil)
                 }
                 state.sequence += 1
-                state.inFlight.append(InFlight(sequence: state.sequence, numbers: taken.map(\.number), users: Set(taken.map(\.record.user)),
-                                               appendedAt: taken[0].appendedAt))
+                let users = Set(taken.map(\.record.user))
+                state.inFlight.append(InFlight(sequence: state.sequence, numbers: taken.map(\.number), users: users, appendedAt: taken[0].appendedAt))
+                state.busyStores.formUnion(users)
                 return ((state.sequence, state.epoch, taken.map(\.record)), nil)
             }
             if let batch { return batch }
@@ -338,23 +362,24 @@ package final class LogUploader: Sendable {
             if let index = state.inFlight.firstIndex(where: { $0.sequence == batch.sequence }) {
                 state.inFlight[index].done = true
                 state.storedAhead.formUnion(state.inFlight[index].numbers)
+                state.busyStores.subtract(state.inFlight[index].users)
             }
             while let first = state.inFlight.first, first.done {
                 state.storedSequence = first.sequence
                 state.inFlight.removeFirst()
             }
             state.advanceStored()
-            let settled = state
-            let ready = state.waiters.filter { settled.satisfies($0) }
-            state.waiters.removeAll { settled.satisfies($0) }
+            let (stored, ahead) = (state.stored, state.storedAhead)
+            func satisfied(_ waiter: Waiter) -> Bool {
+                waiter.number <= stored || (!waiter.prefix && ahead.contains(waiter.number))
+            }
+            let ready = state.waiters.filter(satisfied)
+            state.waiters.removeAll(where: satisfied)
             let wake = state.work
             state.work = nil
             return (ready, wake)
         }
-        for waiter in resumed {
-            waiter.sleeper?.cancel()
-            waiter.continuation.resume(returning: true)
-        }
+        for waiter in resumed { waiter.continuation.resume(returning: true) }
         wake?.resume()
     }
 }
@@ -366,12 +391,7 @@ extension LogUploader.State {
     /// The objects being written now.
     var beingWritten: [LogUploader.InFlight] { inFlight.filter { !$0.done } }
 
-    /// The stores with a record in an object being written: their next records wait.
-    var busyStores: Set<String> { Set(beingWritten.flatMap(\.users)) }
-
     func isStored(_ number: UInt64) -> Bool { number <= stored || storedAhead.contains(number) }
-
-    func satisfies(_ waiter: LogUploader.Waiter) -> Bool { waiter.prefix ? waiter.number <= stored : isStored(waiter.number) }
 
     /// When the oldest record not stored yet was appended (nil: none).
     var oldestUnstored: ContinuousClock.Instant? {

@@ -81,16 +81,12 @@ final class FleetIndex: StoreObserver {
         let users = await Task.detached { layout.allUsers() }.value
         for chunk in stride(from: 0, to: users.count, by: 512) {
             let slice = users[chunk..<min(chunk + 512, users.count)]
-            // A replicated store keeps its WAL when it closes (Litestream's position is in it):
-            // read through a read-only connection, never opened as a store (which would
-            // register it with Litestream). Replicated stores use normal locking, so that
-            // connection can sit beside the daemon's own.
-            let replicated = registry.replication != nil
+            // A store whose WAL is not empty (a crash, or a replicated store closed before the
+            // replica had its last commits) is opened to read its version: SQLite reads it
+            // through the WAL, with the store's own connection.
             var read = await Task.detached {
                 slice.map { user -> (UserID, Int64?, bucket: Int) in
-                    let path = layout.storePath(for: user)
-                    let version = StoreFileInspector.headerVersion(of: path)
-                    return (user, version == nil && replicated ? StoreFileInspector.versionReadingWAL(of: path) : version, Placement.bucket(for: user))
+                    (user, StoreFileInspector.headerVersion(of: layout.storePath(for: user)), Placement.bucket(for: user))
                 }
             }.value
             for (offset, (user, version, _)) in read.enumerated() where version == nil {
