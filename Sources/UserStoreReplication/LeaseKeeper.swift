@@ -122,18 +122,20 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// held at that epoch, its last renewal began less than ``acknowledgeWithin`` ago, and the
     /// last look that found it unchanged began less than ``confirmationWindow`` ago.
     package func mayAcknowledge(epoch: Int64?) -> Bool {
-        guard let until = acknowledgesUntil, ContinuousClock.now < until else { return false }
-        return epoch == heldEpoch
+        state.withLock { state in
+            guard let until = Self.acknowledgesUntil(state), ContinuousClock.now < until else { return false }
+            return epoch == state.held?.lease.epoch
+        }
     }
 
     /// Until when durable writes may be acknowledged as things stand: the earlier of the lease's
     /// end (``acknowledgeWithin`` after its last renewal began) and ``confirmationWindow`` after
     /// the last look that found it this host's began. Nil while no lease is held.
-    package var acknowledgesUntil: ContinuousClock.Instant? {
-        state.withLock { state in
-            guard state.held != nil, let until = state.validUntil, let confirmed = state.confirmedAt else { return nil }
-            return min(until, confirmed + Self.confirmationWindow)
-        }
+    package var acknowledgesUntil: ContinuousClock.Instant? { state.withLock { Self.acknowledgesUntil($0) } }
+
+    private static func acknowledgesUntil(_ state: State) -> ContinuousClock.Instant? {
+        guard state.held != nil, let until = state.validUntil, let confirmed = state.confirmedAt else { return nil }
+        return min(until, confirmed + confirmationWindow)
     }
 
     /// Whether this host holds the lease and its last renewal is within the lease (what
