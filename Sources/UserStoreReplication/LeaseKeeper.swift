@@ -148,9 +148,9 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// free while the keeper's rounds keep the lease confirmed (a read every second); when the
     /// last confirmation is older than ``confirmationWindow`` (the keeper starved, the replica
     /// slow) but the lease is still held, one read of it, shared by every durable write waiting
-    /// meanwhile (one begun less than a second ago is shared). No look per write is needed: a host that takes the lease over writes its fence
-    /// only after ``fenceNotBefore``, when this host can no longer acknowledge anything it did not
-    /// store before the fence listed the log.
+    /// meanwhile (one begun less than a second ago is shared). No look per write is needed: a
+    /// host that takes the lease over writes its fence only after ``fenceNotBefore``, when this
+    /// host can no longer acknowledge anything it did not store before the fence listed the log.
     package func confirmHeld(epoch: Int64?) async -> Bool {
         if mayAcknowledge(epoch: epoch) { return true }
         let task = state.withLock { state -> Task<Bool, Never>? in
@@ -410,7 +410,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         var lease = newLease(epoch: own ? previous!.epoch : nextEpoch(after: previous?.epoch))
         if own { lease.acquiredAt = previous!.acquiredAt; lease.renewals = previous!.renewals + 1 }
         guard write(lease, condition: object.map { .matching($0.version) } ?? .absent, started: started,
-                    previous: previous, reason: own ? "renewed" : "take-over") else {
+                    previous: previous, reason: own ? "renewed" : "take-over", fromLiveHolder: !own && previous != nil) else {
             throw TakeOverRefused(description: state.withLock { $0.problem } ?? "the lease changed while it was being taken; retry")
         }
         return (state.withLock { $0.held!.lease }, previous)
@@ -452,7 +452,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// Writes `lease` by compare-and-swap; on success this host holds it, acknowledging until
     /// `started` plus ``acknowledgeWithin``.
     private func write(_ lease: ReplicaLease, condition: S3Client.WriteCondition, started: ContinuousClock.Instant,
-                       previous: ReplicaLease?, reason: String? = nil) -> Bool {
+                       previous: ReplicaLease?, reason: String? = nil, fromLiveHolder: Bool = false) -> Bool {
         state.withLock { $0.pending = (lease, started) }
         let version: String?
         do {
@@ -468,11 +468,13 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             failed("the lease changed while it was being written")
             return false
         }
-        return acquired(lease, version: version, started: started, previous: previous, reason: reason)
+        return acquired(lease, version: version, started: started, previous: previous, reason: reason, fromLiveHolder: fromLiveHolder)
     }
 
+    /// This host holds `lease`. `fromLiveHolder`: taken from a holder that may still run (an
+    /// operator's take-over), so its fence waits (``fenceNotBefore``).
     private func acquired(_ lease: ReplicaLease, version: String, started: ContinuousClock.Instant, previous: ReplicaLease?,
-                          reason: String? = nil) -> Bool {
+                          reason: String? = nil, fromLiveHolder: Bool = false) -> Bool {
         let wasHeld = state.withLock { state -> Bool in
             defer {
                 state.held = (lease, version)
@@ -489,7 +491,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             // Taken from a live holder: it may acknowledge until its last confirmation — begun
             // before this write landed, so before now — is a window old (a second more for the
             // clocks' rates).
-            if reason == "take-over" { state.fenceNotBefore = .now + Self.confirmationWindow + .seconds(1) }
+            if fromLiveHolder { state.fenceNotBefore = .now + Self.confirmationWindow + .seconds(1) }
             return wasHeld
         }
         if !wasHeld {

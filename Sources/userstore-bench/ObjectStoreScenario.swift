@@ -17,7 +17,7 @@ struct ObjectStoreScenario: Scenario {
     }
 
     /// The S3 requests SeaweedFS on `port` counted for the bucket `userstore` since it started —
-    /// every request of the daemon's (log objects, the writer lease's looks and renewals, fences,
+    /// every request of the daemon's (log objects, the writer lease's reads and renewals, fences,
     /// the fold), counted by the server, not by the daemon: its own Prometheus counters, on the
     /// port scripts/s3.sh gives them (the S3 port + 8).
     func bucketRequests(port: Int) async throws -> Double {

@@ -359,8 +359,22 @@ import Varlink
             try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable during')", for: "ann", on: client, durable: true)
         })
         #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" && ($0["log"]?["pendingBytes"]?.integerValue ?? 0) > 0 })
+        // The lag (Litestream's field, now the log's): the oldest unstored commit waited through
+        // the durable write's time-out at least.
+        func lag() throws -> Double {
+            switch try client.call("io.userstore.Admin.Status")["replication"]?["maxLagSeconds"] {
+            case .real(let seconds)?: seconds
+            case .integer(let seconds)?: Double(seconds)
+            default: -1
+            }
+        }
+        let stalledLag = try lag()
+        #expect(stalledLag >= 1, "maxLagSeconds \(stalledLag) while the log could not be written")
         resume()
-        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 })
+        // Everything stored: no lag (the last object may still be in flight when nothing waits).
+        #expect(try DurabilityTests.waitForReplication(client) {
+            $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 && ($0["maxLagSeconds"] == .real(0) || $0["maxLagSeconds"] == .integer(0))
+        })
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
         let stderr = setup.daemon.stderr
         #expect(stderr.components(separatedBy: "event=replication-degraded").count == 2, "one replication-degraded per outage")

@@ -71,7 +71,6 @@ package final class LogUploader: Sendable {
     }
 
     fileprivate struct Waiter {
-        let id: UInt64
         let number: UInt64
         /// Waits for every record up to `number` (``flush(until:)``), not just that one.
         let prefix: Bool
@@ -115,7 +114,6 @@ package final class LogUploader: Sendable {
         /// Every object up to this sequence is stored.
         var storedSequence: UInt64 = 0
         var waiters: [Waiter] = []
-        var nextWaiter: UInt64 = 0
         /// One task ends the waits whose deadline passed: it sleeps until the earliest deadline
         /// (`sweepAt`). A task per wait cost a task, a timer and its cancellation per durable
         /// write, and a sleeping task holds its memory until it wakes.
@@ -212,8 +210,7 @@ package final class LogUploader: Sendable {
         await withCheckedContinuation { continuation in
             let (stored, sweepAt) = state.withLock { state -> (Bool, ContinuousClock.Instant?) in
                 if prefix ? state.stored >= number : state.isStored(number) { return (true, nil) }
-                state.nextWaiter += 1
-                state.waiters.append(Waiter(id: state.nextWaiter, number: number, prefix: prefix, deadline: deadline, continuation: continuation))
+                state.waiters.append(Waiter(number: number, prefix: prefix, deadline: deadline, continuation: continuation))
                 guard state.sweepAt.map({ deadline < $0 }) ?? true else { return (false, nil) }
                 state.sweepAt = deadline
                 return (false, deadline)

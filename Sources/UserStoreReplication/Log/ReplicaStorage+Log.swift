@@ -6,8 +6,6 @@ import UserStoreS3
 /// written whole, read whole or by their first bytes, listed and deleted. Blocking (the log's
 /// uploader and readers call them on the blocking pool).
 extension ReplicaStorage {
-    /// Writes `bytes` as `key` (an object written whole: a folder gets a file synced and renamed
-    /// into place, its folders made as needed).
     /// ``put(_:_:)`` from async code: a bucket is written on the S3 client's own loop, with no
     /// thread blocked for it (every durable write waits on this); a folder on a blocking-pool
     /// thread.
@@ -16,6 +14,8 @@ extension ReplicaStorage {
         _ = try await client.putObject(bucket: bucket, key: Self.key(prefix, "/" + key), body: Data(bytes))
     }
 
+    /// Writes `bytes` as `key` (an object written whole: a folder gets a file synced and renamed
+    /// into place, its folders made as needed). Blocking.
     package func put(_ key: String, _ bytes: [UInt8]) throws {
         switch kind {
         case .folder(let root):

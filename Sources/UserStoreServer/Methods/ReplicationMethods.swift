@@ -77,7 +77,8 @@ struct ReplicationMethods {
             "registeredStores": .integer(Int64(snapshot.registered)),
             "unregisteredStores": .integer(Int64(snapshot.unregistered)),
             "maxRegisteredStores": .integer(Int64(context.configuration.maxOpenStores)),
-            "maxLagSeconds": .real(0),
+            // Litestream's field, now the log's lag: how long the oldest commit not yet stored has waited.
+            "maxLagSeconds": .real((snapshot.log.oldestUnstoredSeconds * 1000).rounded() / 1000),
             "durableWrites": .bool(replicator.settings.durableWrites),
             "restoredStores": .integer(Int64(snapshot.restored)),
             // Fields of Litestream's time, kept for clients that read them (the .varlink file).

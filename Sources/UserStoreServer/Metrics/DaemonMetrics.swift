@@ -240,7 +240,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_open_stores": "Store files open now (maxOpenStores bounds them).",
         "userstore_replication_degraded": "1 while replication is degraded (the log cannot be written, the replica unreachable, missing or another one, the writer lease held elsewhere, or open stores without a base in the log), else 0 (also when replication is off).",
         "userstore_replication_stores": "Open stores by replication state: registered (their base is in the log), or unregistered (served; durable writes fail until the base is stored).",
-        "userstore_replication_max_lag_seconds": "0: kept for dashboards from Litestream's time (retired); userstore_replication_log_oldest_unstored_seconds is the log's lag.",
+        "userstore_replication_max_lag_seconds": "How long the oldest commit the host log has not stored yet has waited (the same as userstore_replication_log_oldest_unstored_seconds; kept for dashboards from Litestream's time).",
         "userstore_replication_sync_pass_seconds": "0: kept for dashboards from Litestream's time (retired; the log has no sync passes).",
         "userstore_replication_diverged_replicas": "0: kept for dashboards from Litestream's time (retired).",
         "userstore_replication_syncs": "Log objects written since the daemon started (each ships what every store committed since the one before).",
@@ -337,7 +337,8 @@ final class DaemonMetrics: StoreObserver, Sendable {
             gauges["replication.registered"]?.set(replication.registered)
             gauges["replication.unregistered"]?.set(replication.unregistered)
             // Litestream's time: kept at 0 for dashboards that read them.
-            for retired in ["replication.lag", "replication.pass", "replication.diverged", "replication.shared"] { gauges[retired]?.set(0) }
+            for retired in ["replication.pass", "replication.diverged", "replication.shared"] { gauges[retired]?.set(0) }
+            gauges["replication.lag"]?.set(replication.log.oldestUnstoredSeconds)
             gauges["replication.syncs"]?.set(replication.syncs)
             gauges["replication.log.tail"]?.set(replication.log.tailObjects)
             gauges["replication.log.oldest"]?.set(replication.log.oldestUnstoredSeconds)
