@@ -35,6 +35,7 @@ let package = Package(
                 .product(name: "Crypto", package: "swift-crypto"),
                 "CSQLiteSettings",
                 "CSQLiteSizeCache",
+                "CSQLiteCipher",
                 "CSyncFS",
                 "Varlink",
             ]
@@ -42,6 +43,9 @@ let package = Package(
         // A VFS layer that keeps a database's size while its EXCLUSIVE lock is held, instead of
         // an fstat per read transaction on a store whose WAL is empty (docs/dev/performance-log.md).
         .target(name: "CSQLiteSizeCache", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")]),
+        // A VFS layer that encrypts the pages of the stores given a key, and of their WALs, with
+        // AES-256-GCM done by UserStoreCore's PageCipher (swift-crypto): docs/encryption.md.
+        .target(name: "CSQLiteCipher", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")]),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // syncfs(2) (glibc declares it only under _GNU_SOURCE): a fleet run's group commit.

@@ -22,7 +22,7 @@ public enum StoreFileInspector {
         guard let head = FileHead(path: path, count: 100) else { return -1 }
         let header = head.bytes
         if header.isEmpty { return 0 } // created, nothing written yet
-        guard header.count == 100, header.starts(with: sqliteMagic) else { return -1 }
+        guard header.count == 100, hasStoreMagic(header) else { return -1 }
         return header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
     }
 
@@ -37,6 +37,18 @@ public enum StoreFileInspector {
     }
 
     private static let sqliteMagic = Array("SQLite format 3\u{0}".utf8)
+
+    /// Whether `header` starts as a store's file does: SQLite's magic, or an encrypted store's
+    /// (``PageCipher``: the rest of its 100-byte header is SQLite's, in plaintext).
+    static func hasStoreMagic(_ header: [UInt8]) -> Bool {
+        header.starts(with: sqliteMagic) || header.starts(with: PageCipher.storedMagic)
+    }
+
+    /// Whether the file at `path` is an encrypted store (its first bytes say so); false for a
+    /// plaintext one, an empty one, or no file.
+    public static func isEncrypted(_ path: String) -> Bool {
+        FileHead(path: path, count: 16)?.bytes.starts(with: PageCipher.storedMagic) ?? false
+    }
 }
 
 extension StoreFileInspector {
@@ -71,7 +83,7 @@ extension StoreFileInspector {
         let size = head.size, bytes = head.bytes
         guard size > 0 else { return nil } // created, nothing written yet
         guard bytes.count == 100 else { return "truncated: \(size) bytes, shorter than the 100-byte header" }
-        guard bytes.starts(with: sqliteMagic) else { return "not a SQLite database (no SQLite header)" }
+        guard hasStoreMagic(bytes) else { return "not a SQLite database (no SQLite header)" }
         func be32(_ offset: Int) -> UInt32 { bytes[offset..<offset + 4].reduce(0) { $0 << 8 | UInt32($1) } }
         let rawPageSize = Int(bytes[16]) << 8 | Int(bytes[17])
         let pageSize = rawPageSize == 1 ? 65_536 : rawPageSize

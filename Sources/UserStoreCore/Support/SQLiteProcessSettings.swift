@@ -19,13 +19,16 @@ public enum SQLiteProcessSettings {
     /// The default VFS is a thin layer over SQLite's own that keeps a database's size while its
     /// EXCLUSIVE lock is held (the stores' locking mode) instead of an `fstat` per read
     /// transaction on a store whose WAL is empty (CSQLiteSizeCache; docs/dev/performance-log.md).
+    /// Above it, the layer that encrypts the pages of encrypted stores (CSQLiteCipher,
+    /// ``PageCipher``); other files pass through it unchanged.
     public static func apply() -> Bool { applied }
 
     private static let applied: Bool = {
         let configured = userstore_page_cache_without_bulk_allocation() == 0 && userstore_memory_statistics_off() == 0
         // After the configuration: registering a VFS initialises SQLite.
         let layered = userstore_register_size_cache_vfs() == SQLITE_OK
-        return configured && layered
+        let encrypting = PageCipher.registerLayer()
+        return configured && layered && encrypting
     }()
 }
 
