@@ -163,6 +163,9 @@ static int databaseWrite(CipherFile *p, const void *buffer, int amount, sqlite3_
         if (size == 1) size = 65536;
     } else {
         size = databasePageSize(p);
+        // Page 1 not written yet (a copy spilling its cache, pages in no order): SQLite writes
+        // the database file a whole page at a time.
+        if (!size && validPageSize(amount) && offset % amount == 0) size = amount;
     }
     if (!validPageSize(size) || offset % size || amount % size) {
         sqlite3_log(SQLITE_IOERR_WRITE, "userstore cipher: a write of %d bytes at %lld is not of whole pages", amount, offset);
@@ -342,6 +345,11 @@ static int cipherFileControl(sqlite3_file *file, int op, void *argument) {
         p->cipher = argument;
         p->pageSize = 0;
         enlist(p);
+        return SQLITE_OK;
+    }
+    if (op == USERSTORE_FCNTL_CIPHER_OF) {
+        if (p->cipher) hooks.retain(p->cipher);
+        *(void **)argument = p->cipher;
         return SQLITE_OK;
     }
     return p->real->pMethods->xFileControl(p->real, op, argument);

@@ -108,7 +108,36 @@ extension ConfigurationLoader {
                 sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica),
                 rollout: try rolloutPolicy())
             configuration.watch = watch
+            configuration.encryption = try encryptionSettings()
             return configuration
+        }
+
+        /// `encryption.*`: nil without any of its keys.
+        private func encryptionSettings() throws(ConfigurationError) -> EncryptionSettings? {
+            guard let first = firstPresent(in: "encryption") else { return nil }
+            guard let location = try string(.encryptionKeyStore) else {
+                throw error(first, "needs encryption.keyStore too: where the wrapped data keys are kept (file:///path, on another disk than dataDirectory)")
+            }
+            guard location.hasPrefix("file:///"), location.count > "file:///".count else {
+                if location.hasPrefix("s3://") || location == "etcd" {
+                    throw error(.encryptionKeyStore, "\(location.hasPrefix("s3://") ? "an s3:// key store" : "etcd as the key store") is not supported yet; use file:///absolute/path (docs/encryption.md)")
+                }
+                throw error(.encryptionKeyStore, "must be file:///absolute/path (got \"\(location)\")")
+            }
+            var settings = EncryptionSettings(keyStoreFolder: String(location.dropFirst("file://".count)))
+            if try string(.encryptionKeyFile) != nil {
+                let file = try path(.encryptionKeyFile, default: "")
+                guard FileManager.default.isReadableFile(atPath: file) else { throw error(.encryptionKeyFile, "cannot read \(file)") }
+                settings.keyFile = file
+            }
+            if let name = try string(.encryptionCredential) {
+                guard !name.isEmpty, !name.contains("/") else { throw error(.encryptionCredential, "must be a systemd credential's name (LoadCredentialEncrypted=NAME:…), got \"\(name)\"") }
+                settings.credential = name
+            }
+            guard settings.keyFile != nil || settings.credential != nil else {
+                throw error(.encryptionKeyFile, "is required with encryption.keyStore (or encryption.credential): the key-encryption key, 32 bytes raw or base64 (head -c 32 /dev/urandom | base64)")
+            }
+            return settings
         }
 
         /// `rollout.*`: nil (releases are not staged) without `rollout.steps`.

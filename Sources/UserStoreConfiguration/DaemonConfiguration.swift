@@ -54,6 +54,8 @@ public struct DaemonConfiguration: Sendable {
     /// What stores keep of their committed changes for watchers (`watch.*`, docs/watch.md); nil:
     /// the change stream is off (`watch.enabled: false`).
     public var watch: ChangeRetention? = ChangeRetention()
+    /// Per-user encryption at rest (`encryption.*`, docs/encryption.md); nil: stores are plaintext.
+    public var encryption: EncryptionSettings? = nil
 
     /// `auto` follows systemd's rule: the native journal protocol when stderr is connected to
     /// the journal (`$JOURNAL_STREAM`), readable lines on stderr otherwise.
@@ -67,6 +69,29 @@ public struct DaemonConfiguration: Sendable {
                               maxOpenStores: maxOpenStores, idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
         configuration.changeRetention = watch
         return configuration
+    }
+}
+
+/// `encryption.*`: every store encrypted with its user's data key, the data keys wrapped by a
+/// key-encryption key in a key store apart from the data (docs/encryption.md).
+public struct EncryptionSettings: Sendable, Equatable {
+    /// The key-encryption key's file (`encryption.keyFile`): 32 bytes, raw or base64.
+    public var keyFile: String?
+    /// A systemd credential holding the same (`encryption.credential`; `LoadCredentialEncrypted=NAME:…`),
+    /// read from `$CREDENTIALS_DIRECTORY/NAME`; wins over `keyFile`.
+    public var credential: String?
+    /// The key store's folder (`encryption.keyStore: file:///path`).
+    public var keyStoreFolder: String
+
+    public init(keyStoreFolder: String) {
+        self.keyStoreFolder = keyStoreFolder
+    }
+
+    /// The key-encryption key's file as the daemon reads it: the credential's file when one is
+    /// named, else `keyFile`.
+    public func keyFilePath(credentialsDirectory: String?) -> String? {
+        if let credential { return credentialsDirectory.map { $0 + "/" + credential } }
+        return keyFile
     }
 }
 

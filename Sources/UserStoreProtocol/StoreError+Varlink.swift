@@ -46,6 +46,10 @@ extension StoreError {
             return VarlinkError(prefix + "ClusterUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
         case .retry(let user, let reason):
             return VarlinkError(prefix + "Retry", ["user": .string(user.rawValue), "reason": .string(reason)])
+        case .storeKeyMissing(let user, let message):
+            return VarlinkError(prefix + "StoreKeyMissing", ["user": .string(user.rawValue), "message": .string(message)])
+        case .storeErased(let user):
+            return VarlinkError(prefix + "StoreErased", ["user": .string(user.rawValue)])
         }
     }
 }

@@ -24,7 +24,7 @@ struct ConfigurationKeyTests {
     }
 
     @Test func sectionsComeFromTheKeys() {
-        #expect(ConfigurationKey.sections == ["migrations", "rollout", "watch", "access", "limits", "metrics", "replication", "replication.s3", "cluster", "cluster.tls"])
+        #expect(ConfigurationKey.sections == ["migrations", "rollout", "watch", "access", "limits", "metrics", "replication", "replication.s3", "encryption", "cluster", "cluster.tls"])
     }
 
     @Test func aMisspeltKeyIsRefusedWithTheNearestOne() async throws {

@@ -190,3 +190,24 @@ struct PageCipherTests {
         }
     }
 }
+
+extension PageCipherTests {
+    /// A copy through the backup API (BackupKeeper: backups, release trials) of an encrypted
+    /// store larger than the copy's page cache (pages written in no order, page 1 last) is
+    /// encrypted with the same key, and reads back.
+    @Test func aCopyOfAnEncryptedStoreIsEncryptedWithItsKey() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path + "/store.sqlite", copy = directory.path + "/copy.sqlite"
+        let key = SymmetricKey(size: .bits256)
+        let queue = try Self.open(path, key: key)
+        try queue.write { db in
+            try db.execute(sql: "CREATE TABLE notes (id INTEGER PRIMARY KEY, title TEXT)")
+            try db.execute(sql: "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000) INSERT INTO notes (title) SELECT 'copied ' || printf('%.1000c', 'x') FROM n")
+        }
+        try queue.writeWithoutTransaction { db in try BackupKeeper.copy(db.sqliteConnection!, to: copy) }
+        try queue.close()
+        #expect(try Self.files(holding: "copied", under: directory.path).isEmpty)
+        let reopened = try Self.open(copy, key: key)
+        #expect(try reopened.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM notes") } == 3000)
+    }
+}

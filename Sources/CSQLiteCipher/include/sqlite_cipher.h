@@ -31,6 +31,11 @@ typedef struct userstore_cipher_hooks {
 /// reserved bytes per page (SQLITE_FCNTL_RESERVE_BYTES) before its first write.
 #define USERSTORE_FCNTL_CIPHER 0x55530001
 
+/// `sqlite3_file_control(db, "main", USERSTORE_FCNTL_CIPHER_OF, &cipher)`: `cipher` (a
+/// `void *`) gets the cipher of the connection's database, retained, or null when it is not
+/// encrypted. What a copy made through the connection (the backup API) must be written with.
+#define USERSTORE_FCNTL_CIPHER_OF 0x55530002
+
 /// The bytes at the end of each page that hold its nonce and tag (and 4 spare).
 #define USERSTORE_CIPHER_RESERVE 32
 

@@ -26,6 +26,9 @@ import GRDBSQLite
 /// that its first 16 bytes read ``storedMagic`` instead of "SQLite format 3", so that nothing
 /// takes the file for a plaintext database.
 public final class PageCipher: @unchecked Sendable {
+    /// What a page that fails authentication is reported as (`StoreDamaged`).
+    public static let unauthenticPage = "a page fails authentication (damaged, changed on disk, or encrypted with another key)"
+
     /// The bytes SQLite must keep free at the end of each page (`SQLITE_FCNTL_RESERVE_BYTES`).
     public static let reservedBytes = Int(USERSTORE_CIPHER_RESERVE)
     /// Page 1's first 16 bytes on disk.
@@ -180,5 +183,12 @@ extension PageCipher {
             throw .layerUnavailable
         }
         _ = sqlite3_exec(connection, "PRAGMA temp_store = MEMORY", nil, nil, nil)
+    }
+
+    /// The cipher of the database `connection` has open as `main`; nil when it is not encrypted.
+    public static func of(_ connection: OpaquePointer) -> PageCipher? {
+        var context: UnsafeMutableRawPointer?
+        guard sqlite3_file_control(connection, "main", USERSTORE_FCNTL_CIPHER_OF, &context) == SQLITE_OK, let context else { return nil }
+        return Unmanaged<PageCipher>.fromOpaque(context).takeRetainedValue()
     }
 }

@@ -16,8 +16,12 @@ public struct StoreLifecycle: Sendable {
     public func delete(_ user: UserID, keepBackups: Bool) async throws -> DeletionReport {
         let files = StoreFiles(layout: registry.configuration.layout)
         let replication = registry.replication, path = registry.configuration.layout.storePath(for: user)
+        let keyring = registry.configuration.keyring
         let report = try await registry.withStoreClosed(user, replacingFiles: true) {
-            // The replica first: one that cannot be deleted refuses the whole deletion, rather
+            // The key first (erase by key): every copy made before — a backup, the bucket, an
+            // older version of an object — is unreadable from then on, whatever happens next.
+            if let keyring, try keyring.hasKey(user) { try keyring.destroy(user) }
+            // The replica next: one that cannot be deleted refuses the whole deletion, rather
             // than leave a copy the next request would restore.
             try replication?.storeReplaced(user, path: path, deleteReplica: true)
             return try files.delete(user, keepBackups: keepBackups)
@@ -52,7 +56,8 @@ public struct StoreLifecycle: Sendable {
         let report = try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; to replace it (a copy of it is kept), set replace in ImportStore, or --replace with userstorectl import") }
-            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer) : nil
+            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer,
+                                                                  keyring: self.registry.configuration.keyring) : nil
             try self.carryChangePositions(user, into: staged)
             try files.publish(staged, as: user)
             try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
@@ -83,7 +88,7 @@ public struct StoreLifecycle: Sendable {
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         try await StoreRegistry.offThreadResult {
             try FileManager.default.copyItem(atPath: backup.path, toPath: staged)
-            try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)")
+            try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)", keyring: self.registry.configuration.keyring)
         }.get()
         let previous = try await replaceClosedStore(user, with: staged)
         registry.observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
@@ -109,7 +114,7 @@ public struct StoreLifecycle: Sendable {
                 throw StoreError.replicationUnavailable(user: user, message: "the replica holds no copy of this store"
                                                         + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
             }
-            try Self.checkIntegrity(staged, user: user, what: "the replica's copy")
+            try Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: self.registry.configuration.keyring)
             return restored
         }.get()
         let previous = try await replaceClosedStore(user, with: staged)
@@ -125,7 +130,8 @@ public struct StoreLifecycle: Sendable {
         let layout = registry.configuration.layout, files = StoreFiles(layout: layout)
         return try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer) : nil
+            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer,
+                                                                    keyring: self.registry.configuration.keyring) : nil
             try self.carryChangePositions(user, into: staged)
             try files.publish(staged, as: user)
             try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
@@ -145,12 +151,13 @@ public struct StoreLifecycle: Sendable {
     }
 
     /// A consistent copy of `user`'s store as it is (not migrated first) at `path`, taken on its
-    /// queue; returns its schema version. Throws ``StoreError/noSuchStore(user:)``.
-    public func snapshot(_ user: UserID, to path: String) async throws -> Int64 {
+    /// queue; returns its schema version. Throws ``StoreError/noSuchStore(user:)``. The copy of
+    /// an encrypted store is encrypted too, unless `plaintext` (an export: data portability).
+    public func snapshot(_ user: UserID, to path: String, plaintext: Bool = false) async throws -> Int64 {
         try await registry.withExistingStore(user) { store in
             try await store.write { db in
                 do {
-                    try BackupKeeper.copy(db.sqliteConnection!, to: path)
+                    try BackupKeeper.copy(db.sqliteConnection!, to: path, plaintext: plaintext)
                 } catch {
                     throw StoreError.storageFailure(user: user, message: "copying the store: \(error)")
                 }
@@ -161,12 +168,14 @@ public struct StoreLifecycle: Sendable {
 
     /// Copies a closed store (before it is replaced) into its backups folder. A file SQLite
     /// cannot read is copied byte for byte, so that even a damaged store is kept.
-    private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason, observer: any StoreObserver) throws -> String {
+    private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason, observer: any StoreObserver,
+                                          keyring: StoreKeyring?) throws -> String {
         let path = layout.storePath(for: user)
         let keeper = BackupKeeper(layout: layout)
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
         if sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection,
+           (try? StoreKeyring.installCipher(on: connection, path: path, user: user, keyring: keyring)) != nil,
            sqlite3_exec(connection, "PRAGMA locking_mode = EXCLUSIVE; SELECT count(*) FROM sqlite_master", nil, nil, nil) == SQLITE_OK {
             var version: Int64 = 0
             var statement: OpaquePointer?
@@ -188,12 +197,13 @@ public struct StoreLifecycle: Sendable {
     }
 
     /// Refuses a file SQLite cannot open or whose `integrity_check` fails.
-    static func checkIntegrity(_ path: String, user: UserID, what: String) throws {
+    static func checkIntegrity(_ path: String, user: UserID, what: String, keyring: StoreKeyring? = nil) throws {
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
         guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
             throw StoreError.storeDamaged(user: user, message: "\(what) cannot be opened")
         }
+        try StoreKeyring.installCipher(on: connection, path: path, user: user, keyring: keyring)
         var statement: OpaquePointer?
         defer { sqlite3_finalize(statement) }
         var finding = "cannot be read"

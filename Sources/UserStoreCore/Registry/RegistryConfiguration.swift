@@ -15,6 +15,8 @@ public struct RegistryConfiguration: Sendable {
     /// Whether stores record their committed changes for watchers, and how much they keep
     /// (nil: no change stream, the default; `watch.enabled`).
     public var changeRetention: ChangeRetention? = nil
+    /// Encrypts every store with its user's data key (docs/encryption.md); nil: plaintext.
+    public var keyring: StoreKeyring? = nil
 
     public init(layout: StoreLayout, appVersion: AppVersion, maxOpenStores: Int = 1024,
                 idleTimeout: Duration = .seconds(300), policy: MigrationPolicy = MigrationPolicy(),

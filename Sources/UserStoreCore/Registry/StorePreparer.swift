@@ -26,7 +26,8 @@ struct StorePreparer: Sendable {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
             return .success(try await StoreRegistry.offThread {
-                var template = template
+                // The template is plaintext: an encrypted store is migrated step by step.
+                var template = opener.keyring == nil ? template : nil
                 var restored = false
                 if let replication, migrator != nil {
                     let path = opener.layout.storePath(for: user)

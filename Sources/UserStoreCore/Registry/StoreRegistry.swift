@@ -57,6 +57,7 @@ public final class StoreRegistry: Sendable {
         var opener = StoreOpener(layout: configuration.layout, busyTimeoutSeconds: configuration.busyTimeoutSeconds)
         opener.replicated = replication != nil
         opener.changeRetention = configuration.changeRetention
+        opener.keyring = configuration.keyring
         preparer = StorePreparer(configuration: configuration, opener: opener, observer: observer, replication: replication,
                                  fleetSync: fleetSync ?? FileSystemSync(directory: configuration.layout.dataDirectory), gate: gate)
         self.state = Mutex(RegistryState(migrations: migrations, rules: .init(
@@ -390,6 +391,7 @@ public final class StoreRegistry: Sendable {
         switch error {
         case let error as StoreError: return error
         case let error as DatabaseError:
+            if error.extendedResultCode == .SQLITE_IOERR_DATA { return .storeDamaged(user: user, message: PageCipher.unauthenticPage) }
             switch error.resultCode {
             case .SQLITE_NOTADB, .SQLITE_CORRUPT: return .storeDamaged(user: user, message: error.message ?? "\(error.resultCode)")
             default: return .sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)", sql: error.sql)

@@ -57,7 +57,11 @@ public struct ReleaseTrial: Sendable {
         do {
             return try await StoreRegistry.offThread {
                 var outcome = initial
-                let queue = try DatabaseQueue(path: copy)
+                // An encrypted store's copy is encrypted with its key.
+                var configuration = Configuration()
+                let keyring = registry.configuration.keyring
+                configuration.prepareDatabase { db in try StoreKeyring.installCipher(on: db.sqliteConnection!, path: copy, user: user, keyring: keyring) }
+                let queue = try DatabaseQueue(path: copy, configuration: configuration)
                 defer { try? queue.close() }
                 try queue.writeWithoutTransaction { db in
                     outcome.bytesBefore = try Self.size(db)
@@ -88,7 +92,9 @@ public struct ReleaseTrial: Sendable {
         if try await copyOpenStore(user, to: path) { return }
         let live = registry.configuration.layout.storePath(for: user)
         guard FileManager.default.fileExists(atPath: live) else { throw StoreError.noSuchStore(user: user) }
-        let copied = try await StoreRegistry.offThread { try Self.copyClosedStore(live, to: path, user: user) }
+        let copied = try await StoreRegistry.offThread { [keyring = registry.configuration.keyring] in
+            try Self.copyClosedStore(live, to: path, user: user, keyring: keyring)
+        }
         // Opened by the registry meanwhile: copy through its connection.
         if !copied, try await !copyOpenStore(user, to: path) {
             throw StoreError.storageFailure(user: user, message: "the store is busy: try again")
@@ -106,7 +112,7 @@ public struct ReleaseTrial: Sendable {
     /// Copies a store nobody has open through a private connection that locks it exclusively
     /// for the copy and leaves its WAL (a replicated store keeps one for Litestream) untouched.
     /// False when the file is locked (the registry has just opened it).
-    private static func copyClosedStore(_ live: String, to path: String, user: UserID) throws -> Bool {
+    private static func copyClosedStore(_ live: String, to path: String, user: UserID, keyring: StoreKeyring?) throws -> Bool {
         let hadWAL = FileManager.default.fileExists(atPath: live + "-wal")
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
@@ -114,6 +120,7 @@ public struct ReleaseTrial: Sendable {
             throw StoreError.storeDamaged(user: user, message: "cannot be opened for a copy")
         }
         if hadWAL { _ = userstore_keep_wal_on_close(connection) }
+        try StoreKeyring.installCipher(on: connection, path: live, user: user, keyring: keyring)
         let locked = sqlite3_exec(connection, "PRAGMA locking_mode = EXCLUSIVE; SELECT count(*) FROM sqlite_master", nil, nil, nil)
         if locked == SQLITE_BUSY || locked == SQLITE_LOCKED { return false }
         guard locked == SQLITE_OK else {

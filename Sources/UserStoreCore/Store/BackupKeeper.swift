@@ -73,13 +73,23 @@ struct BackupKeeper: Sendable {
     private struct CopyFailure: Error, CustomStringConvertible { let description: String }
 
     /// Copies every page of `source`'s main database into a new file at `path`.
-    static func copy(_ source: OpaquePointer, to path: String) throws {
+    /// An encrypted store's copy is encrypted with the same key, unless `plaintext` (an export).
+    static func copy(_ source: OpaquePointer, to path: String, plaintext: Bool = false) throws {
         var destination: OpaquePointer?
         defer { sqlite3_close_v2(destination) }
         guard sqlite3_open_v2(path, &destination, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nil) == SQLITE_OK, let destination else {
             throw CopyFailure(description: destination.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory")
         }
         func failure() -> CopyFailure { CopyFailure(description: String(cString: sqlite3_errmsg(destination))) }
+        // An encrypted store's copy is encrypted with the same key (the backup API hands over
+        // the pages in plaintext).
+        if !plaintext, let cipher = PageCipher.of(source) {
+            do {
+                try cipher.install(on: destination)
+            } catch {
+                throw CopyFailure(description: "the copy cannot be encrypted: \(error)")
+            }
+        }
         // The copy is private until published: no journal, and one sync of the whole file then.
         guard sqlite3_exec(destination, "PRAGMA journal_mode = OFF; PRAGMA synchronous = OFF", nil, nil, nil) == SQLITE_OK else { throw failure() }
         guard let backup = sqlite3_backup_init(destination, "main", source, "main") else { throw failure() }

@@ -43,6 +43,13 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     /// With more than one host: the user's bucket is moving to another host (its stores are
     /// being synced and closed here); nothing was done. Retry shortly: the new owner serves it.
     case retry(user: UserID, reason: String)
+    /// Encryption is on (`encryption.*`) and the store is encrypted, but the key store holds no
+    /// usable data key of the user (none, or a record that does not open): the store is not
+    /// read, never served empty. Restore the key store's record (docs/encryption.md).
+    case storeKeyMissing(user: UserID, message: String)
+    /// The user's data key was destroyed (DeleteStore erases by key): this copy of the store
+    /// can never be read again.
+    case storeErased(user: UserID)
 
     public var description: String {
         switch self {
@@ -80,6 +87,10 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
             return "store '\(user)': the cluster cannot confirm this host serves it: \(message)"
         case .retry(let user, let reason):
             return "store '\(user)': retry: \(reason)"
+        case .storeKeyMissing(let user, let message):
+            return "store '\(user)' is encrypted and its data key is missing: \(message)"
+        case .storeErased(let user):
+            return "store '\(user)' was erased: its data key is destroyed, and this copy can no longer be read"
         }
     }
 }

@@ -62,11 +62,15 @@ extension StoreFileInspector {
     /// format, page size, checksum). Damage inside a page is found when SQLite reads it.
     /// SQLite's `quick_check` of the database at `path` (opened read-only); nil when it is sound,
     /// else what it found.
-    public static func quickCheck(_ path: String) -> String? {
+    /// An encrypted store's file is read with `cipher` (its user's).
+    public static func quickCheck(_ path: String, cipher: PageCipher? = nil) -> String? {
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
         guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READONLY, nil) == SQLITE_OK, let connection else {
             return "it cannot be opened"
+        }
+        if let cipher {
+            do { try cipher.install(on: connection) } catch { return "it cannot be decrypted: \(error)" }
         }
         var statement: OpaquePointer?
         defer { sqlite3_finalize(statement) }

@@ -12,6 +12,8 @@ struct StoreOpener: Sendable {
     var replicated = false
     /// Stores record their committed changes for watchers (nil: they do not).
     var changeRetention: ChangeRetention?
+    /// Encrypts the stores with their users' data keys (nil: stores are plaintext).
+    var keyring: StoreKeyring?
 
     /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`
     /// when one is given — or, without `create`, throws ``StoreError/noSuchStore(user:)``.
@@ -30,6 +32,11 @@ struct StoreOpener: Sendable {
             } catch {
                 throw StoreError.storageFailure(user: user, message: (error as NSError).localizedDescription)
             }
+        }
+        // The key is in the key store before anything is written with it.
+        let cipher = try keyring.map { keyring throws(StoreError) in try Self.cipher(for: user, at: path, created: created, keyring: keyring) }
+        if created {
+            precondition(cipher == nil || template == nil, "an encrypted store is not made from the plaintext template")
             try template?.install(at: path, user: user)
         }
         let guardian = StoreGuard()
@@ -44,6 +51,8 @@ struct StoreOpener: Sendable {
         // An interactive transaction spans several blocks of the store's queue (Store).
         configuration.allowsUnsafeTransactions = true
         configuration.prepareDatabase { db in
+            // Before anything of the file is read past its header.
+            try cipher?.install(on: db.sqliteConnection!)
             // The daemon is the only process that opens its stores (the data directory's lock),
             // and each through one connection: the file lock is taken once and kept (no lock
             // and unlock system calls per statement), and WAL's index lives in the connection's
@@ -71,6 +80,7 @@ struct StoreOpener: Sendable {
             let queue = try DatabaseQueue(path: path, configuration: configuration)
             return (Store(user: user, path: path, queue: queue, guardian: guardian, wal: wal, recorder: recorder), created)
         } catch let error as DatabaseError {
+            if error.extendedResultCode == .SQLITE_IOERR_DATA { throw StoreError.storeDamaged(user: user, message: PageCipher.unauthenticPage) }
             switch error.resultCode {
             case .SQLITE_NOTADB, .SQLITE_CORRUPT:
                 throw StoreError.storeDamaged(user: user, message: error.message ?? "not a database")
@@ -78,5 +88,22 @@ struct StoreOpener: Sendable {
                 throw StoreError.storageFailure(user: user, message: error.message ?? "\(error.resultCode)")
             }
         }
+    }
+
+    /// The cipher of `user`'s store at `path`, and the store encrypted first if it is plaintext
+    /// (made before encryption was on, imported, restored from a plaintext copy).
+    static func cipher(for user: UserID, at path: String, created: Bool, keyring: StoreKeyring) throws(StoreError) -> PageCipher {
+        guard PageCipher.layerRegistered else {
+            throw .storageFailure(user: user, message: "the encrypting VFS layer is not SQLite's default (SQLite was set up before SQLiteProcessSettings.apply())")
+        }
+        if created || (FileHead.size(of: path) ?? 0) == 0 { return try keyring.cipher(for: user, create: true) }
+        if StoreFileInspector.isEncrypted(path) { return try keyring.cipher(for: user, create: false) }
+        let cipher = try keyring.cipher(for: user, create: true)
+        do {
+            try StoreEncryptor.encrypt(path, with: cipher)
+        } catch {
+            throw .storageFailure(user: user, message: "the plaintext store could not be encrypted: \(error)")
+        }
+        return cipher
     }
 }

@@ -39,10 +39,14 @@ public enum DurableFile {
     /// Two writers of one path at once each write a temporary file of their own; the last
     /// rename wins.
     public static func write(_ contents: String, to path: String) throws(Failure) {
+        try write(Array(contents.utf8), to: path)
+    }
+
+    /// ``write(_:to:)-(String,_)`` for bytes.
+    public static func write(_ bytes: [UInt8], to path: String) throws(Failure) {
         let temporary = path + ".partial-" + String(UInt64.random(in: 0...UInt64.max), radix: 36)
         let descriptor = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw Failure("open", temporary) }
-        let bytes = Array(contents.utf8)
         let written = bytes.withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
         close(descriptor)
         guard written == bytes.count else { unlink(temporary); throw Failure("write", temporary) }

@@ -57,7 +57,8 @@ package final class LogReplicator: StoreReplication {
     private let uploading = Mutex<Task<Void, Never>?>(nil)
 
     package init(settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, incarnation: Int,
-                 cluster: (any ReplicaFencing)? = nil, logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil) {
+                 cluster: (any ReplicaFencing)? = nil, logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil,
+                 keyring: StoreKeyring? = nil) {
         self.settings = settings
         self.layout = layout
         storage = setup.storage
@@ -73,7 +74,7 @@ package final class LogReplicator: StoreReplication {
                                              cluster: cluster != nil),
                                settings: Self.uploaderSettings(settings), index: index, stored: syncDuration)
         let gate = ReadWriteLock()
-        restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil)
+        restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil, keyring: keyring)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
         legacyLocations = ReplicaLocations(replica: settings.replica, fencing: cluster, storage: setup.storage,
                                            identity: setup.identity, lease: setup.lease)
@@ -84,7 +85,8 @@ package final class LogReplicator: StoreReplication {
 
     /// The engine on `setup`'s replica: this start's incarnation recorded, the uploader ready.
     package static func start(_ settings: ReplicationSettings, setup: ReplicaSetup, layout: StoreLayout, cluster: (any ReplicaFencing)? = nil,
-                              logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil) throws(ReplicaSetup.Refusal) -> LogReplicator {
+                              logger: Logger, syncDuration: (@Sendable (Duration) -> Void)? = nil,
+                              keyring: StoreKeyring? = nil) throws(ReplicaSetup.Refusal) -> LogReplicator {
         let identity = setup.identity
         let incarnation: Int
         do {
@@ -93,7 +95,7 @@ package final class LogReplicator: StoreReplication {
             throw ReplicaSetup.Refusal(code: .unavailable, description: "recording this start in \(layout.replicaBindingPath): \(error)", name: nil)
         }
         let replicator = LogReplicator(settings: settings, setup: setup, layout: layout, incarnation: incarnation, cluster: cluster, logger: logger,
-                                       syncDuration: syncDuration)
+                                       syncDuration: syncDuration, keyring: keyring)
         let uploader = replicator.uploader
         replicator.uploading.withLock { $0 = Task { await uploader.run() } }
         return replicator
@@ -129,6 +131,8 @@ package final class LogReplicator: StoreReplication {
         let restored: LogRestorer.Restored?
         do {
             restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
+        } catch let error as StoreError {
+            throw error // an encrypted copy without its key: StoreKeyMissing, StoreErased
         } catch let damaged as LogSegment.Damaged {
             throw StoreError.replicaDamaged(user: user, message: damaged.description)
         } catch {

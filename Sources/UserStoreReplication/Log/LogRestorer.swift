@@ -20,12 +20,16 @@ package struct LogRestorer: Sendable {
     /// objects are listed at each restore, and a log object gone since the listing is dropped
     /// from the index and the reading starts over (its records are in a fold by then).
     package var cluster: Bool
+    /// The data keys of encrypted stores, whose rebuilt file is checked with the user's key
+    /// (nil: encryption is off, and an encrypted copy is ``StoreError/storeKeyMissing(user:message:)``).
+    package var keyring: StoreKeyring?
 
-    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: ReadWriteLock? = nil, cluster: Bool = false) {
+    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: ReadWriteLock? = nil, cluster: Bool = false, keyring: StoreKeyring? = nil) {
         self.storage = storage
         self.index = index
         self.gate = gate
         self.cluster = cluster
+        self.keyring = keyring
     }
     /// The folder of every log object (`log/`).
     package static let folder = "log/"
@@ -160,7 +164,17 @@ package struct LogRestorer: Sendable {
             last = record
         }
         guard fsync(descriptor) == 0 else { throw LogSegment.Damaged(description: "cannot sync \(path): \(String(cString: strerror(errno)))") }
-        if let problem = StoreFileInspector.quickCheck(path) {
+        // An encrypted store's pages come back as they were shipped, encrypted: checked with
+        // the user's key (StoreKeyMissing, StoreErased when there is none).
+        var cipher: PageCipher?
+        if StoreFileInspector.isEncrypted(path) {
+            let owner = try UserID(user)
+            guard let keyring else {
+                throw StoreError.storeKeyMissing(user: owner, message: "the replica's copy is encrypted and this configuration has no encryption section")
+            }
+            cipher = try keyring.cipher(for: owner, create: false)
+        }
+        if let problem = StoreFileInspector.quickCheck(path, cipher: cipher) {
             throw LogSegment.Damaged(description: "the store rebuilt from the log fails its integrity check: \(problem)")
         }
         return Restored(stream: base.stream, txid: current, epoch: last.epoch, pageSize: Int(last.pageSize), databasePages: Int(last.databasePages))

@@ -41,6 +41,9 @@ enum Errors {
     }
 
     static func sqlite(code: Int32, message: String, user: String, index: Int? = nil) -> VarlinkError {
+        if code == ResultCode.SQLITE_IOERR_DATA.rawValue { // an encrypted store's page that fails authentication
+            return VarlinkError("io.userstore.Store.StoreDamaged", ["user": .string(user), "message": .string(PageCipher.unauthenticPage)])
+        }
         switch code & 0xFF {
         case 13, 10, 14: // SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN
             return VarlinkError("io.userstore.Store.StorageFailure", ["user": .string(user), "message": .string(message), "sqliteCode": .integer(Int64(code))])

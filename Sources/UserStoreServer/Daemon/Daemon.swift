@@ -52,6 +52,20 @@ public enum Daemon {
             printError("userstored: \(error)")
             return .configuration
         }
+        // The key-encryption key and the key store, before any store can be opened.
+        var keyring: StoreKeyring?
+        if let encryption = configuration.encryption {
+            do {
+                keyring = try encryption.makeKeyring()
+            } catch {
+                logger.critical("encryption refused: \(error.name): \(error)", metadata: ["event": "daemon-failed", "error": .string(error.name)])
+                printError("userstored: encryption: \(error.name): \(error)")
+                return .configuration
+            }
+            logger.info("stores are encrypted; data keys in \(keyring!.store.location)", metadata: ["event": "encryption-ready"])
+        }
+        var registryConfiguration = configuration.registryConfiguration
+        registryConfiguration.keyring = keyring
         let layout = StoreLayout(dataDirectory: configuration.dataDirectory)
         let lock: DataDirectoryLock
         do {
@@ -103,7 +117,8 @@ public enum Daemon {
                 // replicated.
                 let setup = try await ReplicaSetup.prepare(settings, layout: layout, clusterHost: cluster?.settings.host, logger: logger)
                 replicator = try LogReplicator.start(settings, setup: setup, layout: layout, cluster: cluster, logger: logger,
-                                                     syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } })
+                                                     syncDuration: metrics.map { metrics -> @Sendable (Duration) -> Void in { metrics.replicationSyncDuration.record(duration: $0) } },
+                                                     keyring: keyring)
             } catch {
                 var metadata: Logger.Metadata = ["event": "daemon-failed"]
                 if let name = error.name { metadata["error"] = .string(name) }
@@ -113,7 +128,7 @@ public enum Daemon {
             }
         }
         let placement: (any StorePlacement)? = cluster ?? replicator?.lease
-        let registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
+        let registry = StoreRegistry(configuration: registryConfiguration, migrations: migrations, lock: lock,
                                      observer: observer, replication: replicator, placement: placement, gate: release)
         // A host that lost the writer lease serves nothing and closes every store (each with its
         // final sync, into its old epoch's folder, which no restore reads once the new holder wrote).

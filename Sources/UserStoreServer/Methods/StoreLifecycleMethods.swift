@@ -80,7 +80,9 @@ struct StoreLifecycleMethods {
         let copy = context.configuration.registryConfiguration.layout.stagingDirectory + "/export.\(UUID().uuidString.lowercased()).sqlite"
         try FileManager.default.createDirectory(atPath: (copy as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         defer { unlink(copy) }
-        let version = try await registry.lifecycle.snapshot(user, to: copy)
+        // Plaintext, as exports are (an encrypted store's copy lives in the staging folder, in
+        // plaintext, only while it streams).
+        let version = try await registry.lifecycle.snapshot(user, to: copy, plaintext: true)
         var stream = ReplyStream(send: send)
         if format == "sqlite" {
             try await exportFile(copy, into: &stream)

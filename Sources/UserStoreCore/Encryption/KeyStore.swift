@@ -1,0 +1,61 @@
+import Foundation
+
+/// Where the wrapped data keys live, apart from the data (docs/encryption.md, "The key store"):
+/// one small record per user, and one that checks the key-encryption key.
+public protocol KeyStore: Sendable {
+    /// The record `name`; nil when there is none. Blocking.
+    func read(_ name: String) throws -> [UInt8]?
+    /// Writes `bytes` as the record `name`, replacing any, durably: once it returns, the record
+    /// survives a crash. Blocking.
+    func write(_ name: String, _ bytes: [UInt8]) throws
+    /// Where the records are, for messages (`file:///var/lib/userstore-keys`).
+    var location: String { get }
+}
+
+/// A key store in a folder (`encryption.keyStore: file:///path`): a file per record, written with
+/// ``DurableFile`` (a temporary file, fsync, rename, fsync of the folder). Keep the folder on
+/// another disk than the data directory, or the key goes wherever the data goes.
+public struct FolderKeyStore: KeyStore {
+    public let root: String
+
+    public init(root: String) {
+        self.root = root
+    }
+
+    public var location: String { "file://" + root }
+
+    /// A record that cannot be read or written: the path and why.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    public func read(_ name: String) throws -> [UInt8]? {
+        let path = root + "/" + name
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else {
+            if errno == ENOENT { return nil }
+            throw Failure(description: "cannot open \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(descriptor) }
+        var bytes: [UInt8] = [], chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+            guard count >= 0 else { throw Failure(description: "cannot read \(path): \(String(cString: strerror(errno)))") }
+            if count == 0 { return bytes }
+            bytes += chunk[0..<count]
+        }
+    }
+
+    public func write(_ name: String, _ bytes: [UInt8]) throws {
+        let path = root + "/" + name
+        let folder = (path as NSString).deletingLastPathComponent
+        if !FileManager.default.fileExists(atPath: folder) {
+            do {
+                try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            } catch {
+                throw Failure(description: "cannot create \(folder): \((error as NSError).localizedDescription)")
+            }
+        }
+        try DurableFile.write(bytes, to: path)
+    }
+}

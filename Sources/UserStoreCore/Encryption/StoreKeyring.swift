@@ -1,0 +1,181 @@
+import Crypto
+import Foundation
+
+/// The data keys of every user's store, each kept only wrapped by the key-encryption key in a
+/// ``KeyStore`` apart from the data (docs/encryption.md).
+///
+/// Records (binary, in the key store):
+///
+///     users/<ab>/<cd>/<user>  "USK1" nonce(12) key(32) tag(16): the data key, AES-256-GCM under
+///                             the key-encryption key, the user ID authenticated with it;
+///                             or "USE1" and the erase's time (RFC 3339): destroyed
+///     check                   "USC1" nonce(12) text tag(16): a known text under the key-encryption
+///                             key, which tells a wrong key-encryption key at start
+// @unchecked: SymmetricKey is an immutable value swift-crypto does not mark Sendable.
+public final class StoreKeyring: @unchecked Sendable {
+    private let keyEncryptionKey: SymmetricKey
+    public let store: any KeyStore
+
+    public init(keyEncryptionKey: SymmetricKey, store: any KeyStore) {
+        self.keyEncryptionKey = keyEncryptionKey
+        self.store = store
+    }
+
+    /// A keyring with the key-encryption key in `keyFile` (``KeyEncryptionKey/load(_:)``).
+    public convenience init(keyFile: String, store: any KeyStore) throws(KeyEncryptionKey.Failure) {
+        self.init(keyEncryptionKey: try KeyEncryptionKey.load(keyFile), store: store)
+    }
+
+    /// Why encryption cannot start (the daemon exits 78 with it).
+    public enum SetupError: Error, CustomStringConvertible, Equatable {
+        /// The key store's check record does not open with this key-encryption key.
+        case wrongKey(location: String)
+        /// The key store cannot be read or written.
+        case keyStoreUnavailable(location: String, message: String)
+
+        public var description: String {
+            switch self {
+            case .wrongKey(let location):
+                return "the key-encryption key is not the one the key store \(location) was made with (its check record does not open): the wrong key file or credential"
+            case .keyStoreUnavailable(let location, let message):
+                return "the key store \(location) cannot be used: \(message)"
+            }
+        }
+    }
+
+    static let keyMagic = Array("USK1".utf8), erasedMagic = Array("USE1".utf8), checkMagic = Array("USC1".utf8)
+    static let checkText = Array("userstore key-encryption key check v1".utf8)
+
+    /// Checks the key-encryption key against the key store's check record, writing one into a
+    /// key store that has none (a new one). Blocking.
+    public func verify() throws(SetupError) {
+        let existing: [UInt8]?
+        do {
+            existing = try store.read("check")
+        } catch {
+            throw .keyStoreUnavailable(location: store.location, message: "\(error)")
+        }
+        guard let existing else {
+            do {
+                try store.write("check", Self.checkMagic + (try seal(Self.checkText, authenticating: Array("check".utf8))))
+            } catch {
+                throw .keyStoreUnavailable(location: store.location, message: "\(error)")
+            }
+            return
+        }
+        guard existing.starts(with: Self.checkMagic), (try? open(Array(existing.dropFirst(4)), authenticating: Array("check".utf8))) == Self.checkText else {
+            throw .wrongKey(location: store.location)
+        }
+    }
+
+    /// The record name of `user`'s key.
+    static func recordName(of user: UserID) -> String {
+        "users/" + StoreLayout.hashPrefix(of: user) + "/" + user.rawValue
+    }
+
+    /// The cipher of `user`'s store. With `create`, a user without a key (never encrypted, or
+    /// erased) gets a new one, stored durably before this returns — before anything is written
+    /// with it. Without: ``StoreError/storeKeyMissing(user:message:)`` when the key store holds
+    /// no key of the user, ``StoreError/storeErased(user:)`` when it was destroyed. Blocking.
+    public func cipher(for user: UserID, create: Bool) throws(StoreError) -> PageCipher {
+        let name = Self.recordName(of: user)
+        let record: [UInt8]?
+        do {
+            record = try store.read(name)
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
+        }
+        if let record, record.starts(with: Self.keyMagic) {
+            guard let key = try? open(Array(record.dropFirst(4)), authenticating: Self.keyContext(user)), key.count == 32 else {
+                throw .storeKeyMissing(user: user, message: "the key store's record of the user's data key does not open with the key-encryption key (damaged, or another user's)")
+            }
+            return PageCipher(dataKey: SymmetricKey(data: key))
+        }
+        let erased = record?.starts(with: Self.erasedMagic) ?? false
+        guard create else {
+            if erased { throw .storeErased(user: user) }
+            throw .storeKeyMissing(user: user, message: record == nil
+                ? "the key store \(store.location) holds no data key of the user"
+                : "the key store's record of the user is not a key record")
+        }
+        let key = SymmetricKey(size: .bits256)
+        do {
+            let wrapped = try key.withUnsafeBytes { try seal(Array($0), authenticating: Self.keyContext(user)) }
+            try store.write(name, Self.keyMagic + wrapped)
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
+        }
+        return PageCipher(dataKey: key)
+    }
+
+    /// Destroys `user`'s data key (erase by key): its record becomes a tombstone, durably, so
+    /// that no copy of the store made before — a file, a backup, an object in the bucket or an
+    /// older version of one — can be read again. Blocking.
+    public func destroy(_ user: UserID) throws(StoreError) {
+        let tombstone = Self.erasedMagic + Array(ISO8601DateFormatter().string(from: Date()).utf8)
+        do {
+            try store.write(Self.recordName(of: user), tombstone)
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
+        }
+    }
+
+    /// Whether the key store holds a key of `user` (a tombstone or nothing: false). Blocking.
+    public func hasKey(_ user: UserID) throws -> Bool {
+        try store.read(Self.recordName(of: user))?.starts(with: Self.keyMagic) ?? false
+    }
+
+    /// Opens the encrypted store file at `path` of `user` with its key on `connection`, which has
+    /// it open as `main` and has read nothing yet; does nothing for a plaintext file. With no
+    /// keyring (encryption not configured) an encrypted file is ``StoreError/storeKeyMissing(user:message:)``.
+    public static func installCipher(on connection: OpaquePointer, path: String, user: UserID, keyring: StoreKeyring?) throws(StoreError) {
+        guard StoreFileInspector.isEncrypted(path) else { return }
+        guard let keyring else { throw .storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section") }
+        do {
+            try keyring.cipher(for: user, create: false).install(on: connection)
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw .storageFailure(user: user, message: "\(error)")
+        }
+    }
+
+    private static func keyContext(_ user: UserID) -> [UInt8] { Array("userstore data key v1 ".utf8) + Array(user.rawValue.utf8) }
+
+    private func seal(_ plain: [UInt8], authenticating context: [UInt8]) throws -> [UInt8] {
+        let box = try AES.GCM.seal(plain, using: keyEncryptionKey, authenticating: context)
+        return Array(box.nonce) + Array(box.ciphertext) + Array(box.tag)
+    }
+
+    private func open(_ sealed: [UInt8], authenticating context: [UInt8]) throws -> [UInt8] {
+        guard sealed.count >= 28 else { throw PageCipher.Failure.unauthentic }
+        let box = try AES.GCM.SealedBox(nonce: AES.GCM.Nonce(data: sealed[0..<12]), ciphertext: sealed[12..<(sealed.count - 16)], tag: sealed[(sealed.count - 16)...])
+        return Array(try AES.GCM.open(box, using: keyEncryptionKey, authenticating: context))
+    }
+}
+
+/// The key-encryption key, read from a file or a systemd credential.
+public enum KeyEncryptionKey {
+    /// Why the key could not be read.
+    public struct Failure: Error, CustomStringConvertible, Equatable {
+        public let description: String
+    }
+
+    /// The key in the file at `path`: 32 bytes, raw, or base64 (surrounding whitespace ignored).
+    public static func load(_ path: String) throws(Failure) -> SymmetricKey {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            throw Failure(description: "cannot read \(path): \(FileManager.default.fileExists(atPath: path) ? "permission denied" : "no such file")")
+        }
+        return try parse(Array(data), source: path)
+    }
+
+    /// The key in `bytes`: 32 raw bytes, or their base64.
+    public static func parse(_ bytes: [UInt8], source: String) throws(Failure) -> SymmetricKey {
+        if bytes.count == 32 { return SymmetricKey(data: bytes) }
+        let text = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        guard let decoded = Data(base64Encoded: text), decoded.count == 32 else {
+            throw Failure(description: "\(source) does not hold a key-encryption key: 32 bytes, raw or base64, are needed (it holds \(bytes.count) bytes; make one with `head -c 32 /dev/urandom | base64`)")
+        }
+        return SymmetricKey(data: decoded)
+    }
+}

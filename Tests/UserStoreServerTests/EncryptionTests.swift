@@ -1,0 +1,258 @@
+import CChildProcess
+import DaemonTestSupport
+import Foundation
+import Testing
+import UserStoreReplication
+import Varlink
+
+/// Per-user encryption at rest (`encryption.*`, docs/encryption.md), against the real daemon: a
+/// marker written to several users' stores is in no file under the data directory while every
+/// read returns it; erasing a user makes a copy taken before unreadable; a wrong or missing
+/// key-encryption key stops the daemon (exit 78); a missing data key, a tampered page and a
+/// plaintext store are each handled by name.
+@Suite(.serialized) struct EncryptionTests {
+    func error(_ body: () throws -> Void) -> VarlinkError? {
+        do { try body(); return nil } catch { return error as? VarlinkError }
+    }
+
+    /// A daemon with encryption: the key-encryption key in `kek` (base64) beside the
+    /// configuration, the key store in `keys/` (outside the data directory).
+    static func encryptedDaemon(extra: String = "") throws -> DaemonHarness {
+        let daemon = try DaemonHarness()
+        try Self.writeKey(in: daemon)
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon) + extra)
+        return daemon
+    }
+
+    static func writeKey(in daemon: DaemonHarness, bytes: [UInt8] = (0..<32).map { _ in UInt8.random(in: 0...255) }) throws {
+        try (Data(bytes).base64EncodedString() + "\n").write(toFile: daemon.directory.path + "/kek", atomically: true, encoding: .utf8)
+    }
+
+    static func encryptionConfig(_ daemon: DaemonHarness) -> String {
+        "encryption:\n  keyFile: kek\n  keyStore: file://\(daemon.directory.path)/keys\n"
+    }
+
+    /// The files under `directory` whose bytes hold `marker`.
+    static func files(holding marker: String, under directory: String) -> [String] {
+        let needle = Data(marker.utf8)
+        return (FileManager.default.enumerator(atPath: directory)?.compactMap { $0 as? String } ?? []).filter { name in
+            guard let bytes = FileManager.default.contents(atPath: directory + "/" + name) else { return false }
+            return bytes.range(of: needle) != nil
+        }
+    }
+
+    static func storePath(_ daemon: DaemonHarness, _ user: String) -> String? {
+        (FileManager.default.enumerator(atPath: daemon.dataDirectory + "/stores")?.compactMap { $0 as? String } ?? [])
+            .first { ($0 as NSString).lastPathComponent == user + ".sqlite" }.map { daemon.dataDirectory + "/stores/" + $0 }
+    }
+
+    /// Rows, a unique index (tags.name), a transaction larger than the page cache, a backup
+    /// taken before a migration, a daemon restart (every store closed and reopened): the marker
+    /// reads back every time and is in no file under the data directory.
+    @Test func aMarkerIsInNoFileUnderTheDataDirectoryWhileEveryReadReturnsIt() throws {
+        let daemon = try Self.encryptedDaemon(extra: "migrations:\n  backupBeforeMigrating: true\n")
+        try daemon.start()
+        let marker = "marker-\(UUID().uuidString)"
+        let users = ["alice", "bob", "carol"]
+        let client = try daemon.connect()
+        for user in users {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": .string("INSERT INTO notes (title, body) VALUES ('n', '\(marker)')")])
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": .string("INSERT INTO tags (name) VALUES ('\(marker)')")])
+        }
+        // ~6 MB in one transaction: spilled to the WAL before it commits.
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": .string(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000) INSERT INTO notes (title, body) SELECT 'bulk', '\(marker)' || i || printf('%.2000c', 'x') FROM n")])
+        _ = try client.call("io.userstore.Admin.Backup", ["user": "bob"])
+        // A migration with a backup before it: bob's and carol's stores are copied first.
+        try daemon.addMigration("0007_x.sql", "ALTER TABLE notes ADD COLUMN x INTEGER;\nUPDATE notes SET x = 0;")
+        _ = try client.call("io.userstore.Admin.Reload")
+        for user in users { _ = try client.call("io.userstore.Store.Open", ["user": .string(user)]) }
+        let whileServing = Self.files(holding: marker, under: daemon.dataDirectory)
+        #expect(daemon.stop() == 0)
+        let afterStop = Self.files(holding: marker, under: daemon.dataDirectory)
+
+        try daemon.start()
+        let again = try daemon.connect()
+        for user in users {
+            let rows = try again.call("io.userstore.Store.Query", ["user": .string(user), "sql": .string("SELECT count(*) FROM notes WHERE body LIKE '\(marker)%'")])["rows"]
+            #expect(rows == [[user == "alice" ? 3001 : 1]], "\(user): \(String(describing: rows))")
+            let tag = try again.call("io.userstore.Store.Query", ["user": .string(user), "sql": .string("SELECT name FROM tags WHERE name = '\(marker)'")])["rows"]
+            #expect(tag == [[.string(marker)]], "\(user): \(String(describing: tag))")
+        }
+        let backups = (FileManager.default.enumerator(atPath: daemon.dataDirectory)?.compactMap { $0 as? String } ?? []).filter { $0.hasPrefix("backups/") && $0.hasSuffix(".sqlite") }
+        #expect(backups.count >= 3, "\(backups)")
+        #expect(whileServing.isEmpty, "the marker is in \(whileServing)")
+        #expect(afterStop.isEmpty, "the marker is in \(afterStop)")
+        // An export is plaintext (data portability).
+        var exported = Data()
+        try again.stream("io.userstore.Admin.ExportStore", ["user": "carol"]) { reply in
+            if case .string(let chunk)? = reply["chunk"], let bytes = Data(base64Encoded: chunk) { exported.append(bytes) }
+        }
+        #expect(exported.range(of: Data(marker.utf8)) != nil, "the export (\(exported.count) bytes) does not hold the marker")
+        #expect(daemon.stop() == 0)
+    }
+
+    /// DeleteStore destroys the user's data key first: the store's file and backup as they were
+    /// before (a copy of the disk), put back, can no longer be read — `StoreErased`, never rows.
+    @Test func erasingAUserLeavesACopyTakenBeforeUnreadable() throws {
+        let daemon = try Self.encryptedDaemon()
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'secret')"])
+        _ = try client.call("io.userstore.Store.Execute", ["user": "bob", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'kept')"])
+        #expect(daemon.stop() == 0)
+        let path = try #require(Self.storePath(daemon, "alice"))
+        let copy = try #require(FileManager.default.contents(atPath: path))
+
+        try daemon.start()
+        let again = try daemon.connect()
+        _ = try again.call("io.userstore.Admin.DeleteStore", ["user": "alice"])
+        #expect(daemon.stop() == 0)
+        // The old disk's copy, back in place.
+        try copy.write(to: URL(fileURLWithPath: path))
+        try daemon.start()
+        let third = try daemon.connect()
+        let refused = error { _ = try third.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"]) }
+        #expect(refused?.name == "io.userstore.Store.StoreErased" && refused?.parameters["user"] == "alice", "\(String(describing: refused))")
+        #expect(try third.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT body FROM notes"])["rows"] == [["kept"]])
+        #expect(daemon.stop() == 0)
+    }
+
+    /// A store whose key record is gone is `StoreKeyMissing` (not served, not made anew); one
+    /// whose page was changed on disk is `StoreDamaged`; other users are served.
+    @Test func aMissingDataKeyAndATamperedPageAreRefusedByName() throws {
+        let daemon = try Self.encryptedDaemon()
+        try daemon.start()
+        let client = try daemon.connect()
+        for user in ["alice", "bob", "carol"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) INSERT INTO notes (title, body) SELECT 'n', printf('%.200c', 'x') FROM n"])
+        }
+        #expect(daemon.stop() == 0)
+        let keys = daemon.directory.path + "/keys"
+        let aliceKey = try #require(FileManager.default.enumerator(atPath: keys)?.compactMap { $0 as? String }.first { $0.hasSuffix("/alice") })
+        try FileManager.default.removeItem(atPath: keys + "/" + aliceKey)
+        let bobPath = try #require(Self.storePath(daemon, "bob"))
+        // One bit of every page but the first two (whichever holds the rows read below).
+        var bob = try #require(FileManager.default.contents(atPath: bobPath))
+        for page in stride(from: 2 * 4096, to: bob.count, by: 4096) { bob[page + 100] ^= 0x01 }
+        try bob.write(to: URL(fileURLWithPath: bobPath))
+
+        try daemon.start()
+        let again = try daemon.connect()
+        let missing = error { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
+        #expect(missing?.name == "io.userstore.Store.StoreKeyMissing" && missing?.parameters["user"] == "alice", "\(String(describing: missing))")
+        let tampered = error { _ = try again.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT count(*), sum(length(body)) FROM notes"]) }
+        #expect(tampered?.name == "io.userstore.Store.StoreDamaged" && tampered?.parameters["user"] == "bob", "\(String(describing: tampered)) \(daemon.stderr.suffix(1500))")
+        #expect(try again.call("io.userstore.Store.Query", ["user": "carol", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
+        #expect(daemon.stop() == 0)
+    }
+
+    /// A store written before encryption was turned on is encrypted on its next open, its rows kept.
+    @Test func aPlaintextStoreIsEncryptedOnItsNextOpen() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'before-encryption')"])
+        #expect(daemon.stop() == 0)
+        #expect(Self.files(holding: "before-encryption", under: daemon.dataDirectory).contains { $0.hasSuffix("alice.sqlite") })
+
+        try Self.writeKey(in: daemon)
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon))
+        try daemon.start()
+        let again = try daemon.connect()
+        #expect(try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"])["rows"] == [["before-encryption"]])
+        _ = try again.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'after-encryption')"])
+        #expect(daemon.stop() == 0)
+        let path = try #require(Self.storePath(daemon, "alice"))
+        #expect(FileManager.default.contents(atPath: path)?.prefix(16) == Data("UserStore AES 1\u{0}".utf8))
+        let holding = Self.files(holding: "before-encryption", under: daemon.dataDirectory) + Self.files(holding: "after-encryption", under: daemon.dataDirectory)
+        #expect(holding.isEmpty, "\(holding)")
+    }
+
+    /// The daemon's exit status once it ends on its own, waiting at most a minute (a daemon that
+    /// starts when it should not is stopped, and nil returned).
+    func exitStatus(_ daemon: DaemonHarness) -> Int32? {
+        guard us_wait_for_exit(daemon.pid, 60_000) == 1 else {
+            daemon.stop()
+            return nil
+        }
+        return daemon.waitForExit()
+    }
+
+    /// A wrong key-encryption key (not the key store's), one of the wrong size, and a missing
+    /// key file stop the daemon at start: exit 78, the error named on stderr; no store is opened.
+    @Test func aWrongOrMissingKeyEncryptionKeyStopsTheDaemon() throws {
+        let daemon = try Self.encryptedDaemon()
+        try daemon.start()
+        _ = try daemon.connect().call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title) VALUES ('n')"])
+        #expect(daemon.stop() == 0)
+
+        try Self.writeKey(in: daemon) // another key
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("KeyEncryptionKeyWrong"), "\(daemon.stderr)")
+
+        try Self.writeKey(in: daemon, bytes: [UInt8](repeating: 7, count: 16))
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("KeyEncryptionKeyMissing"), "\(daemon.stderr)")
+
+        try FileManager.default.removeItem(atPath: daemon.directory.path + "/kek")
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("encryption.keyFile"), "\(daemon.stderr)")
+    }
+
+    /// The objects under `replica` that hold `marker`: the log's objects and the folds decoded
+    /// (their pages are zstd-compressed), any other object as it is.
+    static func objects(holding marker: String, under replica: String) -> [String] {
+        let needle = Array(marker.utf8)
+        func holds(_ bytes: [UInt8]) -> Bool { Data(bytes).range(of: Data(needle)) != nil }
+        return (FileManager.default.enumerator(atPath: replica)?.compactMap { $0 as? String } ?? []).filter { name in
+            guard let data = FileManager.default.contents(atPath: replica + "/" + name) else { return false }
+            guard let segment = try? LogSegment.decode(Array(data)) else { return holds(Array(data)) }
+            return segment.records.contains { record in record.pages.contains { holds($0.data) } }
+        }
+    }
+
+    /// Replicated (the daemon's own log): no object in the replica holds a marker the stores
+    /// hold (pages decoded); the disk lost, the store comes back from the replica with its key;
+    /// then a copy of the replica taken before the user was erased, read with the key store as
+    /// it is now, gives the user back to nobody — `StoreErased` — while another user is served.
+    @Test func theReplicaHoldsOnlyCiphertextRestoresWithTheKeyAndForgetsAnErasedUser() throws {
+        let replica = try TemporaryDirectory(), copy = try TemporaryDirectory()
+        let daemon = try DaemonHarness()
+        try Self.writeKey(in: daemon)
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon) + "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestreamPath)\n")
+        try daemon.start()
+        let marker = "marker-\(UUID().uuidString)"
+        let client = try daemon.connect()
+        for user in ["alice", "bob"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": .string("INSERT INTO notes (title, body) VALUES ('n', '\(marker)')"), "durable": true])
+        }
+        let shipped = Self.objects(holding: marker, under: replica.path)
+        #expect(shipped.isEmpty, "the marker is in \(shipped)")
+
+        // The disk lost: alice comes back from the replica, with her key.
+        daemon.stop(signal: SIGKILL)
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        let again = try daemon.connect()
+        #expect(try again.call("io.userstore.Store.Query", ["user": "alice", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
+        // A copy of the replica (a bucket backup), then alice erased.
+        #expect(try run(["/bin/cp", "-a", replica.path + "/.", copy.path]).status == 0)
+        _ = try again.call("io.userstore.Admin.DeleteStore", ["user": "alice"])
+        #expect(daemon.stop() == 0)
+
+        // The old copy of the replica back in place, and the disk lost again.
+        try FileManager.default.removeItem(atPath: replica.path)
+        #expect(try run(["/bin/cp", "-a", copy.path, replica.path]).status == 0)
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        let third = try daemon.connect()
+        let erased = error { _ = try third.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"]) }
+        #expect(erased?.name == "io.userstore.Store.StoreErased" && erased?.parameters["user"] == "alice", "\(String(describing: erased))")
+        #expect(try third.call("io.userstore.Store.Query", ["user": "bob", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
+        #expect(daemon.stop() == 0)
+    }
+}
