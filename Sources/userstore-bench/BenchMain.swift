@@ -19,7 +19,7 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Only these scenarios (1-8), comma-separated.")
     var only: String = Self.allScenarios
 
-    static let allScenarios = "1,2,3,4,5,6,7,8"
+    static let allScenarios = "1,2,3,4,5,6,7,8,9"
     static let allReleases = "additive,rebuild"
     static let allFileSystems = "root,ext4,xfs"
 
@@ -52,7 +52,7 @@ struct BenchCommand: AsyncParsableCommand {
         let scenarios: [(String, any Scenario)] = [
             ("1", PointQueryScenario(bench: bench)), ("2", DurableWriteScenario(bench: bench)), ("3", ColdOpenScenario(bench: bench)),
             ("4", fleet), ("5", MemoryScenario(bench: bench)), ("6", TransactionScenario(bench: bench)),
-            ("7", ReplicationScenario(bench: bench)), ("8", ObjectStoreScenario(bench: bench)),
+            ("7", ReplicationScenario(bench: bench)), ("8", ObjectStoreScenario(bench: bench)), ("9", EncryptionScenario(bench: bench)),
         ]
         let selected = Set(only.split(separator: ",").map(String.init))
         for (number, scenario) in scenarios where selected.contains(number) { try await scenario.run() }

@@ -4,7 +4,7 @@ import Varlink
 
 extension UserStoreCtlCommand {
     struct Status: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Daemon and fleet state: versions, uptime, open, known, pending and failed stores; replication and the release in force.")
+        static let configuration = CommandConfiguration(abstract: "Daemon and fleet state: versions, uptime, open, known, pending and failed stores; encrypted and plaintext stores; replication and the release in force.")
 
         @OptionGroup var connection: ConnectionOptions
         @OptionGroup var offline: OfflineOptions
@@ -29,6 +29,9 @@ extension UserStoreCtlCommand {
                       + "   \(value("tooNewStores")) too new\(status["indexComplete"] == false ? "   (still scanning)" : "")"
                       + (status["otherHostsStores"].map { "   (+\(Output.cell($0)) copies of other hosts' buckets)" } ?? ""))
                 print("open      \(value("openStores"))/\(value("maxOpenStores"))   migrations in flight \(value("migrationsInFlight"))   connections \(value("connections"))")
+                if status["encryptedStores"] != nil {
+                    print("encrypted \(value("encryptedStores")) stores   \(value("plaintextStores")) plaintext (encrypted on their next open)")
+                }
                 if let replication = status["replication"] { print(Replication.summary(replication, output: output)) }
                 if let release = status["release"] { print(Self.release(release, output: output)) }
             }

@@ -2,6 +2,7 @@ import CChildProcess
 import DaemonTestSupport
 import Foundation
 import Testing
+import UserStoreCore
 import UserStoreReplication
 import Varlink
 
@@ -160,7 +161,13 @@ import Varlink
         try daemon.writeConfig(extra: Self.encryptionConfig(daemon))
         try daemon.start()
         let again = try daemon.connect()
+        // Status counts it plaintext until it is opened (ListStores waits for the start-up scan).
+        try again.stream("io.userstore.Admin.ListStores") { _ in }
+        let before = try again.call("io.userstore.Admin.Status")
+        #expect(before["plaintextStores"] == 1 && before["encryptedStores"] == 0, "\(before)")
         #expect(try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"])["rows"] == [["before-encryption"]])
+        let after = try again.call("io.userstore.Admin.Status")
+        #expect(after["plaintextStores"] == 0 && after["encryptedStores"] == 1, "\(after)")
         _ = try again.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'after-encryption')"])
         #expect(daemon.stop() == 0)
         let path = try #require(Self.storePath(daemon, "alice"))
@@ -254,5 +261,59 @@ import Varlink
         #expect(erased?.name == "io.userstore.Store.StoreErased" && erased?.parameters["user"] == "alice", "\(String(describing: erased))")
         #expect(try third.call("io.userstore.Store.Query", ["user": "bob", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
         #expect(daemon.stop() == 0)
+    }
+
+    /// `userstorectl keys rotate`: the store reads back under a new key, its key record holds
+    /// only the new key, and the file as it was before (a copy) no longer reads — `StoreDamaged`.
+    /// A rotation cut short after the rewrite (both keys in the key store, the file under the
+    /// next) is finished by the next open. Without encryption: `InvalidRequest`.
+    @Test func rotatingAStoresKeyLeavesOldCopiesUnreadable() throws {
+        let daemon = try Self.encryptedDaemon()
+        try daemon.start()
+        let client = try daemon.connect()
+        for user in ["alice", "bob"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) INSERT INTO notes (title, body) SELECT 'n', printf('%.200c', 'x') FROM n"])
+        }
+        #expect(daemon.stop() == 0)
+        let keys = daemon.directory.path + "/keys"
+        func record(_ user: String) throws -> Data {
+            let name = try #require(FileManager.default.enumerator(atPath: keys)?.compactMap { $0 as? String }.first { $0.hasSuffix("/" + user) })
+            return try #require(FileManager.default.contents(atPath: keys + "/" + name))
+        }
+        let alicePath = try #require(Self.storePath(daemon, "alice")), bobPath = try #require(Self.storePath(daemon, "bob"))
+        let before = try #require(FileManager.default.contents(atPath: alicePath)), recordBefore = try record("alice")
+
+        try daemon.start()
+        let rotated = try run([userstorectlPath, "keys", "rotate", "alice", "--json"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        #expect(rotated.status == 0, "\(rotated.stderr)")
+        let reply = try JSONParser().parse(rotated.stdout)
+        #expect((reply["pages"]?.integerValue ?? 0) > 10, "\(rotated.stdout)")
+        #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
+        #expect(daemon.stop() == 0)
+        let recordAfter = try record("alice")
+        #expect(recordAfter != recordBefore && recordAfter.count == recordBefore.count, "\(recordBefore.count) → \(recordAfter.count) bytes")
+
+        // Bob's rotation cut short once his store was rewritten under the next key.
+        let keyring = try StoreKeyring(keyFile: daemon.directory.path + "/kek", store: FolderKeyStore(root: keys))
+        let (current, next) = try keyring.beginRotation(of: UserID("bob"))
+        _ = try StoreEncryptor.reencrypt(bobPath, from: current, to: next)
+        #expect(try record("bob").count == 2 * recordBefore.count)
+        // Alice's file as it was before her rotation.
+        try before.write(to: URL(fileURLWithPath: alicePath))
+
+        try daemon.start()
+        let again = try daemon.connect()
+        #expect(try again.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
+        let old = error { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
+        #expect(old?.name == "io.userstore.Store.StoreDamaged", "\(String(describing: old))")
+        #expect(daemon.stop() == 0)
+        #expect(try record("bob").count == recordBefore.count, "bob's rotation was not finished")
+
+        let plain = try DaemonHarness()
+        try plain.start()
+        _ = try plain.connect().call("io.userstore.Store.Open", ["user": "alice"])
+        let refused = error { _ = try plain.connect().call("io.userstore.Admin.RotateStoreKey", ["user": "alice"]) }
+        #expect(refused?.name == "io.userstore.Store.InvalidRequest", "\(String(describing: refused))")
+        #expect(plain.stop() == 0)
     }
 }

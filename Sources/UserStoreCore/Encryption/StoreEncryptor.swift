@@ -82,4 +82,54 @@ public enum StoreEncryptor {
             number += 1
         }
     }
+
+    /// Rewrites the encrypted store at `path` (closed, its WAL empty) from `old` to `new`, page
+    /// by page, durably; returns how many pages. Blocking.
+    public static func reencrypt(_ path: String, from old: PageCipher, to new: PageCipher) throws(Failure) -> Int {
+        if let wal = FileHead.size(of: path + "-wal"), wal > 0 { throw Failure(description: "\(path)'s WAL holds commits: checkpoint it first") }
+        let sealed = path + ".rekeyed.partial"
+        defer { unlink(sealed) }
+        let input = open(path, O_RDONLY | O_CLOEXEC)
+        guard input >= 0 else { throw Failure(description: "cannot open \(path): \(String(cString: strerror(errno)))") }
+        defer { close(input) }
+        let output = open(sealed, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard output >= 0 else { throw Failure(description: "cannot create \(sealed): \(String(cString: strerror(errno)))") }
+        var header = [UInt8](repeating: 0, count: 100)
+        guard pread(input, &header, 100, 0) == 100 else { close(output); throw Failure(description: "\(path) has no database header") }
+        let raw = Int(header[16]) << 8 | Int(header[17])
+        let pageSize = raw == 1 ? 65_536 : raw
+        var page = [UInt8](repeating: 0, count: pageSize), stored = [UInt8](repeating: 0, count: pageSize)
+        var number: UInt32 = 1
+        do throws(Failure) {
+            while true {
+                let count = pread(input, &page, pageSize, off_t(Int(number - 1) * pageSize))
+                if count == 0 { break }
+                guard count == pageSize else { throw Failure(description: "\(path): page \(number) is short (\(count) bytes)") }
+                if page.contains(where: { $0 != 0 }) {
+                    do {
+                        try page.withUnsafeMutableBytes { bytes in try old.open(page: number, stored: UnsafeRawBufferPointer(bytes), into: bytes) }
+                        try page.withUnsafeBytes { from in try stored.withUnsafeMutableBytes { try new.seal(page: number, plain: from, into: $0) } }
+                    } catch {
+                        throw Failure(description: "page \(number) of \(path): \(error)")
+                    }
+                } else {
+                    stored = page
+                }
+                guard pwrite(output, stored, pageSize, off_t(Int(number - 1) * pageSize)) == pageSize else {
+                    throw Failure(description: "cannot write \(sealed): \(String(cString: strerror(errno)))")
+                }
+                number += 1
+            }
+        } catch {
+            close(output)
+            throw error
+        }
+        close(output)
+        do {
+            try DurableFile.publishDatabase(sealed, as: path)
+        } catch {
+            throw Failure(description: "\(error)")
+        }
+        return Int(number - 1)
+    }
 }

@@ -7,8 +7,9 @@ import Foundation
 /// Records (binary, in the key store):
 ///
 ///     users/<ab>/<cd>/<user>  "USK1" nonce(12) key(32) tag(16): the data key, AES-256-GCM under
-///                             the key-encryption key, the user ID authenticated with it;
-///                             or "USE1" and the erase's time (RFC 3339): destroyed
+///                             the key-encryption key, the user ID authenticated with it; while
+///                             the key is rotated, followed by "USN1" and the next key, wrapped
+///                             the same way; or "USE1" and the erase's time (RFC 3339): destroyed
 ///     check                   "USC1" nonce(12) text tag(16): a known text under the key-encryption
 ///                             key, which tells a wrong key-encryption key at start
 // @unchecked: SymmetricKey is an immutable value swift-crypto does not mark Sendable.
@@ -43,7 +44,9 @@ public final class StoreKeyring: @unchecked Sendable {
         }
     }
 
-    static let keyMagic = Array("USK1".utf8), erasedMagic = Array("USE1".utf8), checkMagic = Array("USC1".utf8)
+    static let keyMagic = Array("USK1".utf8), nextMagic = Array("USN1".utf8), erasedMagic = Array("USE1".utf8), checkMagic = Array("USC1".utf8)
+    /// A wrapped key's length: nonce, key, tag.
+    static let wrappedLength = 12 + 32 + 16
     static let checkText = Array("userstore key-encryption key check v1".utf8)
 
     /// Checks the key-encryption key against the key store's check record, writing one into a
@@ -85,12 +88,7 @@ public final class StoreKeyring: @unchecked Sendable {
         } catch {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
         }
-        if let record, record.starts(with: Self.keyMagic) {
-            guard let key = try? open(Array(record.dropFirst(4)), authenticating: Self.keyContext(user)), key.count == 32 else {
-                throw .storeKeyMissing(user: user, message: "the key store's record of the user's data key does not open with the key-encryption key (damaged, or another user's)")
-            }
-            return PageCipher(dataKey: SymmetricKey(data: key))
-        }
+        if let record, record.starts(with: Self.keyMagic) { return try keys(in: record, of: user).current }
         let erased = record?.starts(with: Self.erasedMagic) ?? false
         guard create else {
             if erased { throw .storeErased(user: user) }
@@ -106,6 +104,83 @@ public final class StoreKeyring: @unchecked Sendable {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
         }
         return PageCipher(dataKey: key)
+    }
+
+    /// The ciphers of `user`'s current data key and, while a rotation is under way (begun, not
+    /// finished: a crash), of the next one. Blocking.
+    public func ciphers(for user: UserID) throws(StoreError) -> (current: PageCipher, next: PageCipher?) {
+        let record: [UInt8]?
+        do {
+            record = try store.read(Self.recordName(of: user))
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
+        }
+        guard let record, record.starts(with: Self.keyMagic) else {
+            _ = try cipher(for: user, create: false) // the named error: erased or missing
+            throw .storeKeyMissing(user: user, message: "the key store holds no data key of the user")
+        }
+        return try keys(in: record, of: user)
+    }
+
+    /// Begins the rotation of `user`'s data key: a next key is made and stored beside the
+    /// current one, durably (an interrupted rotation's next key is kept). Returns both. Blocking.
+    public func beginRotation(of user: UserID) throws(StoreError) -> (current: PageCipher, next: PageCipher) {
+        let record = try keyRecord(of: user)
+        let current = Array(record[4..<(4 + Self.wrappedLength)])
+        if record.count == 8 + 2 * Self.wrappedLength {
+            let keys = try keys(in: record, of: user)
+            return (keys.current, keys.next!)
+        }
+        let next = SymmetricKey(size: .bits256)
+        do {
+            let wrapped = try next.withUnsafeBytes { try seal(Array($0), authenticating: Self.keyContext(user)) }
+            try store.write(Self.recordName(of: user), Self.keyMagic + current + Self.nextMagic + wrapped)
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
+        }
+        return (try keys(in: Self.keyMagic + current, of: user).current, PageCipher(dataKey: next))
+    }
+
+    /// Finishes the rotation of `user`'s data key: the next key becomes the only one, durably
+    /// (the store is encrypted with it by now). Blocking.
+    public func finishRotation(of user: UserID) throws(StoreError) {
+        let record = try keyRecord(of: user)
+        guard record.count == 8 + 2 * Self.wrappedLength else { return } // no rotation under way
+        do {
+            try store.write(Self.recordName(of: user), Self.keyMagic + Array(record[(8 + Self.wrappedLength)...]))
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
+        }
+    }
+
+    /// `user`'s key record; the named error when it has none.
+    private func keyRecord(of user: UserID) throws(StoreError) -> [UInt8] {
+        let record: [UInt8]?
+        do {
+            record = try store.read(Self.recordName(of: user))
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
+        }
+        guard let record, record.starts(with: Self.keyMagic), record.count >= 4 + Self.wrappedLength else {
+            _ = try cipher(for: user, create: false)
+            throw .storeKeyMissing(user: user, message: "the key store holds no data key of the user")
+        }
+        return record
+    }
+
+    /// The keys a key record holds.
+    private func keys(in record: [UInt8], of user: UserID) throws(StoreError) -> (current: PageCipher, next: PageCipher?) {
+        func key(at offset: Int) throws(StoreError) -> PageCipher {
+            guard record.count >= offset + Self.wrappedLength,
+                  let key = try? open(Array(record[offset..<(offset + Self.wrappedLength)]), authenticating: Self.keyContext(user)), key.count == 32 else {
+                throw .storeKeyMissing(user: user, message: "the key store's record of the user's data key does not open with the key-encryption key (damaged, or another user's)")
+            }
+            return PageCipher(dataKey: SymmetricKey(data: key))
+        }
+        let current = try key(at: 4)
+        let nextAt = 4 + Self.wrappedLength
+        guard record.count > nextAt, record[nextAt..<(nextAt + 4)].elementsEqual(Self.nextMagic) else { return (current, nil) }
+        return (current, try key(at: nextAt + 4))
     }
 
     /// Destroys `user`'s data key (erase by key): its record becomes a tombstone, durably, so

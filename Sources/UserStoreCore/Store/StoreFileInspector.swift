@@ -18,12 +18,18 @@ public enum StoreFileInspector {
     /// crash) may hold a newer one and only SQLite can tell. -1 when the file is not a readable
     /// store.
     public static func headerVersion(of path: String) -> Int64? {
-        if let size = FileHead.size(of: path + "-wal"), size > 0 { return nil }
-        guard let head = FileHead(path: path, count: 100) else { return -1 }
+        header(of: path).version
+    }
+
+    /// ``headerVersion(of:)``, and whether the file is an encrypted store's, from one read.
+    public static func header(of path: String) -> (version: Int64?, encrypted: Bool) {
+        guard let head = FileHead(path: path, count: 100) else { return (-1, false) }
         let header = head.bytes
-        if header.isEmpty { return 0 } // created, nothing written yet
-        guard header.count == 100, hasStoreMagic(header) else { return -1 }
-        return header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }
+        let encrypted = header.starts(with: PageCipher.storedMagic)
+        if let size = FileHead.size(of: path + "-wal"), size > 0 { return (nil, encrypted) }
+        if header.isEmpty { return (0, false) } // created, nothing written yet
+        guard header.count == 100, hasStoreMagic(header) else { return (-1, false) }
+        return (header[60..<64].reduce(Int64(0)) { $0 << 8 | Int64($1) }, encrypted)
     }
 
     /// The schema version as SQLite reads it, WAL included, through a read-only connection

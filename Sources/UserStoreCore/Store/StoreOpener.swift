@@ -97,7 +97,15 @@ struct StoreOpener: Sendable {
             throw .storageFailure(user: user, message: "the encrypting VFS layer is not SQLite's default (SQLite was set up before SQLiteProcessSettings.apply())")
         }
         if created || (FileHead.size(of: path) ?? 0) == 0 { return try keyring.cipher(for: user, create: true) }
-        if StoreFileInspector.isEncrypted(path) { return try keyring.cipher(for: user, create: false) }
+        if StoreFileInspector.isEncrypted(path) {
+            let keys = try keyring.ciphers(for: user)
+            // A rotation a crash cut short after the store was rewritten with the next key.
+            if let next = keys.next, !keys.current.opensFirstPage(of: path), next.opensFirstPage(of: path) {
+                try keyring.finishRotation(of: user)
+                return next
+            }
+            return keys.current
+        }
         let cipher = try keyring.cipher(for: user, create: true)
         do {
             try StoreEncryptor.encrypt(path, with: cipher)

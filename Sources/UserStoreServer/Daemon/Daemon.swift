@@ -76,7 +76,7 @@ public enum Daemon {
             return .unavailable
         }
 
-        let index = FleetIndex()
+        let index = FleetIndex(encrypting: keyring != nil)
         // Metrics are recorded only when they are served (absent metrics.listen: off, no cost).
         let metrics = configuration.metricsListen == nil ? nil : DaemonMetrics.bootstrap()
         var peerTLS: PeerTLS?

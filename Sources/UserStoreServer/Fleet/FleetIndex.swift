@@ -26,6 +26,9 @@ final class FleetIndex: StoreObserver {
         var failure: String?
         var failureName: String?
         var tooNew = false
+        /// Its file is encrypted (docs/encryption.md): as the start-up scan read it, then as of
+        /// its last open (with encryption on, every store opened is encrypted).
+        var encrypted = false
 
         init(version: Int64, bucket: Int) {
             self.version = version
@@ -38,10 +41,17 @@ final class FleetIndex: StoreObserver {
     }
 
     private let entries = Mutex<[UserID: Entry]>([:])
+    /// Encryption is on: a store created, opened or restored is encrypted.
+    private let encrypting: Bool
     private let complete = Atomic<Bool>(false)
     private let scanTask = Mutex<Task<Void, Never>?>(nil)
     /// The buckets this host serves now (``serveOnly(_:)``); nil: every store (one host).
     private let servedBuckets = Mutex<(@Sendable () -> Set<Int>)?>(nil)
+
+    /// An index of stores encrypted when `encrypting` (encryption is on) once opened.
+    init(encrypting: Bool = false) {
+        self.encrypting = encrypting
+    }
 
     /// In a cluster: the stores this host serves are those of `buckets()` (the ones it owns);
     /// the copies it keeps of buckets it gave away stay in the index, counted apart.
@@ -85,16 +95,21 @@ final class FleetIndex: StoreObserver {
             // replica had its last commits) is opened to read its version: SQLite reads it
             // through the WAL, with the store's own connection.
             var read = await Task.detached {
-                slice.map { user -> (UserID, Int64?, bucket: Int) in
-                    (user, StoreFileInspector.headerVersion(of: layout.storePath(for: user)), Placement.bucket(for: user))
+                slice.map { user -> (UserID, Int64?, bucket: Int, encrypted: Bool) in
+                    let header = StoreFileInspector.header(of: layout.storePath(for: user))
+                    return (user, header.version, Placement.bucket(for: user), header.encrypted)
                 }
             }.value
-            for (offset, (user, version, _)) in read.enumerated() where version == nil {
+            for (offset, (user, version, _, _)) in read.enumerated() where version == nil {
                 let current = try? await registry.withExistingStore(user) { store in try await store.schemaVersion() }
                 read[offset].1 = current ?? -1
             }
             entries.withLock { entries in
-                for (user, version, bucket) in read where entries[user] == nil { entries[user] = Entry(version: version ?? -1, bucket: bucket) }
+                for (user, version, bucket, encrypted) in read where entries[user] == nil {
+                    var entry = Entry(version: version ?? -1, bucket: bucket)
+                    entry.encrypted = encrypted
+                    entries[user] = entry
+                }
             }
         }
         complete.store(true, ordering: .releasing)
@@ -107,6 +122,7 @@ final class FleetIndex: StoreObserver {
             switch event {
             case .storeCreated:
                 entry = Entry(version: 0, bucket: entry.bucket)
+                entry.encrypted = encrypting
             case .migrationStep(_, let version, _, _, _, _, _):
                 entry.version = max(entry.version, version)
             case .migrationFinished(_, _, let to, _, _):
@@ -128,9 +144,16 @@ final class FleetIndex: StoreObserver {
             case .storeDeleted:
                 entries[user] = nil
                 return
-            case .storeImported(_, let version, _, _), .storeRestored(_, _, let version, _):
+            case .storeImported(_, let version, _, _):
+                // A plaintext file, encrypted on its next open.
                 entry = Entry(version: version, bucket: entry.bucket)
-            case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration, .storeOpened, .storeClosed, .storeSuperseded:
+            case .storeRestored(_, _, let version, _):
+                entry = Entry(version: version, bucket: entry.bucket)
+                entry.encrypted = encrypting
+            case .storeOpened:
+                guard encrypting, !entry.encrypted else { return }
+                entry.encrypted = true
+            case .rollbackStep, .backupCreated, .migrationStarted, .unknownAppliedMigration, .storeClosed, .storeSuperseded:
                 return
             }
             entries[user] = entry
@@ -178,6 +201,18 @@ final class FleetIndex: StoreObserver {
                 if serves(entry) { counts[Self.state(of: entry, latest: latest), default: 0] += 1 } else { others += 1 }
             }
             return (counts, others)
+        }
+    }
+
+    /// How many of the stores this host serves are encrypted, and how many are plaintext.
+    func encryptionCounts() -> (encrypted: Int, plaintext: Int) {
+        let serves = servesEntry()
+        return entries.withLock { entries in
+            var encrypted = 0, plaintext = 0
+            for entry in entries.values where serves(entry) {
+                if entry.encrypted { encrypted += 1 } else { plaintext += 1 }
+            }
+            return (encrypted, plaintext)
         }
     }
 }

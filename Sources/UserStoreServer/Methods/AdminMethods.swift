@@ -42,7 +42,7 @@ struct AdminMethods {
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "accepted": .array(accepted.map { .integer($0) })]))
         case .adminExecute: try await send(execute(request, parameters))
         case .top: try await send(VarlinkReply.encode(try top(parameters)))
-        case .deleteStore, .exportStore, .importStore, .listBackups, .restoreStore:
+        case .deleteStore, .exportStore, .importStore, .listBackups, .restoreStore, .rotateStoreKey:
             try await StoreLifecycleMethods(context: context).handle(method, request, send: send)
         case .replication, .restoreFromReplica, .initReplica, .takeOverReplica:
             try await ReplicationMethods(context: context).handle(method, request, send: send)
@@ -82,6 +82,11 @@ struct AdminMethods {
             "connections": .integer(Int64(context.connections.count)),
             "indexComplete": .bool(context.index.isComplete),
         ]
+        if context.configuration.encryption != nil || context.registry.configuration.keyring != nil {
+            let (encrypted, plaintext) = context.index.encryptionCounts()
+            fields["encryptedStores"] = .integer(Int64(encrypted))
+            fields["plaintextStores"] = .integer(Int64(plaintext))
+        }
         fields["replication"] = ReplicationMethods.status(context)
         if context.cluster != nil { fields["otherHostsStores"] = .integer(Int64(otherHosts)) }
         let release = context.release.snapshot
@@ -103,7 +108,7 @@ struct AdminMethods {
         let limit = try parameters.optionalInt("limit").map { Int(max(0, $0)) } ?? Int.max
         let latest = registry.migrations.latestVersion
         var selected: [JSONValue] = []
-        for (user, entry) in context.index.servedSnapshot() {
+        for (user, entry) in await context.servedStores() {
             let state = FleetIndex.state(of: entry, latest: latest)
             if let filter, filter != state { continue }
             var fields: [String: JSONValue] = ["user": .string(user.rawValue), "schemaVersion": .integer(entry.version), "state": .string(state.rawValue)]

@@ -4,7 +4,7 @@ import UserStoreCore
 import Varlink
 
 /// `io.userstore.Admin` for a store's whole life: DeleteStore, ExportStore, ImportStore,
-/// ListBackups, RestoreStore.
+/// ListBackups, RestoreStore, RotateStoreKey.
 struct StoreLifecycleMethods {
     let context: DaemonContext
     private var registry: StoreRegistry { context.registry }
@@ -32,6 +32,18 @@ struct StoreLifecycleMethods {
             var fields: [String: JSONValue] = ["user": .string(user.rawValue), "backup": Self.fields(restored), "schemaVersion": .integer(restored.schemaVersion)]
             if let previous { fields["previous"] = .string(previous) }
             try await send(VarlinkReply.encode(fields))
+        case .rotateStoreKey:
+            let user = try parameters.user()
+            guard let keyring = registry.configuration.keyring else {
+                throw VarlinkError.invalidRequest("encryption is off (no encryption section in the configuration): there is no key to rotate")
+            }
+            let started = ContinuousClock.now
+            let pages = try await registry.lifecycle.rotateKey(user, keyring: keyring)
+            context.logger.notice("store key rotated", metadata: [
+                "event": "store-key-rotated", "user": .string(user.rawValue), "pages": "\(pages)",
+                "duration_us": "\((ContinuousClock.now - started).wholeMicroseconds)",
+            ])
+            try await send(VarlinkReply.encode(["user": .string(user.rawValue), "pages": .integer(Int64(pages))]))
         default:
             throw VarlinkError.methodNotFound(request.call.method)
         }

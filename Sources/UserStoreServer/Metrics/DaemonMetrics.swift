@@ -204,6 +204,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
         for state in ["current", "pending", "failed", "too_new"] {
             gauges["stores." + state] = gauge("userstore_stores", [("state", state)])
         }
+        for state in ["encrypted", "plaintext"] {
+            gauges["encryption." + state] = gauge("userstore_stores_encryption", [("state", state)])
+        }
         for state in ["done", "failed", "total"] {
             gauges["fleet." + state] = gauge("userstore_fleet_migration_stores", [("state", state)])
         }
@@ -260,6 +263,7 @@ final class DaemonMetrics: StoreObserver, Sendable {
         "userstore_store_evictions_total": "Open stores closed to make room (maxOpenStores), because they were idle, or after a fleet migration opened them.",
         "userstore_store_opens_total": "Store files opened, by kind: created empty, reopened, created from the template, restored from a replica.",
         "userstore_stores": "Stores by state (the fleet index): current, pending (behind the migrations), failed, too_new.",
+        "userstore_stores_encryption": "Stores by encryption (the fleet index, as of each store's last open): encrypted, plaintext.",
         "userstore_watchers": "Watch calls streaming now (io.userstore.Store.Watch).",
         "userstore_watchers_dropped_total": "Watch calls ended with WatchTooSlow: their client let more than watch.maxBufferedBytes of changes wait.",
         "userstore_watch_events_total": "Change events sent to watchers (one per transaction per watcher).",
@@ -330,6 +334,9 @@ final class DaemonMetrics: StoreObserver, Sendable {
         gauges["stores.pending"]?.set(counts[.pending] ?? 0)
         gauges["stores.failed"]?.set(counts[.failed] ?? 0)
         gauges["stores.too_new"]?.set(counts[.tooNew] ?? 0)
+        let encryption = context.index.encryptionCounts()
+        gauges["encryption.encrypted"]?.set(encryption.encrypted)
+        gauges["encryption.plaintext"]?.set(encryption.plaintext)
         gauges["transactions"]?.set(transactionsOpen.load(ordering: .relaxed))
         gauges["watchers"]?.set(watchersOpen.load(ordering: .relaxed))
         if let replication = context.replicator?.snapshot {
