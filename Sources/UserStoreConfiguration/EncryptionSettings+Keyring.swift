@@ -29,6 +29,7 @@ extension EncryptionSettings {
             switch error {
             case .wrongKey: throw Refusal(name: "KeyEncryptionKeyWrong", description: error.description)
             case .keyStoreUnavailable: throw Refusal(name: "KeyStoreUnavailable", description: error.description)
+            case .rotationUnderWay: throw Refusal(name: "KeyRotationUnderWay", description: error.description)
             }
         }
         return keyring

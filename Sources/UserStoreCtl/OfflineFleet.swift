@@ -42,7 +42,17 @@ public final class OfflineFleet {
         } catch {
             throw CtlError(.someFailed, "userstorectl: \(error)")
         }
-        registry = StoreRegistry(configuration: configuration.registryConfiguration, migrations: migrations, lock: lock,
+        // Encrypted stores are read with their keys, as the daemon reads them (the
+        // key-encryption key from encryption.keyFile, or the credential in $CREDENTIALS_DIRECTORY).
+        var registryConfiguration = configuration.registryConfiguration
+        if let encryption = configuration.encryption {
+            do {
+                registryConfiguration.keyring = try encryption.makeKeyring()
+            } catch {
+                throw CtlError(.usage, "userstorectl: encryption: \(error.name): \(error)")
+            }
+        }
+        registry = StoreRegistry(configuration: registryConfiguration, migrations: migrations, lock: lock,
                                  gate: FixedReleaseGate(release))
     }
 

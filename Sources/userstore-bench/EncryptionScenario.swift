@@ -51,9 +51,10 @@ struct EncryptionScenario: Scenario {
             return load.run(socket: socket, connections: 8, seconds: seconds, insert)
         }
         ratios.append(("plain writes", plainOff, plainOn))
-        let replica = "replication:\n  replica: file://\(env.root)/enc-replica\n  durableWrites: true\n"
+        // A replica per side: a replica belongs to one data directory.
+        let replica = { (on: Bool) in "replication:\n  replica: file://\(env.root)/enc-replica-\(on)\n  durableWrites: true\n" }
         let (durableOff, durableOn) = try await alternating(scenario: "9. encryption", subject: { "durable INSERT (file:// replica), 8 connections, 8 users, encryption \($0 ? "on" : "off")" }) { on in
-            let (process, socket) = try daemon(on, "enc-durable", extra: replica)
+            let (process, socket) = try daemon(on, "enc-durable", extra: replica(on))
             defer { env.stop(process) }
             await warm(socket)
             return load.run(socket: socket, connections: 8, seconds: seconds, insert)

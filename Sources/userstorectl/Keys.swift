@@ -6,7 +6,7 @@ extension UserStoreCtlCommand {
     struct Keys: ParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Per-user encryption keys (docs/encryption.md).",
-            subcommands: [Rotate.self])
+            subcommands: [Rotate.self, Rewrap.self])
 
         struct Rotate: ParsableCommand {
             static let configuration = CommandConfiguration(
@@ -27,6 +27,52 @@ extension UserStoreCtlCommand {
                 let result = try connection.client().call("io.userstore.Admin.RotateStoreKey", ["user": .string(user)])
                 if connection.json { return connection.output.jsonLine(.object(result)) }
                 print("\(Output.cell(result["user"])): \(Output.cell(result["pages"])) pages re-encrypted under a new key")
+            }
+        }
+    }
+}
+
+extension UserStoreCtlCommand.Keys {
+    /// `keys rewrap`: the key-encryption key's rotation, with the daemon stopped.
+    struct Rewrap: AsyncParsableCommand, DaemonlessCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Rotate the key-encryption key: rewrap every user's data key under a new one (userstored stopped; no store is rewritten).",
+            discussion: """
+                Takes the data directory's lock (refuses while userstored runs). Reads the old key from \
+                --key-file (default: the configuration's encryption.keyFile) and the new one from \
+                --new-key-file (32 bytes, raw or base64), checks the old one against the key store, \
+                marks the rotation begun (userstored refuses to start until it is finished: \
+                KeyRotationUnderWay), rewraps each record with progress, and replaces the key store's \
+                check record last. Interrupted, run it again with the same keys: records already \
+                rewrapped are skipped. Then point encryption.keyFile (or the credential) at the new key.
+                """)
+
+        @Option(help: "The daemon's configuration file (data directory, encryption.keyStore).")
+        var config = "/etc/userstore/userstored.yaml"
+
+        @Option(help: "The current key-encryption key (default: encryption.keyFile of the configuration).")
+        var keyFile: String?
+
+        @Option(help: "The new key-encryption key: 32 bytes, raw or base64 (head -c 32 /dev/urandom | base64).")
+        var newKeyFile: String
+
+        @Flag(help: "One JSON line at the end instead of text.")
+        var json = false
+
+        func run() async throws {
+            let (keyring, newKey, lock) = try await KeyRotation.prepare(configurationPath: config, keyFile: keyFile, newKeyFile: newKeyFile)
+            defer { _ = lock }
+            var last = 0
+            let rewrapped = try KeyRotation.run(keyring, to: newKey) { done, total in
+                if !json, done == total || done - last >= 1000 {
+                    last = done
+                    print("\(done)/\(total) records")
+                }
+            }
+            if json {
+                print("{\"rewrapped\": \(rewrapped)}")
+            } else {
+                print("\(rewrapped) data keys rewrapped; point encryption.keyFile (or encryption.credential) at the new key")
             }
         }
     }

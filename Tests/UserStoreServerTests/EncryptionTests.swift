@@ -316,4 +316,40 @@ import Varlink
         #expect(refused?.name == "io.userstore.Store.InvalidRequest", "\(String(describing: refused))")
         #expect(plain.stop() == 0)
     }
+
+    /// `userstorectl keys rewrap` with the daemon stopped: every data key under a new
+    /// key-encryption key; the daemon refuses the old key afterwards and reads every store with
+    /// the new one. While it runs the daemon cannot start (it holds the lock); a rewrap while the
+    /// daemon runs is refused. An offline fleet command reads the encrypted stores with their keys.
+    @Test func rewrappingUnderANewKeyEncryptionKeyKeepsEveryStore() throws {
+        let daemon = try Self.encryptedDaemon()
+        try daemon.start()
+        let client = try daemon.connect()
+        for user in ["alice", "bob"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title, body) VALUES ('n', 'kept')"])
+        }
+        let newKey = daemon.directory.path + "/kek.new"
+        try Data((0..<32).map { _ in UInt8.random(in: 0...255) }).write(to: URL(fileURLWithPath: newKey))
+        let ctl = { (arguments: [String]) in try run([userstorectlPath] + arguments) }
+        let busy = try ctl(["keys", "rewrap", "--config", daemon.configPath, "--new-key-file", newKey])
+        #expect(busy.status == 3, "\(busy.stdout) \(busy.stderr)")
+        #expect(daemon.stop() == 0)
+
+        let rewrapped = try ctl(["keys", "rewrap", "--config", daemon.configPath, "--new-key-file", newKey, "--json"])
+        #expect(rewrapped.status == 0, "\(rewrapped.stderr)")
+        #expect(rewrapped.stdout.contains("\"rewrapped\": 2"), "\(rewrapped.stdout)")
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("KeyEncryptionKeyWrong"), "\(daemon.stderr)")
+
+        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek.new\n  keyStore: file://\(daemon.directory.path)/keys\n")
+        let offline = try ctl(["verify", "--all", "--offline", "--config", daemon.configPath, "--json"])
+        #expect(offline.status == 0, "\(offline.stdout) \(offline.stderr)")
+        try daemon.start()
+        let again = try daemon.connect()
+        for user in ["alice", "bob"] {
+            #expect(try again.call("io.userstore.Store.Query", ["user": .string(user), "sql": "SELECT body FROM notes"])["rows"] == [["kept"]])
+        }
+        #expect(daemon.stop() == 0)
+    }
 }

@@ -8,6 +8,10 @@ public protocol KeyStore: Sendable {
     /// Writes `bytes` as the record `name`, replacing any, durably: once it returns, the record
     /// survives a crash. Blocking.
     func write(_ name: String, _ bytes: [UInt8]) throws
+    /// Removes the record `name` (nothing when there is none), durably. Blocking.
+    func remove(_ name: String) throws
+    /// The names of every record under `folder` (`users/`), in no order. Blocking.
+    func names(under folder: String) throws -> [String]
     /// Where the records are, for messages (`file:///var/lib/userstore-keys`).
     var location: String { get }
 }
@@ -57,5 +61,21 @@ public struct FolderKeyStore: KeyStore {
             }
         }
         try DurableFile.write(bytes, to: path)
+    }
+
+    public func remove(_ name: String) throws {
+        _ = try DurableFile.remove([root + "/" + name])
+    }
+
+    public func names(under folder: String) throws -> [String] {
+        let base = root + "/" + folder
+        guard FileManager.default.fileExists(atPath: base) else { return [] }
+        guard let walker = FileManager.default.enumerator(atPath: base) else { throw Failure(description: "cannot list \(base)") }
+        var names: [String] = []
+        while let name = walker.nextObject() as? String {
+            // A record being written (DurableFile's temporary files) is not one yet.
+            if walker.fileAttributes?[.type] as? FileAttributeType == .typeRegular, !name.contains(".partial-") { names.append(folder + name) }
+        }
+        return names
     }
 }

@@ -75,8 +75,9 @@ public final class PageCipher: @unchecked Sendable {
         let nonce = AES.GCM.Nonce()
         let box: AES.GCM.SealedBox
         do {
-            box = try AES.GCM.seal(UnsafeRawBufferPointer(rebasing: plain[start..<trailer]), using: pageKey, nonce: nonce,
-                                   authenticating: authenticated(number, stored: UnsafeRawBufferPointer(stored)))
+            box = try withAuthenticated(number, stored: UnsafeRawBufferPointer(stored)) { context in
+                try AES.GCM.seal(UnsafeRawBufferPointer(rebasing: plain[start..<trailer]), using: pageKey, nonce: nonce, authenticating: context)
+            }
         } catch {
             throw .unauthentic // cannot happen with a valid key and nonce
         }
@@ -97,7 +98,7 @@ public final class PageCipher: @unchecked Sendable {
         do {
             let box = try AES.GCM.SealedBox(nonce: AES.GCM.Nonce(data: stored[trailer..<trailer + 12]),
                                             ciphertext: stored[start..<trailer], tag: stored[trailer + 12..<trailer + 28])
-            opened = try AES.GCM.open(box, using: pageKey, authenticating: authenticated(number, stored: stored))
+            opened = try withAuthenticated(number, stored: stored) { try AES.GCM.open(box, using: pageKey, authenticating: $0) }
         } catch {
             throw .unauthentic
         }
@@ -127,13 +128,16 @@ public final class PageCipher: @unchecked Sendable {
         }
     }
 
-    /// What is authenticated beside the encrypted bytes: the page number, page 1's stored
-    /// header, and the spare bytes.
-    private func authenticated(_ number: UInt32, stored: UnsafeRawBufferPointer) -> [UInt8] {
-        var bytes: [UInt8] = [UInt8(number >> 24), UInt8(number >> 16 & 0xff), UInt8(number >> 8 & 0xff), UInt8(number & 0xff)]
-        if number == 1 { bytes += stored[0..<Self.headerSize] }
-        bytes += stored[(stored.count - 4)...]
-        return bytes
+    /// Runs `body` with what is authenticated beside the encrypted bytes: the page number,
+    /// page 1's stored header, and the spare bytes (on the stack: this runs for every page).
+    private func withAuthenticated<T>(_ number: UInt32, stored: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
+        let header = number == 1 ? Self.headerSize : 0
+        return try withUnsafeTemporaryAllocation(byteCount: 8 + header, alignment: 4) { buffer in
+            withUnsafeBytes(of: number.bigEndian) { buffer.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: 4) }
+            if header > 0 { (buffer.baseAddress! + 4).copyMemory(from: stored.baseAddress!, byteCount: header) }
+            (buffer.baseAddress! + 4 + header).copyMemory(from: stored.baseAddress! + stored.count - 4, byteCount: 4)
+            return try body(UnsafeRawBufferPointer(buffer))
+        }
     }
 
     /// XORs `field` (8 bytes) with the mask of a WAL frame header at `offset` under `salt` (8 bytes).

@@ -33,6 +33,8 @@ public final class StoreKeyring: @unchecked Sendable {
         case wrongKey(location: String)
         /// The key store cannot be read or written.
         case keyStoreUnavailable(location: String, message: String)
+        /// A rotation of the key-encryption key was begun and not finished (`check.next` is there).
+        case rotationUnderWay(location: String)
 
         public var description: String {
             switch self {
@@ -40,6 +42,8 @@ public final class StoreKeyring: @unchecked Sendable {
                 return "the key-encryption key is not the one the key store \(location) was made with (its check record does not open): the wrong key file or credential"
             case .keyStoreUnavailable(let location, let message):
                 return "the key store \(location) cannot be used: \(message)"
+            case .rotationUnderWay(let location):
+                return "a rotation of the key-encryption key of the key store \(location) was begun and not finished: run `userstorectl keys rewrap` again to finish it"
             }
         }
     }
@@ -54,7 +58,10 @@ public final class StoreKeyring: @unchecked Sendable {
     public func verify() throws(SetupError) {
         let existing: [UInt8]?
         do {
+            if try store.read("check.next") != nil { throw SetupError.rotationUnderWay(location: store.location) }
             existing = try store.read("check")
+        } catch let error as SetupError {
+            throw error
         } catch {
             throw .keyStoreUnavailable(location: store.location, message: "\(error)")
         }
@@ -69,6 +76,63 @@ public final class StoreKeyring: @unchecked Sendable {
         guard existing.starts(with: Self.checkMagic), (try? open(Array(existing.dropFirst(4)), authenticating: Array("check".utf8))) == Self.checkText else {
             throw .wrongKey(location: store.location)
         }
+    }
+
+    /// Rewraps every data key under `newKey` (the key-encryption key's rotation: no store is
+    /// rewritten), with the daemon stopped. Resumable: a `check.next` record (the known text
+    /// under the new key) marks the rotation begun — the daemon refuses to start while it is
+    /// there — and each record is rewrapped unless it already opens with the new key; the
+    /// `check` record is replaced last. `progress` gets (records done, records in all). Returns
+    /// how many records were rewrapped. This keyring must hold the old key (or, for a rotation
+    /// to finish, either). Blocking.
+    public func rewrap(to newKey: SymmetricKey, progress: (Int, Int) throws -> Void = { _, _ in }) throws -> Int {
+        try rewrap(to: StoreKeyring(keyEncryptionKey: newKey, store: store), progress: progress)
+    }
+
+    /// ``rewrap(to:progress:)-(SymmetricKey,_)`` with the new key as `next`'s (its key store is ignored).
+    public func rewrap(to next: StoreKeyring, progress: (Int, Int) throws -> Void = { _, _ in }) throws -> Int {
+        let context = Array("check".utf8)
+        let check = try store.read("check")
+        let finished = check.map { $0.starts(with: Self.checkMagic) && (try? next.open(Array($0.dropFirst(4)), authenticating: context)) == Self.checkText } ?? false
+        if finished, try store.read("check.next") == nil { return 0 }
+        if !finished {
+            guard let check, check.starts(with: Self.checkMagic), (try? open(Array(check.dropFirst(4)), authenticating: context)) == Self.checkText else {
+                throw SetupError.wrongKey(location: store.location)
+            }
+        }
+        try store.write("check.next", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
+        let names = try store.names(under: "users/").sorted()
+        var rewrapped = 0
+        for (done, name) in names.enumerated() {
+            let user = try UserID(String(name.split(separator: "/").last ?? ""))
+            if let record = try store.read(name), record.starts(with: Self.keyMagic) {
+                var keys: [[UInt8]] = []
+                var offset = 4
+                var already = true
+                while record.count >= offset + Self.wrappedLength {
+                    let wrapped = Array(record[offset..<(offset + Self.wrappedLength)])
+                    if let key = try? next.open(wrapped, authenticating: Self.keyContext(user)) {
+                        keys.append(key)
+                    } else if let key = try? open(wrapped, authenticating: Self.keyContext(user)) {
+                        keys.append(key)
+                        already = false
+                    } else {
+                        throw StoreError.storeKeyMissing(user: user, message: "its record opens with neither key-encryption key")
+                    }
+                    offset += Self.wrappedLength + 4 // past "USN1" before a next key
+                }
+                if !already {
+                    var rewritten = Self.keyMagic + (try next.seal(keys[0], authenticating: Self.keyContext(user)))
+                    if keys.count > 1 { rewritten += Self.nextMagic + (try next.seal(keys[1], authenticating: Self.keyContext(user))) }
+                    try store.write(name, rewritten)
+                    rewrapped += 1
+                }
+            }
+            try progress(done + 1, names.count)
+        }
+        try store.write("check", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
+        try store.remove("check.next")
+        return rewrapped
     }
 
     /// The record name of `user`'s key.

@@ -26,6 +26,9 @@ struct StoreOpener: Sendable {
         if !created, let damage = StoreFileInspector.damage(of: path) {
             throw StoreError.storeDamaged(user: user, message: damage)
         }
+        if keyring == nil, !created, StoreFileInspector.isEncrypted(path) {
+            throw StoreError.storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section")
+        }
         if created {
             do {
                 try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true)
