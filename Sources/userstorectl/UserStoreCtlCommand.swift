@@ -26,7 +26,7 @@ struct UserStoreCtlCommand: AsyncParsableCommand {
         subcommands: [
             Status.self, List.self, Migrate.self, Plan.self, Verify.self, Rollback.self, Backup.self,
             Backups.self, Restore.self, Export.self, Import.self, Delete.self, Top.self,
-            SQL.self, AcceptChecksums.self, Migrations.self, Release.self, Query.self, Replication.self, Cluster.self, Watch.self, Keys.self,
+            SQL.self, AcceptChecksums.self, Migrations.self, Release.self, Query.self, Replication.self, Cluster.self, Watch.self, Keys.self, Encrypt.self,
         ])
 
     /// Runs the CLI: usage errors exit 2 (not ArgumentParser's 64), as documented.

@@ -352,4 +352,61 @@ import Varlink
         }
         #expect(daemon.stop() == 0)
     }
+
+    /// A replicated plaintext store is encrypted on its next open, under a new file: the log
+    /// ships it whole (a base) before its next commit, so that the replica never mixes its
+    /// plaintext history with encrypted pages. The disk lost, it comes back whole, encrypted.
+    @Test func aReplicatedPlaintextStoreEncryptedOnItsNextOpenIsRestoredWhole() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try DaemonHarness()
+        let replication = "replication:\n  replica: \"file://\(replica.path)\"\n  litestream: \(litestreamPath)\n"
+        try daemon.writeConfig(extra: replication)
+        try daemon.start()
+        _ = try daemon.connect().call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'plaintext era')", "durable": true])
+        #expect(daemon.stop() == 0)
+
+        try Self.writeKey(in: daemon)
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon) + replication)
+        try daemon.start()
+        let client = try daemon.connect()
+        #expect(try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"])["rows"] == [[1]])
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'encrypted era')", "durable": true])
+        daemon.stop(signal: SIGKILL)
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+
+        try daemon.start()
+        let rows = try daemon.connect().call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes ORDER BY id"])["rows"]
+        #expect(rows == [["plaintext era"], ["encrypted era"]], "\(String(describing: rows))")
+        #expect(daemon.stop() == 0)
+        let path = try #require(Self.storePath(daemon, "alice"))
+        #expect(FileManager.default.contents(atPath: path)?.prefix(16) == Data("UserStore AES 1\u{0}".utf8))
+    }
+
+    /// `userstorectl encrypt --all`: every plaintext store encrypted ahead of traffic, with
+    /// progress; Status then counts none plaintext, and the files are encrypted.
+    @Test func encryptAllEncryptsEveryPlaintextStoreAheadOfTraffic() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let users = ["alice", "bob", "carol"]
+        for user in users {
+            _ = try daemon.connect().call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title, body) VALUES ('n', 'plain')"])
+        }
+        let refused = error { _ = try daemon.connect().call("io.userstore.Admin.EncryptStores", ["all": true]) }
+        #expect(refused?.name == "io.userstore.Store.InvalidRequest", "\(String(describing: refused))")
+        #expect(daemon.stop() == 0)
+
+        try Self.writeKey(in: daemon)
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon))
+        try daemon.start()
+        let result = try run([userstorectlPath, "encrypt", "--all"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        #expect(result.status == 0, "\(result.stdout) \(result.stderr)")
+        #expect(result.stdout.contains("[3/3]") && result.stdout.contains("3 stores encrypted, 0 failed"), "\(result.stdout)")
+        let status = try daemon.connect().call("io.userstore.Admin.Status")
+        #expect(status["encryptedStores"] == 3 && status["plaintextStores"] == 0, "\(status)")
+        #expect(daemon.stop() == 0)
+        for user in users {
+            let path = try #require(Self.storePath(daemon, user))
+            #expect(FileManager.default.contents(atPath: path)?.prefix(16) == Data("UserStore AES 1\u{0}".utf8), "\(user)")
+        }
+    }
 }

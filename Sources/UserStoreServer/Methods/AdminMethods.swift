@@ -19,6 +19,7 @@ struct AdminMethods {
         case .migrate: try await migrate(parameters, more: call.more, send: send)
         case .plan: try await send(VarlinkReply.encode(plan(try parameters.user())))
         case .verify: try await verify(parameters, more: call.more, send: send)
+        case .encryptStores: try await encryptStores(parameters, more: call.more, send: send)
         case .rollbackMigrations:
             let user = try parameters.user()
             let target = try parameters.int("toVersion")
@@ -208,6 +209,46 @@ struct AdminMethods {
             }
             if more {
                 var fields = outcome
+                fields.merge(progress.fields) { $1 }
+                try await send(VarlinkReply.encode(fields, continues: true))
+            }
+        })
+        var summary = progress.fields
+        summary["failed"] = .array(progress.failed)
+        try await send(VarlinkReply.encode(summary))
+    }
+
+    /// EncryptStores: each plaintext store (with `all`, as the fleet index knows them) opened,
+    /// which encrypts it (``StoreOpener``), on the daemon's fleet parallelism; progress per store.
+    private func encryptStores(_ parameters: CallParameters, more: Bool, send: ReplySink) async throws {
+        guard registry.configuration.keyring != nil else {
+            throw VarlinkError.invalidRequest("encryption is off (no encryption section in the configuration)")
+        }
+        var users = try await targets(parameters)
+        if try parameters.optionalBool("all") == true {
+            let plaintext = Set(await context.servedStores().filter { !$0.1.encrypted }.map(\.0))
+            users = users.filter(plaintext.contains)
+        }
+        var progress = FleetProgress(total: users.count)
+        let registry = self.registry
+        try await FleetRunner.run(users, parallel: context.configuration.fleetParallelism, operation: { user -> [String: JSONValue] in
+            do {
+                try await registry.withExistingStore(user) { _ in }
+                return ["ok": true]
+            } catch {
+                let failure = Errors.from(error)
+                let message = failure.parameters["message"] ?? failure.parameters["reason"] ?? .string("\(error)")
+                return ["ok": false, "error": .string(failure.name), "message": message]
+            }
+        }, report: { user, outcome in
+            progress.done += 1
+            if outcome["ok"] == .bool(true) { progress.migrated += 1 } else {
+                progress.failures += 1
+                progress.failed.append(.object(["user": .string(user.rawValue), "errorName": outcome["error"] ?? .null, "error": outcome["message"] ?? .null]))
+            }
+            if more {
+                var fields = outcome
+                fields["user"] = .string(user.rawValue)
                 fields.merge(progress.fields) { $1 }
                 try await send(VarlinkReply.encode(fields, continues: true))
             }

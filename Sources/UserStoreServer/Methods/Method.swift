@@ -35,6 +35,7 @@ package enum Method: String, CaseIterable, Sendable {
     case listBackups = "io.userstore.Admin.ListBackups"
     case restoreStore = "io.userstore.Admin.RestoreStore"
     case rotateStoreKey = "io.userstore.Admin.RotateStoreKey"
+    case encryptStores = "io.userstore.Admin.EncryptStores"
     case replication = "io.userstore.Admin.Replication"
     case restoreFromReplica = "io.userstore.Admin.RestoreFromReplica"
     case initReplica = "io.userstore.Admin.InitReplica"
