@@ -118,13 +118,21 @@ extension ConfigurationLoader {
             guard let location = try string(.encryptionKeyStore) else {
                 throw error(first, "needs encryption.keyStore too: where the wrapped data keys are kept (file:///path, on another disk than dataDirectory)")
             }
-            guard location.hasPrefix("file:///"), location.count > "file:///".count else {
-                if location.hasPrefix("s3://") || location == "etcd" {
-                    throw error(.encryptionKeyStore, "\(location.hasPrefix("s3://") ? "an s3:// key store" : "etcd as the key store") is not supported yet; use file:///absolute/path (docs/encryption.md)")
+            var settings: EncryptionSettings
+            if location.hasPrefix("file:///"), location.count > "file:///".count {
+                settings = EncryptionSettings(keyStore: .folder(String(location.dropFirst("file://".count))))
+            } else if location.hasPrefix("s3://"), location.count > "s3://".count {
+                let s3 = try s3Settings(location, key: .encryptionKeyStore)
+                if let replica = try string(.replicationReplica), replica.hasPrefix("s3://"),
+                   let replicaS3 = try? s3Settings(replica), replicaS3.bucket == s3.bucket, replicaS3.prefix == s3.prefix {
+                    throw error(.encryptionKeyStore, "is the replica's own bucket and prefix: keep the keys apart from the data (another bucket, or another prefix)")
                 }
-                throw error(.encryptionKeyStore, "must be file:///absolute/path (got \"\(location)\")")
+                settings = EncryptionSettings(keyStore: .bucket(s3))
+            } else if location == "etcd" {
+                throw error(.encryptionKeyStore, "etcd as the key store is not supported yet; use file:///absolute/path, or s3://bucket/prefix (in a cluster, a bucket every host reaches) (docs/encryption.md)")
+            } else {
+                throw error(.encryptionKeyStore, "must be file:///absolute/path or s3://bucket/prefix (got \"\(location)\")")
             }
-            var settings = EncryptionSettings(keyStoreFolder: String(location.dropFirst("file://".count)))
             if try string(.encryptionKeyFile) != nil {
                 let file = try path(.encryptionKeyFile, default: "")
                 guard FileManager.default.isReadableFile(atPath: file) else { throw error(.encryptionKeyFile, "cannot read \(file)") }
@@ -299,14 +307,15 @@ extension ConfigurationLoader {
 
         /// `replication.s3.*` for the `s3://BUCKET/PREFIX[?endpoint=…&region=…&forcePathStyle=…]`
         /// replica: the section's keys win over the URL's query.
-        private func s3Settings(_ replica: String) throws(ConfigurationError) -> S3ReplicaSettings {
+        /// An `s3://` URL's settings (`key`: the key it came from, for errors).
+        private func s3Settings(_ replica: String, key: ConfigurationKey = .replicationReplica) throws(ConfigurationError) -> S3ReplicaSettings {
             let withoutScheme = replica.dropFirst(5)
             let (location, queryText) = withoutScheme.firstIndex(of: "?").map { (withoutScheme[..<$0], String(withoutScheme[withoutScheme.index(after: $0)...])) }
                 ?? (withoutScheme, "")
             let parts = location.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false)
             let bucket = String(parts[0])
             guard !bucket.isEmpty, bucket.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "." || $0 == "_" }) else {
-                throw error(.replicationReplica, "an s3:// replica names a bucket first: s3://BUCKET/PREFIX (got \"\(replica)\")")
+                throw error(key, "an s3:// URL names a bucket first: s3://BUCKET/PREFIX (got \"\(replica)\")")
             }
             var settings = S3ReplicaSettings(bucket: bucket, prefix: parts.count > 1 ? parts[1].split(separator: "/").joined(separator: "/") : "")
             var query: [String: String] = [:]

@@ -80,11 +80,18 @@ public struct EncryptionSettings: Sendable, Equatable {
     /// A systemd credential holding the same (`encryption.credential`; `LoadCredentialEncrypted=NAME:…`),
     /// read from `$CREDENTIALS_DIRECTORY/NAME`; wins over `keyFile`.
     public var credential: String?
-    /// The key store's folder (`encryption.keyStore: file:///path`).
-    public var keyStoreFolder: String
+    /// Where the wrapped data keys are (`encryption.keyStore`).
+    public var keyStore: KeyStoreLocation
 
-    public init(keyStoreFolder: String) {
-        self.keyStoreFolder = keyStoreFolder
+    /// `file:///path`, or `s3://bucket/prefix` (reached like an `s3://` replica: the URL's
+    /// endpoint, region and addressing, `replication.s3.*`'s credentials).
+    public enum KeyStoreLocation: Sendable, Equatable {
+        case folder(String)
+        case bucket(S3ReplicaSettings)
+    }
+
+    public init(keyStore: KeyStoreLocation) {
+        self.keyStore = keyStore
     }
 
     /// The key-encryption key's file as the daemon reads it: the credential's file when one is

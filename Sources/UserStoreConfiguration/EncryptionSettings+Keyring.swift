@@ -8,18 +8,33 @@ extension EncryptionSettings {
         /// `KeyEncryptionKeyMissing`, `KeyEncryptionKeyWrong` or `KeyStoreUnavailable`.
         public let name: String
         public let description: String
+
+        public init(name: String, description: String) {
+            self.name = name
+            self.description = description
+        }
     }
 
     /// The keyring these settings describe: the key-encryption key read (from the credential in
     /// `credentialsDirectory`, else `keyFile`) and checked against the key store (a new key
     /// store gets its check record). Blocking.
-    public func makeKeyring(credentialsDirectory: String? = ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"]) throws(Refusal) -> StoreKeyring {
+    /// `store`: the key store, opened by the caller (an `s3://` one needs the replication's S3
+    /// client); nil: the folder of a `file://` key store.
+    public func makeKeyring(store: (any KeyStore)? = nil,
+                            credentialsDirectory: String? = ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"]) throws(Refusal) -> StoreKeyring {
+        let keyStore: any KeyStore
+        switch (store, self.keyStore) {
+        case (let store?, _): keyStore = store
+        case (nil, .folder(let root)): keyStore = FolderKeyStore(root: root)
+        case (nil, .bucket(let s3)):
+            throw Refusal(name: "KeyStoreUnavailable", description: "the key store is in a bucket (s3://\(s3.bucket)/\(s3.prefix)): go through userstored, which reaches it")
+        }
         guard let file = keyFilePath(credentialsDirectory: credentialsDirectory) else {
             throw Refusal(name: "KeyEncryptionKeyMissing", description: "encryption.credential \(credential ?? "") names a systemd credential, but the daemon was given none ($CREDENTIALS_DIRECTORY is not set: LoadCredentialEncrypted= in the unit)")
         }
         let keyring: StoreKeyring
         do {
-            keyring = try StoreKeyring(keyFile: file, store: FolderKeyStore(root: keyStoreFolder))
+            keyring = try StoreKeyring(keyFile: file, store: keyStore)
         } catch {
             throw Refusal(name: "KeyEncryptionKeyMissing", description: "the key-encryption key: \(error)")
         }

@@ -27,7 +27,10 @@ public enum KeyRotation {
         } catch {
             throw CtlError(.unreachable, "userstorectl: stop userstored first (\(error))")
         }
-        let store = FolderKeyStore(root: encryption.keyStoreFolder)
+        guard case .folder(let root) = encryption.keyStore else {
+            throw CtlError(.usage, "userstorectl: keys rewrap works on a file:// key store; this one is in a bucket")
+        }
+        let store = FolderKeyStore(root: root)
         do {
             return (try StoreKeyring(keyFile: current, store: store), try StoreKeyring(keyFile: newKeyFile, store: store), lock)
         } catch {

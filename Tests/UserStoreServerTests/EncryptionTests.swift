@@ -1,4 +1,5 @@
 import CChildProcess
+import ClusterTestSupport
 import DaemonTestSupport
 import Foundation
 import Testing
@@ -408,5 +409,53 @@ import Varlink
             let path = try #require(Self.storePath(daemon, user))
             #expect(FileManager.default.contents(atPath: path)?.prefix(16) == Data("UserStore AES 1\u{0}".utf8), "\(user)")
         }
+    }
+
+    /// On S3 (SeaweedFS, looked into with boto3): the key store in a bucket of its own, the
+    /// replica in another. No object of the replica holds the marker (log objects decoded); the
+    /// disk lost, the store comes back with its key from the key store's bucket; the keys'
+    /// bucket holds a record per user and no plaintext key. The key store in the replica's own
+    /// bucket and prefix is refused (exit 78).
+    @Test func onS3TheKeyStoreIsABucketOfItsOwnAndTheReplicaHoldsOnlyCiphertext() throws {
+        let server = try SeaweedFS()
+        try server.createBucket("data")
+        try server.createBucket("keys")
+        let daemon = try DaemonHarness()
+        daemon.environment = server.environment
+        try Self.writeKey(in: daemon)
+        let replication = "replication:\n  replica: \"\(server.replicaURL(bucket: "data", prefix: "r"))\"\n  litestream: \(litestreamPath)\n"
+        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek\n  keyStore: \"\(server.replicaURL(bucket: "keys", prefix: "k"))\"\n" + replication)
+        try daemon.start()
+        let marker = "marker-\(UUID().uuidString)"
+        let client = try daemon.connect()
+        for user in ["alice", "bob"] {
+            _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": .string("INSERT INTO notes (title, body) VALUES ('n', '\(marker)')"), "durable": true])
+        }
+        daemon.stop(signal: SIGKILL)
+        let scratch = try TemporaryDirectory()
+        var holding: [String] = []
+        for key in try server.keys("data") {
+            let file = scratch.path + "/object"
+            guard try server.probe(["get", "data", key, file]).status == 0, let data = FileManager.default.contents(atPath: file) else { continue }
+            let bytes = Array(data)
+            if let segment = try? LogSegment.decode(bytes) {
+                if segment.records.contains(where: { $0.pages.contains { Data($0.data).range(of: Data(marker.utf8)) != nil } }) { holding.append(key) }
+            } else if data.range(of: Data(marker.utf8)) != nil {
+                holding.append(key)
+            }
+        }
+        #expect(holding.isEmpty, "the marker is in \(holding)")
+        let keyObjects = try server.keys("keys").filter { $0.hasPrefix("k/") }
+        #expect(keyObjects.contains("k/check") && keyObjects.filter { $0.hasPrefix("k/users/") }.count == 2, "\(keyObjects)")
+
+        try FileManager.default.removeItem(atPath: daemon.dataDirectory)
+        try daemon.start()
+        #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "alice", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
+        #expect(daemon.stop() == 0)
+
+        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek\n  keyStore: \"\(server.replicaURL(bucket: "data", prefix: "r"))\"\n" + replication)
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("encryption.keyStore"), "\(daemon.stderr)")
     }
 }

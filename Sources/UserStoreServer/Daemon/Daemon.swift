@@ -55,8 +55,14 @@ public enum Daemon {
         // The key-encryption key and the key store, before any store can be opened.
         var keyring: StoreKeyring?
         if let encryption = configuration.encryption {
-            do {
-                keyring = try encryption.makeKeyring()
+            do throws(EncryptionSettings.Refusal) {
+                let store: any KeyStore
+                do {
+                    store = try encryption.openKeyStore()
+                } catch {
+                    throw EncryptionSettings.Refusal(name: "KeyStoreUnavailable", description: "the key store cannot be opened: \(error)")
+                }
+                keyring = try encryption.makeKeyring(store: store)
             } catch {
                 logger.critical("encryption refused: \(error.name): \(error)", metadata: ["event": "daemon-failed", "error": .string(error.name)])
                 printError("userstored: encryption: \(error.name): \(error)")

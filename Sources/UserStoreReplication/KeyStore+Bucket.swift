@@ -1,0 +1,28 @@
+import Foundation
+import UserStoreConfiguration
+import UserStoreCore
+
+/// An `s3://` key store (`encryption.keyStore`): the wrapped data keys as objects of a bucket (or
+/// a prefix) of their own, through the same S3 client and credentials as the replica. A PUT is
+/// durable when S3 answers it.
+extension ReplicaStorage: KeyStore {
+    package func read(_ name: String) throws -> [UInt8]? { try get(name) }
+    package func write(_ name: String, _ bytes: [UInt8]) throws { try put(name, bytes) }
+    package func remove(_ name: String) throws { try delete([name]) }
+    package func names(under folder: String) throws -> [String] { try keys(under: folder) }
+    package var location: String { describe("") }
+}
+
+extension EncryptionSettings {
+    /// The key store these settings name: a folder, or a bucket reached like an `s3://` replica.
+    package func openKeyStore() throws -> any KeyStore {
+        switch keyStore {
+        case .folder(let root):
+            return FolderKeyStore(root: root)
+        case .bucket(let s3):
+            var settings = ReplicationSettings(replica: s3.url)
+            settings.s3 = s3
+            return try ReplicaStorage(settings)
+        }
+    }
+}
