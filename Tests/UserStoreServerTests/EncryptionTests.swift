@@ -458,4 +458,40 @@ import Varlink
         #expect(exitStatus(daemon) == 78)
         #expect(daemon.stderr.contains("encryption.keyStore"), "\(daemon.stderr)")
     }
+
+    /// The operator's tools on encrypted stores: an export is plaintext, and imported again it is
+    /// encrypted on the way in (in place encrypted before anything opens it); verify, QueryStores
+    /// and a release's trial on copies all read encrypted stores.
+    @Test func exportImportVerifyQueryAllAndTrialsWorkOnEncryptedStores() throws {
+        let daemon = try Self.encryptedDaemon()
+        try daemon.start()
+        let client = try daemon.connect()
+        _ = try client.call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'travelling row')"])
+        var exported = Data()
+        try client.stream("io.userstore.Admin.ExportStore", ["user": "alice"]) { reply in
+            if case .string(let chunk)? = reply["chunk"], let bytes = Data(base64Encoded: chunk) { exported.append(bytes) }
+        }
+        let file = daemon.directory.path + "/alice-export.sqlite"
+        try exported.write(to: URL(fileURLWithPath: file))
+        #expect(exported.prefix(16) == Data("SQLite format 3\u{0}".utf8))
+        _ = try client.call("io.userstore.Admin.ImportStore", ["user": "bob", "path": .string(file)])
+        let bobPath = try #require(Self.storePath(daemon, "bob"))
+        #expect(FileManager.default.contents(atPath: bobPath)?.prefix(16) == Data("UserStore AES 1\u{0}".utf8), "the import is in place in plaintext")
+        #expect(try client.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT body FROM notes"])["rows"] == [["travelling row"]])
+
+        let environment = ["USERSTORE_SOCKET": daemon.socketPath]
+        let verify = try run([userstorectlPath, "verify", "--all", "--json"], environment: environment)
+        #expect(verify.status == 0, "\(verify.stdout) \(verify.stderr)")
+        var rows: [JSONValue] = []
+        try client.stream("io.userstore.Admin.QueryStores", ["sql": "SELECT body FROM notes", "all": true]) { reply in
+            if let found = reply["rows"]?.arrayValue { rows += found }
+        }
+        #expect(rows.count == 2 && rows.allSatisfy { $0 == ["travelling row"] }, "\(rows)")
+        try daemon.addMigration("0007_x.sql", "ALTER TABLE notes ADD COLUMN x INTEGER;\nUPDATE notes SET x = 0;")
+        _ = try client.call("io.userstore.Admin.Reload")
+        var trials: [[String: JSONValue]] = []
+        try client.stream("io.userstore.Admin.TrialRelease", ["users": ["alice", "bob"]]) { reply in if reply["user"] != nil { trials.append(reply) } }
+        #expect(trials.count == 2 && trials.allSatisfy { $0["ok"] == true && $0["toVersion"] == 7 }, "\(trials)")
+        #expect(daemon.stop() == 0)
+    }
 }

@@ -106,6 +106,7 @@ public struct StoreLifecycle: Sendable {
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer,
                                                                   keyring: self.registry.configuration.keyring) : nil
             try self.carryChangePositions(user, into: staged)
+            try self.encryptStaged(staged, user: user)
             try files.publish(staged, as: user)
             try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
@@ -180,9 +181,21 @@ public struct StoreLifecycle: Sendable {
             let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer,
                                                                     keyring: self.registry.configuration.keyring) : nil
             try self.carryChangePositions(user, into: staged)
+            try self.encryptStaged(staged, user: user)
             try files.publish(staged, as: user)
             try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
             return copy
+        }
+    }
+
+    /// With encryption on, a plaintext file about to become `user`'s store (an import, a
+    /// plaintext backup or copy) is encrypted first, so that it is never in place in plaintext.
+    private func encryptStaged(_ staged: String, user: UserID) throws {
+        guard let keyring = registry.configuration.keyring, !StoreFileInspector.isEncrypted(staged) else { return }
+        do {
+            try StoreEncryptor.encrypt(staged, with: try keyring.cipher(for: user, create: true))
+        } catch let error as StoreEncryptor.Failure {
+            throw StoreError.storageFailure(user: user, message: "encrypting the new store: \(error)")
         }
     }
 
