@@ -10,9 +10,16 @@ import Varlink
 @Suite(.serialized) struct WatchRestoreTests {
     let watches = WatchTests()
 
-    @Test(.timeLimit(.minutes(5)))
-    func aWatcherResumingPastWhatTheReplicaHadIsToldToReRead() throws {
-        let (replica, daemon, client) = try DurabilityTests.started(extra: WatchTests.watchOn)
+    /// Encrypted too (docs/encryption.md): the restored copy's change log is moved with the
+    /// user's key.
+    @Test(.timeLimit(.minutes(5)), arguments: [false, true])
+    func aWatcherResumingPastWhatTheReplicaHadIsToldToReRead(encrypted: Bool) throws {
+        let keys = try TemporaryDirectory()
+        if encrypted {
+            try Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString().write(toFile: keys.path + "/kek", atomically: true, encoding: .utf8)
+        }
+        let encryption = encrypted ? "encryption:\n  keyFile: \(keys.path)/kek\n  keyStore: file://\(keys.path)/store\n" : ""
+        let (replica, daemon, client) = try DurabilityTests.started(extra: WatchTests.watchOn + encryption)
         defer { daemon.stop() }
         // Recording on from a first watch; then three transactions, the last durable: all three
         // are in the replica.

@@ -67,17 +67,19 @@ public enum ChangeLog {
     /// and is a reset, so that a watcher resuming from any position it was given learns that
     /// the store changed under it, and no position is used twice.
     /// Neither file recording (never watched): nothing to carry.
-    static func continuePositions(from current: String, into staged: String) throws(ChangeLogError) {
+    static func continuePositions(from current: String, into staged: String,
+                                  ciphers: (current: PageCipher?, staged: PageCipher?) = (nil, nil)) throws(ChangeLogError) {
         var previous: Int64 = 0, recorded = false
         if FileManager.default.fileExists(atPath: current) {
             var connection: OpaquePointer?
-            if sqlite3_open_v2(current, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection {
+            if sqlite3_open_v2(current, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection,
+               (try? ciphers.current?.install(on: connection)) != nil || ciphers.current == nil {
                 recorded = exists(connection)
                 previous = state(connection).position
             }
             sqlite3_close(connection)
         }
-        let connection = try open(staged, "to carry the change log's position")
+        let connection = try open(staged, "to carry the change log's position", cipher: ciphers.staged)
         defer { sqlite3_close(connection) }
         guard recorded || exists(connection) else { return }
         try recordReset(connection, at: max(previous, state(connection).position) + 1, droppingTheLog: true)
@@ -96,8 +98,8 @@ public enum ChangeLog {
     /// watcher resuming from any position it was given re-reads. What the log holds before the
     /// jump is kept (a watcher behind the replica still gets those transactions first).
     /// A store that never recorded (never watched): nothing to carry.
-    public static func continuePositionsAfterReplicaRestore(_ path: String) throws(ChangeLogError) {
-        let connection = try open(path, "to move its change log past the replica's positions")
+    public static func continuePositionsAfterReplicaRestore(_ path: String, cipher: PageCipher? = nil) throws(ChangeLogError) {
+        let connection = try open(path, "to move its change log past the replica's positions", cipher: cipher)
         defer { sqlite3_close(connection) }
         guard exists(connection) else { return }
         try recordReset(connection, at: state(connection).position + replicaRestoreJump, droppingTheLog: false)
@@ -105,11 +107,20 @@ public enum ChangeLog {
 
     /// A connection of its own to the store file at `path` (closed, or not yet opened, by the
     /// daemon), to change its log `purpose`.
-    private static func open(_ path: String, _ purpose: String) throws(ChangeLogError) -> OpaquePointer {
+    /// An encrypted store's file is opened with `cipher` (its user's).
+    private static func open(_ path: String, _ purpose: String, cipher: PageCipher? = nil) throws(ChangeLogError) -> OpaquePointer {
         var connection: OpaquePointer?
         guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
             sqlite3_close(connection)
             throw ChangeLogError(message: "cannot open \(path) \(purpose)")
+        }
+        if let cipher {
+            do {
+                try cipher.install(on: connection)
+            } catch {
+                sqlite3_close(connection)
+                throw ChangeLogError(message: "cannot decrypt \(path) \(purpose): \(error)")
+            }
         }
         return connection
     }

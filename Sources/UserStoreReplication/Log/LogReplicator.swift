@@ -151,8 +151,10 @@ package final class LogReplicator: StoreReplication {
             if timestamp == nil { try identity.confirm(before: user) }
             return nil
         }
+        // An encrypted copy is read with the user's key (the restore checked it has one).
+        let cipher = StoreFileInspector.isEncrypted(staged) ? try restorer.keyring?.cipher(for: user, create: false) : nil
         do throws(ChangeLogError) {
-            try ChangeLog.continuePositionsAfterReplicaRestore(staged)
+            try ChangeLog.continuePositionsAfterReplicaRestore(staged, cipher: cipher)
         } catch {
             throw StoreError.storageFailure(user: user, message: "moving the restored copy's change log past the replica's positions: \(error.message)")
         }
