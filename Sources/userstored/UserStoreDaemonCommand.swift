@@ -48,6 +48,8 @@ struct UserStoreDaemonCommand: AsyncParsableCommand {
             writes to it: one that does not hold it serves no store and takes it over once the \
             holder stops, is gone or lets it run out, or at once with `userstorectl replication \
             take-over`. See docs/replication.md.
+
+            With an encryption section, every store is encrypted page by page (AES-256-GCM) with             its user's own data key, kept wrapped by the key-encryption key (encryption.keyFile,             or a systemd credential: encryption.credential with LoadCredentialEncrypted=) in a key             store apart from the data (encryption.keyStore: file:// or s3://). A wrong key stops             the daemon at start (exit 78, KeyEncryptionKeyWrong); a store whose key is missing is             StoreKeyMissing, one whose key DeleteStore destroyed StoreErased. See docs/encryption.md.
             """,
         version: DaemonInfo.version)
 
