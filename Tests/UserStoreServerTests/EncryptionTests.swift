@@ -494,4 +494,31 @@ import Varlink
         #expect(trials.count == 2 && trials.allSatisfy { $0["ok"] == true && $0["toVersion"] == 7 }, "\(trials)")
         #expect(daemon.stop() == 0)
     }
+
+    /// `encryption.credential`: the key-encryption key read from `$CREDENTIALS_DIRECTORY/NAME`
+    /// (what `LoadCredentialEncrypted=` gives the unit), winning over `keyFile`; without the
+    /// directory, the daemon stops (exit 78, `KeyEncryptionKeyMissing`).
+    @Test func theKeyEncryptionKeyComesFromASystemdCredential() throws {
+        let daemon = try DaemonHarness()
+        let credentials = try TemporaryDirectory()
+        try (Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString()).write(toFile: credentials.path + "/userstore-kek", atomically: true, encoding: .utf8)
+        try Self.writeKey(in: daemon) // another key in keyFile: the credential wins
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon) + "  credential: userstore-kek\n")
+        try daemon.start(environment: ["CREDENTIALS_DIRECTORY": credentials.path])
+        _ = try daemon.connect().call("io.userstore.Store.Execute", ["user": "alice", "sql": "INSERT INTO notes (title, body) VALUES ('n', 'sealed')"])
+        #expect(daemon.stop() == 0)
+        try daemon.start(environment: ["CREDENTIALS_DIRECTORY": credentials.path])
+        #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"])["rows"] == [["sealed"]])
+        #expect(daemon.stop() == 0)
+        // The key file alone is not the key store's key.
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon))
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("KeyEncryptionKeyWrong"), "\(daemon.stderr)")
+        // The credential named, and no credentials directory.
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon) + "  credential: userstore-kek\n")
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("KeyEncryptionKeyMissing"), "\(daemon.stderr)")
+    }
 }
