@@ -129,9 +129,12 @@ extension ConfigurationLoader {
                 }
                 settings = EncryptionSettings(keyStore: .bucket(s3))
             } else if location == "etcd" {
-                throw error(.encryptionKeyStore, "etcd as the key store is not supported yet; use file:///absolute/path, or s3://bucket/prefix (in a cluster, a bucket every host reaches) (docs/encryption.md)")
+                guard present.contains(ConfigurationKey.clusterEtcd.rawValue) else {
+                    throw error(.encryptionKeyStore, "etcd is the key store of a cluster: set cluster.etcd too, or use file:///absolute/path or s3://bucket/prefix")
+                }
+                settings = EncryptionSettings(keyStore: .etcd)
             } else {
-                throw error(.encryptionKeyStore, "must be file:///absolute/path or s3://bucket/prefix (got \"\(location)\")")
+                throw error(.encryptionKeyStore, "must be file:///absolute/path, s3://bucket/prefix or etcd (got \"\(location)\")")
             }
             if try string(.encryptionKeyFile) != nil {
                 let file = try path(.encryptionKeyFile, default: "")

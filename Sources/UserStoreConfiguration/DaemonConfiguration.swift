@@ -83,11 +83,13 @@ public struct EncryptionSettings: Sendable, Equatable {
     /// Where the wrapped data keys are (`encryption.keyStore`).
     public var keyStore: KeyStoreLocation
 
-    /// `file:///path`, or `s3://bucket/prefix` (reached like an `s3://` replica: the URL's
-    /// endpoint, region and addressing, `replication.s3.*`'s credentials).
+    /// `file:///path`, `s3://bucket/prefix` (reached like an `s3://` replica: the URL's
+    /// endpoint, region and addressing, `replication.s3.*`'s credentials), or `etcd` (a cluster's).
     public enum KeyStoreLocation: Sendable, Equatable {
         case folder(String)
         case bucket(S3ReplicaSettings)
+        /// The cluster's etcd (`cluster.etcd`), under `/us/v1/keys/`.
+        case etcd
     }
 
     public init(keyStore: KeyStoreLocation) {

@@ -28,6 +28,8 @@ extension EncryptionSettings {
         case (nil, .folder(let root)): keyStore = FolderKeyStore(root: root)
         case (nil, .bucket(let s3)):
             throw Refusal(name: "KeyStoreUnavailable", description: "the key store is in a bucket (s3://\(s3.bucket)/\(s3.prefix)): go through userstored, which reaches it")
+        case (nil, .etcd):
+            throw Refusal(name: "KeyStoreUnavailable", description: "the key store is in the cluster's etcd: go through userstored, which reaches it")
         }
         guard let file = keyFilePath(credentialsDirectory: credentialsDirectory) else {
             throw Refusal(name: "KeyEncryptionKeyMissing", description: "encryption.credential \(credential ?? "") names a systemd credential, but the daemon was given none ($CREDENTIALS_DIRECTORY is not set: LoadCredentialEncrypted= in the unit)")

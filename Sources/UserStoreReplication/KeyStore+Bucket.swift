@@ -14,8 +14,9 @@ extension ReplicaStorage: KeyStore {
 }
 
 extension EncryptionSettings {
-    /// The key store these settings name: a folder, or a bucket reached like an `s3://` replica.
-    package func openKeyStore() throws -> any KeyStore {
+    /// The key store these settings name: a folder, or a bucket reached like an `s3://` replica
+    /// (etcd's is the daemon's: nil here).
+    package func openKeyStore() throws -> (any KeyStore)? {
         switch keyStore {
         case .folder(let root):
             return FolderKeyStore(root: root)
@@ -23,6 +24,8 @@ extension EncryptionSettings {
             var settings = ReplicationSettings(replica: s3.url)
             settings.s3 = s3
             return try ReplicaStorage(settings)
+        case .etcd:
+            return nil
         }
     }
 }

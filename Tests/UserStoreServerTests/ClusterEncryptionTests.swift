@@ -5,11 +5,13 @@ import Testing
 import Varlink
 
 extension ClusterDaemonTests {
-    /// Encryption in a cluster (docs/encryption.md): the data keys in a bucket every host reaches
-    /// (`keyStore: s3://…`), apart from the replica. a serves an encrypted user and dies
-    /// (SIGKILL); b takes its buckets and restores the user from the replica with the user's key
-    /// from the shared key store; b's copy is encrypted too.
-    @Test func aSecondHostRestoresAnEncryptedUserWithTheSharedKeyStore() throws {
+    /// Encryption in a cluster (docs/encryption.md): the data keys where every host reaches
+    /// them, apart from the replica — a bucket of their own (`keyStore: s3://…`) or the
+    /// cluster's etcd (`keyStore: etcd`). a serves an encrypted user and dies (SIGKILL); b takes
+    /// its buckets and restores the user from the replica with the user's key from the shared
+    /// key store; b's copy is encrypted too.
+    @Test(arguments: ["s3", "etcd"])
+    func aSecondHostRestoresAnEncryptedUserWithTheSharedKeyStore(keyStore: String) throws {
         let etcd = try EtcdCluster(size: 1)
         let store = try Self.objectStore()
         try store.createBucket("keys")
@@ -18,12 +20,13 @@ extension ClusterDaemonTests {
             let daemon = try Self.daemon(host, port: port, etcd: etcd, store: store, extraConfig: """
                 encryption:
                   keyFile: kek
-                  keyStore: "\(store.replicaURL(bucket: "keys", prefix: "k"))"
+                  keyStore: "\(keyStore == "etcd" ? "etcd" : store.replicaURL(bucket: "keys", prefix: "k"))"
                 """)
             try (Data(key).base64EncodedString() + "\n").write(toFile: daemon.directory.path + "/kek", atomically: true, encoding: .utf8)
             return daemon
         }
-        let a = try encrypted("a", port: 7131), b = try encrypted("b", port: 7132)
+        let port = keyStore == "etcd" ? 7135 : 7131
+        let a = try encrypted("a", port: port), b = try encrypted("b", port: port + 1)
         try a.start()
         let toA = try a.connect()
         #expect(Self.eventually { Self.answer(toA, "user-0").0 == "here" }, "\(a.stderr.suffix(3000))")
@@ -39,5 +42,18 @@ extension ClusterDaemonTests {
         #expect(b.stop() == 0)
         let copy = try run(["/usr/bin/find", b.dataDirectory, "-name", "user-0.sqlite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(FileManager.default.contents(atPath: copy)?.prefix(16) == Data("UserStore AES 1\u{0}".utf8), "\(copy)")
+        if keyStore == "etcd" {
+            // The records are in etcd, none in the bucket.
+            #expect(try store.keys("keys").filter { $0.hasPrefix("k/") }.isEmpty)
+            // etcd's own JSON gateway (not the daemon's client): the keys under /us/v1/keys/.
+            let script = """
+                import base64, json, sys, urllib.request
+                body = json.dumps({"key": base64.b64encode(b"/us/v1/keys/").decode(), "range_end": base64.b64encode(b"/us/v1/keys0").decode(), "keys_only": True}).encode()
+                reply = json.load(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=body)))
+                print("\\n".join(base64.b64decode(kv["key"]).decode() for kv in reply.get("kvs", [])))
+                """
+            let listed = try run(["/usr/bin/python3", "-c", script, etcd.endpoints[0]])
+            #expect(listed.stdout.contains("/us/v1/keys/check") && listed.stdout.contains("/user-0"), "\(listed.stdout) \(listed.stderr)")
+        }
     }
 }

@@ -3,6 +3,7 @@ import Varlink
 import Logging
 import ServiceLifecycle
 import UserStoreConfiguration
+import UserStoreCluster
 import UserStoreCore
 import UserStoreReplication
 import UserStoreS3
@@ -58,7 +59,12 @@ public enum Daemon {
             do throws(EncryptionSettings.Refusal) {
                 let store: any KeyStore
                 do {
-                    store = try encryption.openKeyStore()
+                    if let opened = try encryption.openKeyStore() {
+                        store = opened
+                    } else {
+                        let endpoints = configuration.cluster?.etcd ?? []
+                        store = EtcdKeyStore(etcd: EtcdClient(endpoints: endpoints), endpoints: endpoints)
+                    }
                 } catch {
                     throw EncryptionSettings.Refusal(name: "KeyStoreUnavailable", description: "the key store cannot be opened: \(error)")
                 }
