@@ -14,6 +14,7 @@
 #include "sqlite_cipher.h"
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <string.h>
 
 enum { walHeaderSize = 32, frameHeaderSize = 24 };
@@ -94,20 +95,20 @@ static void delist(CipherFile *p) {
 }
 
 /// The cipher of the open database named `name` (retained), or null; `size` gets the
-/// database file's size.
+/// database file's size (from the file system: the file object is another connection's).
 static void *cipherOf(const char *name, sqlite3_int64 *size) {
     void *found = 0;
-    *size = 0;
     pthread_mutex_lock(&registryLock);
     for (CipherFile *p = registry; p; p = p->next) {
         if (p->name && strcmp(p->name, name) == 0) {
             found = p->cipher;
-            if (p->real->pMethods->xFileSize(p->real, size) != SQLITE_OK) *size = -1;
             break;
         }
     }
     if (found) hooks.retain(found);
     pthread_mutex_unlock(&registryLock);
+    struct stat status;
+    *size = stat(name, &status) == 0 ? (sqlite3_int64)status.st_size : -1;
     return found;
 }
 
@@ -232,6 +233,7 @@ static int walRead(CipherFile *p, void *buffer, int amount, sqlite3_int64 offset
         // from the frame before): through the whole header, unmasked.
         unsigned char header[frameHeaderSize];
         int rc = real->pMethods->xRead(real, header, frameHeaderSize, frame);
+        if (rc == SQLITE_IOERR_SHORT_READ) memset(buffer, 0, (size_t)amount); // as SQLite requires
         if (rc != SQLITE_OK) return rc;
         hooks.mask(p->cipher, header + 8, frame, header + 16);
         memcpy(buffer, header + within, (size_t)amount);
@@ -302,10 +304,11 @@ static int walWrite(CipherFile *p, const void *buffer, int amount, sqlite3_int64
 static int cipherClose(sqlite3_file *file) {
     CipherFile *p = (CipherFile *)file;
     int rc = SQLITE_OK;
+    // Out of the register first: another connection's WAL open must not find a closing file.
+    if (p->cipher && !p->isWAL) delist(p);
     if (p->real->pMethods) rc = p->real->pMethods->xClose(p->real);
     p->real->pMethods = 0;
     if (p->cipher) {
-        if (!p->isWAL) delist(p);
         hooks.release(p->cipher);
         p->cipher = 0;
     }
@@ -388,8 +391,9 @@ static int cipherOpen(sqlite3_vfs *vfs, const char *name, sqlite3_file *file, in
     if (inherited && (flags & SQLITE_OPEN_MAIN_JOURNAL)) {
         hooks.release(inherited);
         // A new database's switch to WAL is its first transaction, with a journal that holds no
-        // page (there was none before it); any other journal would hold pages in plaintext.
-        if (databaseSize != 0) {
+        // page (there was none before it); any other journal written would hold pages in
+        // plaintext. Reading one (SQLite's look for a hot journal) writes nothing.
+        if (databaseSize != 0 && !(flags & SQLITE_OPEN_READONLY)) {
             p->base.pMethods = 0;
             sqlite3_log(SQLITE_CANTOPEN, "userstore cipher: an encrypted database has no rollback journal (it would hold pages in plaintext): %s", name);
             return SQLITE_CANTOPEN;

@@ -13,6 +13,7 @@ struct EncryptionScenario: Scenario {
         if !FileManager.default.fileExists(atPath: key) {
             try Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString().write(toFile: key, atomically: true, encoding: .utf8)
         }
+        try FileManager.default.createDirectory(atPath: env.root + "/\(name)-keys", withIntermediateDirectories: true)
         return "encryption:\n  keyFile: \(key)\n  keyStore: file://\(env.root)/\(name)-keys\n"
     }
 

@@ -93,11 +93,20 @@ extension UserStoreCtlCommand {
                 throw CtlError(.usage, "\(config) has no replication section: there is no replica to restore from")
             }
             let user = self.user, path = to!, when = timestamp.flatMap(RFC3339.parse)
+            // An encrypted user is checked with its key, as the daemon would.
+            var keyring: StoreKeyring?
+            if let encryption = configuration.encryption {
+                do {
+                    keyring = try await BlockingPool.run { try encryption.makeKeyring(store: try encryption.openKeyStore()) }
+                } catch {
+                    throw CtlError(.usage, "encryption: \(error)")
+                }
+            }
             let started = ContinuousClock.now
             let restored: LogRestorer.Restored
             do {
-                restored = try await BlockingPool.run {
-                    try OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when)
+                restored = try await BlockingPool.run { [keyring] in
+                    try OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when, keyring: keyring)
                 }
             } catch let failure as OfflineRestore.Failure {
                 throw CtlError(.someFailed, "\(failure.name): \(failure.description)")

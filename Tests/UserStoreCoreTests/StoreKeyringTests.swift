@@ -24,7 +24,7 @@ struct StoreKeyringTests {
 
     @Test func keysAreMadeOnceCheckedErasedAndRewrappedUnderANewKeyEncryptionKey() throws {
         let directory = try TemporaryDirectory()
-        let store = FolderKeyStore(root: directory.path + "/keys")
+        let store = FolderKeyStore(root: try directory.folder("keys"))
         let old = SymmetricKey(size: .bits256), new = SymmetricKey(size: .bits256)
         let keyring = StoreKeyring(keyEncryptionKey: old, store: store)
         try keyring.verify() // a new key store: its check record is written

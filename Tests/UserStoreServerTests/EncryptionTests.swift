@@ -30,8 +30,11 @@ import Varlink
         try (Data(bytes).base64EncodedString() + "\n").write(toFile: daemon.directory.path + "/kek", atomically: true, encoding: .utf8)
     }
 
+    /// The configuration's encryption section; the key store's folder is made (the daemon
+    /// never makes it: a missing one is an unmounted key store).
     static func encryptionConfig(_ daemon: DaemonHarness) -> String {
-        "encryption:\n  keyFile: kek\n  keyStore: file://\(daemon.directory.path)/keys\n"
+        try? FileManager.default.createDirectory(atPath: daemon.directory.path + "/keys", withIntermediateDirectories: true)
+        return "encryption:\n  keyFile: kek\n  keyStore: file://\(daemon.directory.path)/keys\n"
     }
 
     /// The files under `directory` whose bytes hold `marker`.
@@ -209,6 +212,15 @@ import Varlink
         try daemon.start(waitForReady: false)
         #expect(exitStatus(daemon) == 78)
         #expect(daemon.stderr.contains("encryption.keyFile"), "\(daemon.stderr)")
+
+        // The key store's folder gone (not mounted): never a new key store in its place.
+        try Self.writeKey(in: daemon)
+        try FileManager.default.moveItem(atPath: daemon.directory.path + "/keys", toPath: daemon.directory.path + "/keys.away")
+        try FileManager.default.removeItem(atPath: daemon.directory.path + "/keys.away")
+        try daemon.start(waitForReady: false)
+        #expect(exitStatus(daemon) == 78)
+        #expect(daemon.stderr.contains("KeyStoreUnavailable"), "\(daemon.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: daemon.directory.path + "/keys"))
     }
 
     /// The objects under `replica` that hold `marker`: the log's objects and the folds decoded
@@ -262,6 +274,17 @@ import Varlink
         #expect(erased?.name == "io.userstore.Store.StoreErased" && erased?.parameters["user"] == "alice", "\(String(describing: erased))")
         #expect(try third.call("io.userstore.Store.Query", ["user": "bob", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
         #expect(daemon.stop() == 0)
+
+        // Without a daemon (restore --offline): bob's copy written encrypted, checked with his
+        // key; alice's refused by name.
+        let offline = { (user: String) in
+            try run([userstorectlPath, "restore", user, "--from-replica", "--offline", "--config", daemon.configPath, "--to", copy.path + "/\(user).sqlite"])
+        }
+        let bob = try offline("bob")
+        #expect(bob.status == 0, "\(bob.stdout) \(bob.stderr)")
+        #expect(FileManager.default.contents(atPath: copy.path + "/bob.sqlite")?.prefix(16) == Data("UserStore AES 1\u{0}".utf8))
+        let alice = try offline("alice")
+        #expect(alice.status == 1 && alice.stderr.contains("StoreErased"), "\(alice.stdout) \(alice.stderr)")
     }
 
     /// `userstorectl keys rotate`: the store reads back under a new key, its key record holds
@@ -272,7 +295,7 @@ import Varlink
         let daemon = try Self.encryptedDaemon()
         try daemon.start()
         let client = try daemon.connect()
-        for user in ["alice", "bob"] {
+        for user in ["alice", "bob", "carol"] {
             _ = try client.call("io.userstore.Store.Execute", ["user": .string(user), "sql": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300) INSERT INTO notes (title, body) SELECT 'n', printf('%.200c', 'x') FROM n"])
         }
         #expect(daemon.stop() == 0)
@@ -299,6 +322,10 @@ import Varlink
         let (current, next) = try keyring.beginRotation(of: UserID("bob"))
         _ = try StoreEncryptor.reencrypt(bobPath, from: current, to: next)
         #expect(try record("bob").count == 2 * recordBefore.count)
+        // Carol's too: then rotated again before anything opens her store.
+        let carolPath = try #require(Self.storePath(daemon, "carol"))
+        let (carolCurrent, carolNext) = try keyring.beginRotation(of: UserID("carol"))
+        _ = try StoreEncryptor.reencrypt(carolPath, from: carolCurrent, to: carolNext)
         // Alice's file as it was before her rotation.
         try before.write(to: URL(fileURLWithPath: alicePath))
 
@@ -307,8 +334,12 @@ import Varlink
         #expect(try again.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
         let old = error { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
         #expect(old?.name == "io.userstore.Store.StoreDamaged", "\(String(describing: old))")
+        let carol = try run([userstorectlPath, "keys", "rotate", "carol"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
+        #expect(carol.status == 0, "\(carol.stdout) \(carol.stderr)")
+        #expect(try again.call("io.userstore.Store.Query", ["user": "carol", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
         #expect(daemon.stop() == 0)
         #expect(try record("bob").count == recordBefore.count, "bob's rotation was not finished")
+        #expect(try record("carol").count == recordBefore.count, "carol's rotation was not finished")
 
         let plain = try DaemonHarness()
         try plain.start()

@@ -16,6 +16,7 @@ import Varlink
     func aWatcherResumingPastWhatTheReplicaHadIsToldToReRead(encrypted: Bool) throws {
         let keys = try TemporaryDirectory()
         if encrypted {
+            try FileManager.default.createDirectory(atPath: keys.path + "/store", withIntermediateDirectories: true)
             try Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString().write(toFile: keys.path + "/kek", atomically: true, encoding: .utf8)
         }
         let encryption = encrypted ? "encryption:\n  keyFile: \(keys.path)/kek\n  keyStore: file://\(keys.path)/store\n" : ""

@@ -51,6 +51,12 @@ public struct FolderKeyStore: KeyStore {
     }
 
     public func write(_ name: String, _ bytes: [UInt8]) throws {
+        // Folders are made below the root, never the root itself: a root that is gone is an
+        // unmounted or mistyped key store, not a place to start a new one.
+        var status = stat()
+        guard stat(root, &status) == 0, status.st_mode & S_IFMT == S_IFDIR else {
+            throw Failure(description: "the key store's folder \(root) is missing or not a folder (not mounted? create it with mkdir -m 700)")
+        }
         let path = root + "/" + name
         let folder = (path as NSString).deletingLastPathComponent
         if !FileManager.default.fileExists(atPath: folder) {

@@ -46,6 +46,9 @@ public final class PageCipher: @unchecked Sendable {
     /// from it with HKDF-SHA256, one per purpose.
     public init(dataKey: SymmetricKey) {
         precondition(dataKey.bitCount == 256, "a store's data key is 256 bits")
+        // The layer is SQLite's default before any connection this cipher is for is opened
+        // (a process that did not call SQLiteProcessSettings.apply() first: userstorectl).
+        _ = Self.layerRegistered
         pageKey = HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore page v1".utf8), outputByteCount: 32)
         maskTemplate = HMAC<SHA256>(key: HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore wal checksum mask v1".utf8), outputByteCount: 32))
     }

@@ -37,6 +37,13 @@ public enum StoreEncryptor {
         guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
             throw Failure(description: "cannot open \(path): \(connection.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory")")
         }
+        sqlite3_busy_timeout(connection, 5000)
+        // Everything the WAL holds into the file first: the encrypted copy replaces the file and
+        // its WAL together, and a crash in between must find the plaintext store whole.
+        guard sqlite3_exec(connection, "PRAGMA wal_checkpoint(TRUNCATE)", nil, nil, nil) == SQLITE_OK,
+              (FileHead.size(of: path + "-wal") ?? 0) == 0 else {
+            throw Failure(description: "cannot checkpoint \(path) before encrypting it: \(String(cString: sqlite3_errmsg(connection)))")
+        }
         var reserve = Int32(PageCipher.reservedBytes)
         _ = sqlite3_file_control(connection, "main", SQLITE_FCNTL_RESERVE_BYTES, &reserve)
         var statement: OpaquePointer?

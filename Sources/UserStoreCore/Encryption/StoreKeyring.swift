@@ -154,7 +154,8 @@ public final class StoreKeyring: @unchecked Sendable {
         }
         if let record, record.starts(with: Self.keyMagic) { return try keys(in: record, of: user).current }
         let erased = record?.starts(with: Self.erasedMagic) ?? false
-        guard create else {
+        // A record that is neither a key nor a tombstone is never replaced by a new key.
+        guard create, record == nil || erased else {
             if erased { throw .storeErased(user: user) }
             throw .storeKeyMissing(user: user, message: record == nil
                 ? "the key store \(store.location) holds no data key of the user"
@@ -243,7 +244,7 @@ public final class StoreKeyring: @unchecked Sendable {
         }
         let current = try key(at: 4)
         let nextAt = 4 + Self.wrappedLength
-        guard record.count > nextAt, record[nextAt..<(nextAt + 4)].elementsEqual(Self.nextMagic) else { return (current, nil) }
+        guard record.count >= nextAt + 4, record[nextAt..<(nextAt + 4)].elementsEqual(Self.nextMagic) else { return (current, nil) }
         return (current, try key(at: nextAt + 4))
     }
 

@@ -48,9 +48,16 @@ public struct StoreLifecycle: Sendable {
             do {
                 if !StoreFileInspector.isEncrypted(path) {
                     try StoreEncryptor.encrypt(path, with: try keyring.cipher(for: user, create: true))
-                    pages = Int((FileHead.size(of: path) ?? 0) / 4096)
+                    let header = FileHead(path: path, count: 18)?.bytes ?? []
+                    let raw = header.count == 18 ? Int(header[16]) << 8 | Int(header[17]) : 4096
+                    pages = Int((FileHead.size(of: path) ?? 0) / UInt64(raw == 1 ? 65_536 : max(raw, 512)))
                 } else {
-                    let (current, next) = try keyring.beginRotation(of: user)
+                    var (current, next) = try keyring.beginRotation(of: user)
+                    if !current.opensFirstPage(of: path), next.opensFirstPage(of: path) {
+                        // A rotation a crash cut short after the rewrite: finished, then a new one.
+                        try keyring.finishRotation(of: user)
+                        (current, next) = try keyring.beginRotation(of: user)
+                    }
                     try Self.checkpoint(path, user: user, cipher: current)
                     pages = try StoreEncryptor.reencrypt(path, from: current, to: next)
                     try keyring.finishRotation(of: user)

@@ -1,6 +1,7 @@
 import Foundation
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreProtocol
 
 /// `userstorectl restore USER --from-replica --offline --to PATH`: a user's store written from
 /// the replica's log and folded objects to a new file, by the operator's own process — no daemon,
@@ -19,8 +20,10 @@ package enum OfflineRestore {
     /// Writes `user`'s store, as the replica of `settings` holds it (at `timestamp`: as of the
     /// last object made by then), to `path`, which must not exist; `cluster`: the configuration
     /// has a cluster section. Returns what was restored. Blocking.
+    /// An encrypted user's copy is written as it is (encrypted) and checked with its key from
+    /// `keyring` (the configuration's encryption section; nil: `StoreKeyMissing`).
     package static func restore(_ user: String, settings: ReplicationSettings, cluster: Bool, to path: String,
-                                timestamp: Date?) throws(Failure) -> LogRestorer.Restored {
+                                timestamp: Date?, keyring: StoreKeyring? = nil) throws(Failure) -> LogRestorer.Restored {
         guard access(path, F_OK) != 0 else {
             throw Failure(name: "StorageFailure", description: "\(path) exists: give a path that does not (nothing is overwritten)")
         }
@@ -34,7 +37,9 @@ package enum OfflineRestore {
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         let restored: LogRestorer.Restored?
         do {
-            restored = try LogRestorer(storage: storage, cluster: cluster).restore(user, to: staged, timestamp: timestamp)
+            restored = try LogRestorer(storage: storage, cluster: cluster, keyring: keyring).restore(user, to: staged, timestamp: timestamp)
+        } catch let error as StoreError {
+            throw Failure(name: String(error.varlinkError.name.split(separator: ".").last ?? ""), description: error.description)
         } catch let damaged as LogSegment.Damaged {
             throw Failure(name: "ReplicaDamaged", description: damaged.description)
         } catch {

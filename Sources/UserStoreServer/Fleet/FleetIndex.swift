@@ -145,8 +145,9 @@ final class FleetIndex: StoreObserver {
                 entries[user] = nil
                 return
             case .storeImported(_, let version, _, _):
-                // A plaintext file, encrypted on its next open.
+                // Encrypted in the staging folder when encryption is on.
                 entry = Entry(version: version, bucket: entry.bucket)
+                entry.encrypted = encrypting
             case .storeRestored(_, _, let version, _):
                 entry = Entry(version: version, bucket: entry.bucket)
                 entry.encrypted = encrypting
