@@ -272,8 +272,26 @@ import Varlink
             "replication show": [], "replication init": [], "replication take-over": [],
             "cluster status": [], "cluster move": ["1", "host-b"], "cluster drain": ["host-b"], "cluster rebalance": [],
             "release status": [], "release start": ["--steps", "10%,100%"], "release next": [], "release resume": [], "release abort": [], "release trial": [], "query": ["--all", "SELECT 1"], "watch": ["ann"],
+            "keys rotate": ["ann"], "encrypt": ["--all"],
         ]
-        let daemonless: [String: [String]] = ["migrations check": [repositoryRoot + "/config/migrations"]]
+        // `keys rewrap` works on a key store with the daemon stopped: a new, empty one here.
+        let keys = try TemporaryDirectory()
+        try FileManager.default.createDirectory(atPath: keys.path + "/store", withIntermediateDirectories: true)
+        for name in ["old", "new"] {
+            try Data((0..<32).map { _ in UInt8.random(in: 0...255) }).write(to: URL(fileURLWithPath: keys.path + "/" + name))
+        }
+        try """
+            appVersion: "1.0.0"
+            dataDirectory: \(keys.path)/data
+            migrationsDirectory: \(repositoryRoot)/config/migrations
+            encryption:
+              keyFile: \(keys.path)/old
+              keyStore: file://\(keys.path)/store
+            """.write(toFile: keys.path + "/userstored.yaml", atomically: true, encoding: .utf8)
+        let daemonless: [String: [String]] = [
+            "migrations check": [repositoryRoot + "/config/migrations"],
+            "keys rewrap": ["--config", keys.path + "/userstored.yaml", "--new-key-file", keys.path + "/new"],
+        ]
         let tree = try JSONParser().parse(try ctl(["--experimental-dump-help"]).stdout)
         func leaves(_ command: JSONValue, _ path: [String]) -> [[String]] {
             let children = command["subcommands"]?.arrayValue ?? []

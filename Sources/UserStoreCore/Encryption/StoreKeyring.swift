@@ -95,6 +95,11 @@ public final class StoreKeyring: @unchecked Sendable {
         let check = try store.read("check")
         let finished = check.map { $0.starts(with: Self.checkMagic) && (try? next.open(Array($0.dropFirst(4)), authenticating: context)) == Self.checkText } ?? false
         if finished, try store.read("check.next") == nil { return 0 }
+        if check == nil, try store.names(under: "users/").isEmpty {
+            // A key store never used: nothing to rewrap, the new key is its key from now on.
+            try store.write("check", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
+            return 0
+        }
         if !finished {
             guard let check, check.starts(with: Self.checkMagic), (try? open(Array(check.dropFirst(4)), authenticating: context)) == Self.checkText else {
                 throw SetupError.wrongKey(location: store.location)
