@@ -151,12 +151,7 @@ public final class StoreKeyring: @unchecked Sendable {
     /// no key of the user, ``StoreError/storeErased(user:)`` when it was destroyed. Blocking.
     public func cipher(for user: UserID, create: Bool) throws(StoreError) -> PageCipher {
         let name = Self.recordName(of: user)
-        let record: [UInt8]?
-        do {
-            record = try store.read(name)
-        } catch {
-            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
-        }
+        let record = try readRecord(of: user)
         if let record, record.starts(with: Self.keyMagic) { return try keys(in: record, of: user).current }
         let erased = record?.starts(with: Self.erasedMagic) ?? false
         // A record that is neither a key nor a tombstone is never replaced by a new key.
@@ -179,17 +174,7 @@ public final class StoreKeyring: @unchecked Sendable {
     /// The ciphers of `user`'s current data key and, while a rotation is under way (begun, not
     /// finished: a crash), of the next one. Blocking.
     public func ciphers(for user: UserID) throws(StoreError) -> (current: PageCipher, next: PageCipher?) {
-        let record: [UInt8]?
-        do {
-            record = try store.read(Self.recordName(of: user))
-        } catch {
-            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
-        }
-        guard let record, record.starts(with: Self.keyMagic) else {
-            _ = try cipher(for: user, create: false) // the named error: erased or missing
-            throw .storeKeyMissing(user: user, message: "the key store holds no data key of the user")
-        }
-        return try keys(in: record, of: user)
+        try keys(in: try keyRecord(of: user), of: user)
     }
 
     /// Begins the rotation of `user`'s data key: a next key is made and stored beside the
@@ -225,17 +210,20 @@ public final class StoreKeyring: @unchecked Sendable {
 
     /// `user`'s key record; the named error when it has none.
     private func keyRecord(of user: UserID) throws(StoreError) -> [UInt8] {
-        let record: [UInt8]?
-        do {
-            record = try store.read(Self.recordName(of: user))
-        } catch {
-            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
-        }
-        guard let record, record.starts(with: Self.keyMagic), record.count >= 4 + Self.wrappedLength else {
-            _ = try cipher(for: user, create: false)
+        guard let record = try readRecord(of: user), record.starts(with: Self.keyMagic), record.count >= 4 + Self.wrappedLength else {
+            _ = try cipher(for: user, create: false) // the named error: erased or missing
             throw .storeKeyMissing(user: user, message: "the key store holds no data key of the user")
         }
         return record
+    }
+
+    /// `user`'s record as the key store holds it (nil: none); `StorageFailure` when it cannot be read.
+    private func readRecord(of user: UserID) throws(StoreError) -> [UInt8]? {
+        do {
+            return try store.read(Self.recordName(of: user))
+        } catch {
+            throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
+        }
     }
 
     /// The keys a key record holds.
@@ -274,15 +262,20 @@ public final class StoreKeyring: @unchecked Sendable {
     /// it open as `main` and has read nothing yet; does nothing for a plaintext file. With no
     /// keyring (encryption not configured) an encrypted file is ``StoreError/storeKeyMissing(user:message:)``.
     public static func installCipher(on connection: OpaquePointer, path: String, user: UserID, keyring: StoreKeyring?) throws(StoreError) {
-        guard StoreFileInspector.isEncrypted(path) else { return }
-        guard let keyring else { throw .storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section") }
+        guard let cipher = try cipher(ifEncrypted: path, user: user, keyring: keyring) else { return }
         do {
-            try keyring.cipher(for: user, create: false).install(on: connection)
-        } catch let error as StoreError {
-            throw error
+            try cipher.install(on: connection)
         } catch {
             throw .storageFailure(user: user, message: "\(error)")
         }
+    }
+
+    /// The cipher of the store file at `path` of `user` when it is encrypted (nil: plaintext);
+    /// ``StoreError/storeKeyMissing(user:message:)`` without a keyring.
+    public static func cipher(ifEncrypted path: String, user: UserID, keyring: StoreKeyring?) throws(StoreError) -> PageCipher? {
+        guard StoreFileInspector.isEncrypted(path) else { return nil }
+        guard let keyring else { throw .storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section") }
+        return try keyring.cipher(for: user, create: false)
     }
 
     private static func keyContext(_ user: UserID) -> [UInt8] { Array("userstore data key v1 ".utf8) + Array(user.rawValue.utf8) }

@@ -195,15 +195,6 @@ public struct StoreLifecycle: Sendable {
         }
     }
 
-    /// The cipher of the encrypted store file `path` of `user`; nil for a plaintext one.
-    private func cipher(ifEncrypted path: String, user: UserID) throws -> PageCipher? {
-        guard StoreFileInspector.isEncrypted(path) else { return nil }
-        guard let keyring = registry.configuration.keyring else {
-            throw StoreError.storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section")
-        }
-        return try keyring.cipher(for: user, create: false)
-    }
-
     /// With encryption on, a plaintext file about to become `user`'s store (an import, a
     /// plaintext backup or copy) is encrypted first, so that it is never in place in plaintext.
     private func encryptStaged(_ staged: String, user: UserID) throws {
@@ -220,7 +211,9 @@ public struct StoreLifecycle: Sendable {
     private func carryChangePositions(_ user: UserID, into staged: String) throws {
         guard registry.configuration.changeRetention != nil else { return }
         let current = registry.configuration.layout.storePath(for: user)
-        let ciphers = (current: try cipher(ifEncrypted: current, user: user), staged: try cipher(ifEncrypted: staged, user: user))
+        let keyring = registry.configuration.keyring
+        let ciphers = (current: try StoreKeyring.cipher(ifEncrypted: current, user: user, keyring: keyring),
+                       staged: try StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: keyring))
         do {
             try ChangeLog.continuePositions(from: current, into: staged, ciphers: ciphers)
         } catch {

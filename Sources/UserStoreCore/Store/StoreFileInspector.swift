@@ -89,7 +89,16 @@ extension StoreFileInspector {
     }
 
     public static func damage(of path: String) -> String? {
-        guard let head = FileHead(path: path, count: 100) else { return nil }
+        inspect(path).damage
+    }
+
+    /// ``damage(of:)`` and whether the file is an encrypted store's, from one read of its header.
+    public static func inspect(_ path: String) -> (damage: String?, encrypted: Bool) {
+        guard let head = FileHead(path: path, count: 100) else { return (nil, false) }
+        return (damage(head, path: path), head.bytes.starts(with: PageCipher.storedMagic))
+    }
+
+    private static func damage(_ head: FileHead, path: String) -> String? {
         let size = head.size, bytes = head.bytes
         guard size > 0 else { return nil } // created, nothing written yet
         guard bytes.count == 100 else { return "truncated: \(size) bytes, shorter than the 100-byte header" }

@@ -23,10 +23,12 @@ struct StoreOpener: Sendable {
         let path = layout.storePath(for: user)
         let created = !FileManager.default.fileExists(atPath: path)
         if created && !create { throw StoreError.noSuchStore(user: user) }
-        if !created, let damage = StoreFileInspector.damage(of: path) {
+        // One read of the header: damage, and whether the file is encrypted.
+        let inspected = created ? (damage: nil, encrypted: false) : StoreFileInspector.inspect(path)
+        if let damage = inspected.damage {
             throw StoreError.storeDamaged(user: user, message: damage)
         }
-        if keyring == nil, !created, StoreFileInspector.isEncrypted(path) {
+        if keyring == nil, inspected.encrypted {
             throw StoreError.storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section")
         }
         if created {

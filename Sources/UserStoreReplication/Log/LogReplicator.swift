@@ -152,7 +152,7 @@ package final class LogReplicator: StoreReplication {
             return nil
         }
         // An encrypted copy is read with the user's key (the restore checked it has one).
-        let cipher = StoreFileInspector.isEncrypted(staged) ? try restorer.keyring?.cipher(for: user, create: false) : nil
+        let cipher = try StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: restorer.keyring)
         do throws(ChangeLogError) {
             try ChangeLog.continuePositionsAfterReplicaRestore(staged, cipher: cipher)
         } catch {

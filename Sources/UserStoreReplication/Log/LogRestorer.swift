@@ -166,14 +166,7 @@ package struct LogRestorer: Sendable {
         guard fsync(descriptor) == 0 else { throw LogSegment.Damaged(description: "cannot sync \(path): \(String(cString: strerror(errno)))") }
         // An encrypted store's pages come back as they were shipped, encrypted: checked with
         // the user's key (StoreKeyMissing, StoreErased when there is none).
-        var cipher: PageCipher?
-        if StoreFileInspector.isEncrypted(path) {
-            let owner = try UserID(user)
-            guard let keyring else {
-                throw StoreError.storeKeyMissing(user: owner, message: "the replica's copy is encrypted and this configuration has no encryption section")
-            }
-            cipher = try keyring.cipher(for: owner, create: false)
-        }
+        let cipher = try StoreKeyring.cipher(ifEncrypted: path, user: try UserID(user), keyring: keyring)
         if let problem = StoreFileInspector.quickCheck(path, cipher: cipher) {
             throw LogSegment.Damaged(description: "the store rebuilt from the log fails its integrity check: \(problem)")
         }
