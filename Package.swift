@@ -43,9 +43,11 @@ let package = Package(
         // A VFS layer that keeps a database's size while its EXCLUSIVE lock is held, instead of
         // an fstat per read transaction on a store whose WAL is empty (docs/dev/performance-log.md).
         .target(name: "CSQLiteSizeCache", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")]),
-        // A VFS layer that encrypts the pages of the stores given a key, and of their WALs, with
-        // AES-256-GCM done by UserStoreCore's PageCipher (swift-crypto): docs/encryption.md.
-        .target(name: "CSQLiteCipher", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")]),
+        // A VFS layer that encrypts the pages of the stores given a key, and of their WALs, and
+        // the page format with AES-256-GCM from Debian's OpenSSL libcrypto (libssl-dev), a
+        // context kept per key: docs/encryption.md.
+        .target(name: "CSQLiteCipher", dependencies: [.product(name: "GRDBSQLite", package: "GRDB.swift")],
+                linkerSettings: [.linkedLibrary("crypto")]),
         // sqlite3_config (variadic, so not callable from Swift): process-wide SQLite memory settings.
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // syncfs(2) (glibc declares it only under _GNU_SOURCE): a fleet run's group commit.
@@ -134,6 +136,7 @@ let package = Package(
             name: "UserStoreCtl",
             dependencies: [
                 "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
+                "UserStoreReplication", // a key store in a bucket (--offline, keys rewrap)
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

@@ -8,13 +8,14 @@ set -euo pipefail
 mode="${1:-test}"
 
 # libzstd-dev: the host log's objects are zstd-compressed (Sources/CZstd).
+# libssl-dev: encrypted stores' pages are AES-256-GCM from OpenSSL's libcrypto (Sources/CSQLiteCipher).
 # libcurl4: FoundationNetworking (the example app test speaks HTTP with URLSession).
 # etcd-server: the cluster tests (#19) start real etcd members on 127.0.0.1 (Debian's 3.4.23);
 # curl: their harness checks the members' health without the code under test; openssl makes
 # the daemons' certificates (scripts/cluster-certs.sh); iptables cuts a host off from etcd in the
 # cluster harness (scripts/cluster-test.py); e2fsprogs and util-linux (mount, fsfreeze) give the
 # durability tests a replica on a file system that stalls.
-packages=(libsqlite3-dev libsystemd-dev libedit-dev libzstd-dev)
+packages=(libsqlite3-dev libsystemd-dev libedit-dev libzstd-dev libssl-dev)
 if [ "$mode" != run ]; then
     packages+=(sqlite3 systemd systemd-container python3 python3-venv util-linux e2fsprogs mount libcurl4 etcd-server curl openssl iptables)
 fi

@@ -2,6 +2,7 @@ import Foundation
 import UserStoreConfiguration
 import UserStoreCore
 import UserStoreProtocol
+import UserStoreReplication
 import Varlink
 
 /// `--offline`: the data directory worked on directly, while userstored is stopped, under the
@@ -43,13 +44,16 @@ public final class OfflineFleet {
             throw CtlError(.someFailed, "userstorectl: \(error)")
         }
         // Encrypted stores are read with their keys, as the daemon reads them (the
-        // key-encryption key from encryption.keyFile, or the credential in $CREDENTIALS_DIRECTORY).
+        // key-encryption key from encryption.keyFile, or the credential in $CREDENTIALS_DIRECTORY;
+        // the key store a folder or a bucket: a cluster's etcd is the daemons').
         var registryConfiguration = configuration.registryConfiguration
         if let encryption = configuration.encryption {
             do {
-                registryConfiguration.keyring = try encryption.makeKeyring()
+                registryConfiguration.keyring = try encryption.makeKeyring(store: try encryption.openKeyStore())
+            } catch let refusal as EncryptionSettings.Refusal {
+                throw CtlError(.usage, "userstorectl: encryption: \(refusal.name): \(refusal)")
             } catch {
-                throw CtlError(.usage, "userstorectl: encryption: \(error.name): \(error)")
+                throw CtlError(.unreachable, "userstorectl: encryption: KeyStoreUnavailable: \(error)")
             }
         }
         registry = StoreRegistry(configuration: registryConfiguration, migrations: migrations, lock: lock,

@@ -42,15 +42,15 @@ extension Scenario {
     func check(_ target: TargetCheck) { bench.report.add(target) }
     func errors(_ count: Int) -> String { count == 0 ? "" : "; \(count) errors" }
 
-    /// Runs `measure` for side B off and on in turn (off, on, off, on) — each run on a daemon of
-    /// its own, so that the VM's drift falls on both sides — and records each side's mean as a
-    /// row (`subject(on)`), the runs in its note, the second also `note(off, on)` (default: the
-    /// ratio). Returns the two means.
+    /// Runs `measure` for side B off and on in turn (off, on, off, on…, `pairs` of each) — each
+    /// run on a daemon of its own, so that the VM's drift falls on both sides — and records each
+    /// side's mean as a row (`subject(on)`), the runs in its note, the second also
+    /// `note(off, on)` (default: the ratio). Returns the two means.
     @discardableResult
-    func alternating(scenario: String, subject: (Bool) -> String, note: (Double, Double) -> String = { String(format: "on / off = %.2f", $1 / max($0, 1)) },
+    func alternating(scenario: String, pairs: Int = 2, subject: (Bool) -> String, note: (Double, Double) -> String = { String(format: "on / off = %.2f", $1 / max($0, 1)) },
                      _ measure: (Bool) async throws -> LoadGenerator.Result?) async rethrows -> (off: Double, on: Double) {
         var runs: [Bool: [LoadGenerator.Result]] = [false: [], true: []]
-        for on in [false, true, false, true] {
+        for on in (0..<pairs).flatMap({ _ in [false, true] }) {
             if let result = try await measure(on) { runs[on]!.append(result) }
         }
         func mean(_ side: Bool, _ pick: (LoadGenerator.Result) -> Double) -> Double {

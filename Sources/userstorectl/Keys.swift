@@ -44,7 +44,9 @@ extension UserStoreCtlCommand.Keys {
                 marks the rotation begun (userstored refuses to start until it is finished: \
                 KeyRotationUnderWay), rewraps each record with progress, and replaces the key store's \
                 check record last. Interrupted, run it again with the same keys: records already \
-                rewrapped are skipped. Then point encryption.keyFile (or the credential) at the new key.
+                rewrapped are skipped. Then point encryption.keyFile (or the credential) at the new key. \
+                The key store is a file:// folder or an s3:// bucket (every daemon sharing it stopped); \
+                a cluster's etcd key store is refused.
                 """)
 
         @Option(help: "The daemon's configuration file (data directory, encryption.keyStore).")

@@ -189,6 +189,73 @@ struct PageCipherTests {
             try plain.withUnsafeBytes { from in try stored.withUnsafeMutableBytes { try cipher.seal(page: 1, plain: from, into: $0) } }
         }
     }
+
+    /// The documented page format, read with swift-crypto's AES.GCM as an independent
+    /// reference (the layer seals with OpenSSL's): the page key is HKDF-SHA256 of the data key
+    /// ("userstore page v1"); the nonce, the tag and the spare bytes lie where the format says;
+    /// the page number (and page 1's stored header) are authenticated. Two seals of one page
+    /// never share a nonce.
+    @Test(arguments: [UInt32(1), 2, 77])
+    func aSealedPageFollowsTheDocumentedFormat(number: UInt32) throws {
+        let dataKey = SymmetricKey(size: .bits256)
+        let cipher = PageCipher(dataKey: dataKey)
+        let pageKey = HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore page v1".utf8), outputByteCount: 32)
+        var plain = (0..<4096).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ Int(number)) }
+        if number == 1 {
+            plain.replaceSubrange(0..<16, with: PageCipher.sqliteMagic)
+            plain[16] = 0x10
+            plain[20] = UInt8(PageCipher.reservedBytes)
+        }
+        for index in 4064..<4096 { plain[index] = 0 }
+        func seal() throws -> [UInt8] {
+            var stored = [UInt8](repeating: 0, count: 4096)
+            try plain.withUnsafeBytes { from in try stored.withUnsafeMutableBytes { try cipher.seal(page: number, plain: from, into: $0) } }
+            return stored
+        }
+        let stored = try seal(), again = try seal()
+        #expect(stored[4064..<4076] != again[4064..<4076], "a nonce used twice")
+        #expect(stored[4092..<4096].allSatisfy { $0 == 0 })
+
+        let start = number == 1 ? 100 : 0
+        var authenticated = withUnsafeBytes(of: number.bigEndian) { Array($0) }
+        if number == 1 { authenticated += stored[0..<100] }
+        authenticated += stored[4092..<4096]
+        let box = try AES.GCM.SealedBox(nonce: AES.GCM.Nonce(data: stored[4064..<4076]), ciphertext: stored[start..<4064], tag: stored[4076..<4092])
+        let opened = try AES.GCM.open(box, using: pageKey, authenticating: authenticated)
+        #expect(Array(opened) == Array(plain[start..<4064]))
+        var otherNumber = withUnsafeBytes(of: (number + 1).bigEndian) { Array($0) }
+        otherNumber += authenticated[4...]
+        #expect(throws: (any Error).self) { try AES.GCM.open(box, using: pageKey, authenticating: otherNumber) }
+
+        // And the other way: a page sealed by swift-crypto in this format opens here.
+        var forged = stored
+        let nonce = AES.GCM.Nonce()
+        let sealed = try AES.GCM.seal(plain[start..<4064], using: pageKey, nonce: nonce, authenticating: authenticated)
+        forged.replaceSubrange(start..<4064, with: sealed.ciphertext)
+        forged.replaceSubrange(4064..<4076, with: Array(nonce))
+        forged.replaceSubrange(4076..<4092, with: sealed.tag)
+        var back = [UInt8](repeating: 0xee, count: 4096)
+        try forged.withUnsafeBytes { from in try back.withUnsafeMutableBytes { try cipher.open(page: number, stored: from, into: $0) } }
+        #expect(back == plain)
+    }
+
+    /// The WAL's checksum mask is HMAC-SHA256 under the mask key (HKDF-SHA256 of the data key,
+    /// "userstore wal checksum mask v1") of the salt and the frame's offset, its first 8 bytes
+    /// XORed in: checked against swift-crypto's HMAC (the layer computes it with OpenSSL's SHA-256).
+    @Test func theWALChecksumMaskIsHMACSHA256UnderTheMaskKey() {
+        let dataKey = SymmetricKey(size: .bits256)
+        let cipher = PageCipher(dataKey: dataKey)
+        let maskKey = HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore wal checksum mask v1".utf8), outputByteCount: 32)
+        let original: [UInt8] = [1, 2, 3, 4, 5, 6, 7, 8]
+        for offset: Int64 in [32, 4152, 1 << 33 + 7] {
+            let salt: [UInt8] = (0..<8).map { _ in .random(in: 0...255) }
+            var field = original
+            salt.withUnsafeBytes { salt in field.withUnsafeMutableBytes { cipher.mask(salt: salt, offset: offset, field: $0) } }
+            let message = salt + withUnsafeBytes(of: UInt64(offset).bigEndian) { Array($0) }
+            let code = Array(HMAC<SHA256>.authenticationCode(for: message, using: maskKey))
+            #expect(field == (0..<8).map { original[$0] ^ code[$0] }, "offset \(offset)")
+        }
+    }
 }
 
 extension PageCipherTests {

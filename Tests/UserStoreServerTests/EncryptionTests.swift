@@ -445,7 +445,8 @@ import Varlink
     /// On S3 (SeaweedFS, looked into with boto3): the key store in a bucket of its own, the
     /// replica in another. No object of the replica holds the marker (log objects decoded); the
     /// disk lost, the store comes back with its key from the key store's bucket; the keys'
-    /// bucket holds a record per user and no plaintext key. The key store in the replica's own
+    /// bucket holds a record per user and no plaintext key. With the daemon stopped, `verify
+    /// --offline` and `keys rewrap` work on the keys' bucket. The key store in the replica's own
     /// bucket and prefix is refused (exit 78).
     @Test func onS3TheKeyStoreIsABucketOfItsOwnAndTheReplicaHoldsOnlyCiphertext() throws {
         let server = try SeaweedFS()
@@ -482,6 +483,22 @@ import Varlink
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
         #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "alice", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
+        #expect(daemon.stop() == 0)
+
+        // With the daemon stopped, the offline tools reach the keys' bucket: verify reads every
+        // store with its key; keys rewrap puts both records under a new key-encryption key,
+        // which the daemon then reads them with.
+        let ctl = { (arguments: [String]) in try run([userstorectlPath] + arguments, environment: server.environment) }
+        let verified = try ctl(["verify", "--all", "--offline", "--config", daemon.configPath, "--json"])
+        #expect(verified.status == 0, "\(verified.stdout) \(verified.stderr)")
+        let newKey = daemon.directory.path + "/kek.new"
+        try Data((0..<32).map { _ in UInt8.random(in: 0...255) }).write(to: URL(fileURLWithPath: newKey))
+        let rewrapped = try ctl(["keys", "rewrap", "--config", daemon.configPath, "--new-key-file", newKey, "--json"])
+        #expect(rewrapped.status == 0, "\(rewrapped.stderr)")
+        #expect(rewrapped.stdout.contains("\"rewrapped\": 2"), "\(rewrapped.stdout)")
+        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek.new\n  keyStore: \"\(server.replicaURL(bucket: "keys", prefix: "k"))\"\n" + replication)
+        try daemon.start()
+        #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "bob", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
         #expect(daemon.stop() == 0)
 
         try daemon.writeConfig(extra: "encryption:\n  keyFile: kek\n  keyStore: \"\(server.replicaURL(bucket: "data", prefix: "r"))\"\n" + replication)

@@ -3,6 +3,8 @@
 
 #include <sqlite3.h>
 
+#include "page_seal.h"
+
 /// What the layer asks of a cipher (UserStoreCore's PageCipher: the page format, the keys and
 /// AES-256-GCM are Swift's; the layer only finds the pages in a file's reads and writes).
 /// `cipher` is the pointer handed over with USERSTORE_FCNTL_CIPHER.

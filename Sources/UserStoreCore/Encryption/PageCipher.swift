@@ -3,8 +3,12 @@ import Crypto
 import Foundation
 import GRDBSQLite
 
-/// Encrypts a store's pages with its data key: AES-256-GCM, a fresh random nonce per page
-/// write, the nonce and the tag in the page's reserved bytes (docs/encryption.md, "The page").
+/// Encrypts a store's pages with its data key: AES-256-GCM, a fresh nonce per page write, the
+/// nonce and the tag in the page's reserved bytes (docs/encryption.md, "The page"). The page
+/// format and the AES are CSQLiteCipher's `userstore_page_seal` / `userstore_page_open`
+/// (OpenSSL's libcrypto, a context kept per cipher: swift-crypto's AES.GCM sets up a context
+/// and allocates on every call, which cost several times the AES itself); the keys are drawn
+/// here with swift-crypto.
 ///
 /// The layer under SQLite (CSQLiteCipher) hands every page of an encrypted database and of its
 /// WAL to ``seal(page:plain:into:)`` on the way to the disk and to ``open(page:stored:into:)``
@@ -15,7 +19,7 @@ import GRDBSQLite
 /// A stored page, `size` bytes:
 ///
 ///     [0, size-32)         the page, encrypted (page 1: from byte 100 on; see below)
-///     [size-32, size-20)   the nonce (12 random bytes)
+///     [size-32, size-20)   the nonce (12 bytes: 8 random per cipher, then a counter)
 ///     [size-20, size-4)    the GCM tag
 ///     [size-4, size)       zero (spare, authenticated)
 ///
@@ -37,10 +41,9 @@ public final class PageCipher: @unchecked Sendable {
     /// Page 1's plaintext header.
     static let headerSize = 100
 
-    private let pageKey: SymmetricKey
-    /// HMAC-SHA256 keyed with the mask key, copied for each mask: the key's schedule is done once
-    /// (it was a third of the cost of writing a frame).
-    private let maskTemplate: HMAC<SHA256>
+    /// The page key's AES-GCM context and the mask key's HMAC state (CSQLiteCipher), freed with
+    /// the cipher.
+    private let pageKey: OpaquePointer
 
     /// A cipher with `dataKey` (32 bytes): the page key and the WAL checksum mask key are drawn
     /// from it with HKDF-SHA256, one per purpose.
@@ -49,8 +52,16 @@ public final class PageCipher: @unchecked Sendable {
         // The layer is SQLite's default before any connection this cipher is for is opened
         // (a process that did not call SQLiteProcessSettings.apply() first: userstorectl).
         _ = Self.layerRegistered
-        pageKey = HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore page v1".utf8), outputByteCount: 32)
-        maskTemplate = HMAC<SHA256>(key: HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore wal checksum mask v1".utf8), outputByteCount: 32))
+        let key = HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore page v1".utf8), outputByteCount: 32)
+        let maskKey = HKDF<SHA256>.deriveKey(inputKeyMaterial: dataKey, info: Array("userstore wal checksum mask v1".utf8), outputByteCount: 32)
+        // Only fails when out of memory (libcrypto's allocations): nothing to serve with.
+        pageKey = key.withUnsafeBytes { page in
+            maskKey.withUnsafeBytes { mask in userstore_page_key_new(page.bindMemory(to: UInt8.self).baseAddress, mask.bindMemory(to: UInt8.self).baseAddress) }
+        }!
+    }
+
+    deinit {
+        userstore_page_key_free(pageKey)
     }
 
     /// Why a page could not be sealed or opened.
@@ -66,63 +77,19 @@ public final class PageCipher: @unchecked Sendable {
 
     /// Encrypts page `number` from `plain` into `stored` (the same size; they may not overlap).
     public func seal(page number: UInt32, plain: UnsafeRawBufferPointer, into stored: UnsafeMutableRawBufferPointer) throws(Failure) {
-        let size = plain.count
-        let trailer = size - Self.reservedBytes
-        let start = number == 1 ? Self.headerSize : 0
-        if number == 1 {
-            guard size > Self.headerSize, plain[20] >= Self.reservedBytes else { throw .noRoomForTag }
-            stored.baseAddress!.copyMemory(from: Self.storedMagic, byteCount: 16)
-            (stored.baseAddress! + 16).copyMemory(from: plain.baseAddress! + 16, byteCount: Self.headerSize - 16)
-        }
-        for index in size - 4..<size { stored[index] = 0 }
-        let nonce = Self.randomNonce()
-        let box: AES.GCM.SealedBox
-        do {
-            box = try withAuthenticated(number, stored: UnsafeRawBufferPointer(stored)) { context in
-                try AES.GCM.seal(UnsafeRawBufferPointer(rebasing: plain[start..<trailer]), using: pageKey, nonce: nonce, authenticating: context)
-            }
-        } catch {
-            throw .unauthentic // cannot happen with a valid key and nonce
-        }
-        box.ciphertext.copyBytes(to: UnsafeMutableRawBufferPointer(rebasing: stored[start..<trailer]))
-        nonce.withUnsafeBytes { UnsafeMutableRawBufferPointer(rebasing: stored[trailer..<trailer + 12]).copyMemory(from: $0) }
-        box.tag.copyBytes(to: UnsafeMutableRawBufferPointer(rebasing: stored[trailer + 12..<trailer + 28]))
-    }
-
-    /// 12 random bytes from glibc's `arc4random_buf` (getrandom-seeded ChaCha20, buffered per
-    /// thread): a syscall-free nonce, where swift-crypto's `Nonce()` cost a third of a page's
-    /// sealing.
-    private static func randomNonce() -> AES.GCM.Nonce {
-        withUnsafeTemporaryAllocation(byteCount: 12, alignment: 4) { bytes in
-            arc4random_buf(bytes.baseAddress!, 12)
-            return try! AES.GCM.Nonce(data: UnsafeRawBufferPointer(bytes)) // 12 bytes: always valid
+        switch Int(userstore_page_seal(pageKey, number, plain.baseAddress, stored.baseAddress, Int32(plain.count))) {
+        case Int(USERSTORE_PAGE_OK): return
+        case Int(USERSTORE_PAGE_NO_ROOM): throw .noRoomForTag
+        default: throw .unauthentic // libcrypto out of memory: the write fails
         }
     }
 
     /// Decrypts page `number` from `stored` into `plain` (the same size; they may be the same
     /// buffer). Nothing is written to `plain` unless the page is authentic.
     public func open(page number: UInt32, stored: UnsafeRawBufferPointer, into plain: UnsafeMutableRawBufferPointer) throws(Failure) {
-        let size = stored.count
-        let trailer = size - Self.reservedBytes
-        let start = number == 1 ? Self.headerSize : 0
-        guard trailer > start else { throw .unauthentic }
-        if number == 1 { guard stored.starts(with: Self.storedMagic) else { throw .unauthentic } }
-        let opened: Data
-        do {
-            let box = try AES.GCM.SealedBox(nonce: AES.GCM.Nonce(data: stored[trailer..<trailer + 12]),
-                                            ciphertext: stored[start..<trailer], tag: stored[trailer + 12..<trailer + 28])
-            opened = try withAuthenticated(number, stored: stored) { try AES.GCM.open(box, using: pageKey, authenticating: $0) }
-        } catch {
+        guard userstore_page_open(pageKey, number, stored.baseAddress, plain.baseAddress, Int32(stored.count)) == USERSTORE_PAGE_OK else {
             throw .unauthentic
         }
-        if number == 1 {
-            plain.baseAddress!.copyMemory(from: Self.sqliteMagic, byteCount: 16)
-            if UnsafeRawPointer(plain.baseAddress) != stored.baseAddress {
-                (plain.baseAddress! + 16).copyMemory(from: stored.baseAddress! + 16, byteCount: Self.headerSize - 16)
-            }
-        }
-        opened.copyBytes(to: UnsafeMutableRawBufferPointer(rebasing: plain[start..<trailer]))
-        for index in trailer..<size { plain[index] = 0 }
     }
 
     /// Whether page 1 of the encrypted store at `path` (its database file) opens with this
@@ -141,26 +108,10 @@ public final class PageCipher: @unchecked Sendable {
         }
     }
 
-    /// Runs `body` with what is authenticated beside the encrypted bytes: the page number,
-    /// page 1's stored header, and the spare bytes (on the stack: this runs for every page).
-    private func withAuthenticated<T>(_ number: UInt32, stored: UnsafeRawBufferPointer, _ body: (UnsafeRawBufferPointer) throws -> T) rethrows -> T {
-        let header = number == 1 ? Self.headerSize : 0
-        return try withUnsafeTemporaryAllocation(byteCount: 8 + header, alignment: 4) { buffer in
-            withUnsafeBytes(of: number.bigEndian) { buffer.baseAddress!.copyMemory(from: $0.baseAddress!, byteCount: 4) }
-            if header > 0 { (buffer.baseAddress! + 4).copyMemory(from: stored.baseAddress!, byteCount: header) }
-            (buffer.baseAddress! + 4 + header).copyMemory(from: stored.baseAddress! + stored.count - 4, byteCount: 4)
-            return try body(UnsafeRawBufferPointer(buffer))
-        }
-    }
-
-    /// XORs `field` (8 bytes) with the mask of a WAL frame header at `offset` under `salt` (8 bytes).
+    /// XORs `field` (8 bytes) with the mask of a WAL frame header at `offset` under `salt` (8
+    /// bytes): HMAC-SHA256 under the mask key (CSQLiteCipher's `userstore_page_mask`).
     func mask(salt: UnsafeRawBufferPointer, offset: Int64, field: UnsafeMutableRawBufferPointer) {
-        var mac = maskTemplate
-        mac.update(data: salt)
-        withUnsafeBytes(of: UInt64(bitPattern: offset).bigEndian) { mac.update(data: $0) }
-        mac.finalize().withUnsafeBytes { mask in
-            for index in 0..<8 { field[index] ^= mask[index] }
-        }
+        userstore_page_mask(pageKey, salt.baseAddress, offset, field.baseAddress)
     }
 }
 
