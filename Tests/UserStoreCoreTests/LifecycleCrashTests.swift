@@ -66,43 +66,75 @@ import Testing
         }
     }
 
-    /// Runs the helper with `operation`; with `killAfter`, SIGKILLs it after that long.
-    func runHelper(_ setup: Setup, _ operation: [String], killAfter: Duration?) -> Int32 {
+    /// How a run of the helper ended.
+    struct HelperRun {
+        /// Its exit status (or the signal that ended it).
+        let status: Int32
+        /// SIGKILLed after it said the operation began and before it said the operation was
+        /// done: the kill landed mid-operation.
+        let killedMidOperation: Bool
+        /// From the operation's start to the helper's end.
+        let operationTime: Duration
+    }
+
+    /// Runs the helper with `operation`; with `killAfter`, SIGKILLs it that long after it says
+    /// the operation began.
+    func runHelper(_ setup: Setup, _ operation: [String], killAfter: Duration?) -> HelperRun {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: productsDirectory + "/userstore-test-helper")
         process.arguments = [setup.layout.dataDirectory, setup.folder.path, "victim", "1.0"] + operation
-        process.standardOutput = FileHandle.nullDevice
+        let output = Pipe()
+        process.standardOutput = output
         process.standardError = FileHandle.nullDevice
         try! process.run()
+        let reader = output.fileHandleForReading
+        var said = ""
+        while !said.contains("started\n") { // blocks on the pipe until the helper says so (or ends)
+            let data = reader.availableData
+            if data.isEmpty { break }
+            said += String(decoding: data, as: UTF8.self)
+        }
+        let started = ContinuousClock.now
         if let killAfter {
-            let deadline = ContinuousClock.now + killAfter
-            while ContinuousClock.now < deadline, process.isRunning { usleep(200) }
+            let deadline = started + killAfter
+            while ContinuousClock.now < deadline, process.isRunning { usleep(200) } // the kill's moment, not a wait for a state
             kill(process.processIdentifier, SIGKILL)
         }
         process.waitUntilExit()
-        return process.terminationStatus
+        let operationTime = ContinuousClock.now - started
+        said += String(decoding: reader.readDataToEndOfFile(), as: UTF8.self)
+        let killed = process.terminationReason == .uncaughtSignal && process.terminationStatus == SIGKILL
+        return HelperRun(status: process.terminationStatus, killedMidOperation: killed && said.contains("started\n") && !said.contains("done"),
+                         operationTime: operationTime)
     }
 
-    /// Kills `operation` at random points of its run; every outcome must be in `allowed`.
+    /// Kills `operation` at random points of its run; every outcome must be in `allowed`, and
+    /// most kills must land while the operation runs (else the loop proves nothing).
     func crashLoop(_ setup: Setup, _ operation: [String], allowed: Set<String?>, finished: String?,
                    check: (String?) -> Void = { _ in }) throws {
         reset(setup)
-        let calibration = ContinuousClock().measure { #expect(runHelper(setup, operation, killAfter: nil) == 0) }
+        let calibration = runHelper(setup, operation, killAfter: nil)
+        #expect(calibration.status == 0)
         let end = try stateAfterRecovery(setup)
         #expect(end == finished)
         check(end)
-        let window = calibration.components.seconds * 1_000_000 + calibration.components.attoseconds / 1_000_000_000_000
+        let window = calibration.operationTime.components.seconds * 1_000_000 + calibration.operationTime.components.attoseconds / 1_000_000_000_000
         var outcomes: [String: Int] = [:]
-        for _ in 0..<16 {
+        var midOperation = 0
+        let runs = 16
+        for _ in 0..<runs {
             reset(setup)
-            _ = runHelper(setup, operation, killAfter: .microseconds(Int64.random(in: 0...(window * 11 / 10))))
+            let run = runHelper(setup, operation, killAfter: .microseconds(Int64.random(in: 0...(window * 11 / 10))))
+            if run.killedMidOperation { midOperation += 1 }
             let state = try stateAfterRecovery(setup)
             #expect(allowed.contains(state), "\(operation): \(state ?? "no store")")
             check(state)
             outcomes[state ?? "gone", default: 0] += 1
             #expect(!DataDirectoryLock.isHeld(layout: setup.layout))
         }
-        print("lifecycle crash test \(operation.first!): calibrated run \(window / 1000) ms; outcomes \(outcomes.sorted { $0.key < $1.key })")
+        // Kills drawn over 110% of the operation's time land in it ~90% of the time.
+        #expect(midOperation >= runs / 2, "only \(midOperation) of \(runs) kills landed while \(operation.first!) ran")
+        print("lifecycle crash test \(operation.first!): calibrated operation \(window / 1000) ms; \(midOperation) of \(runs) kills mid-operation; outcomes \(outcomes.sorted { $0.key < $1.key })")
     }
 
     @Test(.timeLimit(.minutes(10)))

@@ -1,7 +1,8 @@
 // A child process for the crash tests: takes the data directory's lock, opens one user's store
 // through a registry (which migrates it) and prints each store event on its own line, flushed,
 // so the parent knows when a migration is under way before it sends SIGKILL. With an
-// operation, runs that instead of opening the store (the lifecycle crash tests).
+// operation, runs that instead of opening the store (the lifecycle crash tests), and prints
+// "started" as it begins it and "done ..." once it finished.
 //
 //   userstore-test-helper DATA_DIR MIGRATIONS_DIR USER APP_VERSION [delete | import FILE | restore BACKUP]
 import Foundation
@@ -36,6 +37,8 @@ do {
         migrations: try MigrationSet.load(directory: arguments[2]), lock: lock, observer: LineObserver())
     let user = try UserID(arguments[3])
     _ = try registry.lifecycle.recoverInterruptedOperations()
+    // The parent times its SIGKILL from here: the operation begins.
+    FileHandle.standardOutput.write(Data("started\n".utf8))
     switch arguments.count > 5 ? arguments[5] : "open" {
     case "delete":
         let report = try await registry.lifecycle.delete(user, keepBackups: false)
