@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-system", from: "1.8.1"),
     ],
     targets: [
         // The store engine: user IDs, paths, migrations, bookkeeping, the registry of open stores.
@@ -60,7 +61,7 @@ let package = Package(
         .target(
             name: "UserStoreClient",
             dependencies: [
-                "Varlink",
+                "Varlink", "CUnixSocket",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -84,6 +85,7 @@ let package = Package(
             dependencies: [
                 "UserStoreCore",
                 .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "SystemPackage", package: "swift-system"),
                 .product(name: "Yams", package: "Yams"),
             ]
         ),
@@ -94,14 +96,14 @@ let package = Package(
             name: "UserStoreServer",
             dependencies: [
                 "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
-                "UserStoreCluster", "CChildProcess", "UserStoreS3", "UserStoreReplication",
+                "UserStoreCluster", "UserStoreS3", "UserStoreReplication",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -118,14 +120,11 @@ let package = Package(
         .target(
             name: "UserStoreReplication",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3", "CZstd",
+                "UserStoreCore", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3", "CZstd",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
@@ -138,6 +137,7 @@ let package = Package(
                 "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
                 "UserStoreReplication", // a key store in a bucket (--offline, keys rewrap)
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
         ),
         .executableTarget(
@@ -203,7 +203,9 @@ let package = Package(
         ),
         .testTarget(
             name: "UserStoreCoreTests",
-            dependencies: ["UserStoreCore", "userstore-test-helper"]
+            dependencies: ["UserStoreCore", "userstore-test-helper", "CSQLiteSizeCache", "CSyncFS",
+                           .product(name: "Crypto", package: "swift-crypto"),
+                           .product(name: "GRDB", package: "GRDB.swift"), .product(name: "GRDBSQLite", package: "GRDB.swift")]
         ),
         // Writes journal entries inside a private mount namespace for the wire-level tests.
         .executableTarget(
@@ -214,21 +216,22 @@ let package = Package(
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
         .testTarget(
             name: "UserStoreServerTests",
-            dependencies: ["UserStoreServer", "Varlink", "CUnixSocket", "CChildProcess", "UserStoreCore", "UserStoreJournal", "UserStoreCtl",
+            dependencies: ["UserStoreServer", "Varlink", "CChildProcess", "UserStoreCore", "UserStoreJournal",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
                            "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport", "UserStoreReplication", "UserStoreConfiguration",
-                           .product(name: "Prometheus", package: "swift-prometheus")]
+                           .product(name: "Prometheus", package: "swift-prometheus"), .product(name: "Logging", package: "swift-log")]
         ),
         // A real userstored on a temporary directory, a raw varlink connection, a NOTIFY_SOCKET:
         // what the daemon's, the client's and userstorectl's tests share.
         .target(name: "DaemonTestSupport", dependencies: ["Varlink", "CUnixSocket"], path: "Tests/DaemonTestSupport"),
         // Litestream's control socket, its sync lanes and bucket counts, against a real Litestream.
-        .testTarget(name: "UserStoreReplicationTests", dependencies: ["UserStoreReplication", "UserStoreCore", "UserStoreConfiguration", "DaemonTestSupport", "ClusterTestSupport"]),
+        .testTarget(name: "UserStoreReplicationTests", dependencies: ["UserStoreReplication", "UserStoreCore", "UserStoreConfiguration", "DaemonTestSupport", "ClusterTestSupport",
+                                                                      .product(name: "Logging", package: "swift-log")]),
         // The Swift client library against the real daemon.
-        .testTarget(name: "UserStoreClientTests", dependencies: ["UserStoreClient", "Varlink", "DaemonTestSupport", "userstored"]),
+        .testTarget(name: "UserStoreClientTests", dependencies: ["UserStoreClient", "Varlink", "CUnixSocket", "DaemonTestSupport", "userstored"]),
         // userstorectl, the real binary, against the real daemon.
         .testTarget(name: "UserStoreCtlTests", dependencies: ["UserStoreCtl", "Varlink", "DaemonTestSupport", "userstored", "userstorectl"]),
-        .testTarget(name: "UserStoreConfigurationTests", dependencies: ["UserStoreConfiguration"]),
+        .testTarget(name: "UserStoreConfigurationTests", dependencies: ["UserStoreConfiguration", "UserStoreCore"]),
         // What the fuzzers check (Fuzz/Targets): outside the shipping modules, reaching their
         // decoding through `package` access; the fuzzer and FuzzCorpusTests feed the same map.
         .target(

@@ -16,6 +16,8 @@ if grep -E "^$PWD/(Sources|Tests|Examples)/.*: warning:" .build/build.log \
 fi
 # Every relative link and #anchor of README.md and docs/ resolves.
 python3 scripts/check-links.py
+# Package.swift declares exactly what each target imports.
+python3 scripts/check-imports.py
 if (($# == 0)); then
     # The cluster tests time etcd leases of a few seconds and run etcd members and several
     # daemons: afterwards, one at a time, not starved by every other suite on 2 cores.

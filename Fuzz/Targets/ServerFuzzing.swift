@@ -26,7 +26,7 @@ package enum ServerFuzzing {
         var tape = JSONTape(maxDepth: 64)
         guard (try? tape.parse(data)) != nil else { return }
         tape.withView(data) { view in
-            _ = Method.of(view).flatMap { Transactions.Call($0, view) }
+            _ = Method.of(view).flatMap { InteractiveTransaction.Call($0, view) }
             _ = try? VarlinkCall(message: view.value(0))
             guard view.kind(0) == .object else { return }
             let call = view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }

@@ -50,7 +50,7 @@ struct AdminMethods {
         case .cluster, .moveBucket, .drainHost, .rebalance:
             try await ClusterMethods(context: context).handle(method, request, send: send)
         case .queryStores:
-            try await QueryMethods(context: context).handle(request, parameters, more: call.more, send: send)
+            try await FleetQueryMethods(context: context).handle(request, parameters, more: call.more, send: send)
         case .release, .startRelease, .advanceRelease, .resumeRelease, .abortRelease, .trialRelease:
             try await ReleaseMethods(context: context).handle(method, parameters, more: call.more, send: send)
         case .open, .query, .execute, .batch, .begin, .commit, .rollback, .watch, .getInfo, .getInterfaceDescription:

@@ -85,7 +85,7 @@ final class ForwardedCalls: @unchecked Sendable {
                 }, end: end))
             }
         }
-        let kind = Transactions.Call(method, view)
+        let kind = InteractiveTransaction.Call(method, view)
         let begins = kind.map { if case .begin = $0 { true } else { false } } ?? false
         let ends = kind.map { if case .end = $0 { true } else { false } } ?? false
         // Every forwarded call takes a turn among the replies (a oneway one with no bytes): the

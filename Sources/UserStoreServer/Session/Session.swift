@@ -7,7 +7,7 @@ import Glibc
 
 /// One client connection's calls, as the transport hands them over: decoded once, then sent
 /// where they go — to another host (``ForwardedCalls``), to the connection's interactive
-/// transaction (``Transactions``), answered on the event loop or queued on a store
+/// transaction (``InteractiveTransaction``), answered on the event loop or queued on a store
 /// (``FastPath``), or, for anything else, to the ``RequestRouter`` in a task that the
 /// connection runs alone. Replies go to the connection's ``ReplyQueue``.
 ///
@@ -45,7 +45,7 @@ final class Session {
     let peer: PeerIdentity
     let limits: RequestLimits
     let replies: ReplyQueue
-    let transactions: Transactions
+    let interactive: InteractiveTransaction
     /// Calls for users other hosts own (created by the first one).
     private(set) var forwarded: ForwardedCalls?
     private var tape: JSONTape
@@ -56,7 +56,7 @@ final class Session {
         self.limits = limits
         self.replies = replies
         self.tape = JSONTape(maxDepth: limits.maxJSONDepth)
-        self.transactions = Transactions(context: shared.context, logger: shared.logger, peer: peer, limits: limits, replies: replies)
+        self.interactive = InteractiveTransaction(context: shared.context, logger: shared.logger, peer: peer, limits: limits, replies: replies)
     }
 
     /// Takes the call in `bytes` (without its NUL) and the descriptors that came with it (it
@@ -97,13 +97,13 @@ final class Session {
             if case .later = route {} else { descriptors.forEach { Glibc.close($0) } }
             return route
         }
-        if let method, let call = Transactions.Call(method, view) {
+        if let method, let call = InteractiveTransaction.Call(method, view) {
             descriptors.forEach { Glibc.close($0) }
-            transactions.handle(call, method, view)
+            interactive.handle(call, method, view)
             return .done
         }
         if stopping { return refuse(Errors.shuttingDown, descriptors) }
-        if let error = transactions.waitsForOwnTransaction(view) {
+        if let error = interactive.waitsForOwnTransaction(view) {
             // Shutdown may have begun before this connection's loop got to quiesce it
             // (`stopping`): the call would be refused for that anyway, as the router does.
             return refuse(shared.context.isShuttingDown ? Errors.shuttingDown : error, descriptors)
@@ -132,7 +132,7 @@ final class Session {
     }
 
     /// Nothing of the session waits: no transaction holds a store, no call waits for another host.
-    var isIdle: Bool { !transactions.holdsStore && forwarded?.isIdle != false }
+    var isIdle: Bool { !interactive.holdsStore && forwarded?.isIdle != false }
 
     /// Ends calls to other hosts that waited too long.
     func sweep(now: UInt64) {
@@ -143,7 +143,7 @@ final class Session {
     /// The connection closed: its transaction rolled back, its links to other hosts closed.
     func end() {
         assert(replies.loop.inEventLoop)
-        transactions.abandon()
+        interactive.abandon()
         forwarded?.closeAll()
         forwarded = nil
     }

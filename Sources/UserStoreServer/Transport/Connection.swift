@@ -195,7 +195,7 @@ final class Connection: EventHandler, @unchecked Sendable {
         // `closed` is checked on every turn: a write failing inside the loop (the flush below, or
         // a reply the handler sent) closes the connection and empties the input under our feet
         // (the live fuzz found it: a client that pipelines and hangs up crashed the daemon).
-        while !closed, !taskRunning, !state.isStopping || session.transactions.holdsStore, !replies.isFull, replies.isWritable {
+        while !closed, !taskRunning, !state.isStopping || session.interactive.holdsStore, !replies.isFull, replies.isWritable {
             let length: Int
             switch input.next() {
             case .needMore: return
@@ -321,7 +321,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     // MARK: Progress
 
     private var shouldPauseReading: Bool {
-        taskRunning || (state.isStopping && !session.transactions.holdsStore) || replies.isFull || !replies.isWritable
+        taskRunning || (state.isStopping && !session.interactive.holdsStore) || replies.isFull || !replies.isWritable
     }
 
     /// After anything that may unblock progress: handles buffered calls, sends replies, reads
@@ -377,7 +377,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     private func closeIfDone() -> Bool {
         guard state != .serving, !processing, !taskRunning, replies.isInOrder else { return false }
         // At shutdown, an open transaction may still commit (its time limits bound the wait).
-        if state == .stopping(inputClosed: false), session.transactions.holdsStore { return false }
+        if state == .stopping(inputClosed: false), session.interactive.holdsStore { return false }
         // After the client's close, calls still complete in the input are answered first.
         if state == .inputClosed, !input.isEmpty, input.holdsWholeMessage { return false }
         // Let the socket take the rest first; a client that never reads is cut off by its own close.

@@ -4,7 +4,8 @@ import UserStoreConfiguration
 import UserStoreCore
 import Varlink
 
-/// Interactive transactions: `Begin`, statements with `transaction`, `Commit`, `Rollback`.
+/// A connection's interactive transaction — at most one open at a time: `Begin`, statements
+/// with `transaction`, `Commit`, `Rollback`.
 ///
 /// A transaction holds its user's store (``Store/beginTransaction(_:immediate:completion:)``):
 /// other connections' calls for that user wait their turn in order; other users never wait. It
@@ -14,7 +15,7 @@ import Varlink
 ///
 /// Confined to its connection's event loop (asserted in debug builds); other threads reach it
 /// through `loop.execute`.
-package final class Transactions: @unchecked Sendable {
+package final class InteractiveTransaction: @unchecked Sendable {
     /// The parts of an interactive transaction a call can be.
     package enum Call {
         case begin

@@ -6,7 +6,7 @@ import Varlink
 /// `io.userstore.Admin.QueryStores`: one read-only statement on many stores (operators' fan-out,
 /// docs/releases.md), streamed a store at a time with its user ID. Read-only is SQLite's
 /// (`PRAGMA query_only` for the statement, through GRDB's read), not a parse of the SQL.
-struct QueryMethods {
+struct FleetQueryMethods {
     let context: DaemonContext
 
     func handle(_ request: Request, _ parameters: CallParameters, more: Bool, send: ReplySink) async throws {
