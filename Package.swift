@@ -135,7 +135,7 @@ let package = Package(
             name: "UserStoreCtl",
             dependencies: [
                 "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
-                "UserStoreReplication", // a key store in a bucket (--offline, keys rewrap)
+                "UserStoreReplication", "UserStoreCluster", // key stores in a bucket or etcd (OfflineKeyStore)
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
@@ -173,7 +173,7 @@ let package = Package(
         .target(
             name: "UserStoreCluster",
             dependencies: [
-                "UserStoreCore",
+                "UserStoreCore", "UserStoreReplication", // EtcdKeyStore: ReplicaStorage.blocking
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -1,7 +1,6 @@
 import Foundation
 import UserStoreConfiguration
 import UserStoreCore
-import UserStoreReplication
 
 /// `userstorectl keys rewrap`: the key-encryption key's rotation, done on the key store directly
 /// while userstored is stopped (the data directory's lock held), as ``StoreKeyring/rewrap(to:progress:)``
@@ -28,18 +27,9 @@ public enum KeyRotation {
         } catch {
             throw CtlError(.unreachable, "userstorectl: stop userstored first (\(error))")
         }
-        // A folder or a bucket; a cluster's etcd is rewrapped through the daemons (not yet).
-        let store: any KeyStore
-        do {
-            guard let opened = try encryption.openKeyStore() else {
-                throw CtlError(.usage, "userstorectl: keys rewrap works on a file:// or s3:// key store; this one is the cluster's etcd")
-            }
-            store = opened
-        } catch let error as CtlError {
-            throw error
-        } catch {
-            throw CtlError(.unreachable, "userstorectl: the key store: \(error)")
-        }
+        // A folder, a bucket or the cluster's etcd, with every daemon sharing it stopped.
+        let store = try OfflineKeyStore.open(configuration, encryption)
+        try OfflineKeyStore.refuseWhileHostsRun(store)
         do {
             return (try StoreKeyring(keyFile: current, store: store), try StoreKeyring(keyFile: newKeyFile, store: store), lock)
         } catch {

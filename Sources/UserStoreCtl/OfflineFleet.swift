@@ -2,7 +2,6 @@ import Foundation
 import UserStoreConfiguration
 import UserStoreCore
 import UserStoreProtocol
-import UserStoreReplication
 import Varlink
 
 /// `--offline`: the data directory worked on directly, while userstored is stopped, under the
@@ -45,15 +44,14 @@ public final class OfflineFleet {
         }
         // Encrypted stores are read with their keys, as the daemon reads them (the
         // key-encryption key from encryption.keyFile, or the credential in $CREDENTIALS_DIRECTORY;
-        // the key store a folder or a bucket: a cluster's etcd is the daemons').
+        // the key store a folder, a bucket or the cluster's etcd).
         var registryConfiguration = configuration.registryConfiguration
         if let encryption = configuration.encryption {
+            let store = try OfflineKeyStore.open(configuration, encryption)
             do {
-                registryConfiguration.keyring = try encryption.makeKeyring(store: try encryption.openKeyStore())
-            } catch let refusal as EncryptionSettings.Refusal {
-                throw CtlError(.usage, "userstorectl: encryption: \(refusal.name): \(refusal)")
+                registryConfiguration.keyring = try encryption.makeKeyring(store: store)
             } catch {
-                throw CtlError(.unreachable, "userstorectl: encryption: KeyStoreUnavailable: \(error)")
+                throw CtlError(.usage, "userstorectl: encryption: \(error.name): \(error)")
             }
         }
         registry = StoreRegistry(configuration: registryConfiguration, migrations: migrations, lock: lock,

@@ -45,8 +45,9 @@ extension UserStoreCtlCommand.Keys {
                 KeyRotationUnderWay), rewraps each record with progress, and replaces the key store's \
                 check record last. Interrupted, run it again with the same keys: records already \
                 rewrapped are skipped. Then point encryption.keyFile (or the credential) at the new key. \
-                The key store is a file:// folder or an s3:// bucket (every daemon sharing it stopped); \
-                a cluster's etcd key store is refused.
+                Every daemon sharing the key store must be stopped: on a cluster's etcd key store the \
+                command refuses while any host of the cluster is running (exit 3, naming them); for a \
+                bucket several hosts share, stop them all first.
                 """)
 
         @Option(help: "The daemon's configuration file (data directory, encryption.keyStore).")

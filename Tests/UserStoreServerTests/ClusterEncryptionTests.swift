@@ -9,7 +9,8 @@ extension ClusterDaemonTests {
     /// them, apart from the replica — a bucket of their own (`keyStore: s3://…`) or the
     /// cluster's etcd (`keyStore: etcd`). a serves an encrypted user and dies (SIGKILL); b takes
     /// its buckets and restores the user from the replica with the user's key from the shared
-    /// key store; b's copy is encrypted too.
+    /// key store; b's copy is encrypted too. On etcd, the key-encryption key is then rotated with
+    /// `keys rewrap` (refused while a host runs).
     @Test(arguments: ["s3", "etcd"])
     func aSecondHostRestoresAnEncryptedUserWithTheSharedKeyStore(keyStore: String) throws {
         let etcd = try EtcdCluster(size: 1)
@@ -54,6 +55,32 @@ extension ClusterDaemonTests {
                 """
             let listed = try run(["/usr/bin/python3", "-c", script, etcd.endpoints[0]])
             #expect(listed.stdout.contains("/us/v1/keys/check") && listed.stdout.contains("/user-0"), "\(listed.stdout) \(listed.stderr)")
+
+            // The key-encryption key's rotation on the cluster's etcd: refused while a host of
+            // the cluster runs (b again; a's data directory is free), done with every host
+            // stopped; verify --offline and b then read user-0 with the new key.
+            let ctl = { (daemon: DaemonHarness, arguments: [String]) in
+                try run([userstorectlPath] + arguments + ["--config", daemon.configPath], environment: store.environment)
+            }
+            let newKey = b.directory.path + "/kek.new"
+            try (Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString() + "\n").write(toFile: newKey, atomically: true, encoding: .utf8)
+            try b.start()
+            let live = try b.connect()
+            #expect(Self.eventually { Self.answer(live, "user-0").0 == "here" }, "\(b.stderr.suffix(3000))")
+            let refused = try ctl(a, ["keys", "rewrap", "--new-key-file", newKey])
+            #expect(refused.status == 3 && refused.stderr.contains("b is running"), "\(refused.stdout) \(refused.stderr)")
+            #expect(b.stop() == 0)
+            let rewrapped = try ctl(a, ["keys", "rewrap", "--new-key-file", newKey, "--json"])
+            #expect(rewrapped.status == 0 && rewrapped.stdout.contains("\"rewrapped\": "), "\(rewrapped.stdout) \(rewrapped.stderr)")
+            try FileManager.default.removeItem(atPath: b.directory.path + "/kek")
+            try FileManager.default.copyItem(atPath: newKey, toPath: b.directory.path + "/kek")
+            let verified = try ctl(b, ["verify", "--all", "--offline", "--json"])
+            #expect(verified.status == 0, "\(verified.stdout) \(verified.stderr)")
+            try b.start()
+            let again = try b.connect()
+            #expect(Self.eventually { Self.answer(again, "user-0").0 == "here" }, "\(b.stderr.suffix(3000))")
+            #expect(try again.call("io.userstore.Store.Query", ["user": "user-0", "sql": "SELECT body FROM notes"])["rows"] == [["sealed on a"]])
+            #expect(b.stop() == 0)
         }
     }
 }

@@ -1,23 +1,35 @@
 import Foundation
-import UserStoreCluster
 import UserStoreCore
 import UserStoreReplication
 
 /// `encryption.keyStore: etcd` in a cluster (docs/encryption.md): the wrapped data keys as etcd
 /// keys `/us/v1/keys/<record>` (values in base64), beside the cluster's own records; a put is
 /// durable once etcd answers it (committed by a majority of its members). Blocking, like every
-/// key store: called from the blocking pool.
-struct EtcdKeyStore: KeyStore {
+/// key store: called from the blocking pool (the daemon) or a command's own thread
+/// (userstorectl's offline commands and `keys rewrap`).
+public struct EtcdKeyStore: KeyStore {
     let etcd: EtcdClient
     let endpoints: [String]
-    static let prefix = "/us/v1/keys/"
+    public static let prefix = "/us/v1/keys/"
 
-    /// A record in etcd that is not what this store writes.
-    struct Malformed: Error, CustomStringConvertible {
-        let description: String
+    public init(etcd: EtcdClient, endpoints: [String]) {
+        self.etcd = etcd
+        self.endpoints = endpoints
     }
 
-    func read(_ name: String) throws -> [UInt8]? {
+    /// A record in etcd that is not what this store writes.
+    public struct Malformed: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// The hosts of the cluster that are alive now (their records under `/us/v1/hosts/`, which
+    /// end with their leases): a key-encryption key's rotation waits until there are none.
+    public func liveHosts() throws -> [String] {
+        let etcd = self.etcd
+        return try ReplicaStorage.blocking { try await etcd.list(prefix: HostMembership.prefix) }.map { String($0.key.dropFirst(HostMembership.prefix.count)) }
+    }
+
+    public func read(_ name: String) throws -> [UInt8]? {
         let etcd = self.etcd
         let value = try ReplicaStorage.blocking { try await etcd.get(Self.prefix + name) }
         return try value.map { found in
@@ -28,20 +40,20 @@ struct EtcdKeyStore: KeyStore {
         }
     }
 
-    func write(_ name: String, _ bytes: [UInt8]) throws {
+    public func write(_ name: String, _ bytes: [UInt8]) throws {
         let etcd = self.etcd, value = Data(bytes).base64EncodedString()
         _ = try ReplicaStorage.blocking { try await etcd.put(Self.prefix + name, value) }
     }
 
-    func remove(_ name: String) throws {
+    public func remove(_ name: String) throws {
         let etcd = self.etcd
         _ = try ReplicaStorage.blocking { try await etcd.delete(Self.prefix + name) }
     }
 
-    func names(under folder: String) throws -> [String] {
+    public func names(under folder: String) throws -> [String] {
         let etcd = self.etcd
         return try ReplicaStorage.blocking { try await etcd.list(prefix: Self.prefix + folder) }.map { String($0.key.dropFirst(Self.prefix.count)) }
     }
 
-    var location: String { "etcd (\(endpoints.joined(separator: ", ")))\(Self.prefix)" }
+    public var location: String { "etcd (\(endpoints.joined(separator: ", ")))\(Self.prefix)" }
 }
