@@ -23,9 +23,6 @@ IMPORT = re.compile(r"^(?:@[\w]+(?:\([^)]*\))?\s+)*(?:public |package |internal 
 def main() -> int:
     package = json.loads(subprocess.run(["swift", "package", "dump-package"], cwd=ROOT, check=True,
                                         capture_output=True, text=True).stdout)
-    # Which module names each product of a dependency gives: its name (all the products this
-    # package uses are named after their module, or listed here).
-    product_modules = {"GRDBSQLite": {"GRDBSQLite"}, "Prometheus": {"Prometheus"}}
     # A test declares an executable to have it built, and runs it: never imported.
     executables = {target["name"] for target in package["targets"] if target["type"] == "executable"}
     problems = []
@@ -35,12 +32,11 @@ def main() -> int:
             continue
         path = target.get("path") or os.path.join("Tests" if kind == "test" else "Sources", name)
         folder = os.path.join(ROOT, path)
-        declared = set()
+        declared = set()  # every product this package uses is named after its module
         for dependency in target.get("dependencies", []):
             for key in ("byName", "target", "product"):
                 if key in dependency:
-                    module = dependency[key][0]
-                    declared |= product_modules.get(module, {module})
+                    declared.add(dependency[key][0])
         imported = set()
         for directory, _, files in os.walk(folder):
             for file in files:

@@ -1,7 +1,7 @@
 // A VFS layer that encrypts the pages of the databases given a cipher, and of their WALs (see
 // include/sqlite_cipher.h). The layout follows SQLite's own shims (ext/misc/vfsstat.c) and
 // CSQLiteSizeCache: our file object first, the underlying one right after it. The page format
-// itself (nonce, tag, what is authenticated) is the cipher's: this file only finds the pages in
+// itself (nonce, tag, what is authenticated) is page_seal.c's: this file only finds the pages in
 // SQLite's reads and writes.
 //
 // What SQLite reads and writes, in WAL mode with the EXCLUSIVE locking the stores use:
@@ -25,6 +25,8 @@ typedef struct CipherFile {
     sqlite3_file *real;
     /// The cipher (retained), or null: the file passes through unchanged.
     void *cipher;
+    /// The cipher's page key (page_seal.h), alive while `cipher` is retained.
+    userstore_page_key *key;
     /// A WAL (else a database file).
     int isWAL;
     /// The page size, once known (0 before).
@@ -75,7 +77,7 @@ static unsigned char *scratch(CipherFile *p, int size) {
 /// page extended, reads as zeros; SQLite finds a zeroed page of a b-tree corrupt).
 static int openPage(CipherFile *p, unsigned int number, unsigned char *page, int size) {
     if (allZero(page, size)) return 0;
-    return hooks.open(p->cipher, number, page, page, size);
+    return userstore_page_open(p->key, number, page, page, size);
 }
 
 /// The register of open databases with a cipher, for their WAL and journal opens.
@@ -177,7 +179,7 @@ static int databaseWrite(CipherFile *p, const void *buffer, int amount, sqlite3_
     if (!stored) return SQLITE_IOERR_NOMEM;
     for (int i = 0; i < amount / size; i++) {
         sqlite3_int64 at = (sqlite3_int64)i * size;
-        if (hooks.seal(p->cipher, (unsigned int)(offset / size) + i + 1, (const unsigned char *)buffer + at, stored + at, size)) {
+        if (userstore_page_seal(p->key, (unsigned int)(offset / size) + i + 1, (const unsigned char *)buffer + at, stored + at, size)) {
             sqlite3_log(SQLITE_IOERR_WRITE, "userstore cipher: page %lld has no room for its nonce and tag", offset / size + i + 1);
             return SQLITE_IOERR_WRITE;
         }
@@ -235,14 +237,14 @@ static int walRead(CipherFile *p, void *buffer, int amount, sqlite3_int64 offset
         int rc = real->pMethods->xRead(real, header, frameHeaderSize, frame);
         if (rc == SQLITE_IOERR_SHORT_READ) memset(buffer, 0, (size_t)amount); // as SQLite requires
         if (rc != SQLITE_OK) return rc;
-        hooks.mask(p->cipher, header + 8, frame, header + 16);
+        userstore_page_mask(p->key, header + 8, frame, header + 16);
         memcpy(buffer, header + within, (size_t)amount);
         return rc;
     }
     if (within == 0 && amount == frameSize) {
         int rc = real->pMethods->xRead(real, buffer, amount, offset);
         if (rc != SQLITE_OK) return rc;
-        hooks.mask(p->cipher, bytes + 8, frame, bytes + 16);
+        userstore_page_mask(p->key, bytes + 8, frame, bytes + 16);
         // Recovery reads whole frames: one that fails authentication is left as it is, so that
         // SQLite's checksum rejects it like a torn frame (the end of the log).
         openPage(p, bigEndian32(bytes), bytes + frameHeaderSize, size);
@@ -278,8 +280,8 @@ static int walWrite(CipherFile *p, const void *buffer, int amount, sqlite3_int64
         unsigned char *stored = scratch(p, amount);
         if (!stored) return SQLITE_IOERR_NOMEM;
         memcpy(stored, bytes, frameHeaderSize);
-        hooks.mask(p->cipher, stored + 8, frame, stored + 16);
-        if (amount == frameSize && hooks.seal(p->cipher, bigEndian32(bytes), bytes + frameHeaderSize, stored + frameHeaderSize, size)) {
+        userstore_page_mask(p->key, stored + 8, frame, stored + 16);
+        if (amount == frameSize && userstore_page_seal(p->key, bigEndian32(bytes), bytes + frameHeaderSize, stored + frameHeaderSize, size)) {
             return SQLITE_IOERR_WRITE;
         }
         p->headerOffset = frame;
@@ -292,7 +294,7 @@ static int walWrite(CipherFile *p, const void *buffer, int amount, sqlite3_int64
         if (rc != SQLITE_OK) return rc == SQLITE_IOERR_DATA ? SQLITE_IOERR_WRITE : rc;
         unsigned char *stored = scratch(p, size);
         if (!stored) return SQLITE_IOERR_NOMEM;
-        if (hooks.seal(p->cipher, number, bytes, stored, size)) return SQLITE_IOERR_WRITE;
+        if (userstore_page_seal(p->key, number, bytes, stored, size)) return SQLITE_IOERR_WRITE;
         return real->pMethods->xWrite(real, stored, amount, offset);
     }
     sqlite3_log(SQLITE_IOERR_WRITE, "userstore cipher: a WAL write of %d bytes at %lld is not of a frame", amount, offset);
@@ -311,6 +313,7 @@ static int cipherClose(sqlite3_file *file) {
     if (p->cipher) {
         hooks.release(p->cipher);
         p->cipher = 0;
+        p->key = 0;
     }
     sqlite3_free(p->scratch);
     p->scratch = 0;
@@ -346,6 +349,7 @@ static int cipherFileControl(sqlite3_file *file, int op, void *argument) {
             hooks.release(p->cipher);
         }
         p->cipher = argument;
+        p->key = hooks.key(argument);
         p->pageSize = 0;
         enlist(p);
         return SQLITE_OK;
@@ -408,6 +412,7 @@ static int cipherOpen(sqlite3_vfs *vfs, const char *name, sqlite3_file *file, in
     if (inherited) {
         if (rc == SQLITE_OK && real) {
             p->cipher = inherited;
+            p->key = hooks.key(inherited);
             p->isWAL = 1;
         } else {
             hooks.release(inherited);
@@ -421,7 +426,7 @@ static int registered = SQLITE_ERROR;
 
 static void registerLayer(void) {
     underlying = sqlite3_vfs_find(0);
-    if (!underlying || !hooks.seal) return;
+    if (!underlying || !hooks.key) return;
     for (int version = 1; version <= 3; version++) {
         sqlite3_io_methods *m = &methods[version - 1];
         memset(m, 0, sizeof *m);

@@ -5,23 +5,13 @@
 
 #include "page_seal.h"
 
-/// What the layer asks of a cipher (UserStoreCore's PageCipher: the page format, the keys and
-/// AES-256-GCM are Swift's; the layer only finds the pages in a file's reads and writes).
-/// `cipher` is the pointer handed over with USERSTORE_FCNTL_CIPHER.
+/// What the layer asks of a cipher (UserStoreCore's PageCipher, which owns the keys): its page
+/// key (page_seal.h), with which the layer seals and opens the pages it finds in a file's reads
+/// and writes and masks its WAL's frame checksums. `cipher` is the pointer handed over with
+/// USERSTORE_FCNTL_CIPHER.
 typedef struct userstore_cipher_hooks {
-    /// Encrypts page `number` (`size` bytes at `plain`) into `stored` (`size` bytes, not
-    /// overlapping `plain`). Returns 0, or nonzero when the page cannot be encrypted (its
-    /// reserved bytes are too few to hold the nonce and the tag).
-    int (*seal)(void *cipher, unsigned int number, const void *plain, void *stored, int size);
-    /// Decrypts page `number` (`size` bytes at `stored`) into `plain` (may be `stored`).
-    /// Returns 0, or nonzero when the page fails authentication (damaged, tampered with, another
-    /// key's, or not encrypted at all).
-    int (*open)(void *cipher, unsigned int number, const void *stored, void *plain, int size);
-    /// XORs `field` (a WAL frame header's 8 checksum bytes) with a mask that only the key
-    /// gives, drawn from the frame's salt (8 bytes) and its offset in the WAL: the checksums
-    /// SQLite writes are of the plaintext page, and would let anyone holding the file test a
-    /// guess of a page's content.
-    void (*mask)(void *cipher, const void *salt, sqlite3_int64 offset, void *field);
+    /// The cipher's page key, alive as long as the cipher is retained.
+    userstore_page_key *(*key)(void *cipher);
     void (*retain)(void *cipher);
     void (*release)(void *cipher);
 } userstore_cipher_hooks;

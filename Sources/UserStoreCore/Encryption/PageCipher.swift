@@ -10,9 +10,10 @@ import GRDBSQLite
 /// and allocates on every call, which cost several times the AES itself); the keys are drawn
 /// here with swift-crypto.
 ///
-/// The layer under SQLite (CSQLiteCipher) hands every page of an encrypted database and of its
-/// WAL to ``seal(page:plain:into:)`` on the way to the disk and to ``open(page:stored:into:)``
-/// on the way back, so SQLite's cache, and everything above it, only sees plaintext, and
+/// The layer under SQLite (CSQLiteCipher) seals every page of an encrypted database and of its
+/// WAL with this cipher's page key on the way to the disk and opens it on the way back (the
+/// same C functions ``seal(page:plain:into:)`` and ``open(page:stored:into:)`` call), so
+/// SQLite's cache, and everything above it, only sees plaintext, and
 /// everything below it — the files, the WAL frames the host log ships, the bucket's objects —
 /// only ciphertext.
 ///
@@ -37,9 +38,8 @@ public final class PageCipher: @unchecked Sendable {
     public static let reservedBytes = Int(USERSTORE_CIPHER_RESERVE)
     /// Page 1's first 16 bytes on disk.
     public static let storedMagic = Array("UserStore AES 1\u{0}".utf8)
+    /// Page 1's first 16 bytes as SQLite reads them (and a plaintext store's on disk).
     static let sqliteMagic = Array("SQLite format 3\u{0}".utf8)
-    /// Page 1's plaintext header.
-    static let headerSize = 100
 
     /// The page key's AES-GCM context and the mask key's HMAC state (CSQLiteCipher), freed with
     /// the cipher.
@@ -125,30 +125,7 @@ extension PageCipher {
 
     static func registerLayer() -> Bool {
         var hooks = userstore_cipher_hooks(
-            seal: { context, number, plain, stored, size in
-                let cipher = Unmanaged<PageCipher>.fromOpaque(context!).takeUnretainedValue()
-                do {
-                    try cipher.seal(page: number, plain: UnsafeRawBufferPointer(start: plain, count: Int(size)),
-                                    into: UnsafeMutableRawBufferPointer(start: stored, count: Int(size)))
-                    return 0
-                } catch {
-                    return 1
-                }
-            },
-            open: { context, number, stored, plain, size in
-                let cipher = Unmanaged<PageCipher>.fromOpaque(context!).takeUnretainedValue()
-                do {
-                    try cipher.open(page: number, stored: UnsafeRawBufferPointer(start: stored, count: Int(size)),
-                                    into: UnsafeMutableRawBufferPointer(start: plain, count: Int(size)))
-                    return 0
-                } catch {
-                    return 1
-                }
-            },
-            mask: { context, salt, offset, field in
-                Unmanaged<PageCipher>.fromOpaque(context!).takeUnretainedValue()
-                    .mask(salt: UnsafeRawBufferPointer(start: salt, count: 8), offset: offset, field: UnsafeMutableRawBufferPointer(start: field, count: 8))
-            },
+            key: { context in Unmanaged<PageCipher>.fromOpaque(context!).takeUnretainedValue().pageKey },
             retain: { context in _ = Unmanaged<PageCipher>.fromOpaque(context!).retain() },
             release: { context in Unmanaged<PageCipher>.fromOpaque(context!).release() }
         )

@@ -42,12 +42,10 @@ public enum StoreFileInspector {
         return (try? DatabaseQueue(path: path, configuration: configuration).read { try Int64.fetchOne($0, sql: "PRAGMA user_version") ?? -1 }) ?? -1
     }
 
-    private static let sqliteMagic = Array("SQLite format 3\u{0}".utf8)
-
     /// Whether `header` starts as a store's file does: SQLite's magic, or an encrypted store's
     /// (``PageCipher``: the rest of its 100-byte header is SQLite's, in plaintext).
     static func hasStoreMagic(_ header: [UInt8]) -> Bool {
-        header.starts(with: sqliteMagic) || header.starts(with: PageCipher.storedMagic)
+        header.starts(with: PageCipher.sqliteMagic) || header.starts(with: PageCipher.storedMagic)
     }
 
     /// Whether the file at `path` is an encrypted store (its first bytes say so); false for a
