@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UserStoreConfiguration
 import UserStoreCore
 @testable import UserStoreReplication
 
@@ -52,6 +53,23 @@ struct LogSegmentTests {
         #expect(throws: LogSegment.Damaged.self) { try LogSegment.decode(Array(bytes.dropLast(7))) }
         #expect(throws: LogSegment.Damaged.self) { try LogSegment.decode(Array("SQLite format 3\0".utf8) + bytes) }
         #expect(throws: LogSegment.Damaged.self) { try LogSegment.decode([]) }
+    }
+
+    /// Before the replica's listing is in, a restore reads every log object: one whose body is
+    /// damaged refuses the users its header names (ReplicaDamaged material), never another user
+    /// (found by CI: a new user's first open, made before the listing was in, was refused).
+    @Test func aDamagedObjectRefusesOnlyTheUsersItHolds() throws {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("log-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + root))
+        var bytes = Self.segment.encoded()
+        guard let (_, offset) = try LogSegment.header(of: bytes) else { Issue.record("no header"); return }
+        for index in offset..<bytes.count { bytes[index] ^= 0xFF }
+        try storage.put(LogRestorer.folder + "d1/i1/00000042.usl", bytes)
+        let restorer = LogRestorer(storage: storage)
+        #expect(try restorer.holds("gus") == false)
+        #expect(throws: LogSegment.Damaged.self) { try restorer.holds("ann") }
     }
 
     @Test func zstdRefusesMoreThanItsLimit() throws {

@@ -117,8 +117,11 @@ package struct LogRestorer: Sendable {
             guard let bytes = try storage.get(key) else {
                 throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone", logObject: true)
             }
+            // Unindexed (the listing is not in yet), every object is read: one that does not
+            // name the user is skipped by its header, so damage elsewhere never refuses this user.
+            guard let (header, _) = try LogSegment.header(of: bytes) else { throw LogSegment.Damaged(description: "\(storage.describe(key)) is truncated within its header") }
+            guard header.users.contains(user) else { continue }
             let segment = try LogSegment.decode(bytes)
-            guard segment.header.users.contains(user) else { continue }
             let createdAt = RFC3339.parse(segment.header.createdAt) ?? .distantPast
             if let until, createdAt > until { continue }
             for (index, record) in segment.records.enumerated() where record.user == user {
