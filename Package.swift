@@ -55,13 +55,16 @@ let package = Package(
         .systemLibrary(name: "CSyncFS"),
         // The varlink protocol: exact JSON, framing, messages, the epoll event loop daemon and client share.
         .target(name: "Varlink", dependencies: ["CUnixSocket"]),
+        // The names of the daemon's methods and errors, one table for the daemon, the client and
+        // userstorectl (no dependencies: the client links it too).
+        .target(name: "UserStoreInterface"),
         // The Swift client applications import: a pipelining connection pool on the daemon's own
         // epoll loop (Varlink's EventLoop) and NIOCore's data structures (it depends on neither
         // GRDB nor the daemon).
         .target(
             name: "UserStoreClient",
             dependencies: [
-                "Varlink", "CUnixSocket",
+                "Varlink", "CUnixSocket", "UserStoreInterface",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -90,12 +93,12 @@ let package = Package(
             ]
         ),
         // The wire shapes of io.userstore.*: named errors and fleet replies (daemon and CLI).
-        .target(name: "UserStoreProtocol", dependencies: ["UserStoreCore", "Varlink"]),
+        .target(name: "UserStoreProtocol", dependencies: ["UserStoreCore", "Varlink", "UserStoreInterface"]),
         // The daemon as a library: configuration, socket server, request handling, lifecycle.
         .target(
             name: "UserStoreServer",
             dependencies: [
-                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket",
+                "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket", "UserStoreInterface",
                 "UserStoreCluster", "UserStoreS3", "UserStoreReplication",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
@@ -120,7 +123,7 @@ let package = Package(
         .target(
             name: "UserStoreReplication",
             dependencies: [
-                "UserStoreCore", "UserStoreConfiguration", "UserStoreProtocol", "CChildProcess", "UserStoreS3", "CZstd",
+                "UserStoreCore", "UserStoreConfiguration", "UserStoreProtocol", "UserStoreInterface", "CChildProcess", "UserStoreS3", "CZstd",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
@@ -134,7 +137,7 @@ let package = Package(
         .target(
             name: "UserStoreCtl",
             dependencies: [
-                "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine",
+                "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine", "UserStoreInterface",
                 "UserStoreReplication", "UserStoreCluster", // key stores in a bucket or etcd (OfflineKeyStore)
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
@@ -143,7 +146,7 @@ let package = Package(
         .executableTarget(
             name: "userstorectl",
             dependencies: [
-                "UserStoreCtl", "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreReplication",
+                "UserStoreCtl", "UserStoreCore", "Varlink", "UserStoreConfiguration", "UserStoreReplication", "UserStoreInterface",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -216,7 +219,7 @@ let package = Package(
         .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
         .testTarget(
             name: "UserStoreServerTests",
-            dependencies: ["UserStoreServer", "Varlink", "CChildProcess", "UserStoreCore", "UserStoreJournal",
+            dependencies: ["UserStoreInterface", "UserStoreServer", "Varlink", "CChildProcess", "UserStoreCore", "UserStoreJournal",
                            "userstored", "userstorectl", "userstore-journal-probe", "UserStoreClient",
                            "UserStoreCluster", "ClusterTestSupport", "UserStoreFuzzTargets", "DaemonTestSupport", "UserStoreReplication", "UserStoreConfiguration",
                            .product(name: "Prometheus", package: "swift-prometheus"), .product(name: "Logging", package: "swift-log")]
@@ -236,7 +239,7 @@ let package = Package(
         // decoding through `package` access; the fuzzer and FuzzCorpusTests feed the same map.
         .target(
             name: "UserStoreFuzzTargets",
-            dependencies: ["UserStoreServer", "UserStoreCore", "Varlink", .product(name: "GRDBSQLite", package: "GRDB.swift")],
+            dependencies: ["UserStoreServer", "UserStoreCore", "UserStoreInterface", "Varlink", .product(name: "GRDBSQLite", package: "GRDB.swift")],
             path: "Fuzz/Targets"
         ),
     ],

@@ -1,5 +1,6 @@
 import GRDBSQLite
 import UserStoreCore
+import UserStoreInterface
 import UserStoreServer
 import Varlink
 

@@ -1,3 +1,4 @@
+import UserStoreInterface
 import Varlink
 
 /// The statement calls (Query, Execute, Batch) of one user's store, outside or inside a
@@ -27,14 +28,14 @@ struct StatementCalls: Sendable {
     }
 
     func execute(_ sql: String, _ parameters: Parameters, durable: Bool = false) async throws -> ExecuteResult {
-        try Replies.execute(try await run(Method.execute) { message in
+        try Replies.execute(try await run(Method.execute.rawValue) { message in
             message.statement(Statement(sql, parameters))
             if durable { message.field("durable", true) }
         })
     }
 
     func query(_ sql: String, _ parameters: Parameters) async throws -> [Row] {
-        try Replies.rows(try await run(Method.query) { $0.statement(Statement(sql, parameters)) })
+        try Replies.rows(try await run(Method.query.rawValue) { $0.statement(Statement(sql, parameters)) })
     }
 
     func query<T: Decodable>(_ type: T.Type, _ sql: String, _ parameters: Parameters) async throws -> [T] {
@@ -42,23 +43,11 @@ struct StatementCalls: Sendable {
     }
 
     func batch(_ statements: [Statement], transaction mode: Bool, durable: Bool = false) async throws -> [StatementResult] {
-        try Replies.batch(try await run(Method.batch) { message in
+        try Replies.batch(try await run(Method.batch.rawValue) { message in
             message.statements(statements)
             // Inside an interactive transaction the daemon takes the id from `transaction` itself.
             if transaction == nil { message.field("transaction", mode) }
             if durable { message.field("durable", true) }
         })
     }
-}
-
-/// The daemon's method names (made once: a call's name is written on every call).
-enum Method {
-    static let open = "io.userstore.Store.Open"
-    static let query = "io.userstore.Store.Query"
-    static let execute = "io.userstore.Store.Execute"
-    static let batch = "io.userstore.Store.Batch"
-    static let begin = "io.userstore.Store.Begin"
-    static let commit = "io.userstore.Store.Commit"
-    static let rollback = "io.userstore.Store.Rollback"
-    static let watch = "io.userstore.Store.Watch"
 }

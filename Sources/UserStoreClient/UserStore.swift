@@ -1,3 +1,4 @@
+import UserStoreInterface
 import Varlink
 
 /// One user's store on the daemon: its own SQLite file, behind its own serial queue. Calls for
@@ -22,7 +23,7 @@ public struct UserStore: Sendable {
     /// Opens the store (creating it and applying pending migrations if needed) and reports its
     /// versions. Any other call does the same implicitly.
     public func open() async throws -> StoreInfo {
-        var message = CallMessage(method: Method.open)
+        var message = CallMessage(method: Method.open.rawValue)
         message.field("user", user)
         return try Replies.info(try await client.call(message.finish(), readOnly: true))
     }
@@ -79,7 +80,7 @@ public struct UserStore: Sendable {
     /// for try await row in try await alice.stream("SELECT id, body FROM notes") { … }
     /// ```
     public func stream(_ sql: String, _ parameters: (any SQLValueConvertible)?...) async throws -> RowSequence {
-        var message = CallMessage(method: Method.query)
+        var message = CallMessage(method: Method.query.rawValue)
         message.field("user", user)
         message.statement(Statement(sql, Parameters.positional(parameters)))
         return RowSequence(producer: try await client.stream(message.finish(more: true), as: RowStreamDecoder.self))
@@ -115,7 +116,7 @@ public struct UserStore: Sendable {
         defer { pool.release(lease, discard: discard) }
         let id: String
         do {
-            let reply = try await client.send(Method.begin, ["user": user, "mode": mode.rawValue],
+            let reply = try await client.send(Method.begin.rawValue, ["user": user, "mode": mode.rawValue],
                                               on: lease, cancellable: true)
             guard let transaction = reply["transaction"]?.stringValue else {
                 throw UserStoreError.protocolViolation("a Begin reply without transaction")
@@ -137,7 +138,7 @@ public struct UserStore: Sendable {
             throw error
         }
         do {
-            var message = CallMessage(method: Method.commit)
+            var message = CallMessage(method: Method.commit.rawValue)
             message.field("transaction", id)
             if durable { message.field("durable", true) }
             _ = try Replies.parameters(try await client.send(message.finish(), on: lease, cancellable: false))
@@ -151,7 +152,7 @@ public struct UserStore: Sendable {
     /// even that failed: then the connection must be closed, which makes the daemon roll back.
     private func rollBack(_ id: String, lease: ConnectionPool.Lease) async -> Bool {
         do {
-            _ = try await client.send(Method.rollback, ["transaction": id], on: lease, cancellable: false)
+            _ = try await client.send(Method.rollback.rawValue, ["transaction": id], on: lease, cancellable: false)
             return true
         } catch let error as UserStoreError where error.kind == .daemon {
             return true // NoSuchTransaction / TransactionExpired: the daemon ended it already.

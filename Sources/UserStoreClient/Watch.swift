@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreInterface
 import Varlink
 
 /// One reply of a watch (``UserStore/watch(tables:since:values:)``).
@@ -56,6 +57,9 @@ public struct ChangeSequence: AsyncSequence, Sendable {
 }
 
 extension UserStore {
+    /// The daemon's errors after which a watch resumes from its last position (the others end it).
+    static let resumable: Set<String> = Set([ErrorName.watchTooSlow, .shuttingDown, .retry, .hostUnreachable].map(\.short))
+
     /// The user's committed changes, from now (or after `since`, a position an earlier watch
     /// delivered), in commit order — each transaction once.
     ///
@@ -75,7 +79,7 @@ extension UserStore {
             var position = since
             var pause: Duration = .milliseconds(50)
             while !Task.isCancelled {
-                var message = CallMessage(method: Method.watch)
+                var message = CallMessage(method: Method.watch.rawValue)
                 message.field("user", user)
                 message.field("values", values)
                 if let tables { message.field("tables", tables) }
@@ -89,7 +93,7 @@ extension UserStore {
                         pause = .milliseconds(50)
                     }
                 } catch let error as UserStoreError where error.kind == .connectionClosed || error.kind == .connectionFailed
-                                                         || (error.kind == .daemon && ["WatchTooSlow", "ShuttingDown", "Retry", "HostUnreachable"].contains(error.name)) {
+                                                         || (error.kind == .daemon && Self.resumable.contains(error.name)) {
                     // Resume from the last position delivered, after a pause that grows to 2 s.
                     try? await Task.sleep(for: pause)
                     pause = min(pause * 2, .seconds(2))

@@ -1,4 +1,5 @@
 import UserStoreClient
+import UserStoreInterface
 import Varlink
 
 /// Exit codes scripts can trust (documented in `userstorectl --help` and docs/cli.md).
@@ -32,7 +33,7 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
     /// each as `key: value`. An empty text is left out rather than printed as `key: `.
     static func from(name: String, parameters: [String: JSONValue], socket: String) -> CtlError {
         let short = name.split(separator: ".").last.map(String.init) ?? name
-        if short == "WrongHost", let host = parameters["host"] {
+        if short == ErrorName.wrongHost.short, let host = parameters["host"] {
             // An admin call acts on this host's stores only; the owner's daemon serves it.
             let address = parameters["address"].map(text) ?? ""
             return CtlError(.someFailed, "WrongHost: user \(parameters["user"].map(text) ?? "?") is on host \(text(host))"
@@ -41,7 +42,7 @@ public struct CtlError: Error, Sendable, CustomStringConvertible {
         let detail = describe(parameters)
         // PermissionDenied with statement: true refuses one statement (ATTACH, the bookkeeping);
         // only a refused caller (the access rules) means exit code 3.
-        let accessDenied = short == "PermissionDenied" && parameters["statement"] != .bool(true)
+        let accessDenied = short == ErrorName.permissionDenied.short && parameters["statement"] != .bool(true)
         let code: CtlExitCode = accessDenied ? .unreachable : .someFailed
         let prefix = accessDenied ? "\(socket): permission denied" : short
         return CtlError(code, detail.isEmpty ? prefix : "\(prefix): \(detail)")

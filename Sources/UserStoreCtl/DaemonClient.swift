@@ -1,10 +1,11 @@
 import Dispatch
+import Synchronization
+import UserStoreClient
+import UserStoreInterface
+import Varlink
 #if canImport(Glibc)
 import Glibc
 #endif
-import Synchronization
-import UserStoreClient
-import Varlink
 
 /// userstorectl's connection to userstored: a ``UserStoreClient`` with one connection (an
 /// interactive transaction belongs to its connection), driven from the command's thread.
@@ -62,6 +63,16 @@ public final class DaemonClient: Sendable {
     deinit {
         let client = self.client
         Task(executorPreference: client.executor) { await client.shutdown() }
+    }
+
+    /// Calls the daemon's `method` (the table the daemon dispatches on) and returns its reply.
+    public func call(_ method: Method, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) throws(CtlError) -> [String: JSONValue] {
+        try call(method.rawValue, parameters, descriptors: descriptors)
+    }
+
+    /// Calls the daemon's streaming `method`; `body` sees each reply, the last one included.
+    public func stream(_ method: Method, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) throws(CtlError) {
+        try stream(method.rawValue, parameters, body)
     }
 
     /// Calls a method and returns its reply. `descriptors` travel with it (`SCM_RIGHTS`).

@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreInterface
 import Varlink
 #if canImport(Glibc)
 import Glibc
@@ -24,7 +25,7 @@ public struct FileImport {
         defer { close(descriptor) }
         var parameters: [String: JSONValue] = ["user": .string(user), "replace": .bool(replace)]
         if let schemaVersion { parameters["schemaVersion"] = .integer(schemaVersion) }
-        return try client.call("io.userstore.Admin.ImportStore", parameters, descriptors: [descriptor])
+        return try client.call(.importStore, parameters, descriptors: [descriptor])
     }
 
     /// The files of `directory` that `pattern` (a file name with one `{user}`) matches, with

@@ -2,6 +2,7 @@ import CEditLine
 import Foundation
 import GRDBSQLite
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// `userstorectl sql USER` without a statement: statements typed at a prompt (with line editing
@@ -72,7 +73,7 @@ public final class SQLShell {
         }
         if let transaction {
             Output.error("userstorectl: transaction \(transaction) was open at the end: rolled back")
-            _ = try? client.call("io.userstore.Store.Rollback", ["transaction": .string(transaction)])
+            _ = try? client.call(.rollback, ["transaction": .string(transaction)])
             succeeded = false
         }
         return succeeded
@@ -138,13 +139,13 @@ public final class SQLShell {
         if let transaction {
             var statement: [String: JSONValue] = ["sql": .string(sql)]
             if !parameters.isEmpty { statement["parameters"] = .array(parameters) }
-            let batch = try client.call("io.userstore.Store.Batch", ["user": .string(user), "transaction": .string(transaction),
+            let batch = try client.call(.batch, ["user": .string(user), "transaction": .string(transaction),
                                                                       "statements": [.object(statement)]])
             return batch["results"]?.arrayValue?.first?.objectValue ?? [:]
         }
         var call: [String: JSONValue] = ["user": .string(user), "sql": .string(sql)]
         if !parameters.isEmpty { call["parameters"] = .array(parameters) }
-        return try client.call("io.userstore.Admin.Execute", call)
+        return try client.call(.adminExecute, call)
     }
 
     /// Runs one statement; false when it failed (the error is printed).
@@ -153,12 +154,12 @@ public final class SQLShell {
             switch Self.control(statement) {
             case .begin(let mode)?:
                 guard transaction == nil else { throw CtlError(.someFailed, "a transaction is already open; COMMIT or ROLLBACK it first") }
-                transaction = try client.call("io.userstore.Store.Begin", ["user": .string(user), "mode": .string(mode)])["transaction"]?.stringValue
+                transaction = try client.call(.begin, ["user": .string(user), "mode": .string(mode)])["transaction"]?.stringValue
                 print("BEGIN")
             case .end(let commit)?:
                 guard let open = transaction else { throw CtlError(.someFailed, "no transaction is open") }
                 transaction = nil
-                _ = try client.call(commit ? "io.userstore.Store.Commit" : "io.userstore.Store.Rollback", ["transaction": .string(open)])
+                _ = try client.call(commit ? Method.commit : Method.rollback, ["transaction": .string(open)])
                 print(commit ? "COMMIT" : "ROLLBACK")
             case nil:
                 show(try run(statement, []))

@@ -1,55 +1,55 @@
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// The named varlink error for each ``StoreError``.
 extension StoreError {
     public var varlinkError: VarlinkError {
-        let prefix = "io.userstore.Store."
         switch self {
         case .invalidUser(let id, let reason):
-            return VarlinkError(prefix + "InvalidUser", ["user": .string(InputQuote.prefix(id)), "reason": .string(reason)])
+            return VarlinkError(.invalidUser, ["user": .string(InputQuote.prefix(id)), "reason": .string(reason)])
         case .migrationFailed(let user, let version, let migration, let message, let code, let schemaVersion):
             var parameters: [String: JSONValue] = [
                 "user": .string(user.rawValue), "version": .integer(version), "migration": .string(migration),
                 "message": .string(message), "schemaVersion": .integer(schemaVersion),
             ]
             if let code { parameters["sqliteCode"] = .integer(Int64(code)) }
-            return VarlinkError(prefix + "MigrationFailed", parameters)
+            return VarlinkError(.migrationFailed, parameters)
         case .storeTooNew(let user, let storeVersion, let knownVersion):
-            return VarlinkError(prefix + "StoreTooNew", ["user": .string(user.rawValue), "storeVersion": .integer(storeVersion), "knownVersion": .integer(knownVersion)])
+            return VarlinkError(.storeTooNew, ["user": .string(user.rawValue), "storeVersion": .integer(storeVersion), "knownVersion": .integer(knownVersion)])
         case .checksumMismatch(let user, let version, let migration, _, _):
-            return VarlinkError(prefix + "ChecksumMismatch", ["user": .string(user.rawValue), "version": .integer(version), "migration": .string(migration)])
+            return VarlinkError(.checksumMismatch, ["user": .string(user.rawValue), "version": .integer(version), "migration": .string(migration)])
         case .outOfOrderMigration(let user, let version, let migration, let latestApplied):
-            return VarlinkError(prefix + "OutOfOrderMigration", ["user": .string(user.rawValue), "version": .integer(version),
+            return VarlinkError(.outOfOrderMigration, ["user": .string(user.rawValue), "version": .integer(version),
                                                                  "migration": .string(migration), "latestApplied": .integer(latestApplied)])
         case .storeDamaged(let user, let message):
-            return VarlinkError(prefix + "StoreDamaged", ["user": .string(user.rawValue), "message": .string(message)])
+            return VarlinkError(.storeDamaged, ["user": .string(user.rawValue), "message": .string(message)])
         case .irreversibleMigration(let user, let version, let migration):
-            return VarlinkError(prefix + "SQLError", ["code": 1, "message": .string(StoreError.irreversibleMigration(user: user, version: version, migration: migration).description)])
+            return VarlinkError(.sqlError, ["code": 1, "message": .string(StoreError.irreversibleMigration(user: user, version: version, migration: migration).description)])
         case .sqlError(let code, let message, _):
-            return VarlinkError(prefix + "SQLError", ["code": .integer(Int64(code)), "message": .string(message)])
+            return VarlinkError(.sqlError, ["code": .integer(Int64(code)), "message": .string(message)])
         case .storageFailure(let user, let message):
-            return VarlinkError(prefix + "StorageFailure", ["user": .string(user.rawValue), "message": .string(message)])
+            return VarlinkError(.storageFailure, ["user": .string(user.rawValue), "message": .string(message)])
         case .noSuchStore(let user):
-            return VarlinkError("io.userstore.Admin.NoSuchStore", ["user": .string(user.rawValue)])
+            return VarlinkError(.noSuchStore, ["user": .string(user.rawValue)])
         case .noSuchBackup(let user, let backup):
-            return VarlinkError("io.userstore.Admin.NoSuchBackup", ["user": .string(user.rawValue), "backup": .string(backup)])
+            return VarlinkError(.noSuchBackup, ["user": .string(user.rawValue), "backup": .string(backup)])
         case .importRefused(let user, let reason):
-            return VarlinkError("io.userstore.Admin.ImportRefused", ["user": .string(user.rawValue), "reason": .string(reason)])
+            return VarlinkError(.importRefused, ["user": .string(user.rawValue), "reason": .string(reason)])
         case .replicationUnavailable(let user, let message):
-            return VarlinkError(prefix + "ReplicationUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
+            return VarlinkError(.replicationUnavailable, ["user": .string(user.rawValue), "message": .string(message)])
         case .replicaDamaged(let user, let message):
-            return VarlinkError(prefix + "ReplicaDamaged", ["user": .string(user.rawValue), "message": .string(message)])
+            return VarlinkError(.replicaDamaged, ["user": .string(user.rawValue), "message": .string(message)])
         case .wrongHost(let user, let host, let address, let epoch):
-            return VarlinkError(prefix + "WrongHost", ["user": .string(user.rawValue), "host": .string(host), "address": .string(address), "epoch": .integer(epoch)])
+            return VarlinkError(.wrongHost, ["user": .string(user.rawValue), "host": .string(host), "address": .string(address), "epoch": .integer(epoch)])
         case .clusterUnavailable(let user, let message):
-            return VarlinkError(prefix + "ClusterUnavailable", ["user": .string(user.rawValue), "message": .string(message)])
+            return VarlinkError(.clusterUnavailable, ["user": .string(user.rawValue), "message": .string(message)])
         case .retry(let user, let reason):
-            return VarlinkError(prefix + "Retry", ["user": .string(user.rawValue), "reason": .string(reason)])
+            return VarlinkError(.retry, ["user": .string(user.rawValue), "reason": .string(reason)])
         case .storeKeyMissing(let user, let message):
-            return VarlinkError(prefix + "StoreKeyMissing", ["user": .string(user.rawValue), "message": .string(message)])
+            return VarlinkError(.storeKeyMissing, ["user": .string(user.rawValue), "message": .string(message)])
         case .storeErased(let user):
-            return VarlinkError(prefix + "StoreErased", ["user": .string(user.rawValue)])
+            return VarlinkError(.storeErased, ["user": .string(user.rawValue)])
         }
     }
 }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -19,7 +20,7 @@ extension UserStoreCtlCommand {
         func run() throws {
             var parameters: [String: JSONValue] = ["user": .string(user)]
             if !versions.isEmpty { parameters["versions"] = .array(versions.map { .integer(Int64($0)) }) }
-            let result = try connection.client().call("io.userstore.Admin.AcceptChecksums", parameters)
+            let result = try connection.client().call(.acceptChecksums, parameters)
             if connection.json { return connection.output.jsonLine(.object(result)) }
             let accepted = result["accepted"]?.arrayValue?.map { Output.cell($0) } ?? []
             print(accepted.isEmpty ? "\(user): no changed migration" : "\(user): accepted \(accepted.joined(separator: ", "))")

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -20,7 +21,7 @@ extension UserStoreCtlCommand {
             if let output {
                 parameters["path"] = .string(output.hasPrefix("/") ? output : FileManager.default.currentDirectoryPath + "/" + output)
             }
-            let result = try connection.client().call("io.userstore.Admin.Backup", parameters)
+            let result = try connection.client().call(.backup, parameters)
             if connection.json { return connection.output.jsonLine(.object(result)) }
             print(Output.cell(result["path"]))
         }

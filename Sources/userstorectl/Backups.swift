@@ -1,8 +1,9 @@
 import ArgumentParser
 import UserStoreConfiguration
 import UserStoreCore
-import UserStoreReplication
 import UserStoreCtl
+import UserStoreInterface
+import UserStoreReplication
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -15,7 +16,7 @@ extension UserStoreCtlCommand {
         var user: String
 
         func run() throws {
-            let backups = try connection.client().call("io.userstore.Admin.ListBackups", ["user": .string(user)])["backups"]?.arrayValue ?? []
+            let backups = try connection.client().call(.listBackups, ["user": .string(user)])["backups"]?.arrayValue ?? []
             if connection.json { return backups.forEach { connection.output.jsonLine($0) } }
             connection.output.table(["TAKEN AT", "VERSION", "REASON", "BYTES", "FILE"], backups.map { backup in
                 [Output.cell(backup["takenAt"]), Output.cell(backup["schemaVersion"]), Output.cell(backup["reason"]),
@@ -75,7 +76,7 @@ extension UserStoreCtlCommand {
             if offline { return try await restoreOffline() }
             if fromReplica { return try restoreFromReplica() }
             let backup = self.backup!
-            let result = try connection.client().call("io.userstore.Admin.RestoreStore", ["user": .string(user), "backup": .string(backup)])
+            let result = try connection.client().call(.restoreStore, ["user": .string(user), "backup": .string(backup)])
             if connection.json { return connection.output.jsonLine(.object(result)) }
             print("restored the store of '\(user)' from \(Output.cell(result["backup"]?["path"])) (schema version \(Output.cell(result["schemaVersion"])))")
             if let previous = result["previous"]?.stringValue { print("the previous store is kept as \(previous)") }
@@ -123,7 +124,7 @@ extension UserStoreCtlCommand {
         private func restoreFromReplica() throws {
             var parameters: [String: JSONValue] = ["user": .string(user)]
             if let timestamp { parameters["timestamp"] = .string(timestamp) }
-            let result = try connection.client().call("io.userstore.Admin.RestoreFromReplica", parameters)
+            let result = try connection.client().call(.restoreFromReplica, parameters)
             if connection.json { return connection.output.jsonLine(.object(result)) }
             let milliseconds = Double(result["durationMicroseconds"]?.integerValue ?? 0) / 1000
             print("restored the store of '\(user)' from \(Output.cell(result["source"]))\(timestamp.map { " as of \($0)" } ?? "") "

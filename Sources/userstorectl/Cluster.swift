@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -24,7 +25,7 @@ extension UserStoreCtlCommand {
             @Argument(help: "The host to move it to (a live host's cluster.host).") var host: String
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.MoveBucket", ["bucket": .integer(Int64(bucket)), "host": .string(host)])
+                let result = try connection.client().call(.moveBucket, ["bucket": .integer(Int64(bucket)), "host": .string(host)])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("moving bucket \(bucket) from \(Output.cell(result["from"])) to \(Output.cell(result["to"]))")
                 }
@@ -44,7 +45,7 @@ extension UserStoreCtlCommand {
             @Argument(help: "The host to drain.") var host: String
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.DrainHost", ["host": .string(host)])
+                let result = try connection.client().call(.drainHost, ["host": .string(host)])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("draining \(host): \(Output.cell(result["buckets"])) buckets to move")
                 }
@@ -64,7 +65,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.Rebalance", [:])
+                let result = try connection.client().call(.rebalance, [:])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("rebalancing: \(Output.cell(result["moves"])) buckets to move")
                 }
@@ -87,7 +88,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.Cluster", [:])
+                let result = try connection.client().call(.cluster, [:])
                 let output = connection.output
                 if output.json {
                     output.jsonLine(.object(result))

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -33,7 +34,7 @@ extension UserStoreCtlCommand {
                 print("Type the user ID to confirm: ", terminator: "")
                 guard readLine() == user else { throw CtlError(.someFailed, "userstorectl: not deleted") }
             }
-            let result = try connection.client().call("io.userstore.Admin.DeleteStore", ["user": .string(user), "keepBackups": .bool(keepBackups)])
+            let result = try connection.client().call(.deleteStore, ["user": .string(user), "keepBackups": .bool(keepBackups)])
             if connection.json { return connection.output.jsonLine(.object(result)) }
             let removed = result["removedFiles"]?.arrayValue ?? []
             if result["existed"] == true {

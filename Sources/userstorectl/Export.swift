@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -40,7 +41,7 @@ extension UserStoreCtlCommand {
             do {
                 let client = try connection.client()
                 client.interruptOnSignal()
-                try client.stream("io.userstore.Admin.ExportStore", ["user": .string(user), "format": .string(format)]) { reply in
+                try client.stream(.exportStore, ["user": .string(user), "format": .string(format)]) { reply in
                     if let chunk = reply["chunk"]?.stringValue {
                         guard let bytes = Data(base64Encoded: chunk) else { throw CtlError(.someFailed, "userstorectl: the daemon sent a chunk that is not base64") }
                         try sink.write(contentsOf: bytes)

@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -24,7 +25,7 @@ extension UserStoreCtlCommand {
             var user: String
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.RotateStoreKey", ["user": .string(user)])
+                let result = try connection.client().call(.rotateStoreKey, ["user": .string(user)])
                 if connection.json { return connection.output.jsonLine(.object(result)) }
                 print("\(Output.cell(result["user"])): \(Output.cell(result["pages"])) pages re-encrypted under a new key")
             }
@@ -96,7 +97,7 @@ extension UserStoreCtlCommand {
             if selection.all { parameters["all"] = true } else { parameters["users"] = .array(selection.users.map { .string($0) }) }
             let client = try connection.client()
             var summary: [String: JSONValue] = [:]
-            try client.stream("io.userstore.Admin.EncryptStores", parameters) { reply in
+            try client.stream(.encryptStores, parameters) { reply in
                 if connection.json { return connection.output.jsonLine(.object(reply)) }
                 if let user = reply["user"] {
                     let outcome = reply["ok"] == .bool(true) ? "encrypted" : "\(Output.cell(reply["error"])): \(Output.cell(reply["message"]))"

@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -28,7 +29,7 @@ extension UserStoreCtlCommand {
             client.interruptOnSignal()
             // Rows are printed as they arrive, in fixed-width columns, so nothing is held in memory.
             if !output.json { print(output.paint(Self.row("USER", "VERSION", "STATE", "ERROR"), .bold)) }
-            try client.stream("io.userstore.Admin.ListStores", parameters) { reply in
+            try client.stream(.listStores, parameters) { reply in
                 guard let store = reply["store"] else { return }
                 if output.json { return output.jsonLine(store) }
                 print(Self.row(Output.cell(store["user"]), Output.cell(store["schemaVersion"]),

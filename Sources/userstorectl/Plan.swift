@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -12,7 +13,7 @@ extension UserStoreCtlCommand {
         var user: String
 
         func run() throws {
-            let plan = try connection.client().call("io.userstore.Admin.Plan", ["user": .string(user)])
+            let plan = try connection.client().call(.plan, ["user": .string(user)])
             let output = connection.output
             if output.json { return output.jsonLine(.object(plan)) }
             let steps = plan["steps"]?.arrayValue ?? []

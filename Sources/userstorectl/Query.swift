@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -73,7 +74,7 @@ extension UserStoreCtlCommand {
             var failed: [(String, String)] = []
             var summary: [String: JSONValue] = [:]
             let progress = isatty(STDERR_FILENO) == 1 && !output.json
-            try client.stream("io.userstore.Admin.QueryStores", call) { reply in
+            try client.stream(.queryStores, call) { reply in
                 guard let user = reply["user"]?.stringValue else { summary = reply; return }
                 if let error = reply["error"]?.stringValue {
                     failed.append((user, "\(reply["errorName"]?.stringValue ?? ""): \(error)"))

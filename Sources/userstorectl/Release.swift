@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import UserStoreCore
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -33,7 +34,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                let status = try connection.client().call("io.userstore.Admin.Release", [:])
+                let status = try connection.client().call(.release, [:])
                 let output = connection.output
                 if output.json {
                     output.jsonLine(.object(status))
@@ -118,7 +119,7 @@ extension UserStoreCtlCommand {
                 } catch {
                     throw ValidationError(error.description)
                 }
-                let result = try connection.client().call("io.userstore.Admin.StartRelease", [
+                let result = try connection.client().call(.startRelease, [
                     "steps": .array(policy.steps.map { .real($0) }), "canary": .array(policy.canary.map { .string($0) }),
                     "waitSeconds": .integer(Int64(policy.waitSeconds)), "haltOn": .real(policy.haltOn),
                 ])
@@ -133,7 +134,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                Release.printBrief(try connection.client().call("io.userstore.Admin.AdvanceRelease", [:]), verb: "at", output: connection.output)
+                Release.printBrief(try connection.client().call(.advanceRelease, [:]), verb: "at", output: connection.output)
             }
         }
 
@@ -150,7 +151,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                Release.printBrief(try connection.client().call("io.userstore.Admin.ResumeRelease", [:]), verb: "resumed", output: connection.output)
+                Release.printBrief(try connection.client().call(.resumeRelease, [:]), verb: "resumed", output: connection.output)
             }
         }
 
@@ -168,7 +169,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.AbortRelease", [:])
+                let result = try connection.client().call(.abortRelease, [:])
                 let failed = result["failed"]?.arrayValue ?? []
                 if connection.output.json {
                     connection.output.jsonLine(.object(result))
@@ -221,7 +222,7 @@ extension UserStoreCtlCommand {
                 var bar = ProgressBar()
                 var done = 0, failures = 0
                 let total = users.isEmpty ? (sample ?? 100) : users.count
-                try connection.client().stream("io.userstore.Admin.TrialRelease", parameters) { reply in
+                try connection.client().stream(.trialRelease, parameters) { reply in
                     if reply["summary"] == .bool(true) { summary = reply }
                     if output.json { return output.jsonLine(.object(reply)) }
                     guard reply["user"] != nil else { return }

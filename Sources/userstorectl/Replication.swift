@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -35,7 +36,7 @@ extension UserStoreCtlCommand {
             func run() throws {
                 var parameters: [String: JSONValue] = [:]
                 if let user { parameters["user"] = .string(user) }
-                let result = try connection.client().call("io.userstore.Admin.Replication", parameters)
+                let result = try connection.client().call(.replication, parameters)
                 let output = connection.output
                 let status = result["replication"] ?? .null
                 if output.json {
@@ -69,7 +70,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.InitReplica", [:])
+                let result = try connection.client().call(.initReplica, [:])
                 let output = connection.output
                 if output.json { return output.jsonLine(.object(result)) }
                 print("replica \(Output.cell(result["replicaId"])) is this data directory's (marker written by \(Output.cell(result["createdBy"])) at \(Output.cell(result["createdAt"])))")
@@ -92,7 +93,7 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
 
             func run() throws {
-                let result = try connection.client().call("io.userstore.Admin.TakeOverReplica", [:])
+                let result = try connection.client().call(.takeOverReplica, [:])
                 let output = connection.output
                 if output.json { return output.jsonLine(.object(result)) }
                 let previous = result["previousHolder"].map { " (was \(Output.cell($0)), epoch \(Output.cell(result["previousEpoch"])))" } ?? ""

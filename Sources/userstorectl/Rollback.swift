@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -21,7 +22,7 @@ extension UserStoreCtlCommand {
         }
 
         func run() throws {
-            let result = try connection.client().call("io.userstore.Admin.Rollback", ["user": .string(user), "toVersion": .integer(Int64(version))])
+            let result = try connection.client().call(.rollbackMigrations, ["user": .string(user), "toVersion": .integer(Int64(version))])
             if connection.json { return connection.output.jsonLine(.object(result)) }
             let undone = result["undone"]?.arrayValue?.map { Output.cell($0) } ?? []
             print("\(user): rolled back \(undone.isEmpty ? "nothing" : undone.joined(separator: ", ")); now at version \(Output.cell(result["schemaVersion"]))")

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -43,7 +44,7 @@ extension UserStoreCtlCommand {
             let parameters = try SQLArguments.values(arguments)
             var call: [String: JSONValue] = ["user": .string(user), "sql": .string(sql)]
             if !parameters.isEmpty { call["parameters"] = .array(parameters) }
-            let result = try connection.client().call("io.userstore.Admin.Execute", call)
+            let result = try connection.client().call(.adminExecute, call)
             let output = connection.output
             if output.json { return output.jsonLine(.object(result)) }
             if let columns = result["columns"]?.arrayValue {

@@ -1,5 +1,6 @@
 import ArgumentParser
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -14,7 +15,7 @@ extension UserStoreCtlCommand {
             if offline.offline {
                 status = try await OfflineFleet(configurationPath: offline.config).status()
             } else {
-                status = try connection.client().call("io.userstore.Admin.Status")
+                status = try connection.client().call(.status)
             }
             let output = connection.output
             if output.json { return output.jsonLine(.object(status)) }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -36,7 +37,7 @@ extension UserStoreCtlCommand {
         func run() throws {
             let client = try connection.client()
             let report = { () throws -> [String: JSONValue] in
-                try client.call("io.userstore.Admin.Top", ["limit": .integer(Int64(limit)), "seconds": .integer(Int64(seconds))])
+                try client.call(.top, ["limit": .integer(Int64(limit)), "seconds": .integer(Int64(seconds))])
             }
             if once {
                 let result = try report()

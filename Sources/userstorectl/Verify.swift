@@ -1,6 +1,7 @@
 import ArgumentParser
-import UserStoreCtl
 import UserStoreCore
+import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -21,7 +22,7 @@ extension UserStoreCtlCommand {
                 let code = try await command.runOffline(configurationPath: offline.config, users: selection.users, all: selection.all, parallel: nil)
                 throw ExitCode(code.rawValue)
             }
-            let code = try command.runThroughDaemon(connection.client(), method: "io.userstore.Admin.Verify", parameters: [:],
+            let code = try command.runThroughDaemon(connection.client(), method: Method.verify.rawValue, parameters: [:],
                                                     users: selection.users, all: selection.all)
             throw ExitCode(code.rawValue)
         }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UserStoreCtl
+import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
@@ -40,7 +41,7 @@ extension UserStoreCtlCommand {
             if let tables { parameters["tables"] = .array(commaSeparated(tables).map { .string($0) }) }
             let client = try connection.client()
             client.interruptOnSignal()
-            try client.stream("io.userstore.Store.Watch", parameters) { reply in
+            try client.stream(.watch, parameters) { reply in
                 // One write per line, not Output.jsonLine's print (which a pipe buffers): whoever
                 // reads a watch sees each change as it commits.
                 FileHandle.standardOutput.write(Data((JSONValue.object(reply).serialized + "\n").utf8))

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UserStoreInterface
 import Varlink
 @testable import UserStoreServer
 
@@ -20,6 +21,20 @@ struct MethodTableTests {
             let table = Set(Method.allCases.filter { $0.interface == interface }.map { String($0.member) })
             #expect(table == declared[interface.rawValue], "\(interface.rawValue): table \(table.sorted()), file \((declared[interface.rawValue] ?? []).sorted())")
         }
+    }
+
+    /// The shared error table (``ErrorName``, which the client and userstorectl compare with) is
+    /// the interface files' list of errors.
+    @Test func theErrorTableHoldsExactlyTheErrorsOfTheInterfaceFiles() {
+        var declared: Set<String> = []
+        for (interface, text) in DaemonInfo.interfaces where interface.hasPrefix("io.userstore.") {
+            for line in text.split(separator: "\n") where line.hasPrefix("error ") {
+                declared.insert(interface + "." + line.dropFirst(6).prefix { $0.isLetter || $0.isNumber })
+            }
+        }
+        let table = Set(ErrorName.allCases.map(\.rawValue))
+        #expect(table == declared, "only in the table: \(table.subtracting(declared).sorted()); only in the files: \(declared.subtracting(table).sorted())")
+        #expect(ErrorName.sqlError.short == "SQLError")
     }
 
     /// The parameters each method accepts are its interface line's, nested types and comments

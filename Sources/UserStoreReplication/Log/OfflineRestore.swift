@@ -1,6 +1,7 @@
 import Foundation
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
 import UserStoreProtocol
 
 /// `userstorectl restore USER --from-replica --offline --to PATH`: a user's store written from
@@ -41,12 +42,12 @@ package enum OfflineRestore {
         } catch let error as StoreError {
             throw Failure(name: String(error.varlinkError.name.split(separator: ".").last ?? ""), description: error.description)
         } catch let damaged as LogSegment.Damaged {
-            throw Failure(name: "ReplicaDamaged", description: damaged.description)
+            throw Failure(name: ErrorName.replicaDamaged.short, description: damaged.description)
         } catch {
             throw Failure(name: "ReplicationUnavailable", description: "reading the log: \(error)")
         }
         guard let restored else {
-            throw Failure(name: "NoSuchStore", description: "the replica's log holds nothing of \(user)\(timestamp.map { " as of \(RFC3339.format($0))" } ?? "") (a copy in Litestream's layout, from before the log, is read with `litestream restore`: docs/replication.md)")
+            throw Failure(name: ErrorName.noSuchStore.short, description: "the replica's log holds nothing of \(user)\(timestamp.map { " as of \(RFC3339.format($0))" } ?? "") (a copy in Litestream's layout, from before the log, is read with `litestream restore`: docs/replication.md)")
         }
         do {
             try DurableFile.publishDatabase(staged, as: path)

@@ -1,4 +1,6 @@
 import UserStoreCore
+import UserStoreInterface
+import UserStoreProtocol
 import Varlink
 
 /// Typed access to a call's parameters; a missing or mistyped one is an
@@ -83,7 +85,7 @@ struct CallParameters {
         do {
             return try UserID(text)
         } catch {
-            throw VarlinkError("io.userstore.Store.InvalidUser", ["user": .string(InputQuote.prefix(text)), "reason": .string(error.description)])
+            throw VarlinkError(.invalidUser, ["user": .string(InputQuote.prefix(text)), "reason": .string(error.description)])
         }
     }
 }

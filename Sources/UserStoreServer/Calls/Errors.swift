@@ -2,13 +2,14 @@ import GRDB
 import GRDBSQLite
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
 import UserStoreProtocol
 import Varlink
 
 /// The daemon's own named errors, and any error as a varlink error.
 enum Errors {
     static func limitExceeded(_ limit: String, maximum: Int) -> VarlinkError {
-        VarlinkError("io.userstore.Store.LimitExceeded", ["limit": .string(limit), "maximum": .integer(Int64(maximum))])
+        VarlinkError(.limitExceeded, ["limit": .string(limit), "maximum": .integer(Int64(maximum))])
     }
 
     /// The caller may not do this: not allowed at all (the access rules), or — `statement` —
@@ -16,16 +17,16 @@ enum Errors {
     static func permissionDenied(_ reason: String, statement: Bool = false) -> VarlinkError {
         var parameters: [String: JSONValue] = ["reason": .string(reason)]
         if statement { parameters["statement"] = true }
-        return VarlinkError("io.userstore.Store.PermissionDenied", parameters)
+        return VarlinkError(.permissionDenied, parameters)
     }
 
     static func sqlError(code: Int32, message: String, index: Int? = nil) -> VarlinkError {
         var parameters: [String: JSONValue] = ["code": .integer(Int64(code)), "message": .string(message)]
         if let index { parameters["index"] = .integer(Int64(index)) }
-        return VarlinkError("io.userstore.Store.SQLError", parameters)
+        return VarlinkError(.sqlError, parameters)
     }
 
-    static let shuttingDown = VarlinkError("io.userstore.Store.ShuttingDown")
+    static let shuttingDown = VarlinkError(.shuttingDown)
 
     /// The store's change log (docs/watch.md) could not be written or created.
     static func changeLog(_ error: ChangeLogError) -> VarlinkError {
@@ -42,13 +43,13 @@ enum Errors {
 
     static func sqlite(code: Int32, message: String, user: String, index: Int? = nil) -> VarlinkError {
         if code == ResultCode.SQLITE_IOERR_DATA.rawValue { // an encrypted store's page that fails authentication
-            return VarlinkError("io.userstore.Store.StoreDamaged", ["user": .string(user), "message": .string(PageCipher.unauthenticPage)])
+            return VarlinkError(.storeDamaged, ["user": .string(user), "message": .string(PageCipher.unauthenticPage)])
         }
         switch code & 0xFF {
         case 13, 10, 14: // SQLITE_FULL, SQLITE_IOERR, SQLITE_CANTOPEN
-            return VarlinkError("io.userstore.Store.StorageFailure", ["user": .string(user), "message": .string(message), "sqliteCode": .integer(Int64(code))])
+            return VarlinkError(.storageFailure, ["user": .string(user), "message": .string(message), "sqliteCode": .integer(Int64(code))])
         case 11, 26: // SQLITE_CORRUPT, SQLITE_NOTADB
-            return VarlinkError("io.userstore.Store.StoreDamaged", ["user": .string(user), "message": .string(message)])
+            return VarlinkError(.storeDamaged, ["user": .string(user), "message": .string(message)])
         default:
             return sqlError(code: code, message: message, index: index)
         }
@@ -56,24 +57,24 @@ enum Errors {
 
     /// The transaction is not an open transaction of this connection.
     static func noSuchTransaction(_ transaction: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.NoSuchTransaction", ["transaction": .string(InputQuote.prefix(transaction))])
+        VarlinkError(.noSuchTransaction, ["transaction": .string(InputQuote.prefix(transaction))])
     }
 
     /// A call for the user whose store this connection's own open transaction holds, without
     /// naming the transaction: it would wait for a transaction only this connection can end.
     static func transactionInProgress(user: String, transaction: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.TransactionInProgress", ["user": .string(user), "transaction": .string(transaction)])
+        VarlinkError(.transactionInProgress, ["user": .string(user), "transaction": .string(transaction)])
     }
 
     /// The transaction was rolled back without the client asking: `idle`, `total`, or why.
     static func transactionExpired(_ transaction: String, reason: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.TransactionExpired", ["transaction": .string(transaction), "reason": .string(reason)])
+        VarlinkError(.transactionExpired, ["transaction": .string(transaction), "reason": .string(reason)])
     }
 
     /// Replication is on but could not confirm a durable write (or durable was asked with
     /// replication off).
     static func replicationUnavailable(user: String, message: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.ReplicationUnavailable", ["user": .string(user), "message": .string(message)])
+        VarlinkError(.replicationUnavailable, ["user": .string(user), "message": .string(message)])
     }
 
     /// More than one host: a call forwarded to the owner of the user's bucket got no reply —
@@ -81,7 +82,7 @@ enum Errors {
     /// `maybeApplied`: the call had reached the owner (its outcome is unknown); false: it was
     /// never sent, nothing was done.
     static func hostUnreachable(user: String, host: String, address: String, message: String, maybeApplied: Bool) -> VarlinkError {
-        VarlinkError("io.userstore.Store.HostUnreachable", [
+        VarlinkError(.hostUnreachable, [
             "user": .string(user), "host": .string(host), "address": .string(address), "message": .string(message), "maybeApplied": .bool(maybeApplied),
         ])
     }
@@ -89,7 +90,7 @@ enum Errors {
     /// More than one host: the user's bucket is moving, or moved while the call was forwarded;
     /// nothing was done.
     static func retry(user: String, reason: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.Retry", ["user": .string(user), "reason": .string(reason)])
+        VarlinkError(.retry, ["user": .string(user), "reason": .string(reason)])
     }
 
     /// Any error as a varlink error.
@@ -98,8 +99,8 @@ enum Errors {
         case let error as VarlinkError: return error
         case let error as StoreError: return error.varlinkError
         case let error as ConfigurationError:
-            return VarlinkError("io.userstore.Admin.InvalidConfiguration", ["message": .string(error.description)])
-        default: return VarlinkError("io.userstore.Store.StorageFailure", ["user": "", "message": .string("\(error)")])
+            return VarlinkError(.invalidConfiguration, ["message": .string(error.description)])
+        default: return VarlinkError(.storageFailure, ["user": "", "message": .string("\(error)")])
         }
     }
 }

@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreInterface
 import Varlink
 
 /// The checks every call's parameters pass before anything runs, on every path (fast path,

@@ -1,4 +1,6 @@
 import UserStoreCluster
+import UserStoreInterface
+import UserStoreProtocol
 import Varlink
 
 /// `io.userstore.Admin.Cluster`, `MoveBucket`, `DrainHost` and `Rebalance`: the cluster as this
@@ -8,14 +10,14 @@ struct ClusterMethods {
 
     /// Handles `request`, a call of `method` (one of these).
     func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
-        guard let cluster = context.cluster else { throw VarlinkError("io.userstore.Admin.ClusterOff") }
+        guard let cluster = context.cluster else { throw VarlinkError(.clusterOff) }
         let parameters = CallParameters(request.call)
         switch method {
         case .moveBucket:
             let bucket = try parameters.int("bucket")
             guard (0..<Int64(Placement.bucketCount)).contains(bucket) else { throw VarlinkError.invalidParameter("bucket") }
             let host = try parameters.string("host")
-            guard cluster.hosts[host] != nil else { throw VarlinkError("io.userstore.Admin.NoSuchHost", ["host": .string(host)]) }
+            guard cluster.hosts[host] != nil else { throw VarlinkError(.noSuchHost, ["host": .string(host)]) }
             try await cluster.etcd.put(ClusterKeys.move(Int(bucket)), MoveRequest(to: host).json)
             let from = cluster.buckets["\(bucket)"]?.value.owner ?? ""
             try await send(VarlinkReply.encode(["bucket": .integer(bucket), "from": .string(from), "to": .string(host)]))
@@ -23,7 +25,7 @@ struct ClusterMethods {
             let host = try parameters.string("host")
             // Bound to the host's own lease: the drain ends when the host leaves (or restarts).
             guard let record = try await cluster.etcd.get(HostMembership.key(of: host)), record.lease != 0 else {
-                throw VarlinkError("io.userstore.Admin.NoSuchHost", ["host": .string(host)])
+                throw VarlinkError(.noSuchHost, ["host": .string(host)])
             }
             try await cluster.etcd.put(ClusterKeys.drain(host), "", lease: record.lease)
             let owned = cluster.buckets.all.values.filter { $0.value.owner == host }.count

@@ -2,6 +2,7 @@ import NIOSSL
 import UserStoreCluster
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// Decides which calls a client connection sends to another host (`cluster.forward`,

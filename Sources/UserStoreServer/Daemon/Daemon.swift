@@ -1,12 +1,14 @@
 import Foundation
-import Varlink
 import Logging
 import ServiceLifecycle
-import UserStoreConfiguration
 import UserStoreCluster
+import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
+import UserStoreProtocol
 import UserStoreReplication
 import UserStoreS3
+import Varlink
 
 /// `userstored`: loads the configuration and migrations, takes the data directory's lock,
 /// serves the socket until SIGTERM/SIGINT, then drains and closes every store.
@@ -278,7 +280,7 @@ extension DaemonContext {
             migrations = try ConfigurationLoader.loadMigrations(configuration)
         } catch {
             let problems = (error as? MigrationSetError)?.problems.map(\.description) ?? ["\(error)"]
-            throw Varlink.VarlinkError("io.userstore.Admin.InvalidMigrations", ["problems": .array(problems.map { .string($0) })])
+            throw Varlink.VarlinkError(.invalidMigrations, ["problems": .array(problems.map { .string($0) })])
         }
         for (key, changed) in Self.restartOnlyChanges(from: self.configuration, to: configuration) where changed {
             logger.warning("configuration key \(key) changed; it takes effect after a restart", metadata: ["event": "daemon-reloading"])

@@ -1,5 +1,6 @@
 import Foundation
 import UserStoreCore
+import UserStoreInterface
 import UserStoreProtocol
 import Varlink
 
@@ -261,7 +262,7 @@ struct AdminMethods {
     /// The busiest methods and users of the last seconds, with the daemon's gauges.
     private func top(_ parameters: CallParameters) throws -> [String: JSONValue] {
         guard let metrics = context.metrics else {
-            throw VarlinkError("io.userstore.Admin.MetricsDisabled", ["reason": "metrics are off: set metrics.listen in the configuration (Top reads the same measurements)"])
+            throw VarlinkError(.metricsDisabled, ["reason": "metrics are off: set metrics.listen in the configuration (Top reads the same measurements)"])
         }
         let limit = Int(max(0, min(try parameters.optionalInt("limit") ?? 10, 1000)))
         var report = metrics.activity.report(seconds: Int(try parameters.optionalInt("seconds") ?? 5), limit: limit)

@@ -2,6 +2,7 @@ import Logging
 import Synchronization
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
 import UserStoreReplication
 import Varlink
 

@@ -1,6 +1,7 @@
 import GRDB
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// Answers the calls that make up nearly all traffic on the connection's event loop, inside the

@@ -1,5 +1,6 @@
 import Foundation
 import UserStoreCore
+import UserStoreInterface
 import UserStoreProtocol
 import Varlink
 
@@ -41,7 +42,7 @@ struct ReleaseMethods {
         do throws(RolloutPolicyError) {
             return try RolloutPolicy(steps: steps, canary: canary, waitSeconds: wait, haltOn: haltOn)
         } catch {
-            throw VarlinkError("io.userstore.Admin.InvalidRolloutPolicy", ["reason": .string(error.description)])
+            throw VarlinkError(.invalidRolloutPolicy, ["reason": .string(error.description)])
         }
     }
 
@@ -158,15 +159,15 @@ struct ReleaseMethods {
         do {
             return try await body()
         } catch let error as ReleaseNotSaved {
-            throw VarlinkError("io.userstore.Admin.ReleaseNotSaved", ["message": .string(error.description)])
+            throw VarlinkError(.releaseNotSaved, ["message": .string(error.description)])
         } catch let error as ReleaseError {
             switch error {
             case .noRelease:
-                throw VarlinkError("io.userstore.Admin.NoRelease", ["reason": .string(error.description)])
+                throw VarlinkError(.noRelease, ["reason": .string(error.description)])
             case .notAllowed(let state, let action):
-                throw VarlinkError("io.userstore.Admin.ReleaseNotAllowed", ["state": .string(state.rawValue), "action": .string(action)])
+                throw VarlinkError(.releaseNotAllowed, ["state": .string(state.rawValue), "action": .string(action)])
             case .irreversible(let files):
-                throw VarlinkError("io.userstore.Admin.IrreversibleRelease", ["migrations": .array(files.map { .string($0) })])
+                throw VarlinkError(.irreversibleRelease, ["migrations": .array(files.map { .string($0) })])
             }
         }
     }

@@ -1,5 +1,6 @@
 import Foundation
 import UserStoreCore
+import UserStoreInterface
 import UserStoreProtocol
 import UserStoreReplication
 import Varlink
@@ -64,7 +65,7 @@ struct ReplicationMethods {
     }
 
     private static func refused(_ reason: String) -> VarlinkError {
-        VarlinkError("io.userstore.Admin.ReplicaRefused", ["reason": .string(reason)])
+        VarlinkError(.replicaRefused, ["reason": .string(reason)])
     }
 
     /// `Status`'s `replication` (nil when replication is off).

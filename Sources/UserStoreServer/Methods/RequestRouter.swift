@@ -1,5 +1,6 @@
 import Logging
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// Dispatches a call that the event loop's ``FastPath`` did not answer to its interface after

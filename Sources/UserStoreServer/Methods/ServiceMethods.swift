@@ -1,4 +1,5 @@
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// What the daemon says about itself.

@@ -1,6 +1,8 @@
 import Foundation
 import GRDBSQLite
 import UserStoreCore
+import UserStoreInterface
+import UserStoreProtocol
 import Varlink
 
 /// `io.userstore.Admin` for a store's whole life: DeleteStore, ExportStore, ImportStore,
@@ -110,7 +112,7 @@ struct StoreLifecycleMethods {
     }
 
     private func exportFile(_ path: String, into stream: inout ReplyStream) async throws {
-        guard let file = FileHandle(forReadingAtPath: path) else { throw VarlinkError("io.userstore.Store.StorageFailure", ["user": "", "message": "cannot read the copy"]) }
+        guard let file = FileHandle(forReadingAtPath: path) else { throw VarlinkError(.storageFailure, ["user": "", "message": "cannot read the copy"]) }
         defer { try? file.close() }
         while let chunk = try file.read(upToCount: Self.chunkBytes), !chunk.isEmpty {
             try await stream.reply(["chunk": .string(chunk.base64EncodedString())])

@@ -1,5 +1,6 @@
 import GRDB
 import UserStoreCore
+import UserStoreInterface
 import UserStoreReplication
 import Varlink
 

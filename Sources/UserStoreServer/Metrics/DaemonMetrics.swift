@@ -1,9 +1,10 @@
 import CoreMetrics
-import Metrics
 import Foundation
+import Metrics
 import Prometheus
 import Synchronization
 import UserStoreCore
+import UserStoreInterface
 import UserStoreReplication
 import UserStoreS3
 
@@ -153,10 +154,10 @@ final class DaemonMetrics: StoreObserver, Sendable {
         func gauge(_ name: String, _ labels: [(String, String)] = []) -> CoreMetrics.Meter {
             CoreMetrics.Meter(label: name, dimensions: labels, handler: registry.makeGauge(descriptor: Self.descriptor(name), labels: labels))
         }
-        open = RequestHandles(method: "io.userstore.Store.Open", registry: registry, activity: activity)
-        query = RequestHandles(method: "io.userstore.Store.Query", registry: registry, activity: activity)
-        execute = RequestHandles(method: "io.userstore.Store.Execute", registry: registry, activity: activity)
-        batch = RequestHandles(method: "io.userstore.Store.Batch", registry: registry, activity: activity)
+        open = RequestHandles(method: Method.open.rawValue, registry: registry, activity: activity)
+        query = RequestHandles(method: Method.query.rawValue, registry: registry, activity: activity)
+        execute = RequestHandles(method: Method.execute.rawValue, registry: registry, activity: activity)
+        batch = RequestHandles(method: Method.batch.rawValue, registry: registry, activity: activity)
         other = RequestHandles(method: "other", registry: registry, activity: activity)
         storeOpens = Dictionary(uniqueKeysWithValues: ["created", "reopened", "from_template", "restored"].map { kind in
             (kind, Self.counter(registry, "userstore_store_opens_total", [("kind", kind)]))

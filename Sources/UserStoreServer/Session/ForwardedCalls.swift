@@ -1,4 +1,5 @@
 import UserStoreConfiguration
+import UserStoreInterface
 import Varlink
 
 /// Calls forwarded to the host that owns their user (docs/cluster.md): each goes over this
@@ -111,11 +112,11 @@ final class ForwardedCalls: @unchecked Sendable {
         guard isError || begins || ends else { return reply.completeOnLoop(bytes) }
         let (error, parameters) = Self.outcome(of: received)
         var bytes = bytes
-        if error == "io.userstore.Store.WrongHost" {
+        if error == ErrorName.wrongHost.rawValue {
             if outcome == nil { bytes = Self.retryIfMoved(bytes, host: host, user: user) }
         } else {
             if begins, error == nil, let id = parameters?["transaction"]?.stringValue { links.began(id, on: host, user: user) }
-            if let transaction, ends || error == "io.userstore.Store.NoSuchTransaction" || error == "io.userstore.Store.TransactionExpired" {
+            if let transaction, ends || error == ErrorName.noSuchTransaction.rawValue || error == ErrorName.transactionExpired.rawValue {
                 links.ended(transaction: transaction)
             }
         }
@@ -128,7 +129,7 @@ final class ForwardedCalls: @unchecked Sendable {
     private static func retryIfMoved(_ bytes: [UInt8], host: String, user: String) -> [UInt8] {
         guard bytes.starts(with: errorPrefix) else { return bytes }
         let (error, parameters) = outcome(of: bytes)
-        guard error == "io.userstore.Store.WrongHost" else { return bytes }
+        guard error == ErrorName.wrongHost.rawValue else { return bytes }
         let owner = parameters?["host"]?.stringValue ?? "another host"
         return VarlinkReply.encode(Errors.retry(user: user, reason: "the call was forwarded to \(host), which no longer owns the user's bucket (\(owner) does); nothing was done"))
     }

@@ -2,6 +2,7 @@ import GRDB
 import Logging
 import UserStoreConfiguration
 import UserStoreCore
+import UserStoreInterface
 import Varlink
 
 /// A connection's interactive transaction — at most one open at a time: `Begin`, statements

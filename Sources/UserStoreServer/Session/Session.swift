@@ -1,5 +1,6 @@
 import Logging
 import UserStoreConfiguration
+import UserStoreInterface
 import Varlink
 #if canImport(Glibc)
 import Glibc

@@ -1,5 +1,7 @@
 import Synchronization
 import UserStoreCore
+import UserStoreInterface
+import UserStoreProtocol
 import Varlink
 
 /// `io.userstore.Store.Watch`: a user's committed changes, streamed (docs/watch.md).
@@ -103,13 +105,13 @@ struct StoreWatch {
             case .tooSlow:
                 context.logWatchDropped(user: user.rawValue, position: delivered, maxBufferedBytes: maxBufferedBytes)
                 context.metrics?.watchDropped()
-                throw VarlinkError("io.userstore.Store.WatchTooSlow", ["user": .string(user.rawValue), "position": .integer(delivered)])
+                throw VarlinkError(.watchTooSlow, ["user": .string(user.rawValue), "position": .integer(delivered)])
             }
         }
     }
 
     static func positionLost(_ user: UserID, oldest: Int64) -> VarlinkError {
-        VarlinkError("io.userstore.Store.PositionLost", ["user": .string(user.rawValue), "oldest": .integer(oldest)])
+        VarlinkError(.positionLost, ["user": .string(user.rawValue), "oldest": .integer(oldest)])
     }
 
     /// `{"parameters": …, "continues": true}` and its NUL.
