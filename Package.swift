@@ -38,7 +38,7 @@ let package = Package(
                 "CSQLiteSizeCache",
                 "CSQLiteCipher",
                 "CSyncFS",
-                "Varlink",
+                "VarlinkJSON",
             ]
         ),
         // A VFS layer that keeps a database's size while its EXCLUSIVE lock is held, instead of
@@ -53,8 +53,12 @@ let package = Package(
         .systemLibrary(name: "CSQLiteSettings", providers: [.apt(["libsqlite3-dev"])]),
         // syncfs(2) (glibc declares it only under _GNU_SOURCE): a fleet run's group commit.
         .systemLibrary(name: "CSyncFS"),
-        // The varlink protocol: exact JSON, framing, messages, the epoll event loop daemon and client share.
-        .target(name: "Varlink", dependencies: ["CUnixSocket"]),
+        // Exact JSON: a tape parser that reads in place, values, a writer (the store engine's
+        // change events use it without the socket and loop code).
+        .target(name: "VarlinkJSON"),
+        // The varlink protocol: framing, messages, the epoll event loop daemon and client share
+        // (re-exports VarlinkJSON: its messages are that JSON).
+        .target(name: "Varlink", dependencies: ["CUnixSocket", "VarlinkJSON"]),
         // The names of the daemon's methods and errors, one table for the daemon, the client and
         // userstorectl (no dependencies: the client links it too).
         .target(name: "UserStoreInterface"),
@@ -216,7 +220,7 @@ let package = Package(
             dependencies: ["UserStoreJournal", "Varlink", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Helpers/userstore-journal-probe"
         ),
-        .testTarget(name: "VarlinkTests", dependencies: ["Varlink"]),
+        .testTarget(name: "VarlinkTests", dependencies: ["Varlink", "VarlinkJSON"]),
         .testTarget(
             name: "UserStoreServerTests",
             dependencies: ["UserStoreInterface", "UserStoreServer", "Varlink", "CChildProcess", "UserStoreCore", "UserStoreJournal",

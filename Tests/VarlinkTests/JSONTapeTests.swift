@@ -1,5 +1,5 @@
 import Testing
-@testable import Varlink
+@testable import VarlinkJSON
 
 /// The one JSON scanner: what it accepts, what it refuses, and reading values in place.
 struct JSONTapeTests {

@@ -1,5 +1,5 @@
 import Foundation
-import Varlink
+import VarlinkJSON
 
 /// One committed transaction of a store, as its watchers see it: the rows it changed, or a
 /// reset (changed by a migration, an import, a restore or a rollback: the app re-reads).

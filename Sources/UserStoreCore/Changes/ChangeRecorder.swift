@@ -1,7 +1,7 @@
 import CSQLiteSettings
 import Foundation
 import GRDBSQLite
-import Varlink
+import VarlinkJSON
 
 /// How much of its change log a store keeps (`watch.*` in the configuration).
 public struct ChangeRetention: Sendable, Equatable {

@@ -1,6 +1,6 @@
 import Foundation
 import GRDBSQLite
-import Varlink
+import VarlinkJSON
 
 /// SQLite values as JSON, the value table of `io.userstore.Store`: integers and reals as
 /// numbers, text as strings, blobs as `{"blob": base64}`, NULL as null. One encoding for query
