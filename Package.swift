@@ -98,12 +98,26 @@ let package = Package(
         ),
         // The wire shapes of io.userstore.*: named errors and fleet replies (daemon and CLI).
         .target(name: "UserStoreProtocol", dependencies: ["UserStoreCore", "Varlink", "UserStoreInterface"]),
+        // A cluster's serving side: the peer links forwarded calls travel on (mutual TLS over
+        // swift-nio), the forwarder's choice of owner, the shared release record in etcd.
+        .target(
+            name: "UserStoreClusterServing",
+            dependencies: [
+                "UserStoreCluster", "UserStoreConfiguration", "UserStoreCore", "UserStoreInterface", "UserStoreProtocol", "UserStoreReplication", "Varlink",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "NIOTLS", package: "swift-nio"),
+            ]
+        ),
         // The daemon as a library: configuration, socket server, request handling, lifecycle.
         .target(
             name: "UserStoreServer",
             dependencies: [
                 "UserStoreCore", "Varlink", "CSystemd", "UserStoreJournal", "UserStoreConfiguration", "UserStoreProtocol", "CUnixSocket", "UserStoreInterface",
-                "UserStoreCluster", "UserStoreS3", "UserStoreReplication",
+                "UserStoreCluster", "UserStoreClusterServing", "UserStoreS3", "UserStoreReplication",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -114,8 +128,6 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             resources: [.embedInCode("Interfaces/io.userstore.Store.varlink"), .embedInCode("Interfaces/io.userstore.Admin.varlink")]

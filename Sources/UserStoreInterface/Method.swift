@@ -54,4 +54,26 @@ public enum Method: String, CaseIterable, Sendable {
     // org.varlink.service
     case getInfo = "org.varlink.service.GetInfo"
     case getInterfaceDescription = "org.varlink.service.GetInterfaceDescription"
+
+    /// The interfaces, each with the access it needs.
+    public enum Interface: String, CaseIterable, Sendable {
+        /// Open to every allowed client (`access.clientUsers` / `access.clientGroups`).
+        case store = "io.userstore.Store"
+        /// Administrators only (`access.adminUsers` / `access.adminGroups`).
+        case admin = "io.userstore.Admin"
+        /// Introspection, open to every connected peer.
+        case service = "org.varlink.service"
+    }
+
+    /// The interface the method belongs to.
+    public var interface: Interface {
+        switch self {
+        case .open, .query, .execute, .batch, .begin, .commit, .rollback, .watch: .store
+        case .getInfo, .getInterfaceDescription: .service
+        default: .admin
+        }
+    }
+
+    /// The name within its interface (`Query`).
+    public var member: Substring { rawValue[rawValue.index(after: rawValue.lastIndex(of: ".")!)...] }
 }

@@ -77,16 +77,6 @@ enum Errors {
         VarlinkError(.replicationUnavailable, ["user": .string(user), "message": .string(message)])
     }
 
-    /// More than one host: a call forwarded to the owner of the user's bucket got no reply —
-    /// the owner could not be reached, refused the link, or did not answer in time.
-    /// `maybeApplied`: the call had reached the owner (its outcome is unknown); false: it was
-    /// never sent, nothing was done.
-    static func hostUnreachable(user: String, host: String, address: String, message: String, maybeApplied: Bool) -> VarlinkError {
-        VarlinkError(.hostUnreachable, [
-            "user": .string(user), "host": .string(host), "address": .string(address), "message": .string(message), "maybeApplied": .bool(maybeApplied),
-        ])
-    }
-
     /// More than one host: the user's bucket is moving, or moved while the call was forwarded;
     /// nothing was done.
     static func retry(user: String, reason: String) -> VarlinkError {

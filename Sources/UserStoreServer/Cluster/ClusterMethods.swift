@@ -1,4 +1,5 @@
 import UserStoreCluster
+import UserStoreClusterServing
 import UserStoreInterface
 import UserStoreProtocol
 import Varlink

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import UserStoreCluster
+import UserStoreClusterServing
 import UserStoreConfiguration
 import UserStoreCore
 import UserStoreInterface
@@ -219,7 +220,7 @@ public enum Daemon {
         var clusterServices: [ServiceGroupConfiguration.ServiceConfiguration] = cluster.map { [.init(service: $0)] } ?? []
         if let settings = configuration.cluster, let peerTLS, let listen = HostPort(settings.listen) {
             do {
-                clusterServices.append(.init(service: try await PeerListener.bind(listen, tls: peerTLS, server: server, logger: logger)))
+                clusterServices.append(.init(service: try await PeerListener.bind(listen, tls: peerTLS, adopt: { [server] descriptor, peer in server.adopt(descriptor, peer: .forwarded(from: peer)) }, logger: logger)))
             } catch {
                 logger.critical("cannot listen for other daemons on \(settings.listen): \(error)", metadata: ["event": "daemon-failed"])
                 printError("userstored: cluster.listen \(settings.listen): \(error)")

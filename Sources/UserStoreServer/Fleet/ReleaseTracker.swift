@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Synchronization
+import UserStoreClusterServing
 import UserStoreCore
 import UserStoreReplication
 import Varlink

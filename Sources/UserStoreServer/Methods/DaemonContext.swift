@@ -1,5 +1,6 @@
 import Logging
 import Synchronization
+import UserStoreClusterServing
 import UserStoreConfiguration
 import UserStoreCore
 import UserStoreInterface

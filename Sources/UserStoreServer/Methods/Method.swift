@@ -2,30 +2,8 @@ import UserStoreInterface
 import Varlink
 
 /// What the daemon adds to the shared method table (``Method``, in UserStoreInterface): the
-/// interface each method belongs to, with the access it needs, and the method of a call read in
-/// place, so that a call's name is matched once, in one place.
+/// method of a call read in place, so that a call's name is matched once, in one place.
 extension Method {
-    /// The interfaces, each with the access it needs.
-    enum Interface: String, CaseIterable, Sendable {
-        /// Open to every allowed client (`access.clientUsers` / `access.clientGroups`).
-        case store = "io.userstore.Store"
-        /// Administrators only (`access.adminUsers` / `access.adminGroups`).
-        case admin = "io.userstore.Admin"
-        /// Introspection, open to every connected peer.
-        case service = "org.varlink.service"
-    }
-
-    var interface: Interface {
-        switch self {
-        case .open, .query, .execute, .batch, .begin, .commit, .rollback, .watch: .store
-        case .getInfo, .getInterfaceDescription: .service
-        default: .admin
-        }
-    }
-
-    /// The name within its interface (`Query`).
-    var member: Substring { rawValue[rawValue.index(after: rawValue.lastIndex(of: ".")!)...] }
-
     /// The method named by the string at `token` of `view`, read in place: the request path's
     /// own methods (``Interface/store``) without making a `String`, any other by name.
     private static func named(_ view: JSONView, _ token: Int) -> Method? {

@@ -1,3 +1,4 @@
+import UserStoreClusterServing
 import UserStoreConfiguration
 import UserStoreInterface
 import Varlink

@@ -1,4 +1,5 @@
 import Logging
+import UserStoreClusterServing
 import UserStoreConfiguration
 import UserStoreInterface
 import Varlink
@@ -87,7 +88,7 @@ final class Session {
         }
         // Another host owns the user (or holds the transaction the call names): sent there.
         if let method, let forwarder = shared.forwarder, peer.forwardedFrom == nil,
-           let target = forwarder.target(of: view, method, peer: peer, transactions: forwarded?.transactions ?? [:]) {
+           let target = forwarder.target(of: view, method, grant: peer.grant, transactions: forwarded?.transactions ?? [:]) {
             if stopping { // a transaction open on another host ends with the link: rolled back there
                 return refuse(Errors.shuttingDown, descriptors)
             }

@@ -18,7 +18,7 @@ import Glibc
 /// event loops, so a forwarded call is served exactly as a local one is (pipelining,
 /// interactive transactions, streamed replies, limits, order), except that it is never
 /// forwarded again and may use only `io.userstore.Store`.
-final class PeerListener: Service {
+package final class PeerListener: Service {
     private let channel: any Channel
 
     private init(channel: any Channel) {
@@ -27,11 +27,16 @@ final class PeerListener: Service {
 
     /// Connections still in their TLS handshake, at most: more are closed at once (anyone who
     /// can reach the port could otherwise hold descriptors the stores need).
-    static let maxHandshakes = 128
+    package static let maxHandshakes = 128
     /// A handshake not done within this is ended.
-    static let handshakeTimeout = TimeAmount.seconds(10)
+    package static let handshakeTimeout = TimeAmount.seconds(10)
 
-    static func bind(_ listen: HostPort, tls: PeerTLS, server: SocketServer, logger: Logger) async throws -> PeerListener {
+    /// Something that serves an accepted peer's end of a socket pair as a connection of the
+    /// daemon's event loops (`SocketServer.adopt`), told the peer's address.
+    package typealias Adopt = @Sendable (_ descriptor: Int32, _ peerAddress: String) -> Void
+
+    /// Listens on `listen`; each peer that passes the TLS handshake is handed to `adopt`.
+    package static func bind(_ listen: HostPort, tls: PeerTLS, adopt: @escaping Adopt, logger: Logger) async throws -> PeerListener {
         let context = tls.server
         let handshaking = Handshakes()
         let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
@@ -50,7 +55,7 @@ final class PeerListener: Service {
                     }
                     let (network, local) = GlueHandler.pair()
                     try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: context))
-                    try channel.pipeline.syncOperations.addHandler(PeerAdmission(server: server, local: local, handshaking: handshaking, logger: logger))
+                    try channel.pipeline.syncOperations.addHandler(PeerAdmission(adopt: adopt, local: local, handshaking: handshaking, logger: logger))
                     try channel.pipeline.syncOperations.addHandler(network)
                 }
             }
@@ -61,7 +66,7 @@ final class PeerListener: Service {
 
     /// Until graceful shutdown; then accepts no more peers (the connections already joined end
     /// with the daemon's own, once their calls are answered).
-    func run() async throws {
+    package func run() async throws {
         try? await gracefulShutdown()
         try? await channel.close()
     }
@@ -69,26 +74,26 @@ final class PeerListener: Service {
 
 /// Once a peer's TLS handshake succeeded, joins its connection to a new connection of the
 /// daemon's event loops (a socket pair: this end wrapped as a NIO channel on the same event
-/// loop, the other served by ``SocketServer/adopt(_:peer:)``). A failed handshake is logged and
+/// loop, the other handed to the daemon: ``PeerListener/Adopt``). A failed handshake is logged and
 /// the connection closed.
 private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = NIOAny
+    package typealias InboundIn = NIOAny
 
-    private let server: SocketServer
+    private let adopt: PeerListener.Adopt
     private let local: GlueHandler
     private let handshaking: Handshakes
     private let logger: Logger
     private var timeout: Scheduled<Void>?
     private var counted = true
 
-    init(server: SocketServer, local: GlueHandler, handshaking: Handshakes, logger: Logger) {
-        self.server = server
+    package init(adopt: @escaping PeerListener.Adopt, local: GlueHandler, handshaking: Handshakes, logger: Logger) {
+        self.adopt = adopt
         self.local = local
         self.handshaking = handshaking
         self.logger = logger
     }
 
-    func handlerAdded(context: ChannelHandlerContext) {
+    package func handlerAdded(context: ChannelHandlerContext) {
         let channel = context.channel, logger = self.logger
         timeout = context.eventLoop.scheduleTask(in: PeerListener.handshakeTimeout) {
             logger.warning("refused a connection to the cluster port: no TLS handshake within \(PeerListener.handshakeTimeout.nanoseconds / 1_000_000_000) s",
@@ -97,7 +102,7 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
         }
     }
 
-    func handlerRemoved(context: ChannelHandlerContext) {
+    package func handlerRemoved(context: ChannelHandlerContext) {
         timeout?.cancel()
         if counted {
             counted = false
@@ -105,14 +110,14 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
         }
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+    package func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let event = event as? TLSUserEvent, case .handshakeCompleted = event {
             join(context)
         }
         context.fireUserInboundEventTriggered(event)
     }
 
-    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+    package func errorCaught(context: ChannelHandlerContext, error: any Error) {
         let peer = context.channel.remoteAddress.map { "\($0)" } ?? "?"
         if error is NIOSSLError || error is BoringSSLError {
             logger.warning("refused a peer daemon at \(peer): \(error)", metadata: ["event": "cluster-peer-refused", "peer": .string(peer), "error": .string("\(error)")])
@@ -130,7 +135,7 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
         let peer = context.channel.remoteAddress?.ipAddress ?? "peer"
         // The glue handler is the loop's own (not Sendable): handed to the initializer, which
         // runs on the same loop, through a loop-bound box.
-        let network = context.channel, local = NIOLoopBound(self.local, eventLoop: context.eventLoop), server = self.server
+        let network = context.channel, local = NIOLoopBound(self.local, eventLoop: context.eventLoop), adopt = self.adopt
         let served = pair[0]
         ClientBootstrap(group: context.eventLoop)
             .channelInitializer { channel in
@@ -142,7 +147,7 @@ private final class PeerAdmission: ChannelInboundHandler, RemovableChannelHandle
                 case .success:
                     // Served only once its other end is joined: a failure leaves no connection
                     // waiting for bytes that never come.
-                    server.adopt(served, peer: PeerIdentity.forwarded(from: peer))
+                    adopt(served, peer)
                 case .failure(let error):
                     logger.error("cannot serve a peer daemon at \(peer): \(error)", metadata: ["event": "cluster-peer-refused"])
                     close(served)
@@ -158,7 +163,7 @@ private final class Handshakes: Sendable {
     private let count = Mutex(0)
 
     /// Counts one more unless `maximum` are under way.
-    func begin(maximum: Int) -> Bool {
+    package func begin(maximum: Int) -> Bool {
         count.withLock { count in
             guard count < maximum else { return false }
             count += 1
@@ -166,5 +171,5 @@ private final class Handshakes: Sendable {
         }
     }
 
-    func end() { count.withLock { $0 -= 1 } }
+    package func end() { count.withLock { $0 -= 1 } }
 }

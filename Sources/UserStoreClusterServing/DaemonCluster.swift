@@ -9,17 +9,17 @@ import UserStoreReplication
 /// This daemon's part in a cluster (`cluster.*`, docs/cluster.md): its host lease, the
 /// controller every daemon may become, local copies of the host and bucket records, and the
 /// placement check every request passes (the registry asks ``admit(_:)`` before every lease).
-final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
-    let settings: ClusterSettings
-    let etcd: EtcdClient
-    let membership: HostMembership
-    let controller: ClusterController
-    let buckets: PrefixMirror<BucketRecord>
-    let hosts: PrefixMirror<HostRecord>
+package final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
+    package let settings: ClusterSettings
+    package let etcd: EtcdClient
+    package let membership: HostMembership
+    package let controller: ClusterController
+    package let buckets: PrefixMirror<BucketRecord>
+    package let hosts: PrefixMirror<HostRecord>
     /// Mutual TLS between daemons (`cluster.tls.*`); nil: no listener, no forwarding.
-    let tls: PeerTLS?
+    package let tls: PeerTLS?
     /// Forwards calls for users other hosts own (`cluster.forward` with `cluster.tls`).
-    let forwarder: Forwarder?
+    package let forwarder: Forwarder?
     private let logger: Logger
     private let keepAlive = Mutex<Task<Void, Never>?>(nil)
     /// The registry whose stores a moving bucket closes (set once it exists: it needs this
@@ -34,7 +34,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// nil while it has none.
     private let unfitUnder = Mutex<Int64?>(nil)
 
-    init(settings: ClusterSettings, tls: PeerTLS?, logger: Logger) {
+    package init(settings: ClusterSettings, tls: PeerTLS?, logger: Logger) {
         self.settings = settings
         self.tls = tls
         self.logger = logger
@@ -50,13 +50,13 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
                                                            timeoutMilliseconds: settings.forwardTimeoutMilliseconds) } : nil
     }
 
-    func bucket(of user: UserID) -> Int { Placement.bucket(for: user) }
+    package func bucket(of user: UserID) -> Int { Placement.bucket(for: user) }
 
-    func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
+    package func epoch(of user: UserID) -> Int64? { buckets["\(Placement.bucket(for: user))"]?.modRevision }
 
-    var ownedEpochsSeen: [Int: Int64] { ownedEpochs(in: buckets.all) }
+    package var ownedEpochsSeen: [Int: Int64] { ownedEpochs(in: buckets.all) }
 
-    func ownedEpochs() async throws -> [Int: Int64] {
+    package func ownedEpochs() async throws -> [Int: Int64] {
         var owned: [Int: Int64] = [:]
         for record in try await etcd.list(prefix: BucketRecord.prefix) {
             guard let bucket = BucketRecord.bucket(ofKey: record.key), BucketRecord(json: record.value)?.owner == settings.host else { continue }
@@ -67,7 +67,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     /// The buckets this host owns now, by its copy of the bucket records: one look at the
     /// records for a pass over many stores (whose buckets the fleet index keeps).
-    func ownedBuckets() -> Set<Int> { owned(in: buckets.all) }
+    package func ownedBuckets() -> Set<Int> { owned(in: buckets.all) }
 
     /// The buckets of `records` (a copy of the bucket records) this host owns.
     private func owned(in records: [String: PrefixMirror<BucketRecord>.Entry]) -> Set<Int> {
@@ -86,7 +86,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// The records as the release's completion needs them; nil until this host's copies are
     /// current: it has joined (its lease alive, its own host record read) and read the bucket
     /// records since (before that it would own nothing and see no owners).
-    func releaseView() -> SharedRelease.View? {
+    package func releaseView() -> SharedRelease.View? {
         let joined = membership.joinedRevision
         guard membership.mayAcknowledge, joined > 0, buckets.revision >= joined, hosts[settings.host] != nil else { return nil }
         let records = buckets.all
@@ -97,11 +97,11 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     /// The cluster's release in etcd, as this host takes part in it. Weak: the release
     /// tracker that keeps it is reached from this cluster (through the registry's gate).
-    var sharedRelease: SharedRelease {
+    package var sharedRelease: SharedRelease {
         SharedRelease(etcd: etcd, host: settings.host, view: { [weak self] in self?.releaseView() })
     }
 
-    func admit(_ user: UserID) throws(StoreError) {
+    package func admit(_ user: UserID) throws(StoreError) {
         let bucket = Placement.bucket(for: user)
         guard let entry = buckets["\(bucket)"] else {
             throw .clusterUnavailable(user: user, message: "bucket \(bucket) has no owner record yet (the cluster controller assigns it)")
@@ -127,7 +127,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// owner of the user's bucket, active, at `epoch` (the one its replica path carries).
     /// Returns the epoch confirmed.
     @discardableResult
-    func confirmOwnership(of user: UserID, epoch: Int64?) async throws(StoreError) -> Int64 {
+    package func confirmOwnership(of user: UserID, epoch: Int64?) async throws(StoreError) -> Int64 {
         let bucket = Placement.bucket(for: user)
         let record: EtcdKeyValue?
         do {
@@ -157,7 +157,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// records going until shutdown. The lease is kept alive apart from this service, until
     /// ``leave()``: the daemon leaves only after every store's final sync, so the next owner
     /// restores everything this host acknowledged.
-    func run() async throws {
+    package func run() async throws {
         // A host that sees no replica of its own claims no bucket: it joins only once the
         // replica's marker is this data directory's (or cannot be told yet: an outage).
         var waiting = false
@@ -210,13 +210,13 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
         }
     }
 
-    func attach(_ registry: StoreRegistry) { self.registry.withLock { $0 = registry } }
+    package func attach(_ registry: StoreRegistry) { self.registry.withLock { $0 = registry } }
 
     /// The replication engine, which says when a moving bucket's last commits are stored.
-    func attach(engine: LogReplicator?) { self.engine.withLock { $0 = engine } }
+    package func attach(engine: LogReplicator?) { self.engine.withLock { $0 = engine } }
 
     /// The replica's identity, which decides whether this host may claim buckets.
-    func attach(_ identity: ReplicaIdentity?) { replicaIdentity.withLock { $0 = identity } }
+    package func attach(_ identity: ReplicaIdentity?) { replicaIdentity.withLock { $0 = identity } }
 
     /// Whether the replica is missing or another one for this host (its marker checked by the
     /// replication's health check every second while it fails).
@@ -228,7 +228,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// controller gives it no new bucket — a host that takes a bucket over restores its users
     /// from the replica — but leaves it those it owns: their stores may hold what the replica
     /// lacks, and are shipped whole again once it is back. Taken back once it sees the replica.
-    func markUnfitWhileReplicaRefused() async {
+    package func markUnfitWhileReplicaRefused() async {
         let refused = replicaRefused(), lease = membership.lease, under = unfitUnder.withLock { $0 }
         guard lease != 0, refused ? under != lease : under != nil else { return }
         let key = ClusterKeys.unfit(settings.host)
@@ -253,7 +253,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
     /// stores are closed once their requests are done (each with its final sync), then
     /// `/us/v1/released/<bucket>` says so with the draining epoch. Requests for the bucket get
     /// `Retry` meanwhile (``admit(_:)``).
-    func releaseDrainingBuckets() async {
+    package func releaseDrainingBuckets() async {
         guard let registry = registry.withLock({ $0 }) else { return }
         let draining = buckets.all.compactMap { name, entry -> (bucket: Int, epoch: Int64)? in
             guard entry.value.owner == settings.host, entry.value.state == .draining, let bucket = Int(name) else { return nil }
@@ -288,7 +288,7 @@ final class DaemonCluster: StorePlacement, ReplicaFencing, Service {
 
     /// Ends the lease (the host record goes with it), so the controller moves this host's
     /// buckets at once instead of after the lease's TTL. Call after every store is closed.
-    func leave() async {
+    package func leave() async {
         guard let task = keepAlive.withLock({ $0 }) else { return }
         await membership.leave()
         task.cancel()

@@ -4,6 +4,7 @@ import NIOSSL
 import NIOTLS
 import Synchronization
 import UserStoreConfiguration
+import UserStoreProtocol
 import Varlink
 #if canImport(Glibc)
 import Glibc
@@ -22,9 +23,9 @@ import Glibc
 /// When the link fails (the owner cannot be reached, refuses the handshake, closes, or leaves a
 /// call unanswered for `cluster.forwardTimeoutMilliseconds`), every call still waiting gets
 /// `HostUnreachable`, with `maybeApplied` true when it had reached the owner.
-final class PeerLink: Sendable {
+package final class PeerLink: Sendable {
     /// Who waits for a reply.
-    enum Waiter: Sendable {
+    package enum Waiter: Sendable {
         /// One reply.
         case reply(user: String, deliver: @Sendable ([UInt8]) -> Void)
         /// Replies until one without `continues`; `send` may wait (the client reads slowly) and
@@ -38,8 +39,8 @@ final class PeerLink: Sendable {
         }
     }
 
-    let host: String
-    let address: String
+    package let host: String
+    package let address: String
     private let state = Mutex(State())
 
     private struct State {
@@ -60,7 +61,7 @@ final class PeerLink: Sendable {
 
     /// Opens the link (in the background: calls sent meanwhile wait for it). `closed` runs once
     /// it has ended and every waiter has been answered.
-    init(host: String, address: String, tls: NIOSSLContext, maxReplyBytes: Int, closed: @escaping @Sendable (PeerLink) -> Void) {
+    package init(host: String, address: String, tls: NIOSSLContext, maxReplyBytes: Int, closed: @escaping @Sendable (PeerLink) -> Void) {
         self.host = host
         self.address = address
         Task { [self] in
@@ -71,7 +72,7 @@ final class PeerLink: Sendable {
     }
 
     /// Sends `message` (a NUL-terminated call); its replies go to `waiter` (nil: a oneway call).
-    func send(_ message: [UInt8], waiter: Waiter?) {
+    package func send(_ message: [UInt8], waiter: Waiter?) {
         let buffer = ByteBuffer(bytes: message)
         let refused = state.withLock { state -> String? in
             if let ended = state.ended { return ended }
@@ -86,18 +87,18 @@ final class PeerLink: Sendable {
             }
             return nil
         }
-        if let refused, let waiter { Self.answer(waiter, Errors.hostUnreachable(user: waiter.user, host: host, address: address, message: refused, maybeApplied: false)) }
+        if let refused, let waiter { Self.answer(waiter, PeerLink.hostUnreachable(user: waiter.user, host: host, address: address, message: refused, maybeApplied: false)) }
     }
 
     /// The link has ended (its waiters are answered or about to be): no call goes over it.
-    var hasEnded: Bool { state.withLock { $0.ended != nil } }
+    package var hasEnded: Bool { state.withLock { $0.ended != nil } }
 
     /// Nothing is waiting for a reply.
-    var isIdle: Bool { state.withLock { $0.waiters.isEmpty } }
+    package var isIdle: Bool { state.withLock { $0.waiters.isEmpty } }
 
     /// Ends the link when its oldest call has waited longer than `timeout` nanoseconds: every
     /// waiter is answered now (not once the owner, which may be paused, lets the TLS close end).
-    func sweep(now: UInt64, timeout: UInt64) {
+    package func sweep(now: UInt64, timeout: UInt64) {
         guard let channel = state.withLock({ state -> (any Channel)? in
             guard !state.waiters.isEmpty, state.ended == nil, !state.relaying, now > state.progress, now - state.progress > timeout else { return nil }
             state.ended = "no reply from host \(host) within \(timeout / 1_000_000) ms (cluster.forwardTimeoutMilliseconds)"
@@ -108,7 +109,7 @@ final class PeerLink: Sendable {
     }
 
     /// Ends the link (its client went away): the owner rolls back a transaction open on it.
-    func close() {
+    package func close() {
         let channel = state.withLock { state -> (any Channel)? in
             if state.ended == nil { state.ended = "the client's connection closed" }
             return state.channel
@@ -231,7 +232,7 @@ final class PeerLink: Sendable {
         }
         let message = state.withLock { $0.ended } ?? reason
         for waiter in waiters {
-            Self.answer(waiter, Errors.hostUnreachable(user: waiter.user, host: host, address: address, message: message, maybeApplied: reached))
+            Self.answer(waiter, PeerLink.hostUnreachable(user: waiter.user, host: host, address: address, message: message, maybeApplied: reached))
         }
     }
 
@@ -252,22 +253,22 @@ final class PeerLink: Sendable {
 /// Cuts NUL-terminated varlink messages (each with its NUL) from the bytes of a link,
 /// refusing one longer than `maximum`.
 struct NULFrameDecoder: ByteToMessageDecoder {
-    typealias InboundOut = ByteBuffer
+    package typealias InboundOut = ByteBuffer
 
-    let maximum: Int
+    package let maximum: Int
     /// Bytes of the readable part already searched for a NUL.
     private var scanned = 0
 
-    init(maximum: Int) {
+    package init(maximum: Int) {
         self.maximum = maximum
     }
 
-    struct TooLong: Error, CustomStringConvertible {
+    package struct TooLong: Error, CustomStringConvertible {
         let maximum: Int
         var description: String { "a reply longer than \(maximum) bytes" }
     }
 
-    mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
+    package mutating func decode(context: ChannelHandlerContext, buffer: inout ByteBuffer) throws -> DecodingState {
         let start = scanned
         let found = buffer.withUnsafeReadableBytes { bytes -> Int? in
             guard bytes.count > start, let hit = memchr(bytes.baseAddress! + start, 0, bytes.count - start) else { return nil }
@@ -287,14 +288,14 @@ struct NULFrameDecoder: ByteToMessageDecoder {
 
 /// Tells when the TLS handshake of a link completed.
 private final class HandshakeWatcher: ChannelInboundHandler, RemovableChannelHandler {
-    typealias InboundIn = NIOAny
+    package typealias InboundIn = NIOAny
     private let completed: @Sendable () -> Void
 
-    init(_ completed: @escaping @Sendable () -> Void) {
+    package init(_ completed: @escaping @Sendable () -> Void) {
         self.completed = completed
     }
 
-    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+    package func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let event = event as? TLSUserEvent, case .handshakeCompleted = event { completed() }
         context.fireUserInboundEventTriggered(event)
     }
@@ -302,7 +303,7 @@ private final class HandshakeWatcher: ChannelInboundHandler, RemovableChannelHan
 
 enum SocketAddressCheck {
     /// Whether `host` is an IPv4 or IPv6 literal (not a name).
-    static func isIPAddress(_ host: String) -> Bool {
+    package static func isIPAddress(_ host: String) -> Bool {
         var v4 = in_addr(), v6 = in6_addr()
         return inet_pton(AF_INET, host, &v4) == 1 || inet_pton(AF_INET6, host, &v6) == 1
     }
@@ -311,7 +312,7 @@ enum SocketAddressCheck {
 extension ClientBootstrap {
     /// TCP keepalive on a link: a peer host that died or was cut off is noticed within about
     /// 25 s (10 s idle, then 3 probes 5 s apart), and its connection closed.
-    func peerKeepalive() -> ClientBootstrap {
+    package func peerKeepalive() -> ClientBootstrap {
         channelOption(.socketOption(.so_keepalive), value: 1)
             .channelOption(.tcpOption(.init(rawValue: TCP_KEEPIDLE)), value: 10)
             .channelOption(.tcpOption(.init(rawValue: TCP_KEEPINTVL)), value: 5)
@@ -323,10 +324,22 @@ extension ServerBootstrap {
     /// TCP keepalive on a peer's connection (``ClientBootstrap/peerKeepalive()``): a forwarding
     /// host that died or was cut off does not leave its connections here for good (they are
     /// exempt from the idle time-out).
-    func peerKeepalive() -> ServerBootstrap {
+    package func peerKeepalive() -> ServerBootstrap {
         childChannelOption(.socketOption(.so_keepalive), value: 1)
             .childChannelOption(.tcpOption(.init(rawValue: TCP_KEEPIDLE)), value: 10)
             .childChannelOption(.tcpOption(.init(rawValue: TCP_KEEPINTVL)), value: 5)
             .childChannelOption(.tcpOption(.init(rawValue: TCP_KEEPCNT)), value: 3)
+    }
+}
+
+extension PeerLink {
+    /// More than one host: a call forwarded to the owner of the user's bucket got no reply —
+    /// the owner could not be reached, refused the link, or did not answer in time.
+    /// `maybeApplied`: the call had reached the owner (its outcome is unknown); false: it was
+    /// never sent, nothing was done.
+    package static func hostUnreachable(user: String, host: String, address: String, message: String, maybeApplied: Bool) -> VarlinkError {
+        VarlinkError(.hostUnreachable, [
+            "user": .string(user), "host": .string(host), "address": .string(address), "message": .string(message), "maybeApplied": .bool(maybeApplied),
+        ])
     }
 }

@@ -5,14 +5,14 @@ import UserStoreConfiguration
 /// accepts only a peer whose certificate the cluster's CA signed — as a server (a daemon
 /// forwarding to this one) and as a client (this one forwarding to the owner, whose certificate
 /// must also name the address it is reached at). TLS 1.3 only: every daemon runs this code.
-struct PeerTLS: Sendable {
+package struct PeerTLS: Sendable {
     /// For the listener (`cluster.listen`): a client certificate is required.
-    let server: NIOSSLContext
+    package let server: NIOSSLContext
     /// For links to other daemons.
-    let client: NIOSSLContext
+    package let client: NIOSSLContext
 
     /// Loads the PEM files; a file that does not parse is named by its key.
-    init(_ settings: ClusterTLS, configurationFile: String) throws(ConfigurationError) {
+    package init(_ settings: ClusterTLS, configurationFile: String) throws(ConfigurationError) {
         func load<T>(_ key: String, _ path: String, _ body: () throws -> T) throws(ConfigurationError) -> T {
             do {
                 return try body()

@@ -12,15 +12,15 @@ import Varlink
 /// (where a user this host does not own gets `WrongHost`, `Retry` or `ClusterUnavailable`).
 ///
 /// Clients need not know the cluster exists: they keep talking to their local daemon.
-final class Forwarder: Sendable {
-    let host: String
-    let buckets: PrefixMirror<BucketRecord>
-    let hosts: PrefixMirror<HostRecord>
-    let tls: NIOSSLContext
+package final class Forwarder: Sendable {
+    package let host: String
+    package let buckets: PrefixMirror<BucketRecord>
+    package let hosts: PrefixMirror<HostRecord>
+    package let tls: NIOSSLContext
     /// `cluster.forwardTimeoutMilliseconds`, in nanoseconds.
-    let timeout: UInt64
+    package let timeout: UInt64
 
-    init(host: String, buckets: PrefixMirror<BucketRecord>, hosts: PrefixMirror<HostRecord>, tls: NIOSSLContext, timeoutMilliseconds: Int) {
+    package init(host: String, buckets: PrefixMirror<BucketRecord>, hosts: PrefixMirror<HostRecord>, tls: NIOSSLContext, timeoutMilliseconds: Int) {
         self.host = host
         self.buckets = buckets
         self.hosts = hosts
@@ -29,7 +29,7 @@ final class Forwarder: Sendable {
     }
 
     /// Where a forwarded call goes.
-    enum Target {
+    package enum Target {
         /// To `host`, reached at `address` (empty for a call naming a transaction open there:
         /// it goes over the link the transaction lives on), for `user`.
         case host(user: String, host: String, address: String)
@@ -38,14 +38,14 @@ final class Forwarder: Sendable {
     }
 
     /// A transaction a connection opened on another host.
-    struct Transaction {
-        let host: String
-        let user: String
+    package struct Transaction {
+        package let host: String
+        package let user: String
     }
 
-    /// Where the call in `view`, of `method`, from `peer` goes, or nil: it is served here.
-    /// `transactions`: those the connection opened elsewhere, by id.
-    func target(of view: JSONView, _ method: Method, peer: PeerIdentity, transactions: [String: Transaction]) -> Target? {
+    /// Where the call in `view`, of `method`, from a peer the access rules grant `grant` goes,
+    /// or nil: it is served here. `transactions`: those the connection opened elsewhere, by id.
+    package func target(of view: JSONView, _ method: Method, grant: AccessRules.Grant, transactions: [String: Transaction]) -> Target? {
         guard method.interface == .store,
               let call = view.member("parameters", of: 0), view.kind(call) == .object else { return nil }
         if let named = view.member("transaction", of: call), view.kind(named) == .string {
@@ -53,8 +53,8 @@ final class Forwarder: Sendable {
             return transactions[view.string(named)].map { .host(user: $0.user, host: $0.host, address: "") }
         }
         // The access rules apply here first: a call this daemon would refuse is refused here.
-        guard peer.grant.store, let token = view.member("user", of: call), view.kind(token) == .string,
-              let user = try? UserID(view.string(token)), peer.grant.onlyStore == nil || peer.grant.onlyStore == user.rawValue,
+        guard grant.store, let token = view.member("user", of: call), view.kind(token) == .string,
+              let user = try? UserID(view.string(token)), grant.onlyStore == nil || grant.onlyStore == user.rawValue,
               let owner = buckets["\(Placement.bucket(for: user))"]?.value.owner, owner != host else { return nil }
         guard let address = hosts[owner]?.value.address else {
             return .refused(StoreError.clusterUnavailable(user: user, message: "bucket \(Placement.bucket(for: user))'s owner \(owner) has no live lease; its buckets are being given to other hosts").varlinkError)
@@ -65,18 +65,18 @@ final class Forwarder: Sendable {
 
 /// One client connection's links to other hosts and the transactions it opened there.
 /// Confined to the connection's event loop, like the connection.
-final class ForwardingLinks {
-    private(set) var links: [String: PeerLink] = [:]
-    private(set) var transactions: [String: Forwarder.Transaction] = [:]
+package final class ForwardingLinks {
+    package private(set) var links: [String: PeerLink] = [:]
+    package private(set) var transactions: [String: Forwarder.Transaction] = [:]
     private let forwarder: Forwarder
 
-    init(forwarder: Forwarder) {
+    package init(forwarder: Forwarder) {
         self.forwarder = forwarder
     }
 
     /// The link to `host` (opened now if there is none), or nil for a transaction's host whose
     /// link has ended.
-    func link(to host: String, address: String, maxReplyBytes: Int, closed: @escaping @Sendable (PeerLink) -> Void) -> PeerLink? {
+    package func link(to host: String, address: String, maxReplyBytes: Int, closed: @escaping @Sendable (PeerLink) -> Void) -> PeerLink? {
         if let link = links[host] {
             guard link.hasEnded else { return link }
             ended(link) // its transactions with it; a new link for anything else
@@ -89,25 +89,25 @@ final class ForwardingLinks {
 
     /// Forgets `link` once it has ended, with the transactions open over it (their owner rolled
     /// them back when the link closed).
-    func ended(_ link: PeerLink) {
+    package func ended(_ link: PeerLink) {
         guard links[link.host] === link else { return }
         links[link.host] = nil
         transactions = transactions.filter { $0.value.host != link.host }
     }
 
-    func began(_ id: String, on host: String, user: String) { transactions[id] = Forwarder.Transaction(host: host, user: user) }
+    package func began(_ id: String, on host: String, user: String) { transactions[id] = Forwarder.Transaction(host: host, user: user) }
 
-    func ended(transaction id: String) { transactions[id] = nil }
+    package func ended(transaction id: String) { transactions[id] = nil }
 
     /// No call waits for another host.
-    var isIdle: Bool { links.values.allSatisfy(\.isIdle) }
+    package var isIdle: Bool { links.values.allSatisfy(\.isIdle) }
 
     /// Ends links whose oldest call waited too long (`cluster.forwardTimeoutMilliseconds`).
-    func sweep(now: UInt64) {
+    package func sweep(now: UInt64) {
         for link in links.values { link.sweep(now: now, timeout: forwarder.timeout) }
     }
 
-    func closeAll() {
+    package func closeAll() {
         for link in links.values { link.close() }
         links.removeAll()
         transactions.removeAll()
