@@ -111,6 +111,7 @@ package final class EventLoop: @unchecked Sendable {
 
     /// Registers `handler` for `events` on `descriptor`; returns the token to change or remove it.
     package func register(_ descriptor: Int32, events: UInt32, _ handler: any EventHandler) throws -> UInt64 {
+        assert(inEventLoop, "\(name): used off its thread")
         let token = nextToken
         nextToken += 1
         guard us_epoll_ctl(epoll, EPOLL_CTL_ADD, descriptor, events, token) == 0 else { throw TransportError.system("epoll_ctl", errno) }
@@ -126,6 +127,7 @@ package final class EventLoop: @unchecked Sendable {
 
     /// Removes `descriptor` (registered as `token`); call before closing it.
     package func unregister(_ descriptor: Int32, token: UInt64) {
+        assert(inEventLoop, "\(name): used off its thread")
         _ = us_epoll_ctl(epoll, EPOLL_CTL_DEL, descriptor, 0, 0)
         handlers[token] = nil
     }
@@ -133,17 +135,20 @@ package final class EventLoop: @unchecked Sendable {
     /// Runs `task` on the loop after `nanoseconds`; returns an id for ``cancel(_:)``.
     @discardableResult
     package func schedule(after nanoseconds: UInt64, _ task: @escaping () -> Void) -> Int {
+        assert(inEventLoop, "\(name): used off its thread")
         nextTimer += 1
         timers.append(Timer(deadline: StoreClock.now() + nanoseconds, id: nextTimer, task: task))
         return nextTimer
     }
 
     package func cancel(_ timer: Int) {
+        assert(inEventLoop, "\(name): used off its thread")
         timers.removeAll { $0.id == timer }
     }
 
     /// Runs `body` with every handler registered (on the loop's thread).
     package func forEachHandler(_ body: (any EventHandler) -> Void) {
+        assert(inEventLoop, "\(name): used off its thread")
         for handler in handlers.values { body(handler) }
     }
 

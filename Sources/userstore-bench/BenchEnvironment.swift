@@ -84,7 +84,7 @@ struct BenchEnvironment {
                                      migrations: migrations, lock: lock)
         let id = try UserID(user)
         try await registry.withStore(id) { store in
-            try await store.queue.write { db in if !fill.isEmpty { try db.execute(sql: fill) } }
+            try await store.write { db in if !fill.isEmpty { try db.execute(sql: fill) } }
         }
         await registry.shutdown()
         _ = lock

@@ -14,7 +14,7 @@ import Testing
         do {
             let harness = try Harness(directory: directory, migrations: try folder.load())
             try await harness.registry.withStore(user("bob")) { store in
-                try await store.queue.write { db in
+                try await store.write { db in
                     try db.execute(sql: "INSERT INTO notes (title) VALUES ('kept')")
                     if !extra.isEmpty { try db.execute(sql: extra) }
                 }

@@ -35,7 +35,7 @@ import Testing
         do {
             let harness = try Harness(directory: directory, migrations: try folder.load(), appVersion: "2.0")
             _ = try await harness.registry.withStore(user("erin")) { store in
-                try await store.queue.write { try $0.execute(sql: "INSERT INTO a (x) VALUES (1)") }
+                try await store.write { try $0.execute(sql: "INSERT INTO a (x) VALUES (1)") }
             }
             await harness.registry.shutdown()
         }
@@ -47,7 +47,7 @@ import Testing
         do {
             let info = try await harness.registry.info(user("erin"))
             let rows = try await harness.registry.withStore(user("erin")) { store in
-                try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM a") }
+                try await store.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM a") }
             }
             #expect(rows == 1)
             outcome = .success(info)

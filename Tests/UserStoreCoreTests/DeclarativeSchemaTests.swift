@@ -14,7 +14,7 @@ import Testing
 
         /// Runs `body` on the store (admin access: works whatever state it is in).
         func read<T: Sendable>(_ body: @escaping @Sendable (Database) throws -> T) async throws -> T {
-            try await harness.registry.withStore(user, access: .admin) { try await $0.queue.read(body) }
+            try await harness.registry.withStore(user, access: .admin) { try await $0.read(body) }
         }
     }
 
@@ -28,7 +28,7 @@ import Testing
                                   policy: MigrationPolicy(allowDestructiveSchemaChanges: allowDestructive))
         let user = user("dora")
         if !data.isEmpty {
-            try await harness.registry.withStore(user) { store in try await store.queue.write { try $0.execute(sql: data) } }
+            try await harness.registry.withStore(user) { store in try await store.write { try $0.execute(sql: data) } }
         }
         let schema = try DesiredSchema(fileName: "schema.sql", sql: desired)
         harness.registry.reload(migrations: try folder.load().with(schema: schema))
@@ -134,7 +134,7 @@ import Testing
         let outcome = try await reconcile(schema("TEXT"), data: "INSERT INTO item (price) VALUES ('5'), ('50');", to: schema("REAL"))
         #expect(outcome.error == nil)
         try await outcome.harness.registry.withStore(outcome.user) { store in
-            try await store.queue.write { try $0.execute(sql: "INSERT INTO item (price) VALUES (99)") }
+            try await store.write { try $0.execute(sql: "INSERT INTO item (price) VALUES (99)") }
         }
         let state = try await outcome.read { db in
             (try Int.fetchAll(db, sql: "SELECT item_id FROM log ORDER BY item_id"), try Int.fetchAll(db, sql: "SELECT id FROM expensive ORDER BY id"),
@@ -152,7 +152,7 @@ import Testing
             to: "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, v TEXT NOT NULL DEFAULT '');")
         #expect(outcome.error == nil)
         try await outcome.harness.registry.withStore(outcome.user) { store in
-            try await store.queue.write { try $0.execute(sql: "INSERT INTO t (v) VALUES ('next')") }
+            try await store.write { try $0.execute(sql: "INSERT INTO t (v) VALUES ('next')") }
         }
         #expect(try await outcome.read { try Int.fetchOne($0, sql: "SELECT id FROM t WHERE v = 'next'") } == 6)
     }

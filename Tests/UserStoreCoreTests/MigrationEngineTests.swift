@@ -145,7 +145,7 @@ import Testing
             let harness = try Harness(directory: directory, migrations: try folder.load(), appVersion: "1.0")
             #expect(try await harness.registry.info(user("bob")).schemaVersion == 1)
             try await harness.registry.withStore(user("bob")) { store in
-                try await store.queue.write { db in try db.execute(sql: "INSERT INTO log VALUES (100)") }
+                try await store.write { db in try db.execute(sql: "INSERT INTO log VALUES (100)") }
             }
             await harness.registry.shutdown()
         }
@@ -158,7 +158,7 @@ import Testing
         #expect(report.backupPath == nil)
         // The run commits without fsync until its last step; the connection is back to FULL.
         #expect(try await harness.registry.withStore(user("bob")) { store in
-            try await store.queue.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") }
+            try await store.read { db in try Int.fetchOne(db, sql: "PRAGMA synchronous") }
         } == 2)
         await harness.registry.shutdown()
         try harness.inspect("bob") { (db: Database) throws in
@@ -192,7 +192,7 @@ import Testing
 
         // Everything of migration 3 was rolled back; 1 and 2 are intact.
         let state = try await harness.registry.withStore(user("carol"), access: .admin) { store in
-            try await store.queue.read { db in
+            try await store.read { db in
                 (try Int.fetchOne(db, sql: "SELECT count(*) FROM items")!,
                  try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'extra')")!,
                  try BookkeepingSnapshot.read(db),
@@ -217,7 +217,7 @@ import Testing
             .write("0001_t.sql", "CREATE TABLE t (v TEXT);")
         let harness = try Harness(directory: directory, migrations: try folder.load())
         try await harness.registry.withStore(user("dup")) { store in
-            try await store.queue.write { db in try db.execute(sql: "INSERT INTO t VALUES ('same'), ('same')") }
+            try await store.write { db in try db.execute(sql: "INSERT INTO t VALUES ('same'), ('same')") }
         }
         try folder.write("0002_unique.sql", "CREATE UNIQUE INDEX t_unique ON t (v);")
         harness.registry.reload(migrations: try folder.load())
@@ -225,7 +225,7 @@ import Testing
         for index in 0..<10 { #expect(try await harness.registry.info(user("fine\(index)")).schemaVersion == 2) }
         // Repair the data as an administrator, then retry: no restart, no reload.
         try await harness.registry.withStore(user("dup"), access: .admin) { store in
-            try await store.queue.write { db in try db.execute(sql: "DELETE FROM t WHERE rowid = 2") }
+            try await store.write { db in try db.execute(sql: "DELETE FROM t WHERE rowid = 2") }
         }
         #expect(try await harness.registry.migrate(user("dup")).applied == [2])
         #expect(try await harness.registry.info(user("dup")).schemaVersion == 2)
@@ -262,7 +262,7 @@ import Testing
             .write("0003_pinned.sql", try String(contentsOfFile: exampleMigrationsDirectory + "/0003_pinned.sql", encoding: .utf8))
         let harness = try Harness(directory: directory, migrations: try folder.load())
         try await harness.registry.withStore(user("frank")) { store in
-            try await store.queue.write { db in
+            try await store.write { db in
                 try db.execute(sql: "INSERT INTO tags (id, name) VALUES (1, 'work'), (2, 'home')")
                 for note in 1...50 {
                     try db.execute(sql: "INSERT INTO notes (id, title) VALUES (?, ?)", arguments: [note, "note \(note)"])
@@ -277,7 +277,7 @@ import Testing
         harness.registry.reload(migrations: try folder.load())
         #expect(try await harness.registry.migrate(user("frank")).applied == [4, 5, 6])
         try await harness.registry.withStore(user("frank")) { store in
-            try await store.queue.read { (db: Database) throws in
+            try await store.read { (db: Database) throws in
                 #expect(try Int.fetchOne(db, sql: "SELECT count(*) FROM note_tags") == 100)
                 #expect(try Int.fetchOne(db, sql: "SELECT count(*) FROM notes") == 50)
                 #expect(try String.fetchAll(db, sql: "PRAGMA integrity_check") == ["ok"])
@@ -401,7 +401,7 @@ import Testing
         harness.registry.reload(migrations: try folder.load())
         #expect(try await harness.registry.rollback(user("judy"), to: 1) == ([3, 2], 1))
         let tables = try await harness.registry.withStore(user("judy"), access: .admin) { store in
-            try await store.queue.read { db in
+            try await store.read { db in
                 (try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('a','b','c') ORDER BY name"),
                  try BookkeepingSnapshot.read(db))
             }
@@ -467,7 +467,7 @@ import Testing
         let plan = try await harness.registry.plan(user("lee"))
         #expect(!plan.isNewStore && plan.fromVersion == 1 && plan.toVersion == 2 && plan.steps.map(\.version) == [2])
         let version = try await harness.registry.withStore(user("lee"), access: .admin) { store in
-            try await store.queue.read { try Int64.fetchOne($0, sql: "PRAGMA user_version") }
+            try await store.read { try Int64.fetchOne($0, sql: "PRAGMA user_version") }
         }
         #expect(version == 2) // the lease itself migrated it; the plan before did not
     }

@@ -20,7 +20,7 @@ import Testing
             for _ in 0..<64 {
                 group.addTask {
                     try await harness.registry.withStore(user("zoe"), reporting: { store, report in
-                        _ = try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
+                        _ = try await store.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
                         return report?.migrated == true
                     })
                 }
@@ -29,7 +29,7 @@ import Testing
         }
         #expect(migratedReports == 64) // every request waited for the one migration and saw it
         let rows = try await harness.registry.withStore(user("zoe")) { store in
-            try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
+            try await store.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
         }
         #expect(rows == 1)
         #expect(harness.recorder.count { if case .migrationStarted = $0 { true } else { false } } == 1)
@@ -43,7 +43,7 @@ import Testing
             for index in 0..<200 {
                 group.addTask {
                     try await harness.registry.withStore(user("user\(index % 25)")) { store in
-                        try await store.queue.write { try $0.execute(sql: "INSERT INTO runs VALUES ('request')") }
+                        try await store.write { try $0.execute(sql: "INSERT INTO runs VALUES ('request')") }
                     }
                 }
             }
@@ -51,7 +51,7 @@ import Testing
         }
         for index in 0..<25 {
             let counts = try await harness.registry.withStore(user("user\(index)")) { store in
-                try await store.queue.read { db in
+                try await store.read { db in
                     (try Int.fetchOne(db, sql: "SELECT count(*) FROM runs WHERE at = 'once'")!,
                      try Int.fetchOne(db, sql: "SELECT count(*) FROM runs WHERE at = 'request'")!)
                 }
@@ -70,7 +70,7 @@ import Testing
             for index in 0..<(5 * limit * 4) {
                 group.addTask {
                     try await harness.registry.withStore(user("cap\(index % (5 * limit))")) { store in
-                        try await store.queue.write { try $0.execute(sql: "INSERT INTO runs VALUES ('request')") }
+                        try await store.write { try $0.execute(sql: "INSERT INTO runs VALUES ('request')") }
                         let open = openStoreFiles(under: directory.path)
                         peakFiles.observe(open)
                     }
@@ -303,7 +303,7 @@ import Testing
         async let holder: Int? = harness.registry.withStore(user("holder")) { store in
             enteredContinuation.yield()
             for await _ in finish { break }
-            return try await store.queue.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
+            return try await store.read { try Int.fetchOne($0, sql: "SELECT count(*) FROM runs") }
         }
         for await _ in entered { break }
         #expect(await harness.registry.closeIdleStores(now: .now + .seconds(3600)) == 0)

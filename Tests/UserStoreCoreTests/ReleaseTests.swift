@@ -163,7 +163,7 @@ import Testing
         #expect(await harness.registry.fleet.migrate(user("newheld"), dryRun: true).state == .held)
         // The held store keeps the app version it recorded: it is not at this release.
         let recorded = try await harness.registry.withStore(user("held")) { store in
-            try await store.queue.read { try String.fetchOne($0, sql: "SELECT app_version FROM app_version") }
+            try await store.read { try String.fetchOne($0, sql: "SELECT app_version FROM app_version") }
         }
         #expect(recorded == "1.0.0")
         await harness.registry.shutdown()

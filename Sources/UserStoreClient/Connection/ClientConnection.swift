@@ -209,6 +209,7 @@ final class ClientConnection: EventHandler, @unchecked Sendable {
     // MARK: On the loop's thread
 
     func ready(_ events: UInt32) {
+        assert(loop.inEventLoop)
         if events & EPOLLOUT.rawValue != 0 { flush() }
         guard !finished else { return }
         if events & (EPOLLHUP.rawValue | EPOLLERR.rawValue) != 0, isPaused {

@@ -21,10 +21,11 @@ public final class Store: Sendable {
     public let user: UserID
     /// The store's file.
     public let path: String
-    /// GRDB's `DatabaseQueue` (one connection, one dispatch queue). Use ``write(_:)``,
-    /// ``read(_:)`` and ``enqueue(_:completion:)``: they keep the order and the transaction
-    /// gate. Direct use is only safe while no request can reach the store.
-    public let queue: DatabaseQueue
+    /// GRDB's `DatabaseQueue`: it opened and configured the connection, and its dispatch queue
+    /// is the thread the store's work runs on. Only ``drain(_:)`` and the opening and closing
+    /// of the store use it: everything else goes through ``write(_:)``, ``read(_:)`` and
+    /// ``enqueue(transaction:_:completion:)``, which keep the order and the transaction's hold.
+    private let queue: DatabaseQueue
     /// The connection's authorizer and deadline for client statements.
     public let guardian: StoreGuard
     /// Prepared client statements; use only while holding the connection (in submitted work or
@@ -33,10 +34,15 @@ public final class Store: Sendable {
     /// Work submitted and not finished, plus one while a transaction is open: ``runIfIdle(_:)``
     /// runs only at zero.
     private let queued = Atomic<Int>(0)
-    /// The SQLite connection behind ``queue``; used only under ``connectionLock``.
-    nonisolated(unsafe) private let connection: OpaquePointer
-    /// Held by whoever uses the connection: submitted work, or ``runIfIdle(_:)``.
-    private let connectionLock = Mutex<Void>(())
+    /// The SQLite connection behind ``queue``, reachable only while holding it: by submitted
+    /// work (the drain holds it around each piece) or by ``runIfIdle(_:)`` on another thread.
+    private let connection: Mutex<RawConnection>
+
+    /// The raw connection as the mutex holds it: a pointer SQLite lets one thread use at a time,
+    /// which the mutex guarantees (`@unchecked Sendable` for that reason alone).
+    private struct RawConnection: @unchecked Sendable {
+        let pointer: OpaquePointer
+    }
     private let schedule = Mutex(Schedule())
     /// Why the store was found damaged while serving (SQLite reported corruption); the
     /// registry refuses it to clients from then on.
@@ -79,7 +85,7 @@ public final class Store: Sendable {
     init(user: UserID, path: String, queue: DatabaseQueue, guardian: StoreGuard, wal: WALHook = WALHook(), recorder: ChangeRecorder? = nil) {
         self.wal = wal
         self.recorder = recorder
-        self.connection = queue.inDatabase { $0.sqliteConnection! }
+        self.connection = Mutex(RawConnection(pointer: queue.inDatabase { $0.sqliteConnection! }))
         self.user = user
         self.path = path
         self.queue = queue
@@ -113,9 +119,9 @@ public final class Store: Sendable {
                 return schedule.waiting.remove(at: index)
             }
             guard let next else { return }
-            let after = connectionLock.withLock { _ in
+            let after = connection.withLock { connection in
                 let after = next.run(db)
-                recorder?.afterWork(connection)
+                recorder?.afterWork(connection.pointer)
                 return after
             }
             // Before the completion: the caller's next request may find the store idle.
@@ -156,8 +162,8 @@ public final class Store: Sendable {
     /// else can reach yet (being opened), where a hop to the queue's thread would only add
     /// latency. Blocks: never call it on an event loop or the cooperative pool.
     package func writeBlocking<T: Sendable>(_ body: (Database) throws -> T) throws -> T {
-        try connectionLock.withLock { _ in
-            defer { recorder?.afterWork(connection) }
+        try connection.withLock { connection in
+            defer { recorder?.afterWork(connection.pointer) }
             return try queue.inDatabase(body)
         }
     }
@@ -172,7 +178,7 @@ public final class Store: Sendable {
     /// must keep `body` short and leave no transaction open.
     public func runIfIdle<T>(_ body: (OpaquePointer) throws -> T) rethrows -> T? {
         guard queued.load(ordering: .relaxed) == 0 else { return nil }
-        return try connectionLock.withLockIfAvailable { _ in try body(connection) }
+        return try connection.withLockIfAvailable { connection in try body(connection.pointer) }
     }
 
     // MARK: Interactive transactions
@@ -201,7 +207,7 @@ public final class Store: Sendable {
             if db.isInsideTransaction {
                 do {
                     if commit, let recorder {
-                        do { try recorder.flush(connection) } catch { throw DatabaseError(resultCode: .SQLITE_ERROR, message: "change log: \((error as? ChangeLogError)?.message ?? "\(error)")") }
+                        do { try recorder.flush(db.sqliteConnection!) } catch { throw DatabaseError(resultCode: .SQLITE_ERROR, message: "change log: \((error as? ChangeLogError)?.message ?? "\(error)")") }
                     }
                     try db.execute(sql: commit ? "COMMIT" : "ROLLBACK")
                 } catch {

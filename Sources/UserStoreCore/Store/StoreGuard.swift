@@ -13,7 +13,10 @@ import GRDBSQLite
 /// FTS and R-Tree; and it interrupts a statement that runs past its deadline.
 ///
 /// Thread-safety: SQLite calls the callbacks synchronously on the thread that prepares or steps
-/// a statement, which is always the store's serial queue; all state is touched only there.
+/// a statement, which always holds the store's connection (``Store``'s connection mutex): the
+/// store's queue running submitted work, or an event loop running an inline read through
+/// ``Store/runIfIdle(_:)``. All state is touched only by that holder, one at a time, and the
+/// mutex orders one holder's writes before the next one's reads.
 public final class StoreGuard: @unchecked Sendable {
     /// PRAGMAs a client may run with an argument because the argument only selects what to read.
     static let introspectionPragmas: Set<String> = [

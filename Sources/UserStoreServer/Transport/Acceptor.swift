@@ -27,6 +27,7 @@ final class Acceptor: EventHandler, @unchecked Sendable {
 
     /// Starts accepting (on the loop's thread).
     func start() {
+        assert(loop.inEventLoop)
         guard token == nil, !finished else { return }
         do {
             token = try loop.register(listener, events: EPOLLIN.rawValue | EPOLLEXCLUSIVE.rawValue, self)
@@ -37,6 +38,7 @@ final class Acceptor: EventHandler, @unchecked Sendable {
 
     /// Stops accepting for good (on the loop's thread).
     func finish() {
+        assert(loop.inEventLoop)
         finished = true
         stop()
     }

@@ -287,6 +287,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// `limits.requestReadSeconds` (told `LimitExceeded`, limit `requestSeconds`), or nothing at
     /// all for `limits.idleConnectionSeconds`. Called by its loop's periodic sweep.
     func sweep(now: UInt64) {
+        assert(loop.inEventLoop)
         guard !closed else { return }
         // A streamed reply (a streamed Query holds its user's store) whose client stopped
         // reading for limits.transactionMilliseconds: closing ends the call and frees the store.
@@ -309,6 +310,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// Asks the connection to end (graceful shutdown): idle, it closes now; busy, once the calls
     /// it started have replied.
     func quiesce() {
+        assert(loop.inEventLoop)
         guard !closed else { return }
         stop()
         resume()
@@ -327,6 +329,7 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// After anything that may unblock progress: handles buffered calls, sends replies, reads
     /// again or stops reading, closes when done.
     func resume() {
+        assert(loop.inEventLoop)
         guard !closed else { return }
         processInput()
         flushOut()

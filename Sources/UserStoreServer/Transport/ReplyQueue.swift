@@ -99,6 +99,7 @@ final class ReplyQueue: @unchecked Sendable {
     /// Hands the ready replies to `descriptor` (what it does not take now waits for EPOLLOUT).
     /// False when the socket failed.
     func flush(to descriptor: Int32) -> Bool {
+        assert(loop.inEventLoop)
         guard !out.bytes.isEmpty, !closed else { return true }
         if unsentStart == unsent.count {
             guard let written = out.bytes.withUnsafeBytes({ Self.send($0, to: descriptor) }) else { return false }
@@ -116,6 +117,7 @@ final class ReplyQueue: @unchecked Sendable {
 
     /// Sends what the socket did not take before. False when the socket failed.
     func writeUnsent(to descriptor: Int32) -> Bool {
+        assert(loop.inEventLoop)
         guard unsentStart < unsent.count else { return true }
         let written = unsent.withUnsafeBytes { buffer in Self.send(UnsafeRawBufferPointer(rebasing: buffer[unsentStart...]), to: descriptor) }
         guard let written else { return false }
@@ -129,6 +131,7 @@ final class ReplyQueue: @unchecked Sendable {
 
     /// Drops every reply (the connection closed): reserved ones arriving later are ignored.
     func close() {
+        assert(loop.inEventLoop)
         closed = true
         pending.removeAll()
         out.bytes.removeAll()
