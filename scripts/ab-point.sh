@@ -7,7 +7,8 @@
 #
 # Usage: bash scripts/ab-point.sh OLD_USERSTORED NEW_USERSTORED
 #   (make ab-point OLD=<rev> builds <rev> in a worktree and runs this against the current tree)
-# Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2); for the new side only,
+# Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2), WRITES (0; 1 adds rows of
+#   single-row UPDATEs, each its own commit, at 8 and 64 connections); for the new side only,
 #   NEW_CONFIG (YAML appended to its configuration) and NEW_MIGRATION (SQL of a migration 0002
 #   it loads): e.g. a staged release in force against none (`make ab-release`).
 # Each side runs on its own copy of the same data.
@@ -48,10 +49,21 @@ run() { # label, load arguments...
 
 # The users' stores, created and migrated by the new daemon, then filled directly.
 start "$new"
-"$load" --socket "$work/userstore.sock" --connections "$users" --threads 2 --seconds 1 --users "$users" --pick connection \
-    --method io.userstore.Store.Open --rows 0 >/dev/null
+python3 - "$work/userstore.sock" "$users" <<'EOF'
+import json, socket, sys
+connection = socket.socket(socket.AF_UNIX)
+connection.connect(sys.argv[1])
+for index in range(int(sys.argv[2])):
+    connection.sendall(json.dumps({"method": "io.userstore.Store.Open", "parameters": {"user": "u%05d" % index}}).encode() + b"\0")
+    reply = b""
+    while not reply.endswith(b"\0"):
+        reply += connection.recv(65536)
+    assert reply.startswith(b'{"parameters"'), reply
+EOF
 stop
-for file in $(find "$work/data/stores" -name '*.sqlite'); do
+files=$(find "$work/data/stores" -name '*.sqlite')
+[ "$(echo "$files" | wc -w)" = "$users" ] || { echo "ab-point: $users stores expected, found $(echo "$files" | wc -w)" >&2; exit 1; }
+for file in $files; do
     sqlite3 "$file" "INSERT INTO kv (id, value) WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 10000) SELECT x, 'value ' || x FROM c;"
 done
 
@@ -71,6 +83,12 @@ for round in $(seq "$rounds"); do
         "$load" --socket "$work/userstore.sock" --connections 8 --threads 2 --seconds 2 --users "$users" >/dev/null # warm
         for clients in 1 8 64; do run "$side $clients-connections" --connections "$clients" >> "$results"; done
         run "$side 8x16-batches" --connections 8 --pipeline 16 --batch 1 >> "$results"
+        if [ "${WRITES:-0}" = 1 ]; then
+            for clients in 8 64; do
+                run "$side $clients-writes" --connections "$clients" --method io.userstore.Store.Execute \
+                    --sql "UPDATE kv SET value = 'written' WHERE id = ?" >> "$results"
+            done
+        fi
         stop
     done
 done
@@ -82,8 +100,9 @@ for line in open(sys.argv[1]):
     rates[(row, side)].append(float(rate))
 print("| load | old req/s (runs) | new req/s (runs) | new / old |")
 print("|---|---|---|---|")
-for row in ["1-connections", "8-connections", "64-connections", "8x16-batches"]:
+for row in ["1-connections", "8-connections", "64-connections", "8x16-batches", "8-writes", "64-writes"]:
     old, new = rates[(row, "old")], rates[(row, "new")]
+    if not old: continue
     mean = lambda v: sum(v) / len(v)
     print(f"| {row} | {mean(old):.0f} ({', '.join(f'{v:.0f}' for v in old)}) | {mean(new):.0f} ({', '.join(f'{v:.0f}' for v in new)}) | {mean(new) / mean(old):.2f} |")
 EOF
