@@ -51,6 +51,13 @@ public final class VarlinkConnection {
         descriptor = fd
     }
 
+    /// Talks over `descriptor`, a connected socket this connection now owns (one end of a
+    /// `socketpair` whose other end the daemon serves); `name` stands for the path in errors.
+    public init(descriptor: Int32, name: String) {
+        self.path = name
+        self.descriptor = descriptor
+    }
+
     deinit {
         close(descriptor)
     }

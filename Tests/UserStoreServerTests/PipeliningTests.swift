@@ -81,10 +81,10 @@ import Varlink
             // Meanwhile another connection reads the same store: the counter never goes back.
             let seen = Mutex<[Int64]>([])
             let readerDone = DispatchSemaphore(value: 0)
-            let socket = daemon.socketPath
+            nonisolated(unsafe) let served = daemon // connect() only: thread-safe in every kind
             let reader = Thread {
                 defer { readerDone.signal() }
-                guard let client = try? VarlinkConnection(path: socket) else { return }
+                guard let client = try? served.connect() else { return }
                 for _ in 0..<300 {
                     guard let rows = try? client.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT n FROM counter"]),
                           let n = rows["rows"]?.arrayValue?.first?.arrayValue?.first?.integerValue else { return }
@@ -109,7 +109,7 @@ import Varlink
         try await serving.run(extraConfig: "limits:\n  statementTimeoutMilliseconds: 60000\n") { daemon in
             let slowClient = try daemon.connect()
             _ = try slowClient.call("io.userstore.Store.Open", ["user": "slow"])
-            let socket = daemon.socketPath
+            nonisolated(unsafe) let served = daemon // connect() only: thread-safe in every kind
             // A read-only statement that runs for seconds starts on the event loop (its store is
             // idle), is given up after its inline budget and finishes on the store's queue. The
             // event loops serve everyone else meanwhile: with four connections, one at least
@@ -124,7 +124,7 @@ import Varlink
                 finished.enter()
                 return Thread {
                     defer { finished.leave() }
-                    let client = try? VarlinkConnection(path: socket)
+                    let client = try? served.connect()
                     _ = try? client?.call("io.userstore.Store.Open", ["user": "quick"])
                     ready.leave()
                     guard let client else { return }

@@ -5,7 +5,9 @@ import Testing
 import Varlink
 
 /// Interactive transactions over the socket: Begin, statements in the transaction, Commit,
-/// Rollback; isolation from other connections; time-outs; a dropped connection; a crash.
+/// Rollback; isolation from other connections; time-outs; a dropped connection; a crash. The
+/// protocol's own cases run on every ``Serving`` (live, in-process, over socket pairs); time-outs,
+/// signals and the journal on the live daemon.
 @Suite(.serialized) struct TransactionTests {
     static let counterSetup = ["CREATE TABLE counter (n INTEGER NOT NULL)", "INSERT INTO counter VALUES (0)"]
 
@@ -63,65 +65,63 @@ import Varlink
         daemon.stop()
     }
 
-    @Test func anOpenTransactionHoldsItsStoreOnlyAndItsRowsStayPrivate() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let owner = try daemon.connect(), waiter = try daemon.connect(), other = try daemon.connect()
-        try setUp(owner, user: "held")
-        _ = try other.call("io.userstore.Store.Open", ["user": "free"])
-        let transaction = try begin(owner, user: "held")
-        _ = try owner.call("io.userstore.Store.Execute", ["user": "held", "sql": "UPDATE counter SET n = 42", "transaction": .string(transaction)])
-        #expect(try counter(owner, user: "held", transaction: transaction) == 42)
-        // Another connection's request for the same user waits its turn...
-        try waiter.send(VarlinkCall(method: "io.userstore.Store.Query", parameters: ["user": "held", "sql": "SELECT n FROM counter"]))
-        // ...while another user is answered at once.
-        #expect(try other.call("io.userstore.Store.Query", ["user": "free", "sql": "SELECT 7"])["rows"] == [[7]])
-        var pending = pollfd(fd: waiter.descriptor, events: Int16(POLLIN), revents: 0)
-        #expect(poll(&pending, 1, 0) == 0) // no reply yet
-        // The transaction belongs to its connection.
-        #expect(error { _ = try other.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
-        #expect(error { _ = try other.call("io.userstore.Store.Query", ["user": "held", "sql": "SELECT 1", "transaction": .string(transaction)]) }?.name
-                == "io.userstore.Store.NoSuchTransaction")
-        // One at a time per connection.
-        let second = error { _ = try owner.call("io.userstore.Store.Begin", ["user": "free"]) }
-        #expect(second?.name == "io.userstore.Store.LimitExceeded" && second?.parameters["limit"] == "transactions")
-        _ = try owner.call("io.userstore.Store.Rollback", ["transaction": .string(transaction)])
-        // The waiting request ran after the rollback: it never saw the uncommitted 42.
-        #expect(try waiter.readReply().parameters["rows"] == [[0]])
-        #expect(error { _ = try owner.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
-        daemon.stop()
+    @Test(arguments: Serving.allCases) func anOpenTransactionHoldsItsStoreOnlyAndItsRowsStayPrivate(serving: Serving) async throws {
+        try await serving.run { daemon in
+            let owner = try daemon.connect(), waiter = try daemon.connect(), other = try daemon.connect()
+            try setUp(owner, user: "held")
+            _ = try other.call("io.userstore.Store.Open", ["user": "free"])
+            let transaction = try begin(owner, user: "held")
+            _ = try owner.call("io.userstore.Store.Execute", ["user": "held", "sql": "UPDATE counter SET n = 42", "transaction": .string(transaction)])
+            #expect(try counter(owner, user: "held", transaction: transaction) == 42)
+            // Another connection's request for the same user waits its turn...
+            try waiter.send(VarlinkCall(method: "io.userstore.Store.Query", parameters: ["user": "held", "sql": "SELECT n FROM counter"]))
+            // ...while another user is answered at once.
+            #expect(try other.call("io.userstore.Store.Query", ["user": "free", "sql": "SELECT 7"])["rows"] == [[7]])
+            var pending = pollfd(fd: waiter.descriptor, events: Int16(POLLIN), revents: 0)
+            #expect(poll(&pending, 1, 0) == 0) // no reply yet
+            // The transaction belongs to its connection.
+            #expect(error { _ = try other.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
+            #expect(error { _ = try other.call("io.userstore.Store.Query", ["user": "held", "sql": "SELECT 1", "transaction": .string(transaction)]) }?.name
+                    == "io.userstore.Store.NoSuchTransaction")
+            // One at a time per connection.
+            let second = error { _ = try owner.call("io.userstore.Store.Begin", ["user": "free"]) }
+            #expect(second?.name == "io.userstore.Store.LimitExceeded" && second?.parameters["limit"] == "transactions")
+            _ = try owner.call("io.userstore.Store.Rollback", ["transaction": .string(transaction)])
+            // The waiting request ran after the rollback: it never saw the uncommitted 42.
+            #expect(try waiter.readReply().parameters["rows"] == [[0]])
+            #expect(error { _ = try owner.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
+        }
     }
 
-    @Test func transactionControlBelongsToTheAPIAndSavepointsAndBatchesNest() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let client = try daemon.connect()
-        try setUp(client, user: "sql")
-        let transaction = JSONValue.string(try begin(client, user: "sql", mode: "deferred"))
-        for statement in ["BEGIN", "COMMIT", "ROLLBACK", "END"] {
-            let refused = error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(statement), "transaction": transaction]) }
-            #expect(refused?.name == "io.userstore.Store.PermissionDenied", "\(statement)")
+    @Test(arguments: Serving.allCases) func transactionControlBelongsToTheAPIAndSavepointsAndBatchesNest(serving: Serving) async throws {
+        try await serving.run { daemon in
+            let client = try daemon.connect()
+            try setUp(client, user: "sql")
+            let transaction = JSONValue.string(try begin(client, user: "sql", mode: "deferred"))
+            for statement in ["BEGIN", "COMMIT", "ROLLBACK", "END"] {
+                let refused = error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(statement), "transaction": transaction]) }
+                #expect(refused?.name == "io.userstore.Store.PermissionDenied", "\(statement)")
+            }
+            for sql in ["SAVEPOINT a", "UPDATE counter SET n = 5", "ROLLBACK TO a", "RELEASE a"] {
+                _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(sql), "transaction": transaction])
+            }
+            #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 0)
+            // A failing Batch leaves the transaction as it was before the Batch.
+            _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "UPDATE counter SET n = 1", "transaction": transaction])
+            let failed = error {
+                _ = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [
+                    ["sql": "UPDATE counter SET n = 2"], ["sql": "INSERT INTO nowhere VALUES (1)"],
+                ]])
+            }
+            #expect(failed?.name == "io.userstore.Store.SQLError" && failed?.parameters["index"] == 1)
+            #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 1)
+            let batch = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [["sql": "UPDATE counter SET n = n + 10"]]])
+            #expect(batch["results"]?.arrayValue?.first?["changes"] == 1)
+            _ = try client.call("io.userstore.Store.Commit", ["transaction": transaction])
+            #expect(try counter(client, user: "sql") == 11)
+            // Outside a transaction, savepoints stay refused.
+            #expect(error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "SAVEPOINT b"]) }?.name == "io.userstore.Store.PermissionDenied")
         }
-        for sql in ["SAVEPOINT a", "UPDATE counter SET n = 5", "ROLLBACK TO a", "RELEASE a"] {
-            _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(sql), "transaction": transaction])
-        }
-        #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 0)
-        // A failing Batch leaves the transaction as it was before the Batch.
-        _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "UPDATE counter SET n = 1", "transaction": transaction])
-        let failed = error {
-            _ = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [
-                ["sql": "UPDATE counter SET n = 2"], ["sql": "INSERT INTO nowhere VALUES (1)"],
-            ]])
-        }
-        #expect(failed?.name == "io.userstore.Store.SQLError" && failed?.parameters["index"] == 1)
-        #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 1)
-        let batch = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [["sql": "UPDATE counter SET n = n + 10"]]])
-        #expect(batch["results"]?.arrayValue?.first?["changes"] == 1)
-        _ = try client.call("io.userstore.Store.Commit", ["transaction": transaction])
-        #expect(try counter(client, user: "sql") == 11)
-        // Outside a transaction, savepoints stay refused.
-        #expect(error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "SAVEPOINT b"]) }?.name == "io.userstore.Store.PermissionDenied")
-        daemon.stop()
     }
 
     @Test(.timeLimit(.minutes(10)))
@@ -159,19 +159,18 @@ import Varlink
         #expect(daemon.stderr.contains("user=slowpoke") || daemon.stderr.contains("slowpoke"))
     }
 
-    @Test func aDroppedConnectionRollsBack() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let client = try daemon.connect()
-        try setUp(client, user: "dropped")
-        do {
-            let gone = try daemon.connect()
-            let transaction = try begin(gone, user: "dropped")
-            _ = try gone.call("io.userstore.Store.Execute", ["user": "dropped", "sql": "UPDATE counter SET n = 99", "transaction": .string(transaction)])
-        } // closed here
-        // The next request for the store waits for the rollback and sees the old value.
-        #expect(try counter(client, user: "dropped") == 0)
-        daemon.stop()
+    @Test(arguments: Serving.allCases) func aDroppedConnectionRollsBack(serving: Serving) async throws {
+        try await serving.run { daemon in
+            let client = try daemon.connect()
+            try setUp(client, user: "dropped")
+            do {
+                let gone = try daemon.connect()
+                let transaction = try begin(gone, user: "dropped")
+                _ = try gone.call("io.userstore.Store.Execute", ["user": "dropped", "sql": "UPDATE counter SET n = 99", "transaction": .string(transaction)])
+            } // closed here
+            // The next request for the store waits for the rollback and sees the old value.
+            #expect(try counter(client, user: "dropped") == 0)
+        }
     }
 
     /// A call from the transaction's own connection for its user that does not name the

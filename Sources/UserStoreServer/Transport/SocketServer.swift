@@ -63,8 +63,9 @@ final class SocketServer: Service {
     }
 
     /// Serves `descriptor`, a connected socket that did not come through the listener (a peer
-    /// daemon's connection, joined through a socket pair), as `peer`, on the next loop.
-    func adopt(_ descriptor: Int32, peer: PeerIdentity) {
+    /// daemon's connection, joined through a socket pair), as `peer`, on the next loop; nil:
+    /// as whoever `SO_PEERCRED` names, like an accepted connection (a socket pair's creator).
+    func adopt(_ descriptor: Int32, peer: PeerIdentity?) {
         _ = fcntl(descriptor, F_SETFL, fcntl(descriptor, F_GETFL) | O_NONBLOCK)
         spread.serve(descriptor, shared: shared, peer: peer)
     }

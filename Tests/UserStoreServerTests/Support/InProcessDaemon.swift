@@ -16,11 +16,28 @@ final class InProcessDaemon: ServedDaemon, @unchecked Sendable {
     let context: DaemonContext
     let server: SocketServer
     var socketPath: String { files.socketPath }
+    /// Whether ``connect()`` makes a `socketpair` and hands the daemon its other end, instead
+    /// of connecting to the socket: the transport with no listener and no path in between.
+    var overSocketPairs = false
 
     private init(files: DaemonHarness, context: DaemonContext, server: SocketServer) {
         self.files = files
         self.context = context
         self.server = server
+    }
+
+    /// A new client connection: to the socket, or over a new socket pair whose other end the
+    /// daemon serves as it would an accepted connection (its credentials are this process's).
+    func connect() throws -> VarlinkConnection {
+        guard overSocketPairs else { return try connectToSocket() }
+        var pair: [Int32] = [-1, -1]
+        guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue | SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
+            throw VarlinkConnection.TransportError.io(path: "socketpair", message: String(cString: strerror(errno)))
+        }
+        server.adopt(pair[0], peer: nil)
+        let connection = VarlinkConnection(descriptor: pair[1], name: "socketpair")
+        connection.setReceiveTimeout(seconds: 60)
+        return connection
     }
 
     /// Serves a new temporary data directory (`extraConfig`: YAML appended to the configuration).
@@ -53,11 +70,15 @@ final class InProcessDaemon: ServedDaemon, @unchecked Sendable {
 /// (``DaemonHarness``) or the same request path in-process (``InProcessDaemon``).
 protocol ServedDaemon: AnyObject {
     var socketPath: String { get }
+    /// A new client connection (with a receive timeout, so a test never hangs).
+    func connect() throws -> VarlinkConnection
 }
 
 extension ServedDaemon {
-    /// A new client connection (with a receive timeout, so a test never hangs).
-    func connect() throws -> VarlinkConnection {
+    func connect() throws -> VarlinkConnection { try connectToSocket() }
+
+    /// A new connection to the daemon's socket (with a receive timeout).
+    func connectToSocket() throws -> VarlinkConnection {
         let connection = try VarlinkConnection(path: socketPath)
         connection.setReceiveTimeout(seconds: 60)
         return connection
@@ -68,7 +89,12 @@ extension DaemonHarness: ServedDaemon {}
 
 /// Where a protocol test runs its daemon.
 enum Serving: String, CaseIterable, CustomTestStringConvertible {
-    case liveDaemon, inProcess
+    /// A `userstored` process, over its socket.
+    case liveDaemon
+    /// The request path in this process, over its socket.
+    case inProcess
+    /// The request path in this process, each connection a `socketpair` the daemon adopts.
+    case socketPair
 
     var testDescription: String { rawValue }
 
@@ -79,8 +105,10 @@ enum Serving: String, CaseIterable, CustomTestStringConvertible {
             let daemon = try DaemonHarness(extraConfig: extraConfig)
             try daemon.start()
             return daemon
-        case .inProcess:
-            return try await InProcessDaemon.start(extraConfig: extraConfig)
+        case .inProcess, .socketPair:
+            let daemon = try await InProcessDaemon.start(extraConfig: extraConfig)
+            daemon.overSocketPairs = self == .socketPair
+            return daemon
         }
     }
 
