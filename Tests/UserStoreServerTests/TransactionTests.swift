@@ -9,6 +9,11 @@ import Varlink
 /// protocol's own cases run on every ``Serving`` (live, in-process, over socket pairs); time-outs,
 /// signals and the journal on the live daemon.
 @Suite(.serialized) struct TransactionTests {
+    /// Not a test of time-outs: an in-process daemon shares this process's cooperative pool
+    /// with every suite running meanwhile, and a step once came more than the default 5 s
+    /// after the last (TransactionExpired: idle, seen as a missing LimitExceeded).
+    static let patient = "limits:\n  transactionIdleMilliseconds: 120000\n"
+
     static let counterSetup = ["CREATE TABLE counter (n INTEGER NOT NULL)", "INSERT INTO counter VALUES (0)"]
 
     func setUp(_ client: VarlinkConnection, user: String) throws {
@@ -66,7 +71,7 @@ import Varlink
     }
 
     @Test(arguments: Serving.allCases) func anOpenTransactionHoldsItsStoreOnlyAndItsRowsStayPrivate(serving: Serving) async throws {
-        try await serving.run { daemon in
+        try await serving.run(extraConfig: Self.patient) { daemon in
             let owner = try daemon.connect(), waiter = try daemon.connect(), other = try daemon.connect()
             try setUp(owner, user: "held")
             _ = try other.call("io.userstore.Store.Open", ["user": "free"])
@@ -94,7 +99,7 @@ import Varlink
     }
 
     @Test(arguments: Serving.allCases) func transactionControlBelongsToTheAPIAndSavepointsAndBatchesNest(serving: Serving) async throws {
-        try await serving.run { daemon in
+        try await serving.run(extraConfig: Self.patient) { daemon in
             let client = try daemon.connect()
             try setUp(client, user: "sql")
             let transaction = JSONValue.string(try begin(client, user: "sql", mode: "deferred"))
@@ -160,7 +165,7 @@ import Varlink
     }
 
     @Test(arguments: Serving.allCases) func aDroppedConnectionRollsBack(serving: Serving) async throws {
-        try await serving.run { daemon in
+        try await serving.run(extraConfig: Self.patient) { daemon in
             let client = try daemon.connect()
             try setUp(client, user: "dropped")
             do {
