@@ -154,7 +154,7 @@ let package = Package(
             name: "UserStoreCtl",
             dependencies: [
                 "UserStoreCore", "Varlink", "UserStoreClient", "UserStoreConfiguration", "UserStoreProtocol", "CEditLine", "UserStoreInterface",
-                "UserStoreReplication", "UserStoreCluster", // key stores in a bucket or etcd (OfflineKeyStore)
+                "UserStoreCluster", // the key store the daemon opens, a bucket or etcd included (OfflineKeyStore)
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
@@ -192,7 +192,7 @@ let package = Package(
         .target(
             name: "UserStoreCluster",
             dependencies: [
-                "UserStoreCore", "UserStoreReplication", // EtcdKeyStore: ReplicaStorage.blocking
+                "UserStoreCore", "UserStoreConfiguration", "UserStoreReplication", // EtcdKeyStore, and opening any key store
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -1,4 +1,5 @@
 import Foundation
+import UserStoreConfiguration
 import UserStoreCore
 import UserStoreReplication
 
@@ -56,4 +57,15 @@ public struct EtcdKeyStore: KeyStore {
     }
 
     public var location: String { "etcd (\(endpoints.joined(separator: ", ")))\(Self.prefix)" }
+}
+
+extension EncryptionSettings {
+    /// The key store these settings name, opened: a folder or a bucket (``openKeyStore()``), or
+    /// the cluster's etcd at `clusterEtcd` (`cluster.etcd`, which the configuration requires
+    /// with `keyStore: etcd`). The daemon and userstorectl's offline commands open it here.
+    package func openKeyStore(clusterEtcd endpoints: [String]?) throws -> any KeyStore {
+        if let store = try openKeyStore() { return store }
+        let endpoints = endpoints ?? []
+        return EtcdKeyStore(etcd: EtcdClient(endpoints: endpoints), endpoints: endpoints)
+    }
 }

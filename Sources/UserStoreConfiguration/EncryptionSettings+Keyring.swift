@@ -18,19 +18,11 @@ extension EncryptionSettings {
     /// The keyring these settings describe: the key-encryption key read (from the credential in
     /// `credentialsDirectory`, else `keyFile`) and checked against the key store (a new key
     /// store gets its check record). Blocking.
-    /// `store`: the key store, opened by the caller (an `s3://` one needs the replication's S3
-    /// client); nil: the folder of a `file://` key store.
-    public func makeKeyring(store: (any KeyStore)? = nil,
+    /// `keyStore`: the key store these settings name, opened by the caller
+    /// (`openKeyStore(clusterEtcd:)`: a bucket needs the replication's S3 client, etcd the
+    /// cluster's client).
+    public func makeKeyring(store keyStore: any KeyStore,
                             credentialsDirectory: String? = ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"]) throws(Refusal) -> StoreKeyring {
-        let keyStore: any KeyStore
-        switch (store, self.keyStore) {
-        case (let store?, _): keyStore = store
-        case (nil, .folder(let root)): keyStore = FolderKeyStore(root: root)
-        case (nil, .bucket(let s3)):
-            throw Refusal(name: "KeyStoreUnavailable", description: "the key store is in a bucket (s3://\(s3.bucket)/\(s3.prefix)): go through userstored, which reaches it")
-        case (nil, .etcd):
-            throw Refusal(name: "KeyStoreUnavailable", description: "the key store is in the cluster's etcd: go through userstored, which reaches it")
-        }
         guard let file = keyFilePath(credentialsDirectory: credentialsDirectory) else {
             throw Refusal(name: "KeyEncryptionKeyMissing", description: "encryption.credential \(credential ?? "") names a systemd credential, but the daemon was given none ($CREDENTIALS_DIRECTORY is not set: LoadCredentialEncrypted= in the unit)")
         }

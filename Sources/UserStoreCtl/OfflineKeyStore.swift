@@ -1,22 +1,18 @@
 import UserStoreCluster
 import UserStoreConfiguration
 import UserStoreCore
-import UserStoreReplication
 
-/// The key store an offline command works on (`--offline`, `keys rewrap`): the folder or the
-/// bucket `encryption.keyStore` names, or the cluster's etcd (`keyStore: etcd`, `cluster.etcd`).
-enum OfflineKeyStore {
+/// The key store an offline command works on (`--offline`, `restore --from-replica --offline`,
+/// `keys rewrap`): the folder or the bucket `encryption.keyStore` names, or the cluster's etcd
+/// (`keyStore: etcd`, `cluster.etcd`) — the one the daemon opens.
+public enum OfflineKeyStore {
     /// Opens `configuration`'s key store.
-    static func open(_ configuration: DaemonConfiguration, _ encryption: EncryptionSettings) throws(CtlError) -> any KeyStore {
+    public static func open(_ configuration: DaemonConfiguration, _ encryption: EncryptionSettings) throws(CtlError) -> any KeyStore {
         do {
-            if let store = try encryption.openKeyStore() { return store }
+            return try encryption.openKeyStore(clusterEtcd: configuration.cluster?.etcd)
         } catch {
             throw CtlError(.unreachable, "userstorectl: encryption: KeyStoreUnavailable: \(error)")
         }
-        guard let endpoints = configuration.cluster?.etcd, !endpoints.isEmpty else {
-            throw CtlError(.usage, "userstorectl: encryption.keyStore is etcd, but the configuration has no cluster.etcd")
-        }
-        return EtcdKeyStore(etcd: EtcdClient(endpoints: endpoints), endpoints: endpoints)
     }
 
     /// Refuses while any daemon sharing `store` runs: a cluster's live hosts (etcd's host

@@ -14,8 +14,8 @@ extension ReplicaStorage: KeyStore {
 }
 
 extension EncryptionSettings {
-    /// The key store these settings name: a folder, or a bucket reached like an `s3://` replica
-    /// (etcd's is the daemon's: nil here).
+    /// The key store these settings name: a folder, or a bucket reached like an `s3://` replica;
+    /// nil for the cluster's etcd (UserStoreCluster's `openKeyStore(clusterEtcd:)` opens any).
     package func openKeyStore() throws -> (any KeyStore)? {
         switch keyStore {
         case .folder(let root):

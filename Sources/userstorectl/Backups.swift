@@ -97,8 +97,9 @@ extension UserStoreCtlCommand {
             // An encrypted user is checked with its key, as the daemon would.
             var keyring: StoreKeyring?
             if let encryption = configuration.encryption {
+                let store = try OfflineKeyStore.open(configuration, encryption)
                 do {
-                    keyring = try await BlockingPool.run { try encryption.makeKeyring(store: try encryption.openKeyStore()) }
+                    keyring = try await BlockingPool.run { try encryption.makeKeyring(store: store) }
                 } catch {
                     throw CtlError(.usage, "encryption: \(error)")
                 }

@@ -62,12 +62,7 @@ public enum Daemon {
             do throws(EncryptionSettings.Refusal) {
                 let store: any KeyStore
                 do {
-                    if let opened = try encryption.openKeyStore() {
-                        store = opened
-                    } else {
-                        let endpoints = configuration.cluster?.etcd ?? []
-                        store = EtcdKeyStore(etcd: EtcdClient(endpoints: endpoints), endpoints: endpoints)
-                    }
+                    store = try encryption.openKeyStore(clusterEtcd: configuration.cluster?.etcd)
                 } catch {
                     throw EncryptionSettings.Refusal(name: "KeyStoreUnavailable", description: "the key store cannot be opened: \(error)")
                 }
