@@ -49,16 +49,13 @@ run() { # label, load arguments...
 
 # The users' stores, created and migrated by the new daemon, then filled directly.
 start "$new"
-python3 - "$work/userstore.sock" "$users" <<'EOF'
-import json, socket, sys
-connection = socket.socket(socket.AF_UNIX)
-connection.connect(sys.argv[1])
+PYTHONPATH=scripts python3 - "$work/userstore.sock" "$users" <<'EOF'
+import sys
+from varlink_client import call, connect
+connection = connect(sys.argv[1])
 for index in range(int(sys.argv[2])):
-    connection.sendall(json.dumps({"method": "io.userstore.Store.Open", "parameters": {"user": "u%05d" % index}}).encode() + b"\0")
-    reply = b""
-    while not reply.endswith(b"\0"):
-        reply += connection.recv(65536)
-    assert reply.startswith(b'{"parameters"'), reply
+    reply = call(connection, "io.userstore.Store.Open", user="u%05d" % index)
+    assert "error" not in reply, reply
 EOF
 stop
 files=$(find "$work/data/stores" -name '*.sqlite')

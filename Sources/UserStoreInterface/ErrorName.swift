@@ -47,5 +47,5 @@ public enum ErrorName: String, CaseIterable, Sendable {
 
     /// The name within its interface (`SQLError`): what the Swift client's errors call
     /// `name`.
-    public var short: String { String(rawValue[rawValue.index(after: rawValue.lastIndex(of: ".")!)...]) }
+    public var short: String { String(memberName(rawValue)) }
 }

@@ -75,5 +75,10 @@ public enum Method: String, CaseIterable, Sendable {
     }
 
     /// The name within its interface (`Query`).
-    public var member: Substring { rawValue[rawValue.index(after: rawValue.lastIndex(of: ".")!)...] }
+    public var member: Substring { memberName(rawValue) }
+}
+
+/// The last component of a qualified varlink name (`io.userstore.Store.Query` → `Query`).
+func memberName(_ qualified: String) -> Substring {
+    qualified[qualified.index(after: qualified.lastIndex(of: ".")!)...]
 }

@@ -6,7 +6,4 @@ extension VarlinkError {
     public init(_ name: ErrorName, _ parameters: [String: JSONValue] = [:]) {
         self.init(name.rawValue, parameters)
     }
-
-    /// Whether this is the daemon's error `name`.
-    public func `is`(_ name: ErrorName) -> Bool { self.name == name.rawValue }
 }

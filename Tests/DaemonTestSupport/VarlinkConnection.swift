@@ -148,3 +148,14 @@ public final class VarlinkConnection {
         setsockopt(descriptor, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
     }
 }
+
+/// The varlink error `body` threw, or nil when it returned (or threw something else): for
+/// asserting which named error a call is refused with.
+public func varlinkError(_ body: () throws -> Void) -> VarlinkError? {
+    do {
+        try body()
+        return nil
+    } catch {
+        return error as? VarlinkError
+    }
+}

@@ -92,12 +92,7 @@ import Varlink
             let status = try client.call("io.userstore.Admin.Status")
             #expect(status["openStores"] == 1 && status["daemonVersion"]?.stringValue?.isEmpty == false)
             func refusal(_ method: String, _ parameters: [String: JSONValue]) -> VarlinkError? {
-                do {
-                    _ = try client.call(method, parameters)
-                    return nil
-                } catch {
-                    return error as? VarlinkError
-                }
+                varlinkError { _ = try client.call(method, parameters) }
             }
             #expect(refusal("io.userstore.Store.Nope", [:])?.name == "org.varlink.service.MethodNotFound")
             #expect(refusal("io.userstore.Store.Query", ["user": "ann", "sql": "SELECT 1", "bogus": 1]) == .invalidParameter("bogus"))

@@ -13,10 +13,6 @@ import Varlink
 /// key-encryption key stops the daemon (exit 78); a missing data key, a tampered page and a
 /// plaintext store are each handled by name.
 @Suite(.serialized) struct EncryptionTests {
-    func error(_ body: () throws -> Void) -> VarlinkError? {
-        do { try body(); return nil } catch { return error as? VarlinkError }
-    }
-
     /// A daemon with encryption: the key-encryption key in `kek` (base64) beside the
     /// configuration, the key store in `keys/` (outside the data directory).
     static func encryptedDaemon(extra: String = "") throws -> DaemonHarness {
@@ -117,7 +113,7 @@ import Varlink
         try copy.write(to: URL(fileURLWithPath: path))
         try daemon.start()
         let third = try daemon.connect()
-        let refused = error { _ = try third.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"]) }
+        let refused = varlinkError { _ = try third.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"]) }
         #expect(refused?.name == "io.userstore.Store.StoreErased" && refused?.parameters["user"] == "alice", "\(String(describing: refused))")
         #expect(try third.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT body FROM notes"])["rows"] == [["kept"]])
         #expect(daemon.stop() == 0)
@@ -144,9 +140,9 @@ import Varlink
 
         try daemon.start()
         let again = try daemon.connect()
-        let missing = error { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
+        let missing = varlinkError { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
         #expect(missing?.name == "io.userstore.Store.StoreKeyMissing" && missing?.parameters["user"] == "alice", "\(String(describing: missing))")
-        let tampered = error { _ = try again.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT count(*), sum(length(body)) FROM notes"]) }
+        let tampered = varlinkError { _ = try again.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT count(*), sum(length(body)) FROM notes"]) }
         #expect(tampered?.name == "io.userstore.Store.StoreDamaged" && tampered?.parameters["user"] == "bob", "\(String(describing: tampered)) \(daemon.stderr.suffix(1500))")
         #expect(try again.call("io.userstore.Store.Query", ["user": "carol", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
         #expect(daemon.stop() == 0)
@@ -270,7 +266,7 @@ import Varlink
         try FileManager.default.removeItem(atPath: daemon.dataDirectory)
         try daemon.start()
         let third = try daemon.connect()
-        let erased = error { _ = try third.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"]) }
+        let erased = varlinkError { _ = try third.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT body FROM notes"]) }
         #expect(erased?.name == "io.userstore.Store.StoreErased" && erased?.parameters["user"] == "alice", "\(String(describing: erased))")
         #expect(try third.call("io.userstore.Store.Query", ["user": "bob", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
         #expect(daemon.stop() == 0)
@@ -332,7 +328,7 @@ import Varlink
         try daemon.start()
         let again = try daemon.connect()
         #expect(try again.call("io.userstore.Store.Query", ["user": "bob", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
-        let old = error { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
+        let old = varlinkError { _ = try again.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT count(*) FROM notes"]) }
         #expect(old?.name == "io.userstore.Store.StoreDamaged", "\(String(describing: old))")
         let carol = try run([userstorectlPath, "keys", "rotate", "carol"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(carol.status == 0, "\(carol.stdout) \(carol.stderr)")
@@ -344,7 +340,7 @@ import Varlink
         let plain = try DaemonHarness()
         try plain.start()
         _ = try plain.connect().call("io.userstore.Store.Open", ["user": "alice"])
-        let refused = error { _ = try plain.connect().call("io.userstore.Admin.RotateStoreKey", ["user": "alice"]) }
+        let refused = varlinkError { _ = try plain.connect().call("io.userstore.Admin.RotateStoreKey", ["user": "alice"]) }
         #expect(refused?.name == "io.userstore.Store.InvalidRequest", "\(String(describing: refused))")
         #expect(plain.stop() == 0)
     }
@@ -423,7 +419,7 @@ import Varlink
         for user in users {
             _ = try daemon.connect().call("io.userstore.Store.Execute", ["user": .string(user), "sql": "INSERT INTO notes (title, body) VALUES ('n', 'plain')"])
         }
-        let refused = error { _ = try daemon.connect().call("io.userstore.Admin.EncryptStores", ["all": true]) }
+        let refused = varlinkError { _ = try daemon.connect().call("io.userstore.Admin.EncryptStores", ["all": true]) }
         #expect(refused?.name == "io.userstore.Store.InvalidRequest", "\(String(describing: refused))")
         #expect(daemon.stop() == 0)
 

@@ -6,10 +6,6 @@ import Varlink
 /// Faults and hostile conditions: a full disk, damaged files, exhausted connections, crash
 /// after crash. Each against the real daemon.
 @Suite(.serialized) struct HardeningTests {
-    func error(_ body: () throws -> Void) -> VarlinkError? {
-        do { try body(); return nil } catch { return error as? VarlinkError }
-    }
-
     func sqliteCheck(_ path: String) throws -> String {
         try run(["/usr/bin/sqlite3", path, "PRAGMA integrity_check"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }
@@ -39,7 +35,7 @@ import Varlink
         var acknowledged: [Int64] = []
         var refusal: VarlinkError?
         for n in Int64(0)..<100_000 where refusal == nil {
-            refusal = error {
+            refusal = varlinkError {
                 _ = try client.call("io.userstore.Store.Execute", ["user": "writer", "sql": "INSERT INTO t VALUES (?, hex(randomblob(512)))", "parameters": [.integer(n)]])
                 acknowledged.append(n)
             }
@@ -53,7 +49,7 @@ import Varlink
         // A migration that runs out of space rolls back; the store stays at its version, no half copy.
         try daemon.addMigration("0007_big.sql", "CREATE TABLE big (b BLOB); WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) INSERT INTO big SELECT randomblob(1000) FROM n;")
         _ = try client.call("io.userstore.Admin.Reload")
-        let failed = error { _ = try client.call("io.userstore.Store.Open", ["user": "reader"]) }
+        let failed = varlinkError { _ = try client.call("io.userstore.Store.Open", ["user": "reader"]) }
         #expect(failed?.name == "io.userstore.Store.MigrationFailed" || failed?.name == "io.userstore.Store.StorageFailure", "\(String(describing: failed))")
         let partials = (FileManager.default.enumerator(atPath: daemon.dataDirectory)?.compactMap { $0 as? String } ?? []).filter { $0.hasSuffix(".partial") }
         #expect(partials.isEmpty, "\(partials)")
@@ -104,13 +100,13 @@ import Varlink
         try daemon.start()
         let again = try daemon.connect()
         for user in ["truncated", "text", "wal"] {
-            let refused = error { _ = try again.call("io.userstore.Store.Open", ["user": .string(user)]) }
+            let refused = varlinkError { _ = try again.call("io.userstore.Store.Open", ["user": .string(user)]) }
             #expect(refused?.name == "io.userstore.Store.StoreDamaged" && refused?.parameters["user"] == .string(user), "\(user): \(String(describing: refused))")
         }
-        let scan = error { _ = try again.call("io.userstore.Store.Query", ["user": "page", "sql": "SELECT count(*), sum(length(body)) FROM notes"]) }
+        let scan = varlinkError { _ = try again.call("io.userstore.Store.Query", ["user": "page", "sql": "SELECT count(*), sum(length(body)) FROM notes"]) }
         #expect(scan?.name == "io.userstore.Store.StoreDamaged", "\(String(describing: scan))")
         // Once found damaged, refused for everything, even what would not read the page.
-        #expect(error { _ = try again.call("io.userstore.Store.Query", ["user": "page", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.StoreDamaged")
+        #expect(varlinkError { _ = try again.call("io.userstore.Store.Query", ["user": "page", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.StoreDamaged")
         #expect(try again.call("io.userstore.Store.Query", ["user": "healthy", "sql": "SELECT count(*) FROM notes"])["rows"] == [[300]])
         let verify = try run([userstorectlPath, "verify", "--all", "--json"], environment: ["USERSTORE_SOCKET": daemon.socketPath])
         #expect(verify.status == 1)

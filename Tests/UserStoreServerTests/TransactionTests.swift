@@ -32,10 +32,6 @@ import Varlink
         return try #require(try client.call("io.userstore.Store.Begin", parameters)["transaction"]?.stringValue)
     }
 
-    func error(_ body: () throws -> Void) -> VarlinkError? {
-        do { try body(); return nil } catch { return error as? VarlinkError }
-    }
-
     @Test(.timeLimit(.minutes(10)))
     func readIncrementWriteFromEightConnectionsNeverLosesAnUpdate() throws {
         let daemon = try DaemonHarness()
@@ -85,16 +81,16 @@ import Varlink
             var pending = pollfd(fd: waiter.descriptor, events: Int16(POLLIN), revents: 0)
             #expect(poll(&pending, 1, 0) == 0) // no reply yet
             // The transaction belongs to its connection.
-            #expect(error { _ = try other.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
-            #expect(error { _ = try other.call("io.userstore.Store.Query", ["user": "held", "sql": "SELECT 1", "transaction": .string(transaction)]) }?.name
+            #expect(varlinkError { _ = try other.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
+            #expect(varlinkError { _ = try other.call("io.userstore.Store.Query", ["user": "held", "sql": "SELECT 1", "transaction": .string(transaction)]) }?.name
                     == "io.userstore.Store.NoSuchTransaction")
             // One at a time per connection.
-            let second = error { _ = try owner.call("io.userstore.Store.Begin", ["user": "free"]) }
+            let second = varlinkError { _ = try owner.call("io.userstore.Store.Begin", ["user": "free"]) }
             #expect(second?.name == "io.userstore.Store.LimitExceeded" && second?.parameters["limit"] == "transactions")
             _ = try owner.call("io.userstore.Store.Rollback", ["transaction": .string(transaction)])
             // The waiting request ran after the rollback: it never saw the uncommitted 42.
             #expect(try waiter.readReply().parameters["rows"] == [[0]])
-            #expect(error { _ = try owner.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
+            #expect(varlinkError { _ = try owner.call("io.userstore.Store.Commit", ["transaction": .string(transaction)]) }?.name == "io.userstore.Store.NoSuchTransaction")
         }
     }
 
@@ -104,7 +100,7 @@ import Varlink
             try setUp(client, user: "sql")
             let transaction = JSONValue.string(try begin(client, user: "sql", mode: "deferred"))
             for statement in ["BEGIN", "COMMIT", "ROLLBACK", "END"] {
-                let refused = error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(statement), "transaction": transaction]) }
+                let refused = varlinkError { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": .string(statement), "transaction": transaction]) }
                 #expect(refused?.name == "io.userstore.Store.PermissionDenied", "\(statement)")
             }
             for sql in ["SAVEPOINT a", "UPDATE counter SET n = 5", "ROLLBACK TO a", "RELEASE a"] {
@@ -113,7 +109,7 @@ import Varlink
             #expect(try counter(client, user: "sql", transaction: transaction.stringValue) == 0)
             // A failing Batch leaves the transaction as it was before the Batch.
             _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "UPDATE counter SET n = 1", "transaction": transaction])
-            let failed = error {
+            let failed = varlinkError {
                 _ = try client.call("io.userstore.Store.Batch", ["user": "sql", "transaction": transaction, "statements": [
                     ["sql": "UPDATE counter SET n = 2"], ["sql": "INSERT INTO nowhere VALUES (1)"],
                 ]])
@@ -125,7 +121,7 @@ import Varlink
             _ = try client.call("io.userstore.Store.Commit", ["transaction": transaction])
             #expect(try counter(client, user: "sql") == 11)
             // Outside a transaction, savepoints stay refused.
-            #expect(error { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "SAVEPOINT b"]) }?.name == "io.userstore.Store.PermissionDenied")
+            #expect(varlinkError { _ = try client.call("io.userstore.Store.Execute", ["user": "sql", "sql": "SAVEPOINT b"]) }?.name == "io.userstore.Store.PermissionDenied")
         }
     }
 
@@ -143,7 +139,7 @@ import Varlink
         let other = try daemon.connect()
         other.setReceiveTimeout(seconds: 60) // a failure, not a hang, if the time-out never fires
         #expect(try counter(other, user: "slowpoke") == 0)
-        let expired = error { _ = try counter(client, user: "slowpoke", transaction: idle) }
+        let expired = varlinkError { _ = try counter(client, user: "slowpoke", transaction: idle) }
         #expect(expired?.name == "io.userstore.Store.TransactionExpired")
         #expect(expired?.parameters["transaction"] == .string(idle) && expired?.parameters["reason"] == "idle")
         // Too long: busy (calls back to back, never idle), but past transactionMilliseconds.
@@ -194,7 +190,7 @@ import Varlink
                                      ("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 6"]),
                                      ("io.userstore.Store.Batch", ["user": "self", "statements": [["sql": "SELECT 1"]]]),
                                      ("io.userstore.Admin.Backup", ["user": "self"])] {
-            let refused = error { _ = try client.call(method, parameters) }
+            let refused = varlinkError { _ = try client.call(method, parameters) }
             #expect(refused?.name == "io.userstore.Store.TransactionInProgress", "\(method): \(String(describing: refused))")
             #expect(refused?.parameters["transaction"]?.stringValue == transaction)
         }
@@ -234,12 +230,12 @@ import Varlink
         let deadline = ContinuousClock.now + .seconds(30)
         var refused = false
         while !refused, ContinuousClock.now < deadline {
-            refused = error { _ = try client.call("io.userstore.Store.Query", ["user": "other", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown"
+            refused = varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "other", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown"
         }
         #expect(refused, "calls outside the transaction were still served 30 s after SIGTERM")
         _ = try client.call("io.userstore.Store.Execute", ["user": "late", "sql": "UPDATE counter SET n = 3", "transaction": .string(transaction)])
         // Calls outside the transaction are refused meanwhile, for its own user too.
-        #expect(error { _ = try client.call("io.userstore.Store.Query", ["user": "late", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown")
+        #expect(varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "late", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown")
         _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
         #expect(daemon.waitForExit() == 0)
         try daemon.start()

@@ -112,12 +112,13 @@ final class ForwardedCalls: @unchecked Sendable {
         let isError = received.starts(with: Self.errorPrefix)
         guard isError || begins || ends else { return reply.completeOnLoop(bytes) }
         let (error, parameters) = Self.outcome(of: received)
+        let named = error.flatMap(ErrorName.init(rawValue:))
         var bytes = bytes
-        if error == ErrorName.wrongHost.rawValue {
+        if named == .wrongHost {
             if outcome == nil { bytes = Self.retryIfMoved(bytes, host: host, user: user) }
         } else {
             if begins, error == nil, let id = parameters?["transaction"]?.stringValue { links.began(id, on: host, user: user) }
-            if let transaction, ends || error == ErrorName.noSuchTransaction.rawValue || error == ErrorName.transactionExpired.rawValue {
+            if let transaction, ends || named == .noSuchTransaction || named == .transactionExpired {
                 links.ended(transaction: transaction)
             }
         }
@@ -130,7 +131,7 @@ final class ForwardedCalls: @unchecked Sendable {
     private static func retryIfMoved(_ bytes: [UInt8], host: String, user: String) -> [UInt8] {
         guard bytes.starts(with: errorPrefix) else { return bytes }
         let (error, parameters) = outcome(of: bytes)
-        guard error == ErrorName.wrongHost.rawValue else { return bytes }
+        guard error.flatMap(ErrorName.init(rawValue:)) == .wrongHost else { return bytes }
         let owner = parameters?["host"]?.stringValue ?? "another host"
         return VarlinkReply.encode(Errors.retry(user: user, reason: "the call was forwarded to \(host), which no longer owns the user's bucket (\(owner) does); nothing was done"))
     }
