@@ -237,12 +237,14 @@ public final class S3Client: Sendable {
         var reply = Data()
         var etag: String?
         // An idempotent request (GET, HEAD, a whole PUT, DELETE) that fails before an answer is
-        // sent again once, within the same time-out. A pooled keep-alive connection the server
-        // or a proxy has closed fails that way at once ("I/O on closed channel"), and the second
-        // try opens a new one.
+        // sent again, within the same time-out. A pooled keep-alive connection the server or a
+        // proxy has closed fails that way at once ("I/O on closed channel"); after an outage the
+        // pool may hold several such, each dropped as it fails (CI: the one retry met a second
+        // dead connection), so up to three more tries while half the time-out is left.
         let deadline = NIODeadline.now() + timeout
         let operation = Self.operation(method, key: key, query: query)
-        for attempt in 1...2 {
+        let attempts = 4
+        for attempt in 1...attempts {
             counted.withLock { traffic in
                 traffic.requests[operation, default: 0] += 1
                 traffic.bytes[operation, default: 0] += Int64(body?.count ?? 0)
@@ -256,7 +258,7 @@ public final class S3Client: Sendable {
                 if method == "GET" { counted.withLock { $0.bytes[operation, default: 0] += Int64(reply.count) } }
                 break
             } catch {
-                guard idempotent, attempt == 1, deadline - .now() > .nanoseconds(timeout.nanoseconds / 2) else { throw .unreachable("\(endpoint.url): \(error)") }
+                guard idempotent, attempt < attempts, deadline - .now() > .nanoseconds(timeout.nanoseconds / 2) else { throw .unreachable("\(endpoint.url): \(error)") }
             }
         }
         guard (200..<300).contains(status) else { throw Self.error(status: status, body: reply, bucket: bucket) }
