@@ -102,6 +102,39 @@ logTarget: stderr
         return call_once(self.socket, "io.userstore.Admin.Status")["parameters"].get("openStores", 0)
 
 
+def inspect(pid):
+    """Prints where `pid`'s resident memory is: by kind of mapping (smaps), malloc's own account
+    (malloc_info, through gdb), and the RSS once malloc has returned its free pages (malloc_trim)."""
+    kinds = {}
+    name = ""
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                name = fields[5] if len(fields) > 5 else "[anon]"
+            elif fields[0] == "Rss:":
+                kinds[name] = kinds.get(name, 0) + int(fields[1])
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    print(f"threads {threads}; resident KiB by mapping:", flush=True)
+    for name, kib in sorted(kinds.items(), key=lambda item: -item[1])[:8]:
+        print(f"  {kib:9d} {name}", flush=True)
+    if not shutil.which("gdb"):
+        print("malloc's account and malloc_trim need gdb (apt-get install -y gdb)", flush=True)
+        return
+    account = os.path.join(tempfile.gettempdir(), f"malloc-info-{pid}.xml")
+    subprocess.run(["gdb", "-batch", "-p", str(pid), "-ex", f'set $f = (void*)fopen("{account}", "w")',
+                    "-ex", "call (int)malloc_info(0, $f)", "-ex", "call (int)fclose($f)"], capture_output=True)
+    with open(account) as xml:
+        text = xml.read().rsplit("</heap>", 1)[-1]  # the totals over every arena, after the last one
+    os.remove(account)
+    free = sum(int(size) for size in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"', text))
+    system = re.search(r'<system type="current" size="(\d+)"', text)
+    print(f"malloc: {int(system.group(1)) / 2**20 if system else 0:.1f} MiB from the system, {free / 2**20:.1f} MiB of it free", flush=True)
+    print(f"RSS before malloc_trim: {process_usage(pid)[0]:.1f} MiB", flush=True)
+    subprocess.run(["gdb", "-batch", "-p", str(pid), "-ex", "call (int)malloc_trim(0)"], capture_output=True)
+    print(f"RSS after malloc_trim: {process_usage(pid)[0]:.1f} MiB", flush=True)
+
+
 def touch(daemon, users, revisits, workers, last, failures):
     """Durable INSERTs: every user once, then `revisits` users already written, by `workers`."""
     order = list(users) + [random.choice(users) for _ in range(revisits)]
@@ -142,6 +175,8 @@ def main():
     parser.add_argument("--sample", type=int, default=1000)
     parser.add_argument("--json")
     parser.add_argument("--no-replication", action="store_true", help="plain INSERTs with replication off: the baseline")
+    parser.add_argument("--inspect", action="store_true",
+                        help="before stopping the daemon, print where its memory is (/proc smaps, malloc's own account) and its RSS after malloc_trim (gdb)")
     arguments = parser.parse_args()
 
     if REPLICATING:
@@ -184,6 +219,8 @@ def main():
         previous = (now, position[0], counters)
     touch_seconds = time.monotonic() - started
     totals = [after - before for after, before in zip(seaweed_counters(), base)]
+    if arguments.inspect:
+        inspect(daemon.process.pid)
     daemon.stop()
 
     # The host's disk is lost: a new daemon on the same bucket brings sampled users back

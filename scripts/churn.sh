@@ -2,7 +2,8 @@
 # make churn: a release build of the daemon, then scripts/churn.py — 100,000 users through
 # maxOpenStores 1,024 replicating to SeaweedFS, the disk lost, 1,000 users restored (issue #38;
 # its figures go in docs/bench/). About 20 minutes here; not part of make test.
-#   bash scripts/churn.sh [--users N] [--revisits F] [--workers N] [--sample N] [--json FILE]
+#   bash scripts/churn.sh [--users N] [--revisits F] [--workers N] [--sample N] [--json FILE] [--inspect]
+#   (--inspect: before the daemon stops, where its memory is: smaps, malloc_info, RSS after malloc_trim; needs gdb)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/opt/swift/usr/bin"

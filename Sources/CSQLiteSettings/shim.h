@@ -30,6 +30,12 @@ static inline int userstore_limit_malloc_arenas(int count) {
     return mallopt(M_ARENA_MAX, count);
 }
 
+/// malloc_trim(0): malloc hands every whole free page of its heaps back to the system
+/// (madvise), not only the top of the main heap as it does by itself.
+static inline int userstore_return_free_pages(void) {
+    return malloc_trim(0);
+}
+
 /// SQLite's pre-update hook (the change stream's recorder, UserStoreCore/Changes). Debian's
 /// libsqlite3 is built with SQLITE_ENABLE_PREUPDATE_HOOK, but sqlite3.h declares these only
 /// when the including code defines that macro too, and GRDB's module includes the header

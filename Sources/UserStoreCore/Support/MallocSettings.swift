@@ -12,4 +12,12 @@ public enum MallocSettings {
         guard getenv("MALLOC_ARENA_MAX") == nil else { return }
         _ = userstore_limit_malloc_arenas(Int32(max(2, cores)))
     }
+
+    /// Hands every whole free page of malloc's heaps back to the system (`malloc_trim`). glibc
+    /// returns only the top of its main heap by itself; a daemon that opens and closes stores
+    /// all day frees their caches in the middle of its heaps, where the pages stay resident.
+    /// Takes each heap's lock in turn while it walks the heap's free chunks.
+    public static func returnFreePages() {
+        _ = userstore_return_free_pages()
+    }
 }

@@ -50,6 +50,24 @@ struct IdleSweeper: Service {
     }
 }
 
+/// Hands malloc's free pages back to the system every `period` (``MallocSettings/returnFreePages()``,
+/// on the blocking pool): stores opened and closed all day leave free pages inside malloc's heaps
+/// that stay resident otherwise (docs/performance.md, "Memory").
+struct FreePageReturner: Service {
+    var period: Duration = .seconds(10)
+
+    func run() async throws {
+        while !Task.isShuttingDownGracefully {
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: period) }
+            } catch {
+                return
+            }
+            try? await BlockingPool.run { MallocSettings.returnFreePages() }
+        }
+    }
+}
+
 /// Moves a staged release to its next step once the current one has lasted its wait, and
 /// marks it complete once every store is at its version (``ReleaseTracker/tick(now:)``).
 struct ReleaseClock: Service {
