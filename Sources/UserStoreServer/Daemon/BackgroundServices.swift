@@ -54,7 +54,7 @@ struct IdleSweeper: Service {
 /// on the blocking pool): stores opened and closed all day leave free pages inside malloc's heaps
 /// that stay resident otherwise (docs/performance.md, "Memory").
 struct FreePageReturner: Service {
-    var period: Duration = .seconds(10)
+    let period: Duration = .seconds(10)
 
     func run() async throws {
         while !Task.isShuttingDownGracefully {

@@ -115,7 +115,7 @@ final class ForwardedCalls: @unchecked Sendable {
         let named = error.flatMap(ErrorName.init(rawValue:))
         var bytes = bytes
         if named == .wrongHost {
-            if outcome == nil { bytes = Self.retryIfMoved(bytes, host: host, user: user) }
+            if outcome == nil { bytes = Self.retry(movedFrom: host, owner: parameters, user: user) }
         } else {
             if begins, error == nil, let id = parameters?["transaction"]?.stringValue { links.began(id, on: host, user: user) }
             if let transaction, ends || named == .noSuchTransaction || named == .transactionExpired {
@@ -132,6 +132,11 @@ final class ForwardedCalls: @unchecked Sendable {
         guard bytes.starts(with: errorPrefix) else { return bytes }
         let (error, parameters) = outcome(of: bytes)
         guard error.flatMap(ErrorName.init(rawValue:)) == .wrongHost else { return bytes }
+        return retry(movedFrom: host, owner: parameters, user: user)
+    }
+
+    /// The `Retry` that replaces `host`'s `WrongHost` (whose `parameters` name the owner).
+    private static func retry(movedFrom host: String, owner parameters: [String: JSONValue]?, user: String) -> [UInt8] {
         let owner = parameters?["host"]?.stringValue ?? "another host"
         return VarlinkReply.encode(Errors.retry(user: user, reason: "the call was forwarded to \(host), which no longer owns the user's bucket (\(owner) does); nothing was done"))
     }
