@@ -87,6 +87,14 @@ public struct JSONView {
         return try unescaped.withUnsafeBufferPointer { buffer throws(E) in try body(buffer) }
     }
 
+    /// The JSON text of the value at `index`, exactly as it came (a string with its quotes and
+    /// escapes): for passing a value on without decoding it.
+    public func rawText(_ index: Int) -> UnsafeBufferPointer<UInt8> {
+        let token = tokens[index]
+        let quote = token.kind == .string ? 1 : 0
+        return UnsafeBufferPointer(rebasing: bytes[Int(token.start) - quote..<Int(token.end) + quote])
+    }
+
     /// The text of the string at `index`.
     public func string(_ index: Int) -> String {
         withStringBytes(index) { String(decoding: $0, as: UTF8.self) }

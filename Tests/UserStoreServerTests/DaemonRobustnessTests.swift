@@ -75,6 +75,18 @@ import Varlink
         let twoStatements = try reply(to: call("io.userstore.Store.Execute", ["user": "x", "sql": "SELECT 1; SELECT 2"]))
         #expect(twoStatements.error == "io.userstore.Store.SQLError")
 
+        // The calls the router serves read their parameters in place from the parsed message:
+        // mistyped ones named, escapes read, `parameters` that is not an object refused.
+        let mistypedAdmin = try reply(to: call("io.userstore.Admin.Plan", ["user": 42]))
+        #expect(mistypedAdmin.error == "org.varlink.service.InvalidParameter" && mistypedAdmin.parameters["parameter"] == "user")
+        let mixedList = try reply(to: call("io.userstore.Admin.Migrate", ["users": ["x", 1]]))
+        #expect(mixedList.error == "org.varlink.service.InvalidParameter" && mixedList.parameters["parameter"] == "users")
+        let escaped = try reply(to: Array(#"{"method":"io.userstore.Admin.Plan","parameters":{"user":"esc\u0061ped"}}"#.utf8) + [0])
+        #expect(escaped.error == nil && escaped.parameters["user"] == "escaped")
+        let notAnObject = try reply(to: Array(#"{"method":"io.userstore.Admin.Status","parameters":5}"#.utf8) + [0])
+        #expect(notAnObject.error == "org.varlink.service.InvalidParameter" && notAnObject.parameters["parameter"] == "parameters")
+        #expect(try reply(to: Array(#"{"method":5}"#.utf8) + [0]).error == "io.userstore.Store.InvalidRequest")
+
         // A truncated message (no NUL) followed by a close: nothing to answer, nothing breaks.
         do {
             let client = try daemon.connect()

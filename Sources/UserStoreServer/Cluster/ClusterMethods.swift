@@ -12,7 +12,7 @@ struct ClusterMethods {
     /// Handles `request`, a call of `method` (one of these).
     func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
         guard let cluster = context.cluster else { throw VarlinkError(.clusterOff) }
-        let parameters = CallParameters(request.call)
+        let parameters = request.parameters
         switch method {
         case .moveBucket:
             let bucket = try parameters.int("bucket")

@@ -10,17 +10,16 @@ struct AdminMethods {
     private var registry: StoreRegistry { context.registry }
 
     func handle(_ method: Method, _ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
-        let call = request.call
-        let parameters = CallParameters(call)
+        let parameters = request.parameters
         switch method {
         case .status: try await send(VarlinkReply.encode(status()))
         case .listStores:
-            guard call.more else { throw VarlinkError.expectedMore() }
+            guard request.more else { throw VarlinkError.expectedMore() }
             try await listStores(parameters, send: send)
-        case .migrate: try await migrate(parameters, more: call.more, send: send)
+        case .migrate: try await migrate(parameters, more: request.more, send: send)
         case .plan: try await send(VarlinkReply.encode(plan(try parameters.user())))
-        case .verify: try await verify(parameters, more: call.more, send: send)
-        case .encryptStores: try await encryptStores(parameters, more: call.more, send: send)
+        case .verify: try await verify(parameters, more: request.more, send: send)
+        case .encryptStores: try await encryptStores(parameters, more: request.more, send: send)
         case .rollbackMigrations:
             let user = try parameters.user()
             let target = try parameters.int("toVersion")
@@ -51,11 +50,11 @@ struct AdminMethods {
         case .cluster, .moveBucket, .drainHost, .rebalance:
             try await ClusterMethods(context: context).handle(method, request, send: send)
         case .queryStores:
-            try await FleetQueryMethods(context: context).handle(request, parameters, more: call.more, send: send)
+            try await FleetQueryMethods(context: context).handle(request, parameters, more: request.more, send: send)
         case .release, .startRelease, .advanceRelease, .resumeRelease, .abortRelease, .trialRelease:
-            try await ReleaseMethods(context: context).handle(method, parameters, more: call.more, send: send)
+            try await ReleaseMethods(context: context).handle(method, parameters, more: request.more, send: send)
         case .open, .query, .execute, .batch, .begin, .commit, .rollback, .watch, .getInfo, .getInterfaceDescription:
-            throw VarlinkError.methodNotFound(call.method)
+            throw VarlinkError.methodNotFound(request.name)
         }
     }
 

@@ -11,7 +11,7 @@ struct ReplicationMethods {
 
     /// Handles `request`, a call of `method` (one of these).
     func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
-        let parameters = CallParameters(request.call)
+        let parameters = request.parameters
         switch method {
         case .replication:
             let user = try parameters.optionalString("user").map { text throws(VarlinkError) in try CallParameters.userID(text) }
@@ -54,7 +54,7 @@ struct ReplicationMethods {
                 throw Self.refused("\(error)")
             }
         default:
-            throw VarlinkError.methodNotFound(request.call.method)
+            throw VarlinkError.methodNotFound(request.name)
         }
     }
 

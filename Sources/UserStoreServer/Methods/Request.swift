@@ -1,18 +1,58 @@
 import Synchronization
+import UserStoreInterface
 import Varlink
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// A call as the handlers off the event loop's fast path see it: its decoded form, and the
-/// message it came in, from which SQL and parameters are read in place.
+/// A call as the handlers off the event loop's fast path see it: the message it came in, parsed
+/// once by the session, and what the session read of it. Parameters, SQL and values are read in
+/// place from the message.
 struct Request: Sendable {
-    /// Method, parameters (decoded), `more`, `oneway`.
-    let call: VarlinkCall
+    /// The method, matched once by the session; nil when the daemon has no method of that name
+    /// (``name`` says which, for the error).
+    let method: Method?
+    /// The fully qualified method name as the caller wrote it.
+    let name: String
+    /// The caller accepts several replies.
+    let more: Bool
+    /// The caller wants no reply.
+    let oneway: Bool
     /// The call's bytes and tokens.
     let message: JSONMessage
     /// File descriptors the caller passed with the call (`SCM_RIGHTS`).
     var descriptors = PassedDescriptors([])
+
+    /// The call in `message` (already parsed), whose method the session matched as `method`;
+    /// throws what a message that is not a call gets (`InvalidRequest`, or `InvalidParameter`
+    /// for `parameters` that are not an object).
+    init(_ message: JSONMessage, method: Method?, descriptors: PassedDescriptors) throws(VarlinkError) {
+        let read = message.withView { view -> (name: String?, parametersValid: Bool, more: Bool, oneway: Bool)? in
+            guard view.kind(0) == .object else { return nil }
+            let name = view.member("method", of: 0).flatMap { view.kind($0) == .string ? view.string($0) : nil }
+            let parameters = view.member("parameters", of: 0).map { view.kind($0) }
+            return (name, parameters == nil || parameters == .null || parameters == .object,
+                    view.member("more", of: 0).flatMap(view.bool) ?? false, view.member("oneway", of: 0).flatMap(view.bool) ?? false)
+        }
+        guard let read else { throw .invalidRequest("a message must be a JSON object") }
+        guard let name = read.name, !name.isEmpty else { throw .invalidRequest("the message has no \"method\" string") }
+        guard read.parametersValid else { throw .invalidParameter("parameters") }
+        self.method = method
+        self.name = name
+        self.more = read.more
+        self.oneway = read.oneway
+        self.message = message
+        self.descriptors = descriptors
+    }
+
+    /// The call's parameters.
+    var parameters: CallParameters { CallParameters(message) }
+
+    /// `io.userstore.Store` for `io.userstore.Store.Open`.
+    var interfaceName: Substring {
+        guard let dot = name.lastIndex(of: ".") else { return "" }
+        return name[..<dot]
+    }
 
     /// The statement of a Query or Execute call: `sql` (a string) and `parameters`.
     func statement() throws(VarlinkError) -> SQLRunner.Statement {

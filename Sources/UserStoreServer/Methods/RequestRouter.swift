@@ -12,15 +12,15 @@ struct RequestRouter {
 
     /// Handles `call`; throws only when the reply cannot be sent (the peer went away).
     func handle(_ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
-        let call = request.call
         let discard: ReplySink = { _ in }
-        let sink: ReplySink = call.oneway ? discard : send
+        let sink: ReplySink = request.oneway ? discard : send
         let started = ContinuousClock.now
         var outcome: String?
+        let user = { (try? request.parameters.optionalString("user")) ?? nil }
         defer {
             let elapsed = ContinuousClock.now - started
-            context.metrics?.requestHandles(method: Method(rawValue: call.method)).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
-                                                                        user: call.parameters["user"]?.stringValue)
+            context.metrics?.requestHandles(method: request.method).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
+                                                                           user: user())
         }
         do {
             try await dispatch(request, peer: peer, send: sink)
@@ -34,8 +34,8 @@ struct RequestRouter {
         }
         // A streamed call (Watch, a streamed Query) stays open as long as its client reads: its
         // time is not a request's time.
-        if !call.more {
-            context.logIfSlow(method: call.method, user: call.parameters["user"]?.stringValue ?? "", elapsed: ContinuousClock.now - started)
+        if !request.more {
+            context.logIfSlow(method: request.name, user: user() ?? "", elapsed: ContinuousClock.now - started)
         }
     }
 
@@ -43,11 +43,10 @@ struct RequestRouter {
     private struct ReplyFailed: Error { let underlying: any Error }
 
     private func dispatch(_ request: Request, peer: PeerIdentity, send: @escaping ReplySink) async throws {
-        let call = request.call
         let guarded: ReplySink = { bytes in
             do { try await send(bytes) } catch { throw ReplyFailed(underlying: error) }
         }
-        let interface = Method.Interface(rawValue: String(call.interface))
+        let interface = request.method?.interface ?? Method.Interface(rawValue: String(request.interfaceName))
         if context.isShuttingDown && interface != .service {
             throw Errors.shuttingDown
         }
@@ -61,11 +60,11 @@ struct RequestRouter {
                 throw Errors.permissionDenied("uid \(peer.uid) is not an administrator (access.adminUsers / access.adminGroups)")
             }
         case nil:
-            throw VarlinkError.interfaceNotFound(String(call.interface))
+            throw VarlinkError.interfaceNotFound(String(request.interfaceName))
         }
-        guard let method = Method(rawValue: call.method) else { throw VarlinkError.methodNotFound(call.method) }
+        guard let method = request.method else { throw VarlinkError.methodNotFound(request.name) }
         switch method.interface {
-        case .service: try await ServiceMethods().handle(method, call, send: guarded)
+        case .service: try await ServiceMethods().handle(method, request, send: guarded)
         case .store: try await StoreMethods(context: context).handle(method, request, peer: peer, send: guarded)
         case .admin: try await AdminMethods(context: context).handle(method, request, peer: peer, send: guarded)
         }

@@ -56,7 +56,7 @@ public enum DaemonInfo {
 
 /// `org.varlink.service`: introspection, open to every connected peer.
 struct ServiceMethods {
-    func handle(_ method: Method, _ call: VarlinkCall, send: ReplySink) async throws {
+    func handle(_ method: Method, _ request: Request, send: ReplySink) async throws {
         switch method {
         case .getInfo:
             try await send(VarlinkReply.encode([
@@ -65,11 +65,11 @@ struct ServiceMethods {
                 "interfaces": ["org.varlink.service", "io.userstore.Store", "io.userstore.Admin"],
             ]))
         case .getInterfaceDescription:
-            let name = try CallParameters(call).string("interface")
+            let name = try request.parameters.string("interface")
             guard let description = DaemonInfo.interfaces[name] else { throw VarlinkError.interfaceNotFound(name) }
             try await send(VarlinkReply.encode(["description": .string(description)]))
         default:
-            throw VarlinkError.methodNotFound(call.method)
+            throw VarlinkError.methodNotFound(request.name)
         }
     }
 }

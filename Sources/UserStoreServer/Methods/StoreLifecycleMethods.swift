@@ -13,7 +13,7 @@ struct StoreLifecycleMethods {
 
     /// Handles `request`, a call of `method` (one of these).
     func handle(_ method: Method, _ request: Request, send: @escaping ReplySink) async throws {
-        let parameters = CallParameters(request.call)
+        let parameters = request.parameters
         switch method {
         case .deleteStore:
             let user = try parameters.user()
@@ -21,7 +21,7 @@ struct StoreLifecycleMethods {
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "existed": .bool(report.existed),
                                                 "removedFiles": .array(report.removedFiles.map { .string($0) })]))
         case .exportStore:
-            guard request.call.more else { throw VarlinkError.expectedMore() }
+            guard request.more else { throw VarlinkError.expectedMore() }
             try await export(try parameters.user(), format: try parameters.optionalString("format") ?? "sqlite", send: send)
         case .importStore:
             try await send(importStore(request, parameters))
@@ -47,7 +47,7 @@ struct StoreLifecycleMethods {
             ])
             try await send(VarlinkReply.encode(["user": .string(user.rawValue), "pages": .integer(Int64(pages))]))
         default:
-            throw VarlinkError.methodNotFound(request.call.method)
+            throw VarlinkError.methodNotFound(request.name)
         }
     }
 

@@ -9,23 +9,22 @@ struct StoreMethods {
     let context: DaemonContext
 
     func handle(_ method: Method, _ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
-        let call = request.call
-        let parameters = CallParameters(call)
+        let parameters = request.parameters
         switch method {
         case .open: try await send(open(try user(parameters, peer: peer)))
-        case .query where call.more: try await streamedQuery(request, parameters, peer: peer, send: send)
+        case .query where request.more: try await streamedQuery(request, parameters, peer: peer, send: send)
         case .query: try await send(statement(request, parameters, peer: peer, output: .rows))
         case .execute: try await send(statement(request, parameters, peer: peer, output: .changes))
         case .batch: try await send(batch(request, parameters, peer: peer))
         case .watch:
-            guard call.more else { throw VarlinkError.expectedMore() }
+            guard request.more else { throw VarlinkError.expectedMore() }
             let tables = try parameters.optionalStrings("tables").map { Set($0.map { $0.lowercased() }) }
             let since = try parameters.optionalInt("since")
             if let since, since < 0 { throw VarlinkError.invalidRequest("since must be a position (0 or more)") }
             try await StoreWatch(context: context, user: try user(parameters, peer: peer), tables: tables, since: since,
                                  values: try parameters.optionalBool("values") ?? false,
                                  maxBufferedBytes: context.limits.watchMaxBufferedBytes).run(send: send)
-        default: throw VarlinkError.methodNotFound(call.method)
+        default: throw VarlinkError.methodNotFound(request.name)
         }
     }
 

@@ -119,8 +119,8 @@ final class Session {
         }
         guard replies.isInOrder else { return .later }
         do throws(VarlinkError) {
-            let call = try VarlinkCall(message: view.value(0))
-            return .task(Request(call: call, message: JSONMessage(bytes: Array(bytes), parsed: tape), descriptors: PassedDescriptors(descriptors)))
+            // The bytes outlive the input buffer; the tokens parsed above go with them.
+            return .task(try Request(JSONMessage(bytes: Array(bytes), parsed: tape), method: method, descriptors: PassedDescriptors(descriptors)))
         } catch {
             return refuse(error, descriptors)
         }
