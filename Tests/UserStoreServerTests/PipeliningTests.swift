@@ -105,6 +105,34 @@ import Varlink
         }
     }
 
+    /// An Open pipelined behind writes to the same store is answered in its turn (on the
+    /// store's queue when the store is busy, inline when it is idle), with the store's row.
+    @Test(arguments: Serving.allCases) func opensBetweenQueuedWritesAnswerInTheirTurn(serving: Serving) async throws {
+        try await serving.run { daemon in
+            let setup = try daemon.connect()
+            let first = try setup.call("io.userstore.Store.Open", ["user": "carol"])
+            _ = try setup.call("io.userstore.Store.Execute", ["user": "carol", "sql": "CREATE TABLE counter (n INTEGER NOT NULL)"])
+            _ = try setup.call("io.userstore.Store.Execute", ["user": "carol", "sql": "INSERT INTO counter VALUES (0)"])
+            let client = try daemon.connect()
+            var bytes: [UInt8] = []
+            for _ in 0..<200 {
+                bytes += encode("io.userstore.Store.Execute", ["user": "carol", "sql": "UPDATE counter SET n = n + 1"])
+                bytes += encode("io.userstore.Store.Open", ["user": "carol"])
+                bytes += encode("io.userstore.Store.Query", ["user": "carol", "sql": "SELECT n FROM counter"])
+            }
+            try client.send(raw: bytes)
+            let answers = try replies(600, from: client)
+            for round in 0..<200 {
+                #expect(answers[3 * round].parameters["changes"] == 1)
+                let open = answers[3 * round + 1]
+                #expect(open.error == nil && open.parameters["user"] == "carol", "round \(round)")
+                #expect(open.parameters["schemaVersion"] == first["schemaVersion"] && open.parameters["created"] == false)
+                #expect(open.parameters["appliedVersions"] == [])
+                #expect(answers[3 * round + 2].parameters["rows"] == [[.integer(Int64(round + 1))]], "round \(round)")
+            }
+        }
+    }
+
     @Test(arguments: Serving.allCases) func aSlowStatementOfOneUserNeverHoldsUpAnother(serving: Serving) async throws {
         try await serving.run(extraConfig: "limits:\n  statementTimeoutMilliseconds: 60000\n") { daemon in
             let slowClient = try daemon.connect()

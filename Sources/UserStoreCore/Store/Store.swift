@@ -311,9 +311,14 @@ extension Store {
 
     /// The store's `app_version` row: read right here when the store is idle, else in its turn.
     public func versionInfo() async throws -> StoreVersionInfo {
-        var row = try runIfIdle { connection in try Bookkeeping.read(connection: connection) }
-        if row == nil { row = try await self.read { db in try Bookkeeping.read(db) } }
-        guard let row = row ?? nil else { throw StoreError.storeDamaged(user: user, message: "the app_version table is missing") }
+        if let row = versionInfoIfIdle() { return row }
+        return try await self.read { db in try self.versionInfo(db) }
+    }
+
+    /// The store's `app_version` row, read on its connection `db` (in the store's turn); throws
+    /// `StoreDamaged` when the table is missing.
+    public func versionInfo(_ db: Database) throws -> StoreVersionInfo {
+        guard let row = try Bookkeeping.read(db) else { throw StoreError.storeDamaged(user: user, message: "the app_version table is missing") }
         return row
     }
 }

@@ -52,12 +52,9 @@ struct FastPath {
         let outcome: Outcome
         switch method {
         case .open:
-            if let info = store.versionInfoIfIdle() {
-                writer.bytes.append(contentsOf: StoreMethods.openReply(user, info, report: nil))
-                outcome = .answered
-            } else {
-                outcome = .slow
-            }
+            outcome = run(StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: .open(nil)), view,
+                          Queued(context: context, user: user, method: method, durable: false, handles: handles),
+                          started: started, into: &writer, makeQueuedReply: makeQueuedReply)
         case .query, .execute, .batch:
             if let dispatch = Self.dispatch(method, view, call, runner: SQLRunner(store: store, limits: limits), into: &writer),
                let durable = try? method == .query ? false : context.isDurable(view, call, user: user.rawValue) {
@@ -106,14 +103,13 @@ struct FastPath {
     }
 
     /// Runs `dispatch` for the call in `view`: answered inline, or queued (its reply goes to a
-    /// ``QueuedReply``, and the lease ends with it). A durable write is always queued: its reply
-    /// waits for the replica.
+    /// ``QueuedReply``, and the lease ends with it), as ``StatementDispatch`` decides.
     /// `started`: when the call arrived, if it is measured (0: the slow-request log times it from
     /// the queueing on, as an inline answer is never slow).
     private func run(_ dispatch: StatementDispatch, _ view: JSONView, _ queued: Queued, started: UInt64, into writer: inout JSONWriter,
                      makeQueuedReply: () -> QueuedReply) -> Outcome {
         var dispatch = dispatch
-        dispatch.inline = !queued.durable
+        dispatch.durable = queued.durable
         let inline = dispatch.run(view, into: &writer) {
             let reply = makeQueuedReply(), started = started == 0 ? StoreClock.now() : started
             return { queued.complete(reply, $0.bytes, started: started) }

@@ -11,7 +11,7 @@ struct StoreMethods {
     func handle(_ method: Method, _ request: Request, peer: PeerIdentity, send: ReplySink) async throws {
         let parameters = request.parameters
         switch method {
-        case .open: try await send(open(try user(parameters, peer: peer)))
+        case .open: try await send(open(request, try user(parameters, peer: peer)))
         case .query where request.more: try await streamedQuery(request, parameters, peer: peer, send: send)
         case .query: try await send(statement(request, parameters, peer: peer, output: .rows))
         case .execute: try await send(statement(request, parameters, peer: peer, output: .changes))
@@ -40,11 +40,13 @@ struct StoreMethods {
         return try parameters.user()
     }
 
-    private func open(_ user: UserID) async throws -> [UInt8] {
-        let (info, report) = try await context.registry.withStore(user, reporting: { store, report in
-            (try await store.versionInfo(), report)
+    /// Open: the store opened (created, restored, migrated) if need be, then its app-version
+    /// row, read where ``StatementDispatch`` decides.
+    private func open(_ request: Request, _ user: UserID) async throws -> [UInt8] {
+        let limits = context.limits
+        return try await context.registry.withStore(user, reporting: { store, report in
+            await StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: .open(report)).reply(request.message).bytes
         })
-        return Self.openReply(user, info, report: report)
     }
 
     /// The reply to Open; `report` says what opening the store did (nil: it was open already).

@@ -2,16 +2,18 @@ import GRDB
 import UserStoreCore
 import Varlink
 
-/// Where a call's statements run, decided in this one place for every kind of call — on the
+/// Where a Store call's work runs, decided in this one place for every kind of call — on the
 /// event loop's fast path, in a task, inside an interactive transaction:
 ///
-/// - a single statement outside an interactive transaction runs **inline**, on the caller's
-///   thread, when its store is idle: read-only, for up to ``SQLRunner/inlineBudgetNanoseconds``
-///   (a point query costs microseconds; a hop to the store's queue and back costs two thread
-///   wake-ups);
+/// - an `Open` (its reply is the store's app-version row) and a single statement outside an
+///   interactive transaction run **inline**, on the caller's thread, when the store is idle: a
+///   statement read-only, for up to ``SQLRunner/inlineBudgetNanoseconds`` (a point query costs
+///   microseconds; a hop to the store's queue and back costs two thread wake-ups);
 /// - everything else — a write, a statement that gave up its inline run, a `Batch`, a store
-///   with work queued, a statement of an interactive transaction — is **queued** on the store's
-///   serial queue, in arrival order.
+///   with work queued, a statement of an interactive transaction, a durable write (its reply
+///   waits for the replica anyway) — is **queued** on the store's serial queue, in arrival order;
+/// - a streamed `Query` (``StreamedQuery``) is never inline either: it holds a read transaction
+///   of its own across its replies, and each step is queued as that transaction's.
 ///
 /// The store must stay leased until the reply is ready.
 struct StatementDispatch {
@@ -20,6 +22,9 @@ struct StatementDispatch {
         case statement(SQLRunner.Statement, SQLRunner.Output)
         /// A `Batch`.
         case batch([SQLRunner.Statement], BatchRunner.Mode)
+        /// An `Open`: the store's app-version row, and what opening the store did (nil: it was
+        /// open already).
+        case open(MigrationReport?)
     }
 
     /// What queued work hands back.
@@ -35,8 +40,8 @@ struct StatementDispatch {
     let work: Work
     /// The interactive transaction the work belongs to: it is queued as that transaction's.
     var transaction: Store.TransactionKey? = nil
-    /// Whether it may run inline at all (a durable write's reply waits for the replica anyway).
-    var inline = true
+    /// A durable write: never inline (its reply waits for the replica anyway).
+    var durable = false
 
     private var store: Store { runner.store }
 
@@ -67,7 +72,7 @@ struct StatementDispatch {
         let limits = context.limits
         return try await context.registry.withStore(user, access: access) { store in
             var dispatch = StatementDispatch(runner: SQLRunner(store: store, limits: limits), work: work)
-            dispatch.inline = !durable
+            dispatch.durable = durable
             let reply = await dispatch.reply(message).bytes
             return durable ? await context.replyWhenReplicated(user, reply) : reply
         }
@@ -76,10 +81,20 @@ struct StatementDispatch {
     /// Runs the work right here if it may run inline and the store is idle; true if it did
     /// (its reply is in `writer`).
     private func runInline(_ view: JSONView, into writer: inout JSONWriter) -> Bool {
-        guard inline, transaction == nil, case .statement(let statement, let output) = work else { return false }
-        return store.runIfIdle { connection in
-            runner.reply(connection, view, statement, output: output, inlineBudget: SQLRunner.inlineBudgetNanoseconds, into: &writer)
-        } == true
+        guard !durable, transaction == nil else { return false }
+        switch work {
+        case .statement(let statement, let output):
+            return store.runIfIdle { connection in
+                runner.reply(connection, view, statement, output: output, inlineBudget: SQLRunner.inlineBudgetNanoseconds, into: &writer)
+            } == true
+        case .open(let report):
+            // A row that cannot be read is named in the store's turn.
+            guard let info = store.versionInfoIfIdle() else { return false }
+            writer.bytes.append(contentsOf: StoreMethods.openReply(store.user, info, report: report))
+            return true
+        case .batch:
+            return false
+        }
     }
 
     /// Queues the work of the call in `message` on the store's serial queue, whatever it is
@@ -98,6 +113,12 @@ struct StatementDispatch {
                 bytes = writer.bytes
             case .batch(let statements, let mode):
                 bytes = BatchRunner(runner: runner).reply(db, message: message, statements: statements, mode: mode)
+            case .open(let report):
+                do {
+                    bytes = StoreMethods.openReply(store.user, try store.versionInfo(db), report: report)
+                } catch {
+                    bytes = VarlinkReply.encode(Errors.from(error))
+                }
             }
             return Outcome(bytes: bytes, transactionAlive: transaction.map { store.transactionIsAlive($0, db) } ?? true)
         }, completion: completion)

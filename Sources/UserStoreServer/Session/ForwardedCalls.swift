@@ -84,7 +84,7 @@ final class ForwardedCalls: @unchecked Sendable {
         message.append(0)
         if streamed {
             let message = message
-            return .relay { send, end in
+            return .task { send, end in
                 link.send(message, waiter: .stream(user: user, send: { bytes in
                     // A stream refused before its first row may be a WrongHost: made Retry here too.
                     try await send(Self.retryIfMoved(bytes, host: host, user: user))

@@ -11,7 +11,8 @@ import Glibc
 /// where they go — to another host (``ForwardedCalls``), to the connection's interactive
 /// transaction (``InteractiveTransaction``), answered on the event loop or queued on a store
 /// (``FastPath``), or, for anything else, to the ``RequestRouter`` in a task that the
-/// connection runs alone. Replies go to the connection's ``ReplyQueue``.
+/// connection runs alone (the session makes it; the transport only starts it). Replies go to
+/// the connection's ``ReplyQueue``.
 ///
 /// Data flows one way: the transport calls the session, the session writes replies; nothing
 /// here knows the socket. Confined to the connection's event loop, like the connection.
@@ -33,10 +34,9 @@ final class Session {
         /// Nothing yet: the call waits until every earlier reply is out (it stays in the input
         /// and comes back, with its descriptors).
         case later
-        /// Run it with the ``RequestRouter`` in a task, alone: nothing else starts until it ends.
-        case task(Request)
-        /// A stream relayed from another host, alone like a task.
-        case relay(TaskStart)
+        /// Start this work alone (a call for the ``RequestRouter``, a stream relayed from another
+        /// host): nothing else starts until it ends.
+        case task(TaskStart)
     }
 
     /// Starts work that runs alone on the connection: it sends its replies through `send`
@@ -120,9 +120,22 @@ final class Session {
         guard replies.isInOrder else { return .later }
         do throws(VarlinkError) {
             // The bytes outlive the input buffer; the tokens parsed above go with them.
-            return .task(try Request(JSONMessage(bytes: Array(bytes), parsed: tape), method: method, descriptors: PassedDescriptors(descriptors)))
+            return .task(routed(try Request(JSONMessage(bytes: Array(bytes), parsed: tape), method: method, descriptors: PassedDescriptors(descriptors))))
         } catch {
             return refuse(error, descriptors)
+        }
+    }
+
+    /// `request` handled by the ``RequestRouter`` in a task of its own; the descriptors it did
+    /// not keep are closed when it ends.
+    private func routed(_ request: Request) -> TaskStart {
+        let router = shared.router, peer = self.peer
+        return { send, end in
+            Task {
+                try? await router.handle(request, peer: peer, send: send)
+                request.descriptors.closeAll()
+                end()
+            }
         }
     }
 

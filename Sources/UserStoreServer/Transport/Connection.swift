@@ -52,7 +52,6 @@ final class Connection: EventHandler, @unchecked Sendable {
     let limits: RequestLimits
     let replies: ReplyQueue
     let session: Session
-    private let router: RequestRouter
     private let tracker: ConnectionTracker
     private var token: UInt64 = 0
     private var interest: UInt32 = 0
@@ -78,7 +77,6 @@ final class Connection: EventHandler, @unchecked Sendable {
         self.loop = loop
         self.peer = peer
         self.limits = settings.limits
-        self.router = shared.router
         self.tracker = shared.context.connections
         self.input = InputBuffer(maxMessageBytes: settings.limits.maxRequestBytes)
         self.replies = ReplyQueue(loop: loop)
@@ -213,8 +211,7 @@ final class Connection: EventHandler, @unchecked Sendable {
                 input.keep()
                 return
             case .done: break
-            case .task(let request): runTask(request)
-            case .relay(let start): startTask(start)
+            case .task(let start): startTask(start)
             }
             input.consume(length)
             if replies.readyBytes >= ReplyQueue.flushThreshold { flushOut() }
@@ -232,20 +229,8 @@ final class Connection: EventHandler, @unchecked Sendable {
 
     // MARK: Calls run in a task
 
-    /// Runs a call in a task of its own; nothing else starts until it ends.
-    private func runTask(_ request: Request) {
-        let router = self.router, peer = self.peer
-        startTask { send, end in
-            Task {
-                try? await router.handle(request, peer: peer, send: send)
-                request.descriptors.closeAll()
-                end()
-            }
-        }
-    }
-
-    /// Starts work that runs alone (a task call, a stream relayed from another host): earlier
-    /// replies go first, and nothing else starts until it ends.
+    /// Starts work the session handed back to run alone (a call for the router, a stream relayed
+    /// from another host): earlier replies go first, and nothing else starts until it ends.
     private func startTask(_ start: Session.TaskStart) {
         taskRunning = true
         flushOut() // earlier replies go first
