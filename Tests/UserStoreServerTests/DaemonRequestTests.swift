@@ -104,25 +104,27 @@ import Varlink
         }
     }
 
-    @Test func oneHundredSimultaneousOpensOfANewUserMigrateOnce() throws {
-        let daemon = try DaemonHarness(migrations: [
-            "0001_runs.sql": "CREATE TABLE runs (n INTEGER);",
-            "0002_once.sql": "INSERT INTO runs VALUES (1);",
-        ])
-        try daemon.start()
-        let connections = try (0..<100).map { _ in try daemon.connect() }
-        for connection in connections { try connection.send(VarlinkCall(method: "io.userstore.Store.Open", parameters: ["user": "crowd"])) }
-        var migratedReplies = 0
-        for connection in connections {
-            let reply = try connection.readReply().checked()
-            #expect(reply.parameters["schemaVersion"] == 2)
-            if reply.parameters["migrated"] == true { migratedReplies += 1 }
+    @Test func oneHundredSimultaneousOpensOfANewUserMigrateOnce() async throws {
+        try await onThread {
+            let daemon = try DaemonHarness(migrations: [
+                "0001_runs.sql": "CREATE TABLE runs (n INTEGER);",
+                "0002_once.sql": "INSERT INTO runs VALUES (1);",
+            ])
+            try daemon.start()
+            let connections = try (0..<100).map { _ in try daemon.connect() }
+            for connection in connections { try connection.send(VarlinkCall(method: "io.userstore.Store.Open", parameters: ["user": "crowd"])) }
+            var migratedReplies = 0
+            for connection in connections {
+                let reply = try connection.readReply().checked()
+                #expect(reply.parameters["schemaVersion"] == 2)
+                if reply.parameters["migrated"] == true { migratedReplies += 1 }
+            }
+            #expect(migratedReplies >= 1)
+            let rows = try connections[0].call("io.userstore.Store.Query", ["user": "crowd", "sql": "SELECT count(*) FROM runs"])
+            #expect(rows["rows"] == [[1]])
+            daemon.stop()
+            #expect(daemon.stderr.components(separatedBy: "event=migration-started").count - 1 == 1)
         }
-        #expect(migratedReplies >= 1)
-        let rows = try connections[0].call("io.userstore.Store.Query", ["user": "crowd", "sql": "SELECT count(*) FROM runs"])
-        #expect(rows["rows"] == [[1]])
-        daemon.stop()
-        #expect(daemon.stderr.components(separatedBy: "event=migration-started").count - 1 == 1)
     }
 
     @Test(arguments: Serving.allCases) func sixteenClientsTimesTwentyFiveUsersInParallel(serving: Serving) async throws {
@@ -153,22 +155,24 @@ import Varlink
         }
     }
 
-    @Test func anIndependentVarlinkClientCanUseTheDaemon() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let script = """
-            import varlink, sys
-            with varlink.Client(address="unix:" + sys.argv[1]) as client:
-                with client.open("io.userstore.Store") as store:
-                    opened = store.Open("py")
-                    store.Execute("py", "INSERT INTO notes (title) VALUES (?)", ["from python"])
-                    result = store.Query("py", "SELECT title FROM notes", None)
-                    print(opened["schemaVersion"], result["rows"][0][0])
-            """
-        let result = try run([testPython, "-c", script, daemon.socketPath])
-        #expect(result.status == 0, "\(result.stderr)")
-        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "6 from python")
-        daemon.stop()
+    @Test func anIndependentVarlinkClientCanUseTheDaemon() async throws {
+        try await onThread {
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            let script = """
+                import varlink, sys
+                with varlink.Client(address="unix:" + sys.argv[1]) as client:
+                    with client.open("io.userstore.Store") as store:
+                        opened = store.Open("py")
+                        store.Execute("py", "INSERT INTO notes (title) VALUES (?)", ["from python"])
+                        result = store.Query("py", "SELECT title FROM notes", None)
+                        print(opened["schemaVersion"], result["rows"][0][0])
+                """
+            let result = try run([testPython, "-c", script, daemon.socketPath])
+            #expect(result.status == 0, "\(result.stderr)")
+            #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "6 from python")
+            daemon.stop()
+        }
     }
 
     @Test(arguments: Serving.allCases) func introspectionServesTheInterfaceFilesVerbatimAndTheyParseIndependently(serving: Serving) async throws {

@@ -180,24 +180,26 @@ import Varlink
     /// while it is still cutting calls from the input. That used to go on slicing an emptied
     /// buffer (a crash found by the live fuzz); now only that connection ends.
     @Test(.timeLimit(.minutes(10)))
-    func aHangUpInTheMiddleOfABurstEndsOnlyThatConnection() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let setup = try daemon.connect()
-        setup.setReceiveTimeout(seconds: 30)
-        _ = try setup.call("io.userstore.Store.Open", ["user": "burst"])
-        // 400 fast-path reads (~40 KiB, within the socket's buffer, so the send completes) whose
-        // ~4 KiB replies pass the 64 KiB flush threshold after 16 calls.
-        let call = encode("io.userstore.Store.Query", ["user": "burst", "sql": "SELECT hex(zeroblob(2048))"])
-        let burst = Array([[UInt8]](repeating: call, count: 400).joined())
-        for _ in 0..<50 {
-            do {
-                let client = try daemon.connect()
-                try client.send(raw: burst)
-            } // closed here, replies unread
-            #expect(try setup.call("io.userstore.Store.Query", ["user": "burst", "sql": "SELECT 42"])["rows"] == [[42]])
+    func aHangUpInTheMiddleOfABurstEndsOnlyThatConnection() async throws {
+        try await onThread { [self] in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            let setup = try daemon.connect()
+            setup.setReceiveTimeout(seconds: 30)
+            _ = try setup.call("io.userstore.Store.Open", ["user": "burst"])
+            // 400 fast-path reads (~40 KiB, within the socket's buffer, so the send completes) whose
+            // ~4 KiB replies pass the 64 KiB flush threshold after 16 calls.
+            let call = encode("io.userstore.Store.Query", ["user": "burst", "sql": "SELECT hex(zeroblob(2048))"])
+            let burst = Array([[UInt8]](repeating: call, count: 400).joined())
+            for _ in 0..<50 {
+                do {
+                    let client = try daemon.connect()
+                    try client.send(raw: burst)
+                } // closed here, replies unread
+                #expect(try setup.call("io.userstore.Store.Query", ["user": "burst", "sql": "SELECT 42"])["rows"] == [[42]])
+            }
+            #expect(daemon.stop() == 0)
         }
-        #expect(daemon.stop() == 0)
     }
 
     @Test(arguments: Serving.allCases) func aClientThatPipelinesAndHangsUpLeavesNothingHalfDone(serving: Serving) async throws {

@@ -9,11 +9,11 @@ import Varlink
 /// protocol's own cases run on every ``Serving`` (live, in-process, over socket pairs); time-outs,
 /// signals and the journal on the live daemon.
 @Suite(.serialized) struct TransactionTests {
-    /// Where the protocol's own cases run: the live daemon only. In-process (over the socket or
-    /// socket pairs) they once waited more than 60 s for a reply in the full run, whose
-    /// synchronous suites can hold this process's two cooperative threads for minutes — which
-    /// an in-process daemon needs; the short Store and pipelining suites still run all three.
-    static let servings: [Serving] = [.liveDaemon]
+    /// Where the protocol's own cases run: every serving. In-process they need this process's
+    /// cooperative threads, which a test body blocking on a socket would hold: every body here
+    /// blocks on a thread of its own (``onThread(_:)``), and scripts/test.sh runs this suite
+    /// apart from the main stage, whose synchronous suites held those threads for minutes.
+    static let servings = Serving.allCases
 
     /// Not a test of time-outs: on a starved machine a step once came more than the default 5 s
     /// after the last (TransactionExpired: idle, seen as a missing LimitExceeded).
@@ -38,37 +38,39 @@ import Varlink
     }
 
     @Test(.timeLimit(.minutes(10)))
-    func readIncrementWriteFromEightConnectionsNeverLosesAnUpdate() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        try setUp(try daemon.connect(), user: "bank")
-        let socket = daemon.socketPath
-        let failures = Mutex<[String]>([])
-        let group = DispatchGroup()
-        for _ in 0..<8 {
-            group.enter()
-            Thread {
-                defer { group.leave() }
-                do {
-                    let client = try VarlinkConnection(path: socket)
-                    client.setReceiveTimeout(seconds: 60)
-                    for _ in 0..<200 {
-                        let transaction = try begin(client, user: "bank")
-                        let n = try #require(try counter(client, user: "bank", transaction: transaction))
-                        // The decision happens here, in the client, between the read and the write.
-                        _ = try client.call("io.userstore.Store.Execute", ["user": "bank", "sql": "UPDATE counter SET n = ?",
-                                                                           "parameters": [.integer(n + 1)], "transaction": .string(transaction)])
-                        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+    func readIncrementWriteFromEightConnectionsNeverLosesAnUpdate() async throws {
+        try await onThread { [self] in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            try setUp(try daemon.connect(), user: "bank")
+            let socket = daemon.socketPath
+            let failures = Mutex<[String]>([])
+            let group = DispatchGroup()
+            for _ in 0..<8 {
+                group.enter()
+                Thread {
+                    defer { group.leave() }
+                    do {
+                        let client = try VarlinkConnection(path: socket)
+                        client.setReceiveTimeout(seconds: 60)
+                        for _ in 0..<200 {
+                            let transaction = try begin(client, user: "bank")
+                            let n = try #require(try counter(client, user: "bank", transaction: transaction))
+                            // The decision happens here, in the client, between the read and the write.
+                            _ = try client.call("io.userstore.Store.Execute", ["user": "bank", "sql": "UPDATE counter SET n = ?",
+                                                                               "parameters": [.integer(n + 1)], "transaction": .string(transaction)])
+                            _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+                        }
+                    } catch {
+                        failures.withLock { $0.append("\(error)") }
                     }
-                } catch {
-                    failures.withLock { $0.append("\(error)") }
-                }
-            }.start()
+                }.start()
+            }
+            group.wait()
+            #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+            #expect(try counter(try daemon.connect(), user: "bank") == 1600)
+            daemon.stop()
         }
-        group.wait()
-        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
-        #expect(try counter(try daemon.connect(), user: "bank") == 1600)
-        daemon.stop()
     }
 
     @Test(arguments: Self.servings) func anOpenTransactionHoldsItsStoreOnlyAndItsRowsStayPrivate(serving: Serving) async throws {
@@ -131,38 +133,40 @@ import Varlink
     }
 
     @Test(.timeLimit(.minutes(10)))
-    func idleAndOverlongTransactionsAreRolledBackAndNamed() throws {
-        let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 300\n  transactionMilliseconds: 1500\n")
-        try daemon.start()
-        let client = try daemon.connect()
-        try setUp(client, user: "slowpoke")
-        // Idle: nothing for longer than transactionIdleMilliseconds. Another connection's call
-        // for the user waits its turn behind the transaction (it does not touch it), so it
-        // answers once the daemon has rolled the transaction back on its own.
-        let idle = try begin(client, user: "slowpoke")
-        _ = try client.call("io.userstore.Store.Execute", ["user": "slowpoke", "sql": "UPDATE counter SET n = 1", "transaction": .string(idle)])
-        let other = try daemon.connect()
-        other.setReceiveTimeout(seconds: 60) // a failure, not a hang, if the time-out never fires
-        #expect(try counter(other, user: "slowpoke") == 0)
-        let expired = varlinkError { _ = try counter(client, user: "slowpoke", transaction: idle) }
-        #expect(expired?.name == "io.userstore.Store.TransactionExpired")
-        #expect(expired?.parameters["transaction"] == .string(idle) && expired?.parameters["reason"] == "idle")
-        // Too long: busy (calls back to back, never idle), but past transactionMilliseconds.
-        let long = try begin(client, user: "slowpoke")
-        var reason: JSONValue?
-        let deadline = ContinuousClock.now + .seconds(60)
-        while reason == nil, ContinuousClock.now < deadline {
-            do {
-                _ = try client.call("io.userstore.Store.Execute", ["user": "slowpoke", "sql": "UPDATE counter SET n = n + 1", "transaction": .string(long)])
-            } catch let error as VarlinkError {
-                #expect(error.name == "io.userstore.Store.TransactionExpired")
-                reason = error.parameters["reason"]
+    func idleAndOverlongTransactionsAreRolledBackAndNamed() async throws {
+        try await onThread { [self] in
+            let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 300\n  transactionMilliseconds: 1500\n")
+            try daemon.start()
+            let client = try daemon.connect()
+            try setUp(client, user: "slowpoke")
+            // Idle: nothing for longer than transactionIdleMilliseconds. Another connection's call
+            // for the user waits its turn behind the transaction (it does not touch it), so it
+            // answers once the daemon has rolled the transaction back on its own.
+            let idle = try begin(client, user: "slowpoke")
+            _ = try client.call("io.userstore.Store.Execute", ["user": "slowpoke", "sql": "UPDATE counter SET n = 1", "transaction": .string(idle)])
+            let other = try daemon.connect()
+            other.setReceiveTimeout(seconds: 60) // a failure, not a hang, if the time-out never fires
+            #expect(try counter(other, user: "slowpoke") == 0)
+            let expired = varlinkError { _ = try counter(client, user: "slowpoke", transaction: idle) }
+            #expect(expired?.name == "io.userstore.Store.TransactionExpired")
+            #expect(expired?.parameters["transaction"] == .string(idle) && expired?.parameters["reason"] == "idle")
+            // Too long: busy (calls back to back, never idle), but past transactionMilliseconds.
+            let long = try begin(client, user: "slowpoke")
+            var reason: JSONValue?
+            let deadline = ContinuousClock.now + .seconds(60)
+            while reason == nil, ContinuousClock.now < deadline {
+                do {
+                    _ = try client.call("io.userstore.Store.Execute", ["user": "slowpoke", "sql": "UPDATE counter SET n = n + 1", "transaction": .string(long)])
+                } catch let error as VarlinkError {
+                    #expect(error.name == "io.userstore.Store.TransactionExpired")
+                    reason = error.parameters["reason"]
+                }
             }
+            #expect(reason == "total")
+            #expect(try counter(client, user: "slowpoke") == 0)
+            daemon.stop()
+            #expect(daemon.stderr.contains("user=slowpoke") || daemon.stderr.contains("slowpoke"))
         }
-        #expect(reason == "total")
-        #expect(try counter(client, user: "slowpoke") == 0)
-        daemon.stop()
-        #expect(daemon.stderr.contains("user=slowpoke") || daemon.stderr.contains("slowpoke"))
     }
 
     @Test(arguments: Self.servings) func aDroppedConnectionRollsBack(serving: Serving) async throws {
@@ -184,68 +188,74 @@ import Varlink
     /// connection can end, until the idle time-out (found by the live fuzz). The transaction is
     /// untouched, and calls for other users go on.
     @Test(.timeLimit(.minutes(10)))
-    func aCallThatWouldWaitForItsOwnConnectionsTransactionIsRefused() throws {
-        let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 60000\n")
-        try daemon.start()
-        let client = try daemon.connect()
-        try setUp(client, user: "self")
-        let transaction = try begin(client, user: "self")
-        _ = try client.call("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 5", "transaction": .string(transaction)])
-        for (method, parameters) in [("io.userstore.Store.Query", ["user": "self", "sql": "SELECT 1"] as [String: JSONValue]),
-                                     ("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 6"]),
-                                     ("io.userstore.Store.Batch", ["user": "self", "statements": [["sql": "SELECT 1"]]]),
-                                     ("io.userstore.Admin.Backup", ["user": "self"])] {
-            let refused = varlinkError { _ = try client.call(method, parameters) }
-            #expect(refused?.name == "io.userstore.Store.TransactionInProgress", "\(method): \(String(describing: refused))")
-            #expect(refused?.parameters["transaction"]?.stringValue == transaction)
+    func aCallThatWouldWaitForItsOwnConnectionsTransactionIsRefused() async throws {
+        try await onThread { [self] in
+            let daemon = try DaemonHarness(extraConfig: "limits:\n  transactionIdleMilliseconds: 60000\n")
+            try daemon.start()
+            let client = try daemon.connect()
+            try setUp(client, user: "self")
+            let transaction = try begin(client, user: "self")
+            _ = try client.call("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 5", "transaction": .string(transaction)])
+            for (method, parameters) in [("io.userstore.Store.Query", ["user": "self", "sql": "SELECT 1"] as [String: JSONValue]),
+                                         ("io.userstore.Store.Execute", ["user": "self", "sql": "UPDATE counter SET n = 6"]),
+                                         ("io.userstore.Store.Batch", ["user": "self", "statements": [["sql": "SELECT 1"]]]),
+                                         ("io.userstore.Admin.Backup", ["user": "self"])] {
+                let refused = varlinkError { _ = try client.call(method, parameters) }
+                #expect(refused?.name == "io.userstore.Store.TransactionInProgress", "\(method): \(String(describing: refused))")
+                #expect(refused?.parameters["transaction"]?.stringValue == transaction)
+            }
+            _ = try client.call("io.userstore.Store.Query", ["user": "someone-else", "sql": "SELECT 1"])
+            #expect(try counter(client, user: "self", transaction: transaction) == 5)
+            _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+            #expect(try counter(client, user: "self") == 5)
+            daemon.stop()
         }
-        _ = try client.call("io.userstore.Store.Query", ["user": "someone-else", "sql": "SELECT 1"])
-        #expect(try counter(client, user: "self", transaction: transaction) == 5)
-        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
-        #expect(try counter(client, user: "self") == 5)
-        daemon.stop()
     }
 
-    @Test func sigkillKeepsWhatWasCommittedAndNothingElse() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let client = try daemon.connect()
-        try setUp(client, user: "crash")
-        let committed = try begin(client, user: "crash")
-        _ = try client.call("io.userstore.Store.Execute", ["user": "crash", "sql": "UPDATE counter SET n = 1", "transaction": .string(committed)])
-        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(committed)])
-        let open = try begin(client, user: "crash")
-        _ = try client.call("io.userstore.Store.Execute", ["user": "crash", "sql": "UPDATE counter SET n = 2", "transaction": .string(open)])
-        daemon.stop(signal: SIGKILL)
-        try daemon.start()
-        #expect(try counter(try daemon.connect(), user: "crash") == 1)
-        #expect(try daemon.connect().call("io.userstore.Admin.Verify", ["users": ["crash"]])["failures"] == 0)
-        daemon.stop()
+    @Test func sigkillKeepsWhatWasCommittedAndNothingElse() async throws {
+        try await onThread { [self] in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            let client = try daemon.connect()
+            try setUp(client, user: "crash")
+            let committed = try begin(client, user: "crash")
+            _ = try client.call("io.userstore.Store.Execute", ["user": "crash", "sql": "UPDATE counter SET n = 1", "transaction": .string(committed)])
+            _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(committed)])
+            let open = try begin(client, user: "crash")
+            _ = try client.call("io.userstore.Store.Execute", ["user": "crash", "sql": "UPDATE counter SET n = 2", "transaction": .string(open)])
+            daemon.stop(signal: SIGKILL)
+            try daemon.start()
+            #expect(try counter(try daemon.connect(), user: "crash") == 1)
+            #expect(try daemon.connect().call("io.userstore.Admin.Verify", ["users": ["crash"]])["failures"] == 0)
+            daemon.stop()
+        }
     }
 
-    @Test func shutdownLetsAnOpenTransactionFinishAndRefusesOtherWork() throws {
-        let daemon = try DaemonHarness()
-        try daemon.start()
-        let client = try daemon.connect()
-        try setUp(client, user: "late")
-        let transaction = try begin(client, user: "late")
-        kill(daemon.pid, SIGTERM)
-        // Until the daemon is stopping (its state, not its log: a call outside the transaction is
-        // refused), within 30 s; then the transaction still commits.
-        let deadline = ContinuousClock.now + .seconds(30)
-        var refused = false
-        while !refused, ContinuousClock.now < deadline {
-            refused = varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "other", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown"
+    @Test func shutdownLetsAnOpenTransactionFinishAndRefusesOtherWork() async throws {
+        try await onThread { [self] in
+            let daemon = try DaemonHarness()
+            try daemon.start()
+            let client = try daemon.connect()
+            try setUp(client, user: "late")
+            let transaction = try begin(client, user: "late")
+            kill(daemon.pid, SIGTERM)
+            // Until the daemon is stopping (its state, not its log: a call outside the transaction is
+            // refused), within 30 s; then the transaction still commits.
+            let deadline = ContinuousClock.now + .seconds(30)
+            var refused = false
+            while !refused, ContinuousClock.now < deadline {
+                refused = varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "other", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown"
+            }
+            #expect(refused, "calls outside the transaction were still served 30 s after SIGTERM")
+            _ = try client.call("io.userstore.Store.Execute", ["user": "late", "sql": "UPDATE counter SET n = 3", "transaction": .string(transaction)])
+            // Calls outside the transaction are refused meanwhile, for its own user too.
+            #expect(varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "late", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown")
+            _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
+            #expect(daemon.waitForExit() == 0)
+            try daemon.start()
+            #expect(try counter(try daemon.connect(), user: "late") == 3)
+            daemon.stop()
         }
-        #expect(refused, "calls outside the transaction were still served 30 s after SIGTERM")
-        _ = try client.call("io.userstore.Store.Execute", ["user": "late", "sql": "UPDATE counter SET n = 3", "transaction": .string(transaction)])
-        // Calls outside the transaction are refused meanwhile, for its own user too.
-        #expect(varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "late", "sql": "SELECT 1"]) }?.name == "io.userstore.Store.ShuttingDown")
-        _ = try client.call("io.userstore.Store.Commit", ["transaction": .string(transaction)])
-        #expect(daemon.waitForExit() == 0)
-        try daemon.start()
-        #expect(try counter(try daemon.connect(), user: "late") == 3)
-        daemon.stop()
     }
 }
 
