@@ -295,6 +295,44 @@ import Testing
         #expect(harness.recorder.count { if case .migrationStarted = $0 { true } else { false } } == 3)
     }
 
+    /// The page caches of stores nobody used for a while go back (their pages are read from the
+    /// file again when used); a store a request holds keeps its cache, and a closed store is
+    /// never touched.
+    @Test func idleStoresGiveBackTheirPageCaches() async throws {
+        let directory = try TemporaryDirectory()
+        let harness = try Harness(directory: directory, migrations: try countingMigrations(directory))
+        let beforeUse = ContinuousClock.now
+        var stores: [Store] = []
+        for index in 0..<3 {
+            stores.append(try await harness.registry.withStore(user("cache\(index)")) { store in
+                try await store.write { db in
+                    try db.execute(sql: "CREATE TABLE filler (x)")
+                    for _ in 0..<200 { try db.execute(sql: "INSERT INTO filler VALUES (randomblob(500))") }
+                }
+                return store
+            })
+        }
+        let afterUse = ContinuousClock.now
+        // Not idle for long enough yet: nothing is released.
+        #expect(harness.registry.releaseIdleMemory(idleFor: .seconds(60), now: beforeUse + .seconds(59)).stores == 0)
+        // A store a request holds is skipped; the two others give back what their caches held.
+        let whileHeld = try await harness.registry.withStore(user("cache0")) { _ in
+            harness.registry.releaseIdleMemory(idleFor: .seconds(60), now: afterUse + .seconds(60))
+        }
+        #expect(whileHeld.stores == 2)
+        #expect(whileHeld.before > 2 * 50 * 1024 && whileHeld.after < whileHeld.before / 4, "\(whileHeld)")
+        let rest = harness.registry.releaseIdleMemory(idleFor: .seconds(60), now: .now + .seconds(60))
+        #expect(rest.stores == 1 && rest.after < rest.before)
+        // The pages come back from the file when the store is used.
+        let count = try await harness.registry.withStore(user("cache1")) { store in
+            try await store.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM filler") }
+        }
+        #expect(count == 200)
+        // Closed: its connection is never used again.
+        #expect(await harness.registry.closeIdleStores(now: .now + .seconds(3600)) == 3)
+        #expect(stores.allSatisfy { $0.releaseMemoryIfIdle() == nil })
+    }
+
     @Test func aStoreIsNotClosedWhileARequestHoldsIt() async throws {
         let directory = try TemporaryDirectory()
         let harness = try Harness(directory: directory, migrations: try countingMigrations(directory), maxOpenStores: 1)

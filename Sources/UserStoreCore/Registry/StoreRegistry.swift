@@ -354,6 +354,29 @@ public final class StoreRegistry: Sendable {
         return idle.count
     }
 
+    /// Hands back the page caches of the open stores nobody used for `idleFor` (as of `now`):
+    /// a daemon that keeps `maxOpenStores` stores open, most of them touched once in a while,
+    /// then holds what its busy stores use rather than every store's last pages. A store in use
+    /// right now is skipped. Blocking (SQLite frees memory): on the blocking pool. Returns how
+    /// many stores gave back memory and how many bytes their caches held before and after.
+    @discardableResult
+    public func releaseIdleMemory(idleFor: Duration, now: ContinuousClock.Instant = .now) -> (stores: Int, before: Int, after: Int) {
+        let idle: [Store] = state.withLock { state in
+            state.entries.values.compactMap { entry in
+                guard entry.isIdle, case .ready = entry.phase, entry.lastUsed + idleFor <= now else { return nil }
+                return entry.store
+            }
+        }
+        var released = (stores: 0, before: 0, after: 0)
+        for store in idle {
+            guard let cache = store.releaseMemoryIfIdle(), cache.before > cache.after else { continue }
+            released.stores += 1
+            released.before += cache.before
+            released.after += cache.after
+        }
+        return released
+    }
+
     /// Waits for every request and preparation in flight, then closes every store.
     public func shutdown() async {
         while true {

@@ -42,6 +42,9 @@ public final class Store: Sendable {
     /// which the mutex guarantees (`@unchecked Sendable` for that reason alone).
     private struct RawConnection: @unchecked Sendable {
         let pointer: OpaquePointer
+        /// The store is closing: the pointer is not used again (``runIfIdle(_:)`` may be called
+        /// without a lease, by ``releaseMemoryIfIdle()``).
+        var closed = false
     }
     private let schedule = Mutex(Schedule())
     /// Why the store was found damaged while serving (SQLite reported corruption); the
@@ -175,10 +178,32 @@ public final class Store: Sendable {
     /// This is the request fast path: a point query on an idle store costs a few microseconds,
     /// while hopping to the queue's thread and back costs two thread wake-ups. Submitted work
     /// goes first (order is kept), and work submitted while `body` runs waits for it. The caller
-    /// must keep `body` short and leave no transaction open.
+    /// must keep `body` short and leave no transaction open. Once the store is closing, `body`
+    /// never runs.
     public func runIfIdle<T>(_ body: (OpaquePointer) throws -> T) rethrows -> T? {
         guard queued.load(ordering: .relaxed) == 0 else { return nil }
-        return try connection.withLockIfAvailable { connection in try body(connection.pointer) }
+        let ran = try connection.withLockIfAvailable { connection -> T? in
+            connection.closed ? nil : try body(connection.pointer)
+        }
+        return ran ?? nil
+    }
+
+    /// Hands back the page cache of an idle store (its pages are read from the file again when
+    /// it is used): `sqlite3_db_release_memory`. Returns the bytes the cache held before and
+    /// after; nil when the store is busy or closing (nothing done). Needs no lease.
+    public func releaseMemoryIfIdle() -> (before: Int, after: Int)? {
+        runIfIdle { connection in
+            let before = Self.cacheBytes(connection)
+            sqlite3_db_release_memory(connection)
+            return (before, Self.cacheBytes(connection))
+        }
+    }
+
+    /// What the connection's page cache holds (`SQLITE_DBSTATUS_CACHE_USED`).
+    private static func cacheBytes(_ connection: OpaquePointer) -> Int {
+        var current: Int32 = 0, highest: Int32 = 0
+        sqlite3_db_status(connection, SQLITE_DBSTATUS_CACHE_USED, &current, &highest, 0)
+        return Int(current)
     }
 
     // MARK: Interactive transactions
@@ -292,6 +317,7 @@ public final class Store: Sendable {
             statements.finalizeAll()
             recorder?.finalize()
         }
+        connection.withLock { $0.closed = true }
         try? queue.close()
     }
 }

@@ -50,20 +50,31 @@ struct IdleSweeper: Service {
     }
 }
 
-/// Hands malloc's free pages back to the system every `period` (``MallocSettings/returnFreePages()``,
-/// on the blocking pool): stores opened and closed all day leave free pages inside malloc's heaps
-/// that stay resident otherwise (docs/performance.md, "Memory").
+/// Memory the daemon can do without goes back, on the blocking pool: every second, the page
+/// caches of stores nobody used for a second (``StoreRegistry/releaseIdleMemory(idleFor:now:)``:
+/// an open store used once in a while keeps no pages meanwhile — a store in steady use is never
+/// idle that long); every ten seconds, malloc's free pages (``MallocSettings/returnFreePages()``:
+/// stores opened and closed all day leave free pages inside malloc's heaps that stay resident
+/// otherwise, and a call costs milliseconds). docs/performance.md, "Memory".
 struct FreePageReturner: Service {
-    let period: Duration = .seconds(10)
+    let registry: StoreRegistry
+    let idle: Duration = .seconds(1)
+    let trimEvery = 10
 
     func run() async throws {
+        var round = 0
         while !Task.isShuttingDownGracefully {
             do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: period) }
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: idle) }
             } catch {
                 return
             }
-            try? await BlockingPool.run { MallocSettings.returnFreePages() }
+            round += 1
+            let trim = round % trimEvery == 0
+            try? await BlockingPool.run { [registry, idle] in
+                registry.releaseIdleMemory(idleFor: idle)
+                if trim { MallocSettings.returnFreePages() }
+            }
         }
     }
 }

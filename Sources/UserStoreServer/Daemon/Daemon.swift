@@ -227,7 +227,7 @@ public enum Daemon {
                 .init(service: WatchdogService(notifier: notifier, logger: logger)),
                 .init(service: StatusReporter(context: context, notifier: notifier)),
                 .init(service: IdleSweeper(registry: registry)),
-                .init(service: FreePageReturner()),
+                .init(service: FreePageReturner(registry: registry)),
                 .init(service: ReleaseClock(release: release)),
                 .init(service: HangupReloader(context: context)),
                 .init(service: server, successTerminationBehavior: .gracefullyShutdownGroup),
