@@ -11,6 +11,7 @@ public enum ConfigurationKey: String, CaseIterable, Sendable {
     case schemaFile
     case maxOpenStores
     case idleTimeoutSeconds
+    case cacheIdleSeconds
     case logTarget
     case slowRequestMilliseconds
     case fleetParallelism

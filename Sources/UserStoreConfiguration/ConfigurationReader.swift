@@ -108,6 +108,7 @@ extension ConfigurationLoader {
                 sourcePath: file, metricsListen: metricsListen, replication: replication, cluster: try clusterSettings(replica: replication?.replica),
                 rollout: try rolloutPolicy())
             configuration.watch = watch
+            configuration.cacheIdleSeconds = try int(.cacheIdleSeconds, minimum: 0, maximum: 86_400) ?? 1
             configuration.encryption = try encryptionSettings()
             return configuration
         }

@@ -22,6 +22,8 @@ public struct DaemonConfiguration: Sendable {
     public var maxOpenStores: Int
     /// Unused stores are closed after this long (`idleTimeoutSeconds`).
     public var idleTimeoutSeconds: Int
+    /// An open store unused for this long hands its page cache back (`cacheIdleSeconds`; 0: never).
+    public var cacheIdleSeconds = 1
     /// Migration policy (`migrations.*`).
     public var policy: MigrationPolicy
     /// Who may do what (`access.*`).
@@ -68,6 +70,7 @@ public struct DaemonConfiguration: Sendable {
         var configuration = RegistryConfiguration(layout: StoreLayout(dataDirectory: dataDirectory), appVersion: appVersion,
                               maxOpenStores: maxOpenStores, idleTimeout: .seconds(idleTimeoutSeconds), policy: policy)
         configuration.changeRetention = watch
+        configuration.cacheIdle = cacheIdleSeconds > 0 ? .seconds(cacheIdleSeconds) : nil
         return configuration
     }
 }

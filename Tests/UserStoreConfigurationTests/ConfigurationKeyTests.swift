@@ -54,6 +54,14 @@ struct ConfigurationKeyTests {
         }
     }
 
+    /// `cacheIdleSeconds`: 1 by default, 0 turns the release off, a negative value is refused.
+    @Test func cacheIdleSecondsReachesTheRegistry() async throws {
+        #expect(try await Self.load("appVersion: \"1.0.0\"\n").registryConfiguration.cacheIdle == .seconds(1))
+        #expect(try await Self.load("appVersion: \"1.0.0\"\ncacheIdleSeconds: 30\n").registryConfiguration.cacheIdle == .seconds(30))
+        #expect(try await Self.load("appVersion: \"1.0.0\"\ncacheIdleSeconds: 0\n").registryConfiguration.cacheIdle == nil)
+        await #expect { _ = try await Self.load("appVersion: \"1.0.0\"\ncacheIdleSeconds: -1\n") } throws: { "\($0)".contains("key 'cacheIdleSeconds'") }
+    }
+
     /// Litestream is retired: the keys of its time are accepted (each named as unused, a wrong
     /// value still refused by name), `engine: litestream` means the log, and an sftp:// replica —
     /// which only Litestream wrote — is refused by name rather than left unreplicated.

@@ -8,6 +8,10 @@ public struct RegistryConfiguration: Sendable {
     public var maxOpenStores: Int
     /// A store unused for this long is closed by ``StoreRegistry/closeIdleStores(now:)``.
     public var idleTimeout: Duration
+    /// An open store unused for this long hands its page cache back
+    /// (``StoreRegistry/releaseIdleMemory(idleFor:now:)``, the daemon's free-page returner);
+    /// nil: never.
+    public var cacheIdle: Duration? = .seconds(1)
     /// How migrations treat the unusual cases.
     public var policy: MigrationPolicy
     /// How long a statement waits for a lock held by another process.

@@ -51,28 +51,30 @@ struct IdleSweeper: Service {
 }
 
 /// Memory the daemon can do without goes back, on the blocking pool: every second, the page
-/// caches of stores nobody used for a second (``StoreRegistry/releaseIdleMemory(idleFor:now:)``:
-/// an open store used once in a while keeps no pages meanwhile — a store in steady use is never
-/// idle that long); every ten seconds, malloc's free pages (``MallocSettings/returnFreePages()``:
+/// caches of stores nobody used for `cacheIdleSeconds` (1 by default;
+/// ``StoreRegistry/releaseIdleMemory(idleFor:now:)``: an open store used once in a while keeps
+/// no pages meanwhile — a store in steady use is never idle that long — and its next request
+/// reads its pages from the file again); every ten seconds, malloc's free pages
+/// (``MallocSettings/returnFreePages()``:
 /// stores opened and closed all day leave free pages inside malloc's heaps that stay resident
 /// otherwise, and a call costs milliseconds). docs/performance.md, "Memory".
 struct FreePageReturner: Service {
     let registry: StoreRegistry
-    let idle: Duration = .seconds(1)
+    let tick: Duration = .seconds(1)
     let trimEvery = 10
 
     func run() async throws {
         var round = 0
         while !Task.isShuttingDownGracefully {
             do {
-                try await cancelWhenGracefulShutdown { try await Task.sleep(for: idle) }
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: tick) }
             } catch {
                 return
             }
             round += 1
             let trim = round % trimEvery == 0
-            try? await BlockingPool.run { [registry, idle] in
-                registry.releaseIdleMemory(idleFor: idle)
+            try? await BlockingPool.run { [registry] in
+                if let idle = registry.configuration.cacheIdle { registry.releaseIdleMemory(idleFor: idle) }
                 if trim { MallocSettings.returnFreePages() }
             }
         }

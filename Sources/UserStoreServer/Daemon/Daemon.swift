@@ -299,7 +299,7 @@ extension DaemonContext {
     private static func restartOnlyChanges(from old: DaemonConfiguration, to new: DaemonConfiguration) -> [(String, Bool)] {
         [("appVersion", old.appVersion.text != new.appVersion.text), ("dataDirectory", old.dataDirectory != new.dataDirectory),
          ("socketPath", old.socketPath != new.socketPath), ("migrationsDirectory", old.migrationsDirectory != new.migrationsDirectory), ("schemaFile", old.schemaFile != new.schemaFile), ("metrics.listen", old.metricsListen != new.metricsListen),
-         ("maxOpenStores", old.maxOpenStores != new.maxOpenStores), ("migrations", old.policy != new.policy)]
+         ("maxOpenStores", old.maxOpenStores != new.maxOpenStores), ("cacheIdleSeconds", old.cacheIdleSeconds != new.cacheIdleSeconds), ("migrations", old.policy != new.policy)]
     }
 }
 
