@@ -4,7 +4,7 @@ scripts/s3.sh) while 100,000 users are touched through maxOpenStores 1,024, then
 lost and a sample of users brought back from the bucket.
 
     python3 scripts/churn.py --daemon .build/release/userstored [--users 100000] [--revisits 0.1]
-        [--workers 32] [--sample 1000] [--json FILE] [--no-replication]
+        [--workers 16] [--sample 1000] [--json FILE] [--no-replication]
 
 What runs:
   touch    every user once, in order, by `workers` connections: a durable INSERT (the store is
@@ -171,7 +171,7 @@ def main():
     parser.add_argument("--daemon", required=True)
     parser.add_argument("--users", type=int, default=100000)
     parser.add_argument("--revisits", type=float, default=0.1)
-    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=16)  # the 16 concurrent clients of issue #52's target
     parser.add_argument("--sample", type=int, default=1000)
     parser.add_argument("--json")
     parser.add_argument("--no-replication", action="store_true", help="plain INSERTs with replication off: the baseline")
