@@ -69,7 +69,10 @@ public final class OfflineFleet {
         var counts = ["current": 0, "pending": 0, "tooNew": 0, "unknown": 0]
         let users = self.users()
         for user in users {
-            let version = StoreFileInspector.schemaVersion(of: registry.configuration.layout.storePath(for: user))
+            let path = registry.configuration.layout.storePath(for: user)
+            // An encrypted store's WAL is read with its user's key (none: unreadable).
+            let cipher = try? StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: registry.configuration.keyring)
+            let version = StoreFileInspector.schemaVersion(of: path, cipher: cipher)
             if version < 0 { counts["unknown"]! += 1 } else if version > latest { counts["tooNew"]! += 1 } else if version == latest { counts["current"]! += 1 } else { counts["pending"]! += 1 }
         }
         return [

@@ -104,6 +104,28 @@ struct PageCipherTests {
         #expect(try Self.files(holding: "note 1", under: directory.path).isEmpty)
     }
 
+    /// The schema version of an encrypted store whose newest header is only in its WAL (a copy
+    /// taken between commits, as a crash leaves it) is read through the cipher; without it the
+    /// version is unknown (-1), never a wrong number. The WAL stays as it was.
+    @Test func anEncryptedStoresVersionIsReadThroughItsWAL() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path + "/store.sqlite", copy = try directory.folder("copy") + "/store.sqlite"
+        let key = SymmetricKey(size: .bits256)
+        let queue = try Self.open(path, key: key)
+        try queue.write { db in
+            try db.execute(sql: "CREATE TABLE notes (id INTEGER PRIMARY KEY)")
+            try db.execute(sql: "PRAGMA user_version = 7")
+        }
+        try FileManager.default.copyItem(atPath: path, toPath: copy)
+        try FileManager.default.copyItem(atPath: path + "-wal", toPath: copy + "-wal")
+        try queue.close()
+        let walBytes = FileHead.size(of: copy + "-wal") ?? 0
+        #expect(walBytes > 0 && StoreFileInspector.headerVersion(of: copy) == nil)
+        #expect(StoreFileInspector.schemaVersion(of: copy, cipher: PageCipher(dataKey: key)) == 7)
+        #expect(StoreFileInspector.schemaVersion(of: copy) == -1)
+        #expect(FileHead.size(of: copy + "-wal") == walBytes)
+    }
+
     /// Another key, a reader without the layer's key, and a page changed on disk: named SQLite
     /// errors (`SQLITE_IOERR_DATA`: the page failed authentication; `SQLITE_NOTADB`), never rows.
     @Test func anotherKeyAPlainReaderAndATamperedPageAreRefused() throws {

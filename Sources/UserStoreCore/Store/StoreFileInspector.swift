@@ -10,8 +10,9 @@ public enum StoreFileInspector {
     /// is). -1 when the file is not a readable store. Opens a second connection for that: use
     /// it only where nothing else has the file open (offline); the daemon uses
     /// ``headerVersion(of:)``.
-    public static func schemaVersion(of path: String) -> Int64 {
-        headerVersion(of: path) ?? versionReadingWAL(of: path)
+    /// An encrypted store's WAL is read with `cipher` (its user's; without it, -1).
+    public static func schemaVersion(of path: String, cipher: PageCipher? = nil) -> Int64 {
+        headerVersion(of: path) ?? versionReadingWAL(of: path, cipher: cipher)
     }
 
     /// The schema version in a store file's header, or nil when a non-empty WAL (left by a
@@ -35,10 +36,14 @@ public enum StoreFileInspector {
     /// The schema version as SQLite reads it, WAL included, through a read-only connection
     /// that leaves the WAL as it is when it closes (a restored copy, an offline store: nothing
     /// else has the file open). -1 when the file cannot be read.
-    public static func versionReadingWAL(of path: String) -> Int64 {
+    /// An encrypted store is read with `cipher` (its user's).
+    public static func versionReadingWAL(of path: String, cipher: PageCipher? = nil) -> Int64 {
         var configuration = Configuration()
         configuration.readonly = true
-        configuration.prepareDatabase { db in _ = userstore_keep_wal_on_close(db.sqliteConnection) }
+        configuration.prepareDatabase { db in
+            try cipher?.install(on: db.sqliteConnection!)
+            _ = userstore_keep_wal_on_close(db.sqliteConnection)
+        }
         return (try? DatabaseQueue(path: path, configuration: configuration).read { try Int64.fetchOne($0, sql: "PRAGMA user_version") ?? -1 }) ?? -1
     }
 

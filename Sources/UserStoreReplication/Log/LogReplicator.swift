@@ -158,7 +158,7 @@ package final class LogReplicator: StoreReplication {
         } catch {
             throw StoreError.storageFailure(user: user, message: "moving the restored copy's change log past the replica's positions: \(error.message)")
         }
-        let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
+        let schemaVersion = StoreFileInspector.schemaVersion(of: staged, cipher: cipher)
         do {
             try DurableFile.publishDatabase(staged, as: path)
         } catch {
