@@ -1,4 +1,5 @@
-/// A varlink method call as received: `{"method": "io.userstore.Store.Open", "parameters": {...}}`.
+/// A varlink method call as a client sends it: `{"method": "io.userstore.Store.Open", "parameters": {...}}`
+/// (the daemon reads calls in place, without building one: `UserStoreServer`'s `Request`).
 public struct VarlinkCall: Sendable, Equatable {
     /// The fully qualified method name.
     public var method: String
@@ -14,36 +15,6 @@ public struct VarlinkCall: Sendable, Equatable {
         self.parameters = parameters
         self.more = more
         self.oneway = oneway
-    }
-
-    /// Reads a call from a parsed message; throws when it is not one.
-    public init(message: JSONValue) throws(VarlinkError) {
-        guard case .object(let members) = message else { throw .invalidRequest("a message must be a JSON object") }
-        guard let method = members["method"]?.stringValue, !method.isEmpty else {
-            throw .invalidRequest("the message has no \"method\" string")
-        }
-        var parameters: [String: JSONValue] = [:]
-        switch members["parameters"] {
-        case nil, .null?: break
-        case .object(let object)?: parameters = object
-        default: throw .invalidParameter("parameters")
-        }
-        self.method = method
-        self.parameters = parameters
-        self.more = members["more"]?.boolValue ?? false
-        self.oneway = members["oneway"]?.boolValue ?? false
-    }
-
-    /// `io.userstore.Store` for `io.userstore.Store.Open`.
-    public var interface: Substring {
-        guard let dot = method.lastIndex(of: ".") else { return "" }
-        return method[..<dot]
-    }
-
-    /// `Open` for `io.userstore.Store.Open`.
-    public var member: Substring {
-        guard let dot = method.lastIndex(of: ".") else { return Substring(method) }
-        return method[method.index(after: dot)...]
     }
 
     /// The call as JSON, for clients.

@@ -6,16 +6,16 @@ import Varlink
 /// Typed access to a call's parameters, read in place from the message the session parsed once
 /// (no tree of values is built); a missing or mistyped one is an
 /// `org.varlink.service.InvalidParameter` naming it.
-struct CallParameters: Sendable {
+package struct CallParameters: Sendable {
     let message: JSONMessage
     /// The `parameters` object's token; nil when the call has none (or `null`).
     let object: Int?
 
-    init(_ message: JSONMessage) {
+    /// The parameters of the call in `message`, whose `parameters` object is the token `object`
+    /// (``JSONView/callParameters()``).
+    init(_ message: JSONMessage, object: Int?) {
         self.message = message
-        object = message.withView { view in
-            view.member("parameters", of: 0).flatMap { view.kind($0) == .object ? $0 : nil }
-        }
+        self.object = object
     }
 
     func string(_ key: String) throws(VarlinkError) -> String {

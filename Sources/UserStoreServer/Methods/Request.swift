@@ -8,7 +8,7 @@ import Glibc
 /// A call as the handlers off the event loop's fast path see it: the message it came in, parsed
 /// once by the session, and what the session read of it. Parameters, SQL and values are read in
 /// place from the message.
-struct Request: Sendable {
+package struct Request: Sendable {
     /// The method, matched once by the session; nil when the daemon has no method of that name
     /// (``name`` says which, for the error).
     let method: Method?
@@ -20,33 +20,31 @@ struct Request: Sendable {
     let oneway: Bool
     /// The call's bytes and tokens.
     let message: JSONMessage
+    /// Its parameters, read in place.
+    let parameters: CallParameters
     /// File descriptors the caller passed with the call (`SCM_RIGHTS`).
     var descriptors = PassedDescriptors([])
 
     /// The call in `message` (already parsed), whose method the session matched as `method`;
     /// throws what a message that is not a call gets (`InvalidRequest`, or `InvalidParameter`
     /// for `parameters` that are not an object).
-    init(_ message: JSONMessage, method: Method?, descriptors: PassedDescriptors) throws(VarlinkError) {
-        let read = message.withView { view -> (name: String?, parametersValid: Bool, more: Bool, oneway: Bool)? in
-            guard view.kind(0) == .object else { return nil }
-            let name = view.member("method", of: 0).flatMap { view.kind($0) == .string ? view.string($0) : nil }
-            let parameters = view.member("parameters", of: 0).map { view.kind($0) }
-            return (name, parameters == nil || parameters == .null || parameters == .object,
-                    view.member("more", of: 0).flatMap(view.bool) ?? false, view.member("oneway", of: 0).flatMap(view.bool) ?? false)
+    package init(_ message: JSONMessage, method: Method?, descriptors: PassedDescriptors) throws(VarlinkError) {
+        let read = try message.withView { view throws(VarlinkError) -> (name: String, parameters: Int?, more: Bool, oneway: Bool) in
+            guard view.kind(0) == .object else { throw .invalidRequest("a message must be a JSON object") }
+            guard let token = view.member("method", of: 0), view.kind(token) == .string, case let name = view.string(token), !name.isEmpty else {
+                throw .invalidRequest("the message has no \"method\" string")
+            }
+            return (name, try view.callParameters(), view.member("more", of: 0).flatMap(view.bool) ?? false,
+                    view.member("oneway", of: 0).flatMap(view.bool) ?? false)
         }
-        guard let read else { throw .invalidRequest("a message must be a JSON object") }
-        guard let name = read.name, !name.isEmpty else { throw .invalidRequest("the message has no \"method\" string") }
-        guard read.parametersValid else { throw .invalidParameter("parameters") }
         self.method = method
-        self.name = name
+        self.name = read.name
         self.more = read.more
         self.oneway = read.oneway
         self.message = message
+        self.parameters = CallParameters(message, object: read.parameters)
         self.descriptors = descriptors
     }
-
-    /// The call's parameters.
-    var parameters: CallParameters { CallParameters(message) }
 
     /// `io.userstore.Store` for `io.userstore.Store.Open`.
     var interfaceName: Substring {
@@ -63,6 +61,20 @@ struct Request: Sendable {
     func batchStatements(maximum: Int) throws(VarlinkError) -> [SQLRunner.Statement] {
         try message.withView { view throws(VarlinkError) in
             try SQLRunner.Statement.batch(view, view.member("parameters", of: 0).flatMap { view.member("statements", of: $0) }, maximum: maximum)
+        }
+    }
+}
+
+extension JSONView {
+    /// The `parameters` object of the call this view reads (a parsed message that is an
+    /// object); nil when there is none or it is `null`. Anything else is `InvalidParameter`
+    /// (`parameters`): no call runs with it.
+    func callParameters() throws(VarlinkError) -> Int? {
+        guard let parameters = member("parameters", of: 0) else { return nil }
+        switch kind(parameters) {
+        case .object: return parameters
+        case .null: return nil
+        default: throw .invalidParameter("parameters")
         }
     }
 }
@@ -98,10 +110,10 @@ extension SQLRunner.Statement {
 
 /// File descriptors a caller passed with a call (`SCM_RIGHTS`), owned by the call: a handler
 /// takes the ones it keeps, and the rest are closed when the call ends.
-final class PassedDescriptors: Sendable {
+package final class PassedDescriptors: Sendable {
     private let descriptors: Mutex<[Int32?]>
 
-    init(_ descriptors: [Int32]) {
+    package init(_ descriptors: [Int32]) {
         self.descriptors = Mutex(descriptors.map { $0 })
     }
 

@@ -16,11 +16,11 @@ struct RequestRouter {
         let sink: ReplySink = request.oneway ? discard : send
         let started = ContinuousClock.now
         var outcome: String?
-        let user = { (try? request.parameters.optionalString("user")) ?? nil }
+        let user = (try? request.parameters.optionalString("user")) ?? nil
         defer {
             let elapsed = ContinuousClock.now - started
             context.metrics?.requestHandles(method: request.method).record(outcome: outcome, nanoseconds: UInt64(max(0, elapsed.wholeMicroseconds)) * 1000,
-                                                                           user: user())
+                                                                           user: user)
         }
         do {
             try await dispatch(request, peer: peer, send: sink)
@@ -35,7 +35,7 @@ struct RequestRouter {
         // A streamed call (Watch, a streamed Query) stays open as long as its client reads: its
         // time is not a request's time.
         if !request.more {
-            context.logIfSlow(method: request.name, user: user() ?? "", elapsed: ContinuousClock.now - started)
+            context.logIfSlow(method: request.name, user: user ?? "", elapsed: ContinuousClock.now - started)
         }
     }
 

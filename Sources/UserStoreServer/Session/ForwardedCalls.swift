@@ -70,13 +70,12 @@ final class ForwardedCalls: @unchecked Sendable {
         }
         var message: [UInt8]
         if oneway {
-            // Sent on without `oneway` (the owner's reply ends the call here), the method and
-            // parameters as they came; not a call: a oneway one gets no reply.
-            guard let name = view.member("method", of: 0), view.kind(name) == .string else { return .done }
-            let parameters = view.member("parameters", of: 0)
-            guard parameters.map({ [.object, .null].contains(view.kind($0)) }) ?? true else { return .done }
-            message = Array("{\"method\":".utf8) + view.rawText(name)
-            if let parameters, view.kind(parameters) == .object { message += Array(",\"parameters\":".utf8) + view.rawText(parameters) }
+            // Sent on without `oneway` (the owner's reply ends the call here), its parameters as
+            // they came; parameters that are not an object: a oneway call gets no reply.
+            let parameters: Int?
+            do { parameters = try view.callParameters() } catch { return .done }
+            message = Array("{\"method\":\"\(method.rawValue)\"".utf8)
+            if let parameters { message += Array(",\"parameters\":".utf8) + view.rawText(parameters) }
             message.append(UInt8(ascii: "}"))
         } else {
             message = Array(bytes)
