@@ -70,9 +70,9 @@ public final class OfflineFleet {
         let users = self.users()
         for user in users {
             let path = registry.configuration.layout.storePath(for: user)
-            // An encrypted store's WAL is read with its user's key (none: unreadable).
-            let cipher = try? StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: registry.configuration.keyring)
-            let version = StoreFileInspector.schemaVersion(of: path, cipher: cipher)
+            // An encrypted store's WAL is read with its user's key (none: unreadable), fetched
+            // only for a store whose header does not say.
+            let version = StoreFileInspector.schemaVersion(of: path, cipher: (try? StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: registry.configuration.keyring)) ?? nil)
             if version < 0 { counts["unknown"]! += 1 } else if version > latest { counts["tooNew"]! += 1 } else if version == latest { counts["current"]! += 1 } else { counts["pending"]! += 1 }
         }
         return [

@@ -10,9 +10,10 @@ public enum StoreFileInspector {
     /// is). -1 when the file is not a readable store. Opens a second connection for that: use
     /// it only where nothing else has the file open (offline); the daemon uses
     /// ``headerVersion(of:)``.
-    /// An encrypted store's WAL is read with `cipher` (its user's; without it, -1).
-    public static func schemaVersion(of path: String, cipher: PageCipher? = nil) -> Int64 {
-        headerVersion(of: path) ?? versionReadingWAL(of: path, cipher: cipher)
+    /// An encrypted store's WAL is read with `cipher` (its user's; without it, -1), asked for
+    /// only then: fetching a key may be a request to the key store.
+    public static func schemaVersion(of path: String, cipher: @autoclosure () -> PageCipher? = nil) -> Int64 {
+        headerVersion(of: path) ?? versionReadingWAL(of: path, cipher: cipher())
     }
 
     /// The schema version in a store file's header, or nil when a non-empty WAL (left by a
