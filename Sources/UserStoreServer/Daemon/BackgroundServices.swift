@@ -50,14 +50,15 @@ struct IdleSweeper: Service {
     }
 }
 
-/// Memory the daemon can do without goes back, on the blocking pool: every second, the page
-/// caches of stores nobody used for `cacheIdleSeconds` (1 by default;
-/// ``StoreRegistry/releaseIdleMemory(idleFor:now:)``: an open store used once in a while keeps
-/// no pages meanwhile — a store in steady use is never idle that long — and its next request
-/// reads its pages from the file again); every ten seconds, malloc's free pages
-/// (``MallocSettings/returnFreePages()``:
-/// stores opened and closed all day leave free pages inside malloc's heaps that stay resident
-/// otherwise, and a call costs milliseconds). docs/performance.md, "Memory".
+/// Memory the daemon can do without goes back, on the blocking pool (docs/performance.md,
+/// "Memory"):
+/// - every second, the page caches of stores nobody used for `cacheIdleSeconds`
+///   (``StoreRegistry/releaseIdleMemory(idleFor:now:)``): an open store used once in a while
+///   keeps no pages meanwhile, and its next request reads them from the file again; a store in
+///   steady use is never idle that long;
+/// - every ten seconds, malloc's free pages (``MallocSettings/returnFreePages()``): stores
+///   opened and closed all day leave free pages inside malloc's heaps that stay resident
+///   otherwise, and a call costs milliseconds.
 struct FreePageReturner: Service {
     let registry: StoreRegistry
     let tick: Duration = .seconds(1)
