@@ -166,6 +166,27 @@ import Varlink
         #expect(try Self.titles("ann", try setup.daemon.connect()) == ["after the reopen"])
     }
 
+    /// A new user ships once it is migrated: one base, and the migrated WAL as one commit record
+    /// beside it — not a base of the empty store followed by a record per migration step (each
+    /// in an object of its own as a rule: two PUTs per new user instead of one). The user comes
+    /// back whole after the disk is lost.
+    @Test func aNewUserShipsWholeOnceMigrated() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        let opened = try client.call("io.userstore.Store.Open", ["user": .string("ann")])
+        #expect(opened["created"]?.boolValue == true)
+        // Durable: every record of ann's before it is stored too.
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('first')", for: "ann", on: client, durable: true)
+        let records = try setup.records(of: "ann")
+        #expect(records.filter { $0.kind == .base }.count == 1)
+        #expect(records.count <= 3, "\(records.map { "\($0.kind) \($0.since)→\($0.txid)" }): the migration shipped after the base")
+        try setup.loseTheHost()
+        let again = try setup.daemon.connect()
+        #expect(try Self.titles("ann", again) == ["first"])
+        #expect(try again.call("io.userstore.Store.Open", ["user": .string("ann")])["schemaVersion"] == opened["schemaVersion"])
+    }
+
     /// A store written by another process while the daemon had it closed — `sqlite3` inserting
     /// a row large enough for overflow pages and checkpointing it into the file as it exits,
     /// leaving no WAL behind — ships a base at its next open: after the disk is lost, the store

@@ -48,8 +48,10 @@ struct StorePreparer: Sendable {
                     }
                 }
                 let (store, created) = try opener.open(user, template: template, create: migrator != nil)
-                // Registered before anything writes to it (the migration included).
-                replication?.storeOpened(store)
+                // An existing store is registered before anything writes to it (the migration
+                // included): its commits continue its stream. A new one only once migrated: it
+                // ships whole anyway, and then its base holds its migration (one object, not two).
+                if !created { replication?.storeOpened(store) }
                 if !created && !restored { observer.record(.storeOpened(user: user)) }
                 guard let migrator else { return (store, .success(nil), false) }
                 if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
@@ -71,6 +73,7 @@ struct StorePreparer: Sendable {
                     store.markDamaged(notDurable.failure.description)
                     return notDurable.failure
                 }
+                if created { replication?.storeOpened(store) }
                 guard closeAfter, case .success = migration else { return (store, migration, false) }
                 observer.record(.storeClosed(user: user, idle: true))
                 Self.closeNow(store, replication: replication)

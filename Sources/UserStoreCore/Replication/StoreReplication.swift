@@ -23,9 +23,10 @@ public protocol StoreReplication: Sendable {
     /// nothing is left at `path` then.
     func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore?
 
-    /// `store` was opened and nothing has written to it yet: start replicating it. When that
-    /// fails (degraded), the replicator sets `store.wal.checkpointsItself` and registers the
-    /// store when it can.
+    /// `store` was opened and nothing has written to it yet — or, for a store just created,
+    /// once its migration has run and nothing else has written to it (its first record is then
+    /// the whole migrated store): start replicating it. When that fails (degraded), the
+    /// replicator sets `store.wal.checkpointsItself` and registers the store when it can.
     func storeOpened(_ store: Store)
 
     /// With more than one host: the epoch of a copy in the replica newer than the local file
