@@ -113,6 +113,13 @@ extension ConfigurationLoader {
             return configuration
         }
 
+        /// Whether one of two paths (folders, or prefixes of one bucket) is the other or lies
+        /// inside it, component by component (`a/b` holds `a/b/c`, not `a/bc`; "" holds all).
+        static func nested(_ one: String, _ other: String) -> Bool {
+            let (a, b) = (one.split(separator: "/"), other.split(separator: "/"))
+            return a.starts(with: b) || b.starts(with: a)
+        }
+
         /// `encryption.*`: nil without any of its keys.
         private func encryptionSettings() throws(ConfigurationError) -> EncryptionSettings? {
             guard let first = firstPresent(in: "encryption") else { return nil }
@@ -120,13 +127,18 @@ extension ConfigurationLoader {
                 throw error(first, "needs encryption.keyStore too: where the wrapped data keys are kept (file:///path, on another disk than dataDirectory)")
             }
             var settings: EncryptionSettings
+            let replica = try string(.replicationReplica)
             if location.hasPrefix("file:///"), location.count > "file:///".count {
-                settings = EncryptionSettings(keyStore: .folder(String(location.dropFirst("file://".count))))
+                let folder = String(location.dropFirst("file://".count))
+                if let replica, replica.hasPrefix("file:///"), Self.nested(folder, String(replica.dropFirst("file://".count))) {
+                    throw error(.encryptionKeyStore, "is the replica's folder, or inside it, or holds it: keep the keys apart from the data (a folder of their own)")
+                }
+                settings = EncryptionSettings(keyStore: .folder(folder))
             } else if location.hasPrefix("s3://"), location.count > "s3://".count {
                 let s3 = try s3Settings(location, key: .encryptionKeyStore)
-                if let replica = try string(.replicationReplica), replica.hasPrefix("s3://"),
-                   let replicaS3 = try? s3Settings(replica), replicaS3.bucket == s3.bucket, replicaS3.prefix == s3.prefix {
-                    throw error(.encryptionKeyStore, "is the replica's own bucket and prefix: keep the keys apart from the data (another bucket, or another prefix)")
+                if let replica, replica.hasPrefix("s3://"), let replicaS3 = try? s3Settings(replica), replicaS3.bucket == s3.bucket,
+                   Self.nested(s3.prefix, replicaS3.prefix) {
+                    throw error(.encryptionKeyStore, "is the replica's own bucket and prefix, or a prefix inside it or holding it: keep the keys apart from the data (another bucket, or another prefix)")
                 }
                 settings = EncryptionSettings(keyStore: .bucket(s3))
             } else if location == "etcd" {

@@ -54,6 +54,26 @@ struct ConfigurationKeyTests {
         }
     }
 
+    /// The key store may not share the replica's place — the same prefix, one inside it, or one
+    /// holding it, on S3 or in folders: the keys would travel with the data. Beside it is fine.
+    @Test func aKeyStoreInsideTheReplicaOrHoldingItIsRefused() async throws {
+        let key = FileManager.default.temporaryDirectory.appendingPathComponent("kek-\(UUID().uuidString)").path
+        try (Data((0..<32).map { _ in UInt8.random(in: 0...255) }).base64EncodedString() + "\n").write(toFile: key, atomically: true, encoding: .utf8)
+        defer { unlink(key) }
+        func load(replica: String, keyStore: String) async throws -> DaemonConfiguration {
+            try await Self.load("appVersion: \"1.0.0\"\nreplication:\n  replica: \"\(replica)\"\nencryption:\n  keyFile: \(key)\n  keyStore: \"\(keyStore)\"\n")
+        }
+        for (replica, keyStore) in [("s3://b/r", "s3://b/r"), ("s3://b/r", "s3://b/r/keys"), ("s3://b/r/data", "s3://b/r"), ("s3://b", "s3://b/keys"),
+                                    ("file:///srv/replica", "file:///srv/replica/keys"), ("file:///srv/replica", "file:///srv")] {
+            await #expect("\(keyStore) with the replica at \(replica)") { _ = try await load(replica: replica, keyStore: keyStore) } throws: {
+                "\($0)".contains("key 'encryption.keyStore'") && "\($0)".contains("keep the keys apart from the data")
+            }
+        }
+        for (replica, keyStore) in [("s3://b/r", "s3://b/rk"), ("s3://b/r", "s3://other/r"), ("file:///srv/replica", "file:///srv/replica-keys")] {
+            #expect(try await load(replica: replica, keyStore: keyStore).encryption != nil, "\(keyStore) with the replica at \(replica)")
+        }
+    }
+
     /// `cacheIdleSeconds`: 1 by default, 0 turns the release off, a negative value is refused.
     @Test func cacheIdleSecondsReachesTheRegistry() async throws {
         #expect(try await Self.load("appVersion: \"1.0.0\"\n").registryConfiguration.cacheIdle == .seconds(1))
