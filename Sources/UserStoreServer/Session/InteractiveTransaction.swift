@@ -112,7 +112,7 @@ package final class InteractiveTransaction: @unchecked Sendable {
         default: throw .invalidParameter("mode")
         }
         if let current = transaction, current.isLive { throw Errors.limitExceeded("transactions", maximum: 1) }
-        let transaction = OpenTransaction(user: user, immediate: immediate)
+        let transaction = OpenTransaction(user: user, immediate: immediate, loop: loop)
         self.transaction = transaction
         let registry = context.registry
         if let store = registry.leaseIfReady(user) {

@@ -3,8 +3,8 @@ import UserStoreCore
 import Varlink
 
 /// An interactive transaction of a connection (at most one). Its `var`s are touched only on the
-/// connection's loop; other threads (the store's queue, tasks) read only its `let`s — hence
-/// `@unchecked Sendable`.
+/// connection's loop (each change asserted in debug builds); other threads (the store's queue,
+/// tasks) read only its `let`s — hence `@unchecked Sendable`.
 final class OpenTransaction: @unchecked Sendable {
     enum State: Equatable {
         /// `Begin` is waiting for the store.
@@ -20,18 +20,21 @@ final class OpenTransaction: @unchecked Sendable {
     let key: Store.TransactionKey
     let user: UserID
     let immediate: Bool
-    var store: Store?
-    var state: State = .beginning
+    /// The loop of the connection that owns it, where its `var`s live.
+    let loop: EventLoop
+    var store: Store? { didSet { assert(loop.inEventLoop) } }
+    var state: State = .beginning { didSet { assert(loop.inEventLoop) } }
     /// Calls of the transaction not answered yet (it is not idle while one runs).
-    var inFlight = 0
-    var idleTimer: Int?
-    var totalTimer: Int?
+    var inFlight = 0 { didSet { assert(loop.inEventLoop) } }
+    var idleTimer: Int? { didSet { assert(loop.inEventLoop) } }
+    var totalTimer: Int? { didSet { assert(loop.inEventLoop) } }
     let began = StoreClock.now()
 
     /// Keys of the store holds (transactions and streamed queries), unique in the process.
     static let nextKey = Atomic<UInt64>(1)
 
-    init(user: UserID, immediate: Bool) {
+    init(user: UserID, immediate: Bool, loop: EventLoop) {
+        self.loop = loop
         var random = SystemRandomNumberGenerator()
         id = (0..<2).map { _ in String(random.next() as UInt64, radix: 16) }.map { String(repeating: "0", count: 16 - $0.count) + $0 }.joined()
         key = Store.TransactionKey(Self.nextKey.add(1, ordering: .relaxed).newValue)
