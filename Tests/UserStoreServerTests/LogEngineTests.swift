@@ -187,6 +187,34 @@ import Varlink
         #expect(try again.call("io.userstore.Store.Open", ["user": .string("ann")])["schemaVersion"] == opened["schemaVersion"])
     }
 
+    /// No base leaves before the epoch its store is written under is on disk beside it: with
+    /// the log's folder unwritable, a new user's base cannot be stored, and its position is
+    /// there already, pending (a crash then must not leave a store whose base may be in the
+    /// bucket with no epoch beside it: in a cluster, a copy another host wrote since could not
+    /// be told from it). Once the log can be written again, the restarted daemon ships the base
+    /// again, and the user comes back after the disk is lost.
+    @Test func aBaseLeavesOnlyOnceItsEpochIsBesideTheStore() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "bob", on: client, durable: true)
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        _ = try client.call("io.userstore.Store.Open", ["user": .string("ann")])
+        let found = try run(["/usr/bin/find", setup.daemon.dataDirectory, "-name", ".ann.sqlite-log"]).stdout
+        let path = try #require(found.split(separator: "\n").first.map(String.init), "no position beside ann's store while its base is on its way")
+        let position = try JSONDecoder().decode(LogPosition.self, from: try #require(FileManager.default.contents(atPath: path)))
+        #expect(position.pending == true && position.stream != 0 && position.epoch > 0, "\(position)")
+        #expect(try setup.records(of: "ann").isEmpty)
+        setup.daemon.stop(signal: SIGKILL)
+        resume()
+        try setup.daemon.start()
+        let again = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: again, durable: true)
+        #expect(try setup.records(of: "ann").filter { $0.kind == .base }.count == 1)
+        try setup.loseTheHost()
+        #expect(try Self.titles("ann", try setup.daemon.connect()) == ["after"])
+    }
+
     /// A store written by another process while the daemon had it closed — `sqlite3` inserting
     /// a row large enough for overflow pages and checkpointing it into the file as it exits,
     /// leaving no WAL behind — ships a base at its next open: after the disk is lost, the store

@@ -21,6 +21,15 @@ package struct LogPosition: Codable, Sendable, Equatable {
     /// The database file as it was when this was saved (nil in a position saved before the
     /// stamp existed: then only the WAL is compared).
     package var file: FileStamp?
+    /// A base of `stream` is on its way under `epoch`, not known to be stored: the store ships a
+    /// base again at its next open (nothing to continue), but the epoch its file was last
+    /// written under is known — what ``LogReplicator/newerCopy(of:path:)`` compares with the
+    /// epoch held. Written durably before the base leaves, so that no crash leaves a store
+    /// whose base may be in the bucket without its epoch beside it (nil: false).
+    package var pending: Bool?
+
+    /// Whether it says where the stream stands (not only which epoch a base ships under).
+    package var continuable: Bool { pending != true }
 
     /// What identifies a version of the database file without reading it: only a checkpoint
     /// writes the file of a store in WAL mode, and the daemon saves a new position after each
@@ -73,12 +82,14 @@ package struct LogPosition: Codable, Sendable, Equatable {
         unlink(path(of: storePath))
     }
 
-    /// Removes the position beside `storePath` and syncs its folder: done before a new base goes
-    /// out, so that a crash before the base's position is saved never leaves the old stream's
-    /// position to be continued after the base (a restore follows the newest base: commits of
-    /// the old stream after it would be lost — found by `make crash-s3`).
-    package static func forgetDurably(_ storePath: String) throws {
-        _ = try DurableFile.remove([path(of: storePath)])
+    /// Saves, durably, that a base of `stream` is about to go out under `epoch` (``pending``):
+    /// done before a new base goes out, so that a crash before the base's position is saved
+    /// never leaves the old stream's position to be continued after the base (a restore follows
+    /// the newest base: commits of the old stream after it would be lost — found by
+    /// `make crash-s3`), nor a store without the epoch it was written under (in a cluster, a
+    /// copy another host wrote since would not be told from it).
+    package static func shipping(stream: UInt64, epoch: Int64, beside storePath: String) throws {
+        try LogPosition(stream: stream, epoch: epoch, txid: 0, salt: nil, frames: 0, pending: true).save(beside: storePath)
     }
 }
 

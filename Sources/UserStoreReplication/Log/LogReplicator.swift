@@ -182,7 +182,8 @@ package final class LogReplicator: StoreReplication {
         // bucket's now): another host may have written the user since.
         let held = cluster.map { $0.epoch(of: user) } ?? lease?.heldEpoch
         // (No position: a store the log never held, or one put back to a point in time, which
-        // starts a new stream at its next open — not a copy to compare.)
+        // starts a new stream at its next open — not a copy to compare. A pending one — a base
+        // was on its way — names the epoch the file was written under: compared.)
         guard let held, let position = LogPosition.load(path), position.epoch < held else { return nil }
         do {
             try fenceBucket(of: user)
@@ -210,6 +211,7 @@ package final class LogReplicator: StoreReplication {
         }
         var position = LogPosition.load(store.path)
         if position?.epoch != epoch { position = nil } // a new epoch: a new stream, from a base
+        if position?.continuable == false { position = nil } // a base was on its way: again
         if let saved = position, !saved.matchesFile(store.path) {
             // Written by someone else since (its WAL checkpointed away): a base.
             position = nil

@@ -103,9 +103,10 @@ package final class LoggedStore: Sendable {
         let stream = UInt64.random(in: 1...UInt64.max)
         do {
             // The old stream's position goes first (and no save of it still waiting may land):
-            // after a crash the store ships a base again rather than continue the old stream.
+            // after a crash the store ships a base again rather than continue the old stream,
+            // and the epoch its file is written under is known.
             state.withLock { $0.positions += 1 }
-            try LogPosition.forgetDurably(store.path)
+            try LogPosition.shipping(stream: stream, epoch: epoch, beside: store.path)
             let (pageSize, pages) = try Self.readDatabaseFile(store.path)
             let wal = try capture.contentsAsOneCommit()
             let base = LogRecord(kind: .base, user: user.rawValue, bucket: bucket, epoch: epoch, stream: stream, txid: 0, since: 0,
