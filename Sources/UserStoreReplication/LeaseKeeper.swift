@@ -137,7 +137,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// and while held a renewal (a conditional PUT) every third of the lease.
     package func run() async {
         while !Task.isCancelled {
-            _ = try? await BlockingPool.run { self.round() }
+            _ = await BlockingPool.run { self.round() }
             try? await Task.sleep(for: .seconds(1))
         }
     }

@@ -29,12 +29,14 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
         }
     }
 
-    /// Runs `work` on one of the daemon's pool's threads and returns what it returned: for work
+    /// Runs `work` on one of the daemon's pool's threads and returns what it returned (or
+    /// throws what it threw: work that cannot fail makes a call that cannot either): for work
     /// that blocks on the disk or waits for another process, off the cooperative pool.
-    public static func run<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            shared.submit { continuation.resume(with: Result { try work() }) }
+    public static func run<T: Sendable, Failure: Error>(_ work: @escaping @Sendable () throws(Failure) -> T) async throws(Failure) -> T {
+        let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, Failure>, Never>) in
+            shared.submit { continuation.resume(returning: Result { () throws(Failure) -> T in try work() }) }
         }
+        return try result.get()
     }
 
     /// Runs `body` for each of `items`, at most `width` at a time (on the calling thread and on

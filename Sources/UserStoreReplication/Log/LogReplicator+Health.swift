@@ -181,9 +181,9 @@ extension LogReplicator {
 
     /// Checks the replica's marker (every 5 s from ``LogHealthService``, every second while it fails).
     package func checkReplica() async {
-        let verdict = (try? await BlockingPool.run { [identity] in identity.check() }) ?? .unknown("the check did not run")
+        let verdict = await BlockingPool.run { [identity] in identity.check() }
         state.withLock { $0.replicaProblem = verdict.problem }
-        if verdict.isVerified, let lease, lease.heldEpoch == nil { _ = try? await BlockingPool.run { lease.round() } }
+        if verdict.isVerified, let lease, lease.heldEpoch == nil { _ = await BlockingPool.run { lease.round() } }
     }
 }
 

@@ -332,7 +332,7 @@ package final class LogReplicator: StoreReplication {
     package func initializeReplica() async throws -> ReplicaMarker {
         let marker = try await BlockingPool.run { [identity] in try identity.initialize() }
         await checkReplica()
-        if let lease { _ = try? await BlockingPool.run { lease.round() } }
+        if let lease { _ = await BlockingPool.run { lease.round() } }
         return marker
     }
 

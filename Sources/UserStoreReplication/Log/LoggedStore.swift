@@ -222,7 +222,7 @@ package final class LoggedStore: Sendable {
             while await !uploader.waitUntilStored(number, until: .now + .seconds(60)) {
                 if state.withLock({ $0.positions != generation }) { return }
             }
-            try? await BlockingPool.run { self.save(position, generation: generation) }
+            await BlockingPool.run { self.save(position, generation: generation) }
         }
     }
 

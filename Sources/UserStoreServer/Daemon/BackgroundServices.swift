@@ -74,7 +74,7 @@ struct FreePageReturner: Service {
             }
             round += 1
             let trim = round % trimEvery == 0
-            try? await BlockingPool.run { [registry] in
+            await BlockingPool.run { [registry] in
                 if let idle = registry.configuration.cacheIdle { registry.releaseIdleMemory(idleFor: idle) }
                 if trim { MallocSettings.returnFreePages() }
             }

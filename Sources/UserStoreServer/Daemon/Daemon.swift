@@ -252,7 +252,7 @@ public enum Daemon {
             if let error = replicator.snapshot.lastError {
                 logger.warning("keeping the replica's writer lease until it runs out: replication is degraded (\(error))", metadata: ["event": "replica-lease-released"])
             } else {
-                _ = try? await BlockingPool.run { lease.release() }
+                _ = await BlockingPool.run { lease.release() }
             }
         }
         await replicator?.stop() // after every store's final sync

@@ -90,18 +90,18 @@ final class FleetIndex: StoreObserver {
         let layout = registry.configuration.layout
         // Directory listings and header reads block on the disk: the blocking pool's threads,
         // never the cooperative ones (docs/design.md). The work throws nothing.
-        let users = (try? await BlockingPool.run { layout.allUsers() }) ?? []
+        let users = await BlockingPool.run { layout.allUsers() }
         for chunk in stride(from: 0, to: users.count, by: 512) {
             let slice = users[chunk..<min(chunk + 512, users.count)]
             // A store whose WAL is not empty (a crash, or a replicated store closed before the
             // replica had its last commits) is opened to read its version: SQLite reads it
             // through the WAL, with the store's own connection.
-            var read = (try? await BlockingPool.run {
+            var read = await BlockingPool.run {
                 slice.map { user -> (UserID, Int64?, bucket: Int, encrypted: Bool) in
                     let header = StoreFileInspector.header(of: layout.storePath(for: user))
                     return (user, header.version, Placement.bucket(for: user), header.encrypted)
                 }
-            }) ?? []
+            }
             for (offset, (user, version, _, _)) in read.enumerated() where version == nil {
                 let current = try? await registry.withExistingStore(user) { store in try await store.schemaVersion() }
                 read[offset].1 = current ?? -1
