@@ -62,10 +62,11 @@ public struct VarlinkError: Error, Sendable, Equatable, CustomStringConvertible 
     public static func permissionDenied() -> VarlinkError {
         VarlinkError("org.varlink.service.PermissionDenied")
     }
-    /// The message is not a varlink call at all (bad JSON, no method). Not part of
-    /// org.varlink.service, which has no such error; the connection stays usable.
-    public static func invalidRequest(_ reason: String) -> VarlinkError {
-        VarlinkError("io.userstore.Store.InvalidRequest", ["reason": .string(reason)])
+    /// A reply that is not a varlink reply at all (not a JSON object): raised on the client's
+    /// side, never sent. Not part of org.varlink.service, which has no such error. (A message
+    /// that is not a call is the service's to name: the daemon's `InvalidRequest`.)
+    public static func invalidReply(_ reason: String) -> VarlinkError {
+        VarlinkError("org.varlink.InvalidReply", ["reason": .string(reason)])
     }
 }
 
@@ -115,7 +116,7 @@ public struct VarlinkReplyMessage: Sendable, Equatable {
     public var error: String?
 
     public init(message: JSONValue) throws(VarlinkError) {
-        guard case .object(let members) = message else { throw .invalidRequest("a reply must be a JSON object") }
+        guard case .object(let members) = message else { throw .invalidReply("a reply must be a JSON object") }
         parameters = members["parameters"]?.objectValue ?? [:]
         continues = members["continues"]?.boolValue ?? false
         error = members["error"]?.stringValue

@@ -1,5 +1,6 @@
 import Synchronization
 import UserStoreInterface
+import UserStoreProtocol
 import Varlink
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,7 @@
 import GRDB
 import UserStoreCore
 import UserStoreInterface
+import UserStoreProtocol
 import UserStoreReplication
 import Varlink
 

@@ -2,6 +2,7 @@ import Logging
 import UserStoreClusterServing
 import UserStoreConfiguration
 import UserStoreInterface
+import UserStoreProtocol
 import Varlink
 #if canImport(Glibc)
 import Glibc
