@@ -119,9 +119,9 @@ package struct LogRestorer: Sendable {
             }
             // Unindexed (the listing is not in yet), every object is read: one that does not
             // name the user is skipped by its header, so damage elsewhere never refuses this user.
-            guard let (header, _) = try LogSegment.header(of: bytes) else { throw LogSegment.Damaged(description: "\(storage.describe(key)) is truncated within its header") }
-            guard header.users.contains(user) else { continue }
-            let segment = try LogSegment.decode(bytes)
+            guard let read = try LogSegment.header(of: bytes) else { throw LogSegment.Damaged(description: "\(storage.describe(key)) is truncated within its header") }
+            guard read.header.users.contains(user) else { continue }
+            let segment = try LogSegment.decode(bytes, header: read)
             let createdAt = RFC3339.parse(segment.header.createdAt) ?? .distantPast
             if let until, createdAt > until { continue }
             for (index, record) in segment.records.enumerated() where record.user == user {

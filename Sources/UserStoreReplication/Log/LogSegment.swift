@@ -82,8 +82,11 @@ package struct LogSegment: Sendable, Equatable {
     }
 
     /// The object `bytes`, whole: header and records, checked (magic, lengths, zstd's checksum).
-    package static func decode(_ bytes: [UInt8]) throws(Damaged) -> LogSegment {
-        guard let (header, offset) = try header(of: bytes) else { throw Damaged(description: "truncated within its header") }
+    /// `read` is its header when the caller has read it already (``header(of:)``), not read twice.
+    package static func decode(_ bytes: [UInt8], header read: (header: Header, bodyOffset: Int)? = nil) throws(Damaged) -> LogSegment {
+        let found: (header: Header, bodyOffset: Int)?
+        if let read { found = read } else { found = try header(of: bytes) }
+        guard let (header, offset) = found else { throw Damaged(description: "truncated within its header") }
         guard bytes.count - offset == header.bodyBytes else {
             throw Damaged(description: "its body is \(bytes.count - offset) bytes, its header says \(header.bodyBytes)")
         }
