@@ -93,6 +93,39 @@ package struct LogPosition: Codable, Sendable, Equatable {
     }
 }
 
+extension LogPosition {
+    private enum CodingKeys: String, CodingKey { case stream, epoch, txid, salt, frames, file, pending }
+
+    /// A pending position is written without `txid` and `frames`: a daemon from before pending
+    /// positions cannot read it (it needs both), so it ships a base — never continues a stream
+    /// whose base may not be stored.
+    package init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        stream = try container.decode(UInt64.self, forKey: .stream)
+        epoch = try container.decode(Int64.self, forKey: .epoch)
+        pending = try container.decodeIfPresent(Bool.self, forKey: .pending)
+        let continuable = pending != true
+        txid = continuable ? try container.decode(UInt64.self, forKey: .txid) : 0
+        frames = continuable ? try container.decode(UInt32.self, forKey: .frames) : 0
+        salt = try container.decodeIfPresent(WALCapture.Salt.self, forKey: .salt)
+        file = try container.decodeIfPresent(FileStamp.self, forKey: .file)
+    }
+
+    package func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(stream, forKey: .stream)
+        try container.encode(epoch, forKey: .epoch)
+        if continuable {
+            try container.encode(txid, forKey: .txid)
+            try container.encode(frames, forKey: .frames)
+            try container.encodeIfPresent(salt, forKey: .salt)
+            try container.encodeIfPresent(file, forKey: .file)
+        } else {
+            try container.encode(true, forKey: .pending)
+        }
+    }
+}
+
 extension WALCapture.Salt: Codable {
     public init(from decoder: any Decoder) throws {
         var container = try decoder.unkeyedContainer()

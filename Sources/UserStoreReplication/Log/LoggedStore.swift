@@ -37,6 +37,10 @@ package final class LoggedStore: Sendable {
     }
 
     private let state: Mutex<State>
+    /// Held across each write of the position file with the check that allows it (and while
+    /// the store is marked closed): an older save never lands after a newer position — a
+    /// pending one before a base above all, or the old stream would be continued after it.
+    private let positionFile = Mutex<Void>(())
     /// A checkpoint waits for the store's records (``checkpointOnceStored()``): one at a time.
     private let checkpointWaiting = Atomic<Bool>(false)
 
@@ -105,8 +109,10 @@ package final class LoggedStore: Sendable {
             // The old stream's position goes first (and no save of it still waiting may land):
             // after a crash the store ships a base again rather than continue the old stream,
             // and the epoch its file is written under is known.
-            state.withLock { $0.positions += 1 }
-            try LogPosition.shipping(stream: stream, epoch: epoch, beside: store.path)
+            try positionFile.withLock { _ in
+                state.withLock { $0.positions += 1 }
+                try LogPosition.shipping(stream: stream, epoch: epoch, beside: store.path)
+            }
             let (pageSize, pages) = try Self.readDatabaseFile(store.path)
             let wal = try capture.contentsAsOneCommit()
             let base = LogRecord(kind: .base, user: user.rawValue, bucket: bucket, epoch: epoch, stream: stream, txid: 0, since: 0,
@@ -202,7 +208,7 @@ package final class LoggedStore: Sendable {
 
     /// Nothing more is recorded (the store is closing, or the lease was lost).
     func close() {
-        state.withLock { $0.closed = true }
+        positionFile.withLock { _ in state.withLock { $0.closed = true } }
     }
 
     /// The store's position in the replica is lost (`problem` says why): a base goes out next.
@@ -222,19 +228,23 @@ package final class LoggedStore: Sendable {
             while await !uploader.waitUntilStored(number, until: .now + .seconds(60)) {
                 if state.withLock({ $0.positions != generation }) { return }
             }
-            await BlockingPool.run { self.save(position, generation: generation) }
+            // Not once the store closed: its closing saves what is true then, and a store
+            // opened again has positions of its own, which this one must not overwrite.
+            await BlockingPool.run { self.save(position, generation: generation, unlessClosed: true) }
         }
     }
 
-    private func save(_ position: LogPosition, generation: Int) {
-        let newest = state.withLock { state -> Bool in
-            // Only the newest position made: an older one (a base's, stored after a newer base
-            // began) would point at a stream no longer continued.
-            guard generation == state.positions, generation > state.savedPosition else { return false }
-            state.savedPosition = generation
-            return true
+    private func save(_ position: LogPosition, generation: Int, unlessClosed: Bool = false) {
+        positionFile.withLock { _ in
+            let newest = state.withLock { state -> Bool in
+                // Only the newest position made: an older one (a base's, stored after a newer
+                // base began) would point at a stream no longer continued.
+                guard generation == state.positions, generation > state.savedPosition, !(unlessClosed && state.closed) else { return false }
+                state.savedPosition = generation
+                return true
+            }
+            if newest { try? position.save(beside: store.path) }
         }
-        if newest { try? position.save(beside: store.path) }
     }
 
     /// The database file's page size and its pages, as they are on disk (the state before the
