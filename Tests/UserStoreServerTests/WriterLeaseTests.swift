@@ -97,6 +97,57 @@ import Varlink
         #expect(try pair.restoreOnAFreshHost("ann") == ["first 1", "first 2", "second 2"])
     }
 
+    /// A store whose epoch is unknown here — no position beside it, as a crash leaves a new
+    /// store cut short in its creation (it is registered with the log only once migrated) — is
+    /// not taken for current when the log holds the user: the second host wrote to it while the
+    /// first was away, so the first sets its copy aside and restores the log's, the second's
+    /// write in it, instead of shipping its own copy over it.
+    @Test func aStoreWithoutItsEpochIsNotTakenForCurrentWhenTheLogHoldsTheUser() throws {
+        let pair = try Pair("file", leaseSeconds: 3)
+        try pair.first.start()
+        try Self.durable("first", try pair.first.connect())
+        #expect(pair.first.stop() == 0)
+        let found = try run(["/usr/bin/find", pair.first.dataDirectory, "-name", ".ann.sqlite-log"]).stdout
+        let position = try #require(found.split(separator: "\n").first.map(String.init))
+        #expect(unlink(position) == 0)
+
+        try pair.second.start()
+        let second = try pair.second.connect()
+        #expect(try Self.waitForLease(second, "holding"))
+        try Self.durable("second", second)
+        #expect(pair.second.stop() == 0)
+
+        try pair.first.start()
+        let first = try pair.first.connect()
+        #expect(try Self.waitForLease(first, "holding"))
+        #expect(try Self.titles(of: "ann", on: first) == ["first", "second"])
+        #expect(pair.first.stderr.contains("event=store-superseded"))
+        #expect(try pair.restoreOnAFreshHost("ann") == ["first", "second"])
+    }
+
+    /// A store left with its WAL by a crash is opened as is when the daemon starts (the fleet
+    /// index reads its version through SQLite). That open too sets aside a copy another host
+    /// wrote past since and restores the log's: it does not ship the stale copy as a base over
+    /// the second host's write.
+    @Test func aCrashedHostsStaleCopyOpenedAsIsAtStartIsSetAside() throws {
+        let pair = try Pair("file", leaseSeconds: 3)
+        try pair.first.start()
+        try Self.durable("first", try pair.first.connect())
+        pair.first.stop(signal: SIGKILL) // ann's WAL stays
+
+        try pair.second.start()
+        let second = try pair.second.connect()
+        #expect(try Self.waitForLease(second, "holding"))
+        try Self.durable("second", second)
+        #expect(pair.second.stop() == 0)
+
+        try pair.first.start()
+        let first = try pair.first.connect()
+        try first.stream("io.userstore.Admin.ListStores") { _ in } // answers once the index has read every store
+        #expect(try Self.titles(of: "ann", on: first) == ["first", "second"])
+        #expect(try pair.restoreOnAFreshHost("ann") == ["first", "second"])
+    }
+
     /// The first host paused (SIGSTOP: a VM migration, a hypervisor stall) past its lease; the
     /// second takes over once it has seen the lease unrenewed that long and acknowledges; the
     /// first, resumed, acknowledges nothing — and what its Litestream still uploads goes under the

@@ -29,15 +29,19 @@ struct StorePreparer: Sendable {
                 // The template is plaintext: an encrypted store is migrated step by step.
                 var template = opener.keyring == nil ? template : nil
                 var restored = false
-                if let replication, migrator != nil {
+                if let replication {
                     let path = opener.layout.storePath(for: user)
                     // A copy another host has written to since this one last owned the store
-                    // (more than one host): set aside, and the replica's newer copy restored.
+                    // (more than one host): set aside, and the replica's newer copy restored —
+                    // for an open as is too (the fleet index reading a version), which would
+                    // otherwise ship the stale copy as a base over the newer one.
+                    var superseded = false
                     if FileManager.default.fileExists(atPath: path), let supersededBy = try replication.newerCopy(of: user, path: path) {
                         let aside = try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)")
                         observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
+                        superseded = true
                     }
-                    if !FileManager.default.fileExists(atPath: path) {
+                    if !FileManager.default.fileExists(atPath: path), migrator != nil || superseded {
                         try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
                         if let copy = try replication.restore(user, to: path, timestamp: nil) {
                             template = nil

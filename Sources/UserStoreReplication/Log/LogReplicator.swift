@@ -142,7 +142,7 @@ package final class LogReplicator: StoreReplication {
             // Nothing in the log: a copy in Litestream's layout, from before `engine: log`, is
             // restored once (its next open ships it to the log as a base).
             if index.legacyHolds(user.rawValue) != false, let copy = try legacy.restore(user, to: path, timestamp: timestamp) {
-                LogPosition.forget(path)
+                baseDue(user, path: path)
                 state.withLock { $0.restored += 1 }
                 // (The registry logs store-restored with the source; this says why it is not the log.)
                 logger.info("\(user) had nothing in the log: restored from its copy in Litestream's layout, it replicates to the log from now on")
@@ -170,7 +170,7 @@ package final class LogReplicator: StoreReplication {
         if timestamp == nil {
             try? LogPosition(stream: restored.stream, epoch: restored.epoch, txid: restored.txid, salt: nil, frames: 0).save(beside: path)
         } else {
-            LogPosition.forget(path)
+            baseDue(user, path: path)
         }
         state.withLock { $0.restored += 1 }
         return ReplicaRestore(source: storage.describe(LogRestorer.folder), schemaVersion: schemaVersion,
@@ -179,22 +179,43 @@ package final class LogReplicator: StoreReplication {
 
     package func newerCopy(of user: UserID, path: String) throws -> Int64? {
         // A store last replicated under an older epoch than the one held (in a cluster: than its
-        // bucket's now): another host may have written the user since.
+        // bucket's now): another host may have written the user since. A pending position (a
+        // base was on its way) names the epoch the file was written under too.
         let held = cluster.map { $0.epoch(of: user) } ?? lease?.heldEpoch
-        // (No position: a store the log never held, or one put back to a point in time, which
-        // starts a new stream at its next open — not a copy to compare. A pending one — a base
-        // was on its way — names the epoch the file was written under: compared.)
-        guard let held, let position = LogPosition.load(path), position.epoch < held else { return nil }
+        guard let held else { return nil }
+        let position = LogPosition.load(path)
+        if let position, position.epoch >= held { return nil }
+        // No position at all: a store the log never held (from before the log), or one whose
+        // creation a crash cut short (it is registered once migrated). Its epoch is unknown:
+        // whatever the log holds of the user is the copy to trust — none as a rule, and the
+        // index says so without a request.
+        if position == nil, cluster == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true {
+            return nil
+        }
         do {
             try fenceBucket(of: user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for the bucket's epoch: \(error)")
         }
         do {
-            let newer = try restorer.records(of: user.rawValue).filter { $0.record.epoch > position.epoch }.map(\.record.epoch).max()
-            return newer
+            let epochs = try restorer.records(of: user.rawValue).map(\.record.epoch)
+            return epochs.filter { $0 > position?.epoch ?? .min }.max()
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the log: \(error)")
+        }
+    }
+
+    /// The epoch `user`'s store is written under now (what ``storeOpened(_:)`` replicates it under).
+    private func writingEpoch(of user: UserID) -> Int64 {
+        cluster.map { $0.epoch(of: user) ?? 0 } ?? lease?.pathEpoch ?? 0
+    }
+
+    /// Marks the file at `path`, put in place here (restored, imported), as written under the
+    /// epoch now, its base still to go out (a pending position): never continued, and never a
+    /// store whose epoch is unknown.
+    private func baseDue(_ user: UserID, path: String) {
+        if (try? LogPosition.shipping(stream: UInt64.random(in: 1...UInt64.max), epoch: writingEpoch(of: user), beside: path)) == nil {
+            LogPosition.forget(path)
         }
     }
 
@@ -264,8 +285,8 @@ package final class LogReplicator: StoreReplication {
     }
 
     package func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
+        guard deleteReplica else { return baseDue(user, path: path) }
         LogPosition.forget(path)
-        guard deleteReplica else { return }
         do {
             // A copy in Litestream's layout too (from before `engine: log`).
             try storage.erase(legacyLocations.userFolderSuffix(user))
