@@ -120,6 +120,18 @@ extension ConfigurationLoader {
             return a.starts(with: b) || b.starts(with: a)
         }
 
+        /// `path` with `.` and `..` resolved, and its symbolic links where it exists (the part
+        /// that exists: a key store's folder may not be made yet).
+        static func canonical(_ path: String) -> String {
+            var existing = URL(fileURLWithPath: path).standardizedFileURL
+            var rest: [String] = []
+            while existing.path != "/", !FileManager.default.fileExists(atPath: existing.path) {
+                rest.insert(existing.lastPathComponent, at: 0)
+                existing.deleteLastPathComponent()
+            }
+            return ([existing.resolvingSymlinksInPath().path] + rest).joined(separator: "/")
+        }
+
         /// `encryption.*`: nil without any of its keys.
         private func encryptionSettings() throws(ConfigurationError) -> EncryptionSettings? {
             guard let first = firstPresent(in: "encryption") else { return nil }
@@ -130,7 +142,7 @@ extension ConfigurationLoader {
             let replica = try string(.replicationReplica)
             if location.hasPrefix("file:///"), location.count > "file:///".count {
                 let folder = String(location.dropFirst("file://".count))
-                if let replica, replica.hasPrefix("file:///"), Self.nested(folder, String(replica.dropFirst("file://".count))) {
+                if let replica, replica.hasPrefix("file:///"), Self.nested(Self.canonical(folder), Self.canonical(String(replica.dropFirst("file://".count)))) {
                     throw error(.encryptionKeyStore, "is the replica's folder, or inside it, or holds it: keep the keys apart from the data (a folder of their own)")
                 }
                 settings = EncryptionSettings(keyStore: .folder(folder))

@@ -64,12 +64,22 @@ struct ConfigurationKeyTests {
             try await Self.load("appVersion: \"1.0.0\"\nreplication:\n  replica: \"\(replica)\"\nencryption:\n  keyFile: \(key)\n  keyStore: \"\(keyStore)\"\n")
         }
         for (replica, keyStore) in [("s3://b/r", "s3://b/r"), ("s3://b/r", "s3://b/r/keys"), ("s3://b/r/data", "s3://b/r"), ("s3://b", "s3://b/keys"),
-                                    ("file:///srv/replica", "file:///srv/replica/keys"), ("file:///srv/replica", "file:///srv")] {
+                                    ("file:///srv/replica", "file:///srv/replica/keys"), ("file:///srv/replica", "file:///srv"),
+                                    ("file:///srv/replica", "file:///srv/keys/../replica/k"), ("file:///tmp/r", "file:///tmp/./r//keys/")] {
             await #expect("\(keyStore) with the replica at \(replica)") { _ = try await load(replica: replica, keyStore: keyStore) } throws: {
                 "\($0)".contains("key 'encryption.keyStore'") && "\($0)".contains("keep the keys apart from the data")
             }
         }
-        for (replica, keyStore) in [("s3://b/r", "s3://b/rk"), ("s3://b/r", "s3://other/r"), ("file:///srv/replica", "file:///srv/replica-keys")] {
+        // Through a symbolic link to the replica's folder.
+        let real = FileManager.default.temporaryDirectory.appendingPathComponent("replica-\(UUID().uuidString)").path
+        try FileManager.default.createDirectory(atPath: real, withIntermediateDirectories: true)
+        try FileManager.default.createSymbolicLink(atPath: real + "-link", withDestinationPath: real)
+        defer { try? FileManager.default.removeItem(atPath: real); unlink(real + "-link") }
+        await #expect { _ = try await load(replica: "file://" + real, keyStore: "file://\(real)-link/keys") } throws: {
+            "\($0)".contains("keep the keys apart from the data")
+        }
+        for (replica, keyStore) in [("s3://b/r", "s3://b/rk"), ("s3://b/r", "s3://other/r"), ("file:///srv/replica", "file:///srv/replica-keys"),
+                                    ("file:///srv/replica", "file:///srv/replica/../keys")] {
             #expect(try await load(replica: replica, keyStore: keyStore).encryption != nil, "\(keyStore) with the replica at \(replica)")
         }
     }
