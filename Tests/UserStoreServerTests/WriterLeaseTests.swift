@@ -102,8 +102,8 @@ import Varlink
     /// not taken for current when the log holds the user: the second host wrote to it while the
     /// first was away, so the first sets its copy aside and restores the log's, the second's
     /// write in it, instead of shipping its own copy over it.
-    @Test func aStoreWithoutItsEpochIsNotTakenForCurrentWhenTheLogHoldsTheUser() throws {
-        let pair = try Pair("file", leaseSeconds: 3)
+    @Test(arguments: ["file", "s3"]) func aStoreWithoutItsEpochIsNotTakenForCurrentWhenTheLogHoldsTheUser(kind: String) throws {
+        let pair = try Pair(kind, leaseSeconds: 3)
         try pair.first.start()
         try Self.durable("first", try pair.first.connect())
         #expect(pair.first.stop() == 0)
@@ -129,8 +129,8 @@ import Varlink
     /// index reads its version through SQLite). That open too sets aside a copy another host
     /// wrote past since and restores the log's: it does not ship the stale copy as a base over
     /// the second host's write.
-    @Test func aCrashedHostsStaleCopyOpenedAsIsAtStartIsSetAside() throws {
-        let pair = try Pair("file", leaseSeconds: 3)
+    @Test(arguments: ["file", "s3"]) func aCrashedHostsStaleCopyOpenedAsIsAtStartIsSetAside(kind: String) throws {
+        let pair = try Pair(kind, leaseSeconds: 3)
         try pair.first.start()
         try Self.durable("first", try pair.first.connect())
         pair.first.stop(signal: SIGKILL) // ann's WAL stays
