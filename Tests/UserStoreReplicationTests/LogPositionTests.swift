@@ -23,7 +23,7 @@ struct LogPositionTests {
         let store = folder.appendingPathComponent("ann.sqlite").path
         try LogPosition.shipping(stream: 42, epoch: 7, beside: store)
         let read = try #require(LogPosition.load(store))
-        #expect(read.pending == true && !read.continuable && read.epoch == 7 && read.stream == 42)
+        #expect(read.pending && read.epoch == 7 && read.stream == 42)
         let bytes = try #require(FileManager.default.contents(atPath: LogPosition.path(of: store)))
         #expect(throws: DecodingError.self) { try JSONDecoder().decode(OldPosition.self, from: bytes) }
     }
@@ -31,7 +31,7 @@ struct LogPositionTests {
     @Test func aPositionFromBeforePendingOnesReadsAsItWas() throws {
         let old = Data(#"{"stream":9,"epoch":3,"txid":12,"frames":4,"salt":[1,2]}"#.utf8)
         let read = try JSONDecoder().decode(LogPosition.self, from: old)
-        #expect(read.continuable && read.pending == nil && read.txid == 12 && read.frames == 4 && read.salt == WALCapture.Salt(first: 1, second: 2))
+        #expect(!read.pending && read.txid == 12 && read.frames == 4 && read.salt == WALCapture.Salt(first: 1, second: 2))
         let again = try JSONDecoder().decode(LogPosition.self, from: try JSONEncoder().encode(read))
         #expect(again == read)
         #expect(try JSONDecoder().decode(OldPosition.self, from: try JSONEncoder().encode(read)).txid == 12)

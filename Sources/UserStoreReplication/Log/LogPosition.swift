@@ -25,11 +25,8 @@ package struct LogPosition: Codable, Sendable, Equatable {
     /// base again at its next open (nothing to continue), but the epoch its file was last
     /// written under is known — what ``LogReplicator/newerCopy(of:path:)`` compares with the
     /// epoch held. Written durably before the base leaves, so that no crash leaves a store
-    /// whose base may be in the bucket without its epoch beside it (nil: false).
-    package var pending: Bool?
-
-    /// Whether it says where the stream stands (not only which epoch a base ships under).
-    package var continuable: Bool { pending != true }
+    /// whose base may be in the bucket without its epoch beside it.
+    package var pending = false
 
     /// What identifies a version of the database file without reading it: only a checkpoint
     /// writes the file of a store in WAL mode, and the daemon saves a new position after each
@@ -103,10 +100,9 @@ extension LogPosition {
         let container = try decoder.container(keyedBy: CodingKeys.self)
         stream = try container.decode(UInt64.self, forKey: .stream)
         epoch = try container.decode(Int64.self, forKey: .epoch)
-        pending = try container.decodeIfPresent(Bool.self, forKey: .pending)
-        let continuable = pending != true
-        txid = continuable ? try container.decode(UInt64.self, forKey: .txid) : 0
-        frames = continuable ? try container.decode(UInt32.self, forKey: .frames) : 0
+        pending = try container.decodeIfPresent(Bool.self, forKey: .pending) ?? false
+        txid = pending ? 0 : try container.decode(UInt64.self, forKey: .txid)
+        frames = pending ? 0 : try container.decode(UInt32.self, forKey: .frames)
         salt = try container.decodeIfPresent(WALCapture.Salt.self, forKey: .salt)
         file = try container.decodeIfPresent(FileStamp.self, forKey: .file)
     }
@@ -115,13 +111,13 @@ extension LogPosition {
         var container = encoder.container(keyedBy: CodingKeys.self)
         try container.encode(stream, forKey: .stream)
         try container.encode(epoch, forKey: .epoch)
-        if continuable {
+        if pending {
+            try container.encode(true, forKey: .pending)
+        } else {
             try container.encode(txid, forKey: .txid)
             try container.encode(frames, forKey: .frames)
             try container.encodeIfPresent(salt, forKey: .salt)
             try container.encodeIfPresent(file, forKey: .file)
-        } else {
-            try container.encode(true, forKey: .pending)
         }
     }
 }

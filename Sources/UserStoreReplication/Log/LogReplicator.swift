@@ -123,11 +123,8 @@ package final class LogReplicator: StoreReplication {
         let started = ContinuousClock.now
         let staged = path + ".restoring"
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        // A new user: the index of the log (listed while the replica was verified and this host
-        // held it) answers without a request.
-        // (In a cluster another host may have folded the user: its folds are listed.)
-        if timestamp == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true,
-           index.legacyHolds(user.rawValue) == false, cluster == nil { return nil }
+        // A new user: the index answers without a request.
+        if timestamp == nil, logHoldsNothing(of: user), index.legacyHolds(user.rawValue) == false { return nil }
         let restored: LogRestorer.Restored?
         do {
             restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
@@ -187,11 +184,8 @@ package final class LogReplicator: StoreReplication {
         if let position, position.epoch >= held { return nil }
         // No position at all: a store the log never held (from before the log), or one whose
         // creation a crash cut short (it is registered once migrated). Its epoch is unknown:
-        // whatever the log holds of the user is the copy to trust — none as a rule, and the
-        // index says so without a request.
-        if position == nil, cluster == nil, index.keys(of: user.rawValue)?.isEmpty == true, index.folds(of: user.rawValue)?.isEmpty == true {
-            return nil
-        }
+        // whatever the log holds of the user is the copy to trust — none as a rule.
+        if position == nil, logHoldsNothing(of: user) { return nil }
         do {
             try fenceBucket(of: user)
         } catch {
@@ -205,7 +199,17 @@ package final class LogReplicator: StoreReplication {
         }
     }
 
-    /// The epoch `user`'s store is written under now (what ``storeOpened(_:)`` replicates it under).
+    /// Whether the index of the log (listed while the replica was verified and this host held
+    /// it) says, without a request, that the log holds nothing of `user`: neither records nor
+    /// folds. Not with more than one host, where another host may have written or folded the
+    /// user since the listing.
+    private func logHoldsNothing(of user: UserID) -> Bool {
+        cluster == nil && index.keys(of: user.rawValue)?.isEmpty == true && index.folds(of: user.rawValue)?.isEmpty == true
+    }
+
+    /// The epoch `user`'s store is written under now. In a cluster its bucket's (objects of a
+    /// cluster are written under 0: each record carries its bucket's epoch); with one host, the
+    /// writer lease's.
     private func writingEpoch(of user: UserID) -> Int64 {
         cluster.map { $0.epoch(of: user) ?? 0 } ?? lease?.pathEpoch ?? 0
     }
@@ -220,19 +224,12 @@ package final class LogReplicator: StoreReplication {
     }
 
     package func storeOpened(_ store: Store) {
-        let epoch: Int64
-        var bucket: UInt16?
-        if let cluster {
-            // Objects of a cluster are written under 0: each record carries its bucket's epoch.
-            epoch = cluster.epoch(of: store.user) ?? 0
-            bucket = UInt16(cluster.bucket(of: store.user))
-        } else {
-            epoch = lease?.pathEpoch ?? 0
-            uploader.raiseEpoch(to: epoch)
-        }
+        let epoch = writingEpoch(of: store.user)
+        let bucket = cluster.map { UInt16($0.bucket(of: store.user)) }
+        if cluster == nil { uploader.raiseEpoch(to: epoch) }
         var position = LogPosition.load(store.path)
         if position?.epoch != epoch { position = nil } // a new epoch: a new stream, from a base
-        if position?.continuable == false { position = nil } // a base was on its way: again
+        if position?.pending == true { position = nil } // a base was on its way: again
         if let saved = position, !saved.matchesFile(store.path) {
             // Written by someone else since (its WAL checkpointed away): a base.
             position = nil

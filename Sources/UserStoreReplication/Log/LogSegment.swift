@@ -82,11 +82,14 @@ package struct LogSegment: Sendable, Equatable {
     }
 
     /// The object `bytes`, whole: header and records, checked (magic, lengths, zstd's checksum).
-    /// `read` is its header when the caller has read it already (``header(of:)``), not read twice.
-    package static func decode(_ bytes: [UInt8], header read: (header: Header, bodyOffset: Int)? = nil) throws(Damaged) -> LogSegment {
-        let found: (header: Header, bodyOffset: Int)?
-        if let read { found = read } else { found = try header(of: bytes) }
-        guard let (header, offset) = found else { throw Damaged(description: "truncated within its header") }
+    package static func decode(_ bytes: [UInt8]) throws(Damaged) -> LogSegment {
+        guard let read = try header(of: bytes) else { throw Damaged(description: "truncated within its header") }
+        return try decode(bytes, header: read)
+    }
+
+    /// ``decode(_:)`` for an object whose header the caller has read already (``header(of:)``).
+    package static func decode(_ bytes: [UInt8], header read: (header: Header, bodyOffset: Int)) throws(Damaged) -> LogSegment {
+        let (header, offset) = read
         guard bytes.count - offset == header.bodyBytes else {
             throw Damaged(description: "its body is \(bytes.count - offset) bytes, its header says \(header.bodyBytes)")
         }
