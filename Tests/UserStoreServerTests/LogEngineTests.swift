@@ -200,10 +200,8 @@ import Varlink
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "bob", on: client, durable: true)
         let resume = try ReplicationTests.stall(replica: setup.replica.path)
         _ = try client.call("io.userstore.Store.Open", ["user": .string("ann")])
-        let found = try run(["/usr/bin/find", setup.daemon.dataDirectory, "-name", ".ann.sqlite-log"]).stdout
-        let path = try #require(found.split(separator: "\n").first.map(String.init), "no position beside ann's store while its base is on its way")
-        let position = try JSONDecoder().decode(LogPosition.self, from: try #require(FileManager.default.contents(atPath: path)))
-        #expect(position.pending == true && position.stream != 0 && position.epoch > 0, "\(position)")
+        let position = try #require(LogPosition.load(try DurabilityTests.storePath("ann", setup.daemon)), "no position beside ann's store while its base is on its way")
+        #expect(position.pending && position.stream != 0 && position.epoch > 0, "\(position)")
         #expect(try setup.records(of: "ann").isEmpty)
         setup.daemon.stop(signal: SIGKILL)
         resume()

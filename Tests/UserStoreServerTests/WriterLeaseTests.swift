@@ -3,6 +3,7 @@ import DaemonTestSupport
 import Foundation
 import Synchronization
 import Testing
+import UserStoreReplication
 import Varlink
 
 /// One writer per replica with one host (docs/replication.md, "One writer"): two daemons on one
@@ -32,6 +33,16 @@ import Varlink
                 first = try ReplicationTests.daemon(replica: replica.path, extra: extra)
                 second = try ReplicationTests.daemon(replica: replica.path, extra: extra)
             }
+        }
+
+        /// The first host gone, the second takes the replica, writes `title` to ann durably and
+        /// stops.
+        func secondWritesAlone(_ title: String) throws {
+            try second.start()
+            let client = try second.connect()
+            #expect(try WriterLeaseTests.waitForLease(client, "holding"))
+            try WriterLeaseTests.durable(title, client)
+            #expect(second.stop() == 0)
         }
 
         /// Every daemon SIGKILLed, and a third on an empty disk: `user`'s
@@ -107,15 +118,9 @@ import Varlink
         try pair.first.start()
         try Self.durable("first", try pair.first.connect())
         #expect(pair.first.stop() == 0)
-        let found = try run(["/usr/bin/find", pair.first.dataDirectory, "-name", ".ann.sqlite-log"]).stdout
-        let position = try #require(found.split(separator: "\n").first.map(String.init))
-        #expect(unlink(position) == 0)
+        #expect(unlink(LogPosition.path(of: try DurabilityTests.storePath("ann", pair.first))) == 0)
 
-        try pair.second.start()
-        let second = try pair.second.connect()
-        #expect(try Self.waitForLease(second, "holding"))
-        try Self.durable("second", second)
-        #expect(pair.second.stop() == 0)
+        try pair.secondWritesAlone("second")
 
         try pair.first.start()
         let first = try pair.first.connect()
@@ -135,11 +140,7 @@ import Varlink
         try Self.durable("first", try pair.first.connect())
         pair.first.stop(signal: SIGKILL) // ann's WAL stays
 
-        try pair.second.start()
-        let second = try pair.second.connect()
-        #expect(try Self.waitForLease(second, "holding"))
-        try Self.durable("second", second)
-        #expect(pair.second.stop() == 0)
+        try pair.secondWritesAlone("second")
 
         try pair.first.start()
         let first = try pair.first.connect()
