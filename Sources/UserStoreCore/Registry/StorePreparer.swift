@@ -19,8 +19,10 @@ struct StorePreparer: Sendable {
     /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store in
     /// the same job once its migration succeeded (`closed` in the result).
     ///
-    /// With `replication`, a store missing here is first restored from the replica if it has
-    /// one, and the store is registered before anything writes to it (the migration).
+    /// With `replication`, a local copy another host wrote past since is set aside and the
+    /// replica's restored (on any open); a store missing here is restored from the replica if
+    /// it has one (when migrating); an existing store is registered before anything writes to
+    /// it (the migration), a new one once migrated.
     func openAndMigrate(_ user: UserID, template: StoreTemplate?, migrator: Migrator?,
                         closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)

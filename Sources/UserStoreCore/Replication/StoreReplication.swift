@@ -29,9 +29,10 @@ public protocol StoreReplication: Sendable {
     /// replicator sets `store.wal.checkpointsItself` and registers the store when it can.
     func storeOpened(_ store: Store)
 
-    /// With more than one host: the epoch of a copy in the replica newer than the local file
-    /// at `path` (another host owned the store since this one wrote it); nil when the local file
-    /// is current. Asked before an existing store is opened. Throws
+    /// The epoch of a copy in the replica newer than the local file at `path` — another host
+    /// (a cluster's, or a take-over of the writer lease) wrote the user since this one did, or
+    /// the file's epoch is unknown (no position beside it) and the replica holds the user; nil
+    /// when the local file is current. Asked before any open of an existing file. Throws
     /// ``StoreError/replicationUnavailable(user:message:)`` when the replica cannot be asked
     /// (opening the local file then could serve a copy another host has moved past).
     func newerCopy(of user: UserID, path: String) throws -> Int64?
