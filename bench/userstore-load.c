@@ -16,6 +16,7 @@
  *          [--users 1000] [--user-format u%05d] [--pick random|connection]
  *          [--method io.userstore.Store.Query] [--sql "SELECT value FROM kv WHERE id = ?"]
  *          [--rows 10000]  (a random id in 1..rows is the one parameter; 0: no parameter)
+ *          [--durable 0|1]  (1: each call asks for a durable reply: `"durable": true`)
  *          [--rate R]  (at most R calls per second in all, paced evenly; 0 = as fast as replies
  *                       come. Latency is timed from each call's actual send. Implies --pipeline 1)
  *          [--tpcb ACCOUNTS]  (instead: pgbench's TPC-B-like transaction on each connection's own
@@ -38,7 +39,7 @@
 #include <unistd.h>
 
 static const char *socket_path;
-static int connections = 8, threads = 2, pipeline_depth = 1, users = 1000, rows = 10000;
+static int connections = 8, threads = 2, pipeline_depth = 1, users = 1000, rows = 10000, durable = 0;
 /* --batch: a connection sends its `pipeline` calls in one write and waits for all their replies
    before the next batch, as pgbench's pipeline mode (\startpipeline ... \endpipeline) does;
    without it, each reply's slot is refilled as soon as the reply arrives (a sliding window). */
@@ -156,10 +157,11 @@ static int build_request(struct worker *w, struct connection *c, char *out, size
     int n;
     if (rows > 0) {
         long id = (long)(next_random(&w->random) % (uint64_t)rows) + 1;
-        n = snprintf(out, size, "{\"method\":\"%s\",\"parameters\":{\"user\":\"%s\",\"sql\":\"%s\",\"parameters\":[%ld]}}",
-                     method, user, sql, id);
+        n = snprintf(out, size, "{\"method\":\"%s\",\"parameters\":{\"user\":\"%s\",\"sql\":\"%s\",\"parameters\":[%ld]%s}}",
+                     method, user, sql, id, durable ? ",\"durable\":true" : "");
     } else {
-        n = snprintf(out, size, "{\"method\":\"%s\",\"parameters\":{\"user\":\"%s\",\"sql\":\"%s\"}}", method, user, sql);
+        n = snprintf(out, size, "{\"method\":\"%s\",\"parameters\":{\"user\":\"%s\",\"sql\":\"%s\"%s}}", method, user, sql,
+                     durable ? ",\"durable\":true" : "");
     }
     out[n] = 0; /* the varlink frame terminator */
     return n + 1;
@@ -325,6 +327,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(key, "--sql")) sql = value;
         else if (!strcmp(key, "--rows")) rows = atoi(value);
         else if (!strcmp(key, "--rate")) rate = atof(value);
+        else if (!strcmp(key, "--durable")) durable = atoi(value);
         else if (!strcmp(key, "--tpcb")) { tpcb_accounts = atoi(value); pick_random_user = 0; }
         else { fprintf(stderr, "userstore-load: unknown option %s\n", key); return 2; }
     }

@@ -8,7 +8,9 @@
 # Usage: bash scripts/ab-point.sh OLD_USERSTORED NEW_USERSTORED
 #   (make ab-point OLD=<rev> builds <rev> in a worktree and runs this against the current tree)
 # Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2), WRITES (0; 1 adds rows of
-#   single-row UPDATEs, each its own commit, at 8 and 64 connections); for the new side only,
+#   single-row UPDATEs, each its own commit, at 8 and 64 connections), DURABLE (0; 1 replicates
+#   both sides to a file:// replica of their own and adds the same UPDATEs as durable writes,
+#   each replying once its commit is in the replica); for the new side only,
 #   NEW_CONFIG (YAML appended to its configuration) and NEW_MIGRATION (SQL of a migration 0002
 #   it loads): e.g. a staged release in force against none (`make ab-release`).
 # Each side runs on its own copy of the same data.
@@ -17,7 +19,7 @@ old=$1 new=$2
 users=${USERS:-100} seconds=${SECONDS_PER_RUN:-5} rounds=${ROUNDS:-2}
 cd "$(dirname "$0")/.."
 load="$(swift build -c release --show-bin-path)/userstore-load"
-[ -x "$load" ] || cc -O2 -Wall -pthread -o "$load" bench/userstore-load.c
+cc -O2 -Wall -pthread -o "$load" bench/userstore-load.c
 work=$(mktemp -d /tmp/ab-point.XXXXXX)
 trap 'kill $(cat "$work"/pid 2>/dev/null) 2>/dev/null || true; rm -rf "$work"' EXIT
 mkdir -p "$work/migrations"
@@ -30,6 +32,7 @@ migrationsDirectory: $work/migrations
 logTarget: stderr
 maxOpenStores: 1024
 EOF
+if [ "${DURABLE:-0}" = 1 ]; then printf 'replication:\n  replica: file://%s/replica\n' "$work" >> "$work/userstored.yaml"; fi
 
 start() { # binary [configuration]
     "$1" --config "${2:-$work/userstored.yaml}" 2>/dev/null & echo $! > "$work/pid"
@@ -44,7 +47,7 @@ stop() { kill "$(cat "$work/pid")"; while kill -0 "$(cat "$work/pid")" 2>/dev/nu
 run() { # label, load arguments...
     local label=$1; shift
     "$load" --socket "$work/userstore.sock" --threads 2 --seconds "$seconds" --users "$users" "$@" \
-        | python3 -c "import json,sys; r=json.loads(sys.stdin.read().splitlines()[-1]); print('$label', r['throughput'], r['p99_us'])"
+        | python3 -c "import json,sys; r=json.loads(sys.stdin.read().splitlines()[-1]); assert r['errors'] == 0, ('$label', r); print('$label', r['throughput'], r['p99_us'])"
 }
 
 # The users' stores, created and migrated by the new daemon, then filled directly.
@@ -67,8 +70,9 @@ done
 # The new side's copy: its own data, migrations and configuration.
 cp -a "$work/data" "$work/data-new"
 cp -a "$work/migrations" "$work/migrations-new"
+if [ -d "$work/replica" ]; then cp -a "$work/replica" "$work/replica-new"; fi
 if [ -n "${NEW_MIGRATION:-}" ]; then echo "$NEW_MIGRATION" > "$work/migrations-new/0002_new.sql"; fi
-sed -e "s|$work/data|$work/data-new|; s|$work/migrations|$work/migrations-new|" "$work/userstored.yaml" > "$work/userstored-new.yaml"
+sed -e "s|$work/data|$work/data-new|; s|$work/migrations|$work/migrations-new|; s|$work/replica|$work/replica-new|" "$work/userstored.yaml" > "$work/userstored-new.yaml"
 if [ -n "${NEW_CONFIG:-}" ]; then echo "$NEW_CONFIG" >> "$work/userstored-new.yaml"; fi
 
 results="$work/results"
@@ -86,6 +90,12 @@ for round in $(seq "$rounds"); do
                     --sql "UPDATE kv SET value = 'written' WHERE id = ?" >> "$results"
             done
         fi
+        if [ "${DURABLE:-0}" = 1 ]; then
+            for clients in 8 64; do
+                run "$side $clients-durable" --connections "$clients" --method io.userstore.Store.Execute \
+                    --sql "UPDATE kv SET value = 'durable' WHERE id = ?" --durable 1 >> "$results"
+            done
+        fi
         stop
     done
 done
@@ -97,7 +107,7 @@ for line in open(sys.argv[1]):
     rates[(row, side)].append(float(rate))
 print("| load | old req/s (runs) | new req/s (runs) | new / old |")
 print("|---|---|---|---|")
-for row in ["1-connections", "8-connections", "64-connections", "8x16-batches", "8-writes", "64-writes"]:
+for row in ["1-connections", "8-connections", "64-connections", "8x16-batches", "8-writes", "64-writes", "8-durable", "64-durable"]:
     old, new = rates[(row, "old")], rates[(row, "new")]
     if not old: continue
     mean = lambda v: sum(v) / len(v)
