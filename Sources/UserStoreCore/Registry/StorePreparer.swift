@@ -16,8 +16,9 @@ struct StorePreparer: Sendable {
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, on one blocking-pool thread without hops. Fails only when the file cannot be opened.
-    /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store in
-    /// the same job once its migration succeeded (`closed` in the result).
+    /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store
+    /// once its migration succeeded (`closed` in the result): in the same job without
+    /// replication, else once the replicator has taken its last commits (``close(_:)``).
     ///
     /// With `replication`, a local copy another host wrote past since is set aside and the
     /// replica's restored (on any open); a store missing here is restored from the replica if
@@ -27,7 +28,7 @@ struct StorePreparer: Sendable {
                         closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
-            return .success(try await StoreRegistry.offThread {
+            let (store, migration, closing) = try await StoreRegistry.offThread { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
                 // The template is plaintext: an encrypted store is migrated step by step.
                 var template = opener.keyring == nil ? template : nil
                 var restored = false
@@ -82,9 +83,13 @@ struct StorePreparer: Sendable {
                 if created { replication?.storeOpened(store) }
                 guard closeAfter, case .success = migration else { return (store, migration, false) }
                 observer.record(.storeClosed(user: user, idle: true))
-                Self.closeNow(store, replication: replication)
+                // Without replication in the same job; a replicated store first waits for the
+                // log to store its last commits, which is no job for a pool thread.
+                if replication == nil { store.close() }
                 return (store, migration, true)
-            })
+            }
+            if closing, replication != nil { await close(store) }
+            return .success((store, migration, closing))
         } catch {
             return .failure(StoreRegistry.storeError(error, user: user))
         }
@@ -123,19 +128,13 @@ struct StorePreparer: Sendable {
     /// Closing checkpoints the WAL (disk I/O), so it runs on the blocking pool, not the
     /// cooperative pool. GRDB's close waits for work already queued on the store.
     ///
-    /// A replicated store is synced and unregistered first, once the work queued on it is done.
+    /// A replicated store is synced and unregistered first, once the work queued on it is done
+    /// (its last commit is then the last the replicator saw).
     func close(_ store: Store) async {
-        let replication = self.replication
-        await StoreRegistry.offThread { Self.closeNow(store, replication: replication) }
-    }
-
-    /// Closes `store` on this thread (it blocks on the disk), letting the replicator take its
-    /// last changes first.
-    static func closeNow(_ store: Store, replication: (any StoreReplication)?) {
         if let replication {
-            store.finishQueuedWork()
-            replication.storeClosing(store)
+            await StoreRegistry.offThread { store.finishQueuedWork() }
+            await replication.storeClosing(store)
         }
-        store.close()
+        await StoreRegistry.offThread { store.close() }
     }
 }

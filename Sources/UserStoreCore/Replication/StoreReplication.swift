@@ -38,8 +38,9 @@ public protocol StoreReplication: Sendable {
     func newerCopy(of user: UserID, path: String) throws -> Int64?
 
     /// `store` is about to be closed and nothing more will be written to it: sync its last
-    /// changes to the replica and stop replicating it, so that closing can checkpoint.
-    func storeClosing(_ store: Store)
+    /// changes to the replica (waiting for them at most the durable time-out) and stop
+    /// replicating it, so that closing can checkpoint.
+    func storeClosing(_ store: Store) async
 
     /// `user`'s store file was replaced or removed with the store closed (import, restore,
     /// delete): forget the replication state kept beside it, so that the next registration

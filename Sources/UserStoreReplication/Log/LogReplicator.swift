@@ -261,7 +261,7 @@ package final class LogReplicator: StoreReplication {
         state.withLock { $0.open[store.user] = logged }
     }
 
-    package func storeClosing(_ store: Store) {
+    package func storeClosing(_ store: Store) async {
         guard let logged = state.withLock({ state -> LoggedStore? in
             guard state.open[store.user]?.store === store else { return nil }
             return state.open.removeValue(forKey: store.user)
@@ -271,10 +271,9 @@ package final class LogReplicator: StoreReplication {
         guard case .success(let last) = logged.lastRecord else { return }
         // Its last records stored: the WAL is checkpointed away and the position saved, so that
         // a reopen ships nothing. Otherwise the WAL stays, and a reopen ships what it holds.
-        let stored = last == 0 || (try? Self.waitBlocking { await self.uploader.waitUntilStored(last, until: self.durableDeadline) }) == true
-        guard stored else { return }
+        guard last == 0 ? true : await uploader.waitUntilStored(last, until: durableDeadline) else { return }
         do {
-            try store.writeBlocking { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+            try await store.write { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
             logged.checkpointed()
         } catch {
             logger.warning("checkpointing \(store.user) before it closes: \(error)", metadata: ["event": "replication-degraded"])
@@ -410,10 +409,5 @@ package final class LogReplicator: StoreReplication {
     private static func fileSize(_ path: String) -> Int {
         var status = stat()
         return stat(path, &status) == 0 ? Int(status.st_size) : 0
-    }
-
-    /// Runs `work` and waits for it on this thread (a blocking-pool thread).
-    static func waitBlocking<T: Sendable>(_ work: @escaping @Sendable () async -> T) throws -> T {
-        try ReplicaStorage.blocking { await work() }
     }
 }
