@@ -27,12 +27,12 @@ public struct EtcdKeyStore: KeyStore {
     /// end with their leases): a key-encryption key's rotation waits until there are none.
     public func liveHosts() throws -> [String] {
         let etcd = self.etcd
-        return try ReplicaStorage.blocking { try await etcd.list(prefix: HostMembership.prefix) }.map { String($0.key.dropFirst(HostMembership.prefix.count)) }
+        return try BlockingPool.wait { try await etcd.list(prefix: HostMembership.prefix) }.map { String($0.key.dropFirst(HostMembership.prefix.count)) }
     }
 
     public func read(_ name: String) throws -> [UInt8]? {
         let etcd = self.etcd
-        let value = try ReplicaStorage.blocking { try await etcd.get(Self.prefix + name) }
+        let value = try BlockingPool.wait { try await etcd.get(Self.prefix + name) }
         return try value.map { found in
             guard let bytes = Data(base64Encoded: String(decoding: found.value, as: UTF8.self)) else {
                 throw Malformed(description: "etcd key \(Self.prefix + name) is not base64")
@@ -43,17 +43,17 @@ public struct EtcdKeyStore: KeyStore {
 
     public func write(_ name: String, _ bytes: [UInt8]) throws {
         let etcd = self.etcd, value = Data(bytes).base64EncodedString()
-        _ = try ReplicaStorage.blocking { try await etcd.put(Self.prefix + name, value) }
+        _ = try BlockingPool.wait { try await etcd.put(Self.prefix + name, value) }
     }
 
     public func remove(_ name: String) throws {
         let etcd = self.etcd
-        _ = try ReplicaStorage.blocking { try await etcd.delete(Self.prefix + name) }
+        _ = try BlockingPool.wait { try await etcd.delete(Self.prefix + name) }
     }
 
     public func names(under folder: String) throws -> [String] {
         let etcd = self.etcd
-        return try ReplicaStorage.blocking { try await etcd.list(prefix: Self.prefix + folder) }.map { String($0.key.dropFirst(Self.prefix.count)) }
+        return try BlockingPool.wait { try await etcd.list(prefix: Self.prefix + folder) }.map { String($0.key.dropFirst(Self.prefix.count)) }
     }
 
     public var location: String { "etcd (\(endpoints.joined(separator: ", ")))\(Self.prefix)" }

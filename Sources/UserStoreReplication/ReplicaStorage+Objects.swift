@@ -39,7 +39,7 @@ extension ReplicaStorage {
             return StoredObject(data: data, version: Self.digest(data))
         case .bucket(let client, let bucket, let prefix):
             let key = Self.key(prefix, "/" + name)
-            return try Self.blocking { try await client.getObject(bucket: bucket, key: key) }.map { StoredObject(data: $0.body, version: $0.etag) }
+            return try BlockingPool.wait { try await client.getObject(bucket: bucket, key: key) }.map { StoredObject(data: $0.body, version: $0.etag) }
         }
     }
 
@@ -72,7 +72,7 @@ extension ReplicaStorage {
             }
         case .bucket(let client, let bucket, let prefix):
             let key = Self.key(prefix, "/" + name)
-            guard let etag = try Self.blocking({ try await client.putObject(bucket: bucket, key: key, body: data, condition: condition) }) else { return nil }
+            guard let etag = try BlockingPool.wait(for: { try await client.putObject(bucket: bucket, key: key, body: data, condition: condition) }) else { return nil }
             // A server that sends no ETag: a single-part object's is the quoted MD5 of its bytes.
             return etag.isEmpty ? "\"" + Insecure.MD5.hash(data: data).map { String(format: "%02x", $0) }.joined() + "\"" : etag
         }
@@ -87,7 +87,7 @@ extension ReplicaStorage {
             }
         case .bucket(let client, let bucket, let prefix):
             let key = Self.key(prefix, "/" + name)
-            try Self.blocking { try await client.deleteObject(bucket: bucket, key: key) }
+            try BlockingPool.wait { try await client.deleteObject(bucket: bucket, key: key) }
         }
     }
 
@@ -115,7 +115,7 @@ extension ReplicaStorage {
             return names.contains { !ours.contains($0) && $0 != Self.lockName && !$0.hasPrefix(".userstore-") }
         case .bucket(let client, let bucket, let prefix):
             let root = prefix.isEmpty ? "" : prefix + "/"
-            let keys = try Self.blocking { try await client.firstKeys(bucket: bucket, prefix: root, count: ours.count + 1) }
+            let keys = try BlockingPool.wait { try await client.firstKeys(bucket: bucket, prefix: root, count: ours.count + 1) }
             return keys.contains { key in
                 let name = String(key.dropFirst(root.count))
                 return !ours.contains(name) && !name.hasPrefix(".userstore-")

@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import UserStoreConfiguration
+import UserStoreCore
 import UserStoreS3
 
 /// Where the replica lives: a `file://` folder or an `s3://` bucket (through ``S3Client``) —
@@ -96,7 +97,7 @@ package struct ReplicaStorage: Sendable {
             if FileManager.default.fileExists(atPath: folder) { try FileManager.default.removeItem(atPath: folder) }
         case .bucket(let client, let bucket, let prefix):
             // The trailing slash: erasing "ann" must not touch "anna".
-            _ = try Self.blocking { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
+            _ = try BlockingPool.wait { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
         }
     }
 
@@ -111,7 +112,7 @@ package struct ReplicaStorage: Sendable {
         case .bucket(let client, let bucket, let prefix):
             // The trailing slash: "ann" must not find "anna".
             let folder = Self.key(prefix, suffix) + "/"
-            return try Self.blocking { try await client.holdsAny(bucket: bucket, prefix: folder) }
+            return try BlockingPool.wait { try await client.holdsAny(bucket: bucket, prefix: folder) }
         }
     }
 
@@ -151,11 +152,11 @@ package struct ReplicaStorage: Sendable {
             holdsLTX = { name in try Self.holdsLTX(folder + "/" + name) }
         case .bucket(let client, let bucket, let prefix):
             let folder = Self.key(prefix, suffix) + "/"
-            let listed = try Self.blocking { try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }
+            let listed = try BlockingPool.wait { try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }
             names = listed.map { String($0.dropFirst(folder.count).dropLast()) } // "e12/" → "e12"
             // One page of keys: Litestream's level folders hold nothing but LTX files.
             holdsLTX = { name in
-                try Self.blocking { try await client.firstKeys(bucket: bucket, prefix: folder + name + "/", count: 100) }.contains { $0.hasSuffix(".ltx") }
+                try BlockingPool.wait { try await client.firstKeys(bucket: bucket, prefix: folder + name + "/", count: 100) }.contains { $0.hasSuffix(".ltx") }
             }
         }
         var found: [Int64] = []
@@ -197,30 +198,5 @@ package struct ReplicaStorage: Sendable {
     /// `prefix` and a folder suffix (`/ab/cd/user`) as one key prefix without a leading slash.
     package static func key(_ prefix: String, _ suffix: String) -> String {
         prefix.isEmpty ? String(suffix.drop { $0 == "/" }) : prefix + suffix
-    }
-
-    /// Runs `work` and waits for it on this thread (a blocking-pool thread: the daemon's
-    /// replication hooks are synchronous).
-    package static func blocking<T: Sendable>(_ work: @escaping @Sendable () async throws -> T) throws -> T {
-        let result = Mutex<Result<T, any Error>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task {
-            let outcome = await Result(catching: { try await work() })
-            result.withLock { $0 = outcome }
-            done.signal()
-        }
-        done.wait()
-        return try result.withLock { $0! }.get()
-    }
-}
-
-extension Result where Failure == any Error {
-    /// The result of an async throwing call.
-    package init(catching body: () async throws -> Success) async {
-        do {
-            self = .success(try await body())
-        } catch {
-            self = .failure(error)
-        }
     }
 }

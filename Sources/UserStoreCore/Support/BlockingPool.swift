@@ -12,7 +12,13 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// The daemon's pool: 16 threads per core and 16 more, at least 48 and at most 128 — a fleet
     /// run at its default parallelism (16 per core, at most 64) plus room for the stores
     /// requests open meanwhile, so that a fleet run never makes them wait for a thread.
-    static let shared = BlockingPool(threads: min(128, max(48, 16 * ProcessInfo.processInfo.activeProcessorCount + 16)))
+    static let shared = BlockingPool(threads: min(128, max(48, 16 * ProcessInfo.processInfo.activeProcessorCount + 16)), name: "userstore-io")
+
+    /// The threads that run the async work a blocked thread waits for (``wait(for:)``): two,
+    /// whatever the cores. Never Swift's cooperative pool, which has one thread per core: a
+    /// caller blocked there (one core: its only thread) would wait for work that could never
+    /// start — the daemon hung at start with its keys on S3 on a one-CPU machine.
+    static let waiting = BlockingPool(threads: 2, name: "userstore-wait")
 
     private let condition = NSCondition()
     private var jobs: [@Sendable () -> Void] = []
@@ -20,11 +26,11 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// How many threads it runs.
     let threads: Int
 
-    init(threads: Int) {
+    init(threads: Int, name: String) {
         self.threads = threads
         for index in 0..<threads {
             let thread = Thread { [unowned self] in self.work() }
-            thread.name = "userstore-io-\(index)"
+            thread.name = "\(name)-\(index)"
             thread.start()
         }
     }
@@ -37,6 +43,23 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
             shared.submit { continuation.resume(returning: Result { () throws(Failure) -> T in try work() }) }
         }
         return try result.get()
+    }
+
+    /// Runs the async `work` and waits for it on this thread: for synchronous code (on this
+    /// pool, or a store's queue) that must call an async API, such as the S3 or etcd client.
+    /// The work runs on ``waiting``'s threads, so a caller anywhere — Swift's cooperative pool
+    /// included — never waits for a thread it is itself holding.
+    public static func wait<T: Sendable>(for work: @escaping @Sendable () async throws -> T) throws -> T {
+        let result = Mutex<Result<T, any Error>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task(executorPreference: waiting) {
+            let outcome: Result<T, any Error>
+            do { outcome = .success(try await work()) } catch { outcome = .failure(error) }
+            result.withLock { $0 = outcome }
+            done.signal()
+        }
+        done.wait()
+        return try result.withLock { $0! }.get()
     }
 
     /// Runs `body` for each of `items`, at most `width` at a time (on the calling thread and on
@@ -127,5 +150,14 @@ private final class ForEachProgress: @unchecked Sendable { // `running` and `clo
         closed = true
         while running > 0 { condition.wait() }
         condition.unlock()
+    }
+}
+
+/// A pool runs tasks too (``BlockingPool/waiting``, for ``BlockingPool/wait(for:)``): each job
+/// on one of its threads.
+extension BlockingPool: TaskExecutor {
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        submit { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
     }
 }

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import UserStoreCore
 
 /// `DeleteStore` in the host log: nothing of the user is left in the bucket — every log object
 /// holding its records is written again without them (or removed, when nothing else is left in
@@ -30,7 +31,7 @@ package struct LogEraser: Sendable {
     /// replica cannot be written (nothing of the user may remain: retry).
     package func erase(_ user: String, epoch: Int64? = nil) throws {
         // Every record appended so far in an object: the user's last ones included.
-        guard try ReplicaStorage.blocking({ await uploader.flush(until: .now + .seconds(30)) }) else {
+        guard try BlockingPool.wait(for: { await uploader.flush(until: .now + .seconds(30)) }) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
         let rewrite = {

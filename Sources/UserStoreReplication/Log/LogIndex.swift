@@ -273,7 +273,7 @@ extension ReplicaStorage {
             return Array(buffer.prefix(read))
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + key)
-            return try Self.blocking { try await client.getObject(bucket: bucket, key: full, range: 0..<bytes) }.map { Array($0.body) }
+            return try BlockingPool.wait { try await client.getObject(bucket: bucket, key: full, range: 0..<bytes) }.map { Array($0.body) }
         }
     }
 }

@@ -199,7 +199,7 @@ package final class LoggedStore: Sendable {
         guard case .success(let last) = lastRecord else { return }
         if !uploader.isStored(last) {
             let uploader = self.uploader
-            guard (try? ReplicaStorage.blocking { await uploader.waitUntilStored(last, until: .now + Self.checkpointHold) }) == true else { return }
+            guard (try? BlockingPool.wait { await uploader.waitUntilStored(last, until: .now + Self.checkpointHold) }) == true else { return }
         }
         // The first column is 1 when the checkpoint could not finish (busy): tried again later.
         guard mayCheckpoint(), (try? Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")) == 0 else { return }

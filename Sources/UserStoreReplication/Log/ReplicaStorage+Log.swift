@@ -30,7 +30,7 @@ extension ReplicaStorage {
             try Self.writeDurably(Data(bytes), to: path)
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + key)
-            _ = try Self.blocking { try await client.putObject(bucket: bucket, key: full, body: Data(bytes)) }
+            _ = try BlockingPool.wait { try await client.putObject(bucket: bucket, key: full, body: Data(bytes)) }
         }
     }
 
@@ -46,7 +46,7 @@ extension ReplicaStorage {
             return Array(data)
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + key)
-            return try Self.blocking { try await client.getObject(bucket: bucket, key: full) }.map { Array($0.body) }
+            return try BlockingPool.wait { try await client.getObject(bucket: bucket, key: full) }.map { Array($0.body) }
         }
     }
 
@@ -65,7 +65,7 @@ extension ReplicaStorage {
         case .bucket(let client, let bucket, let prefix):
             let full = Self.key(prefix, "/" + folder)
             let root = prefix.isEmpty ? "" : prefix + "/"
-            return try Self.blocking { try await client.list(bucket: bucket, prefix: full).keys }.map { String($0.dropFirst(root.count)) }.sorted()
+            return try BlockingPool.wait { try await client.list(bucket: bucket, prefix: full).keys }.map { String($0.dropFirst(root.count)) }.sorted()
         }
     }
 
@@ -86,7 +86,7 @@ extension ReplicaStorage {
             }
         case .bucket(let client, let bucket, let prefix):
             let full = keys.map { Self.key(prefix, "/" + $0) }
-            try Self.blocking { try await client.delete(bucket: bucket, keys: full) }
+            try BlockingPool.wait { try await client.delete(bucket: bucket, keys: full) }
         }
     }
 }
