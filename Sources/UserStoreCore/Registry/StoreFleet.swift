@@ -67,7 +67,8 @@ public struct StoreFleet: Sendable {
         registry.state.withLock { $0.entries[user] != nil }
     }
 
-    /// Opens, migrates and closes `user`'s store in one blocking job, when nothing has it open
+    /// Opens, migrates and closes `user`'s store in one blocking job (a replicated store's close
+    /// follows it, once the log has its last commits), when nothing has it open
     /// and there is room for one more open store; nil (nothing done) otherwise. Throws what
     /// failed; the store then stays open, failed, as a request would leave it. Not retried
     /// here: a failed checkpoint's retry would find nothing to migrate and report the store

@@ -212,7 +212,8 @@ public final class StoreRegistry: Sendable {
     /// client that disconnects never cancels a migration half-way. Without `migrate`, only opens
     /// an existing file (the entry is then stale: the next request migrates it). With
     /// `closeAfter` (a fleet run's store that was not open), a store whose migration succeeds
-    /// is closed in the same job and its entry removed; requests that waited open it again.
+    /// is closed (in the same job, or after it once the log has a replicated store's last
+    /// commits) and its entry removed; requests that waited open it again.
     private func prepare(_ user: UserID, existing: Store?, generation: Int, migrations: MigrationSet,
                          template: StoreTemplate? = nil, migrate: Bool = true, closeAfter: Bool = false) -> Task<PreparationOutcome, Never> {
         Task {

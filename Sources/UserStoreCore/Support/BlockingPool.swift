@@ -18,7 +18,8 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// whatever the cores. Never Swift's cooperative pool, which has one thread per core: a
     /// caller blocked there (one core: its only thread) would wait for work that could never
     /// start — the daemon hung at start with its keys on S3 on a one-CPU machine.
-    static let waiting = BlockingPool(threads: 2, name: "userstore-wait")
+    static let waiting = BlockingPool(threads: 2, name: waitingName)
+    private static let waitingName = "userstore-wait"
 
     private let condition = NSCondition()
     private var jobs: [@Sendable () -> Void] = []
@@ -50,6 +51,8 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// The work runs on ``waiting``'s threads, so a caller anywhere — Swift's cooperative pool
     /// included — never waits for a thread it is itself holding.
     public static func wait<T: Sendable>(for work: @escaping @Sendable () async throws -> T) throws -> T {
+        // Blocking one of the two threads that run the awaited work could leave none for it.
+        assert(Thread.current.name?.hasPrefix(waitingName) != true, "BlockingPool.wait called from work it runs")
         let result = Mutex<Result<T, any Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task(executorPreference: waiting) {

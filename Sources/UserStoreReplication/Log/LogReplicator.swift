@@ -262,19 +262,26 @@ package final class LogReplicator: StoreReplication {
     }
 
     package func storeClosing(_ store: Store) async {
-        guard let logged = state.withLock({ state -> LoggedStore? in
-            guard state.open[store.user]?.store === store else { return nil }
-            return state.open.removeValue(forKey: store.user)
+        // Closing the store's log state waits for a position being saved (an fsync): on the
+        // blocking pool, as is everything here that touches the disk.
+        guard let logged = await BlockingPool.run({ () -> LoggedStore? in
+            guard let logged = self.state.withLock({ state -> LoggedStore? in
+                guard state.open[store.user]?.store === store else { return nil }
+                return state.open.removeValue(forKey: store.user)
+            }) else { return nil }
+            logged.close()
+            store.wal.capture = nil
+            return logged
         }) else { return }
-        logged.close()
-        store.wal.capture = nil
         guard case .success(let last) = logged.lastRecord else { return }
         // Its last records stored: the WAL is checkpointed away and the position saved, so that
         // a reopen ships nothing. Otherwise the WAL stays, and a reopen ships what it holds.
         guard last == 0 ? true : await uploader.waitUntilStored(last, until: durableDeadline) else { return }
         do {
-            try await store.write { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
-            logged.checkpointed()
+            try await store.write { db in
+                try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+                logged.checkpointed() // saves the position durably: in the store's turn, off the cooperative pool
+            }
         } catch {
             logger.warning("checkpointing \(store.user) before it closes: \(error)", metadata: ["event": "replication-degraded"])
         }
