@@ -71,9 +71,26 @@ struct RegistryStateTests {
         #expect(victim === bob)
         #expect(driver.state.entries[try UserID("bob")] == nil)
         #expect(driver.state.holding == 2, "the evicted store's slot is freed once it is closed")
-        driver.state.freeSlots(1)
+        driver.state.closed([try UserID("bob")])
         guard case .wait = try driver.request("cat") else { Issue.record("cat not opened after the eviction"); return }
         #expect(driver.preparations.last == "open and migrate cat")
+    }
+
+    /// A store taken out to be closed (evicted here; idle, or after a fleet job's look, alike)
+    /// is not opened again until it is closed: a second connection beside the closing one
+    /// waited for SQLite's lock and failed with "database is locked" when the close outlasted
+    /// the busy time-out.
+    @Test func aRequestForAStoreBeingClosedWaitsForTheCloseBeforeOpeningItAgain() throws {
+        var driver = try Driver()
+        _ = try driver.ready("ann")
+        _ = try driver.ready("bob")
+        guard case .evict = try driver.request("cat") else { Issue.record("nothing evicted for cat"); return }
+        guard case .waitForClose = try driver.request("ann") else { Issue.record("ann opened again while it is being closed"); return }
+        #expect(driver.preparations == ["open and migrate ann", "open and migrate bob"])
+        driver.state.closed([try UserID("ann")])
+        #expect(driver.state.closing.isEmpty)
+        guard case .wait = try driver.request("ann") else { Issue.record("ann not opened once closed"); return }
+        #expect(driver.preparations.last == "open and migrate ann")
     }
 
     @Test func whenEveryOpenStoreIsInUseARequestWaitsForCapacity() throws {

@@ -17,7 +17,7 @@ import Varlink
         let server: SeaweedFS?
         let daemon: DaemonHarness
 
-        init(_ kind: String, extra: String = "") throws {
+        init(_ kind: String, extra: String = "", durableTimeoutMilliseconds: Int = 5000) throws {
             replica = try TemporaryDirectory()
             server = kind == "s3" ? try SeaweedFS() : nil
             try server?.createBucket("log")
@@ -26,7 +26,7 @@ import Varlink
                 replication:
                   replica: "\(url)"
                   engine: log
-                  durableTimeoutMilliseconds: 5000
+                  durableTimeoutMilliseconds: \(durableTimeoutMilliseconds)
                 \(extra)
                 """)
             daemon.environment = server?.environment ?? [:]

@@ -32,6 +32,12 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
     var tick: UInt64 = 0
     var migrationRuns = 0
     var capacityWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Users whose store was taken out to be closed (idle, evicted, closed after a fleet job's
+    /// look) and is not closed yet, with the requests waiting for that: a request never opens
+    /// a second connection beside the closing one (it waited for SQLite's lock and failed with
+    /// "database is locked" when the close outlasted the busy time-out — a close waits for the
+    /// replica, up to the durable time-out, when the replica is down).
+    var closing: [UserID: [CheckedContinuation<Void, Never>]] = [:]
     /// The new-store template, when built for the current generation.
     var template: StoreTemplate?
     /// The generation a template build was last started for (built or failed).
@@ -69,6 +75,8 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
         case evict(S)
         /// Every open store is in use: wait for a release, then ask again.
         case waitForCapacity
+        /// The user's store is being closed: wait for that (``closed(_:)``), then ask again.
+        case waitForClose
         case fail(StoreError)
     }
 
@@ -121,6 +129,7 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
                 return .wait(task)
             }
         }
+        if closing[user] != nil { return .waitForClose }
         if mode == .asIs && !exists { return .fail(.noSuchStore(user: user)) }
         // Found damaged and closed since: an administrator may still open it as it is (verify,
         // snapshot), nobody may serve or migrate it.
@@ -131,7 +140,7 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
             return .wait(startOpening(user, prepare(&self, .open(migrate: mode == .migrate))))
         }
         if let victim = idleVictim() {
-            return .evict(removeForClosing(victim)!.store!)
+            return .evict(takeOutForClosing(victim)!.store!)
         }
         return .waitForCapacity
     }
@@ -193,6 +202,32 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
         if migrated { migrationRuns += 1 }
         entries[user] = nil
         freeSlots(1)
+    }
+
+    /// Takes `user`'s entry out so that its store can be closed by the caller, who then calls
+    /// ``closed(_:)``; requests for the user wait until then.
+    @discardableResult
+    mutating func takeOutForClosing(_ user: UserID) -> RegistryEntry<S>? {
+        guard let entry = removeForClosing(user) else { return nil }
+        closing[user] = []
+        return entry
+    }
+
+    /// The stores of `users`, taken out with ``takeOutForClosing(_:)``, are closed: their slots
+    /// are free, and the requests waiting for them ask again.
+    mutating func closed(_ users: [UserID]) {
+        for user in users {
+            for waiter in closing.removeValue(forKey: user) ?? [] { waiter.resume() }
+        }
+        freeSlots(users.count)
+    }
+
+    /// Adds `waiter` to those waiting for `user`'s store to be closed; false (not added) when
+    /// it is not being closed.
+    mutating func waitForClose(of user: UserID, _ waiter: CheckedContinuation<Void, Never>) -> Bool {
+        guard closing[user] != nil else { return false }
+        closing[user]!.append(waiter)
+        return true
     }
 
     /// `count` stores were closed: their slots are free.

@@ -110,12 +110,12 @@ public struct StoreFleet: Sendable {
         let store: Store? = registry.state.withLock { state in
             guard let index = state.entries.index(forKey: user), state.entries.values[index].isIdle,
                   case .ready = state.entries.values[index].phase else { return nil }
-            return state.removeForClosing(user)?.store
+            return state.takeOutForClosing(user)?.store
         }
         guard let store else { return }
         registry.observer.record(.storeClosed(user: user, idle: true))
         await registry.preparer.close(store)
-        registry.state.withLock { state in state.freeSlots(1) }
+        registry.state.withLock { state in state.closed([user]) }
     }
 
     /// Verifies `user`'s store, never throwing: a store that cannot be opened is a report with

@@ -22,6 +22,7 @@ extension StoreRegistry {
         while true {
             let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
                 if let entry = state.entries[user], case .preparing(let task) = entry.phase { return (task, nil) }
+                if state.closing[user] != nil { return (nil, nil) } // being closed: waited for below
                 let store = state.entries[user]?.store
                 let task = Task<PreparationOutcome, Never> {
                     if let store {
@@ -50,7 +51,11 @@ extension StoreRegistry {
                 _ = await busy.value
                 continue
             }
-            _ = await mine!.value
+            guard let mine else {
+                await waitForClose(of: user)
+                continue
+            }
+            _ = await mine.value
             return try outcome.get()
         }
     }
@@ -60,11 +65,15 @@ extension StoreRegistry {
     /// bucket that moves to another host: ``StorePlacement`` refuses new requests first.
     @discardableResult
     public func closeStores(matching: (UserID) -> Bool) async -> Int {
-        let users = state.withLock { state in state.entries.filter { $0.value.store != nil && matching($0.key) }.map(\.key) }
+        let (users, closing) = state.withLock { state in
+            (state.entries.filter { $0.value.store != nil && matching($0.key) }.map(\.key), state.closing.keys.filter(matching))
+        }
         var closed = 0
         for user in users {
             if (try? await withStoreClosed(user) {}) != nil { closed += 1 }
         }
+        // Those closing already (idle, evicted): their last commits are synced by then too.
+        for user in closing { await waitForClose(of: user) }
         return closed
     }
 
@@ -73,6 +82,13 @@ extension StoreRegistry {
         private let result = Mutex<Result<T, any Error>?>(nil)
         func set(_ value: Result<T, any Error>) { result.withLock { $0 = value } }
         func get() throws -> T { try result.withLock { $0! }.get() }
+    }
+
+    /// Waits until `user`'s store, taken out to be closed, is closed (at once when it is not).
+    func waitForClose(of user: UserID) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            if !state.withLock({ $0.waitForClose(of: user, continuation) }) { continuation.resume() }
+        }
     }
 
     /// Waits until no request holds `user`'s store.

@@ -169,7 +169,9 @@ public final class StoreRegistry: Sendable {
             case .evict(let store):
                 observer.record(.storeClosed(user: store.user, idle: false))
                 await preparer.close(store)
-                state.withLock { state in state.freeSlots(1) }
+                state.withLock { state in state.closed([store.user]) }
+            case .waitForClose:
+                await waitForClose(of: user)
             case .waitForCapacity:
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let resumeNow = state.withLock { state in
@@ -344,14 +346,14 @@ public final class StoreRegistry: Sendable {
                 guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
                 return entry.lastUsed + configuration.idleTimeout <= now
             }
-            for user in expired.keys { state.removeForClosing(user) }
+            for user in expired.keys { state.takeOutForClosing(user) }
             return expired.values.map { $0.store! }
         }
         for store in idle {
             observer.record(.storeClosed(user: store.user, idle: true))
             await preparer.close(store)
+            state.withLock { state in state.closed([store.user]) }
         }
-        if !idle.isEmpty { state.withLock { state in state.freeSlots(idle.count) } }
         return idle.count
     }
 
