@@ -81,7 +81,7 @@ public struct StoreFleet: Sendable {
         try registry.placement?.admit(user)
         let started: Result<Task<PreparationOutcome, Never>?, StoreError> = registry.state.withLock { state in
             if let damage = state.damaged[user] { return .failure(.storeDamaged(user: user, message: damage)) }
-            guard state.entries[user] == nil, state.hasRoom else { return .success(nil) }
+            guard state.entries[user] == nil, state.closing[user] == nil, state.hasRoom else { return .success(nil) }
             state.tick += 1
             return .success(state.startOpening(user, registry.preparation(&state, user, .open(migrate: true), closeAfter: true)))
         }
