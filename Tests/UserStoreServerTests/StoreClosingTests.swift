@@ -16,6 +16,7 @@ extension LogEngineTests {
         _ = try client.call("io.userstore.Store.Open", ["user": "gil"])
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
         let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        defer { resume() }
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: "fay", on: client)
         _ = try client.call("io.userstore.Store.Open", ["user": "gil"]) // fay is the least recently used
 
@@ -26,13 +27,12 @@ extension LogEngineTests {
             _ = try? opener.call("io.userstore.Store.Open", ["user": "hal"])
             opened.signal()
         }.start()
-        #expect(try DurabilityTests.waitForReplication(client) { _ in
-            let open = (try? client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.compactMap { $0["user"]?.stringValue }) ?? []
-            return !open.contains("fay")
-        }, "fay's store was not taken out to be closed")
+        let deadline = ContinuousClock.now + .seconds(30)
+        while try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.contains(where: { $0["user"] == "fay" }) != false {
+            guard ContinuousClock.now < deadline else { Issue.record("fay's store was not taken out to be closed"); return }
+        }
         let reply = try client.call("io.userstore.Store.Query", ["user": "fay", "sql": "SELECT title FROM notes ORDER BY id"])
         #expect(reply["rows"] == [["before"], ["while the log is away"]], "\(reply)")
         #expect(opened.wait(timeout: .now() + 30) == .success)
-        resume()
     }
 }

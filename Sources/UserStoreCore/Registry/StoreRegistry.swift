@@ -341,20 +341,28 @@ public final class StoreRegistry: Sendable {
     /// Returns how many were closed.
     @discardableResult
     public func closeIdleStores(now: ContinuousClock.Instant = .now) async -> Int {
-        let idle: [Store] = state.withLock { state in
-            let expired = state.entries.filter { _, entry in
-                guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
-                return entry.lastUsed + configuration.idleTimeout <= now
+        let idleTimeout = configuration.idleTimeout
+        func isIdle(_ entry: RegistryEntry<Store>) -> Bool {
+            guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
+            return entry.lastUsed + idleTimeout <= now
+        }
+        let expired = state.withLock { state in state.entries.filter { isIdle($0.value) }.map(\.key) }
+        var closed = 0
+        // One at a time, each taken out only when its turn comes: a close may wait for the
+        // replica (up to the durable time-out when it is down), and a request for a store still
+        // waiting its turn is served meanwhile instead of waiting for every close before it.
+        for user in expired {
+            let store: Store? = state.withLock { state in
+                guard let entry = state.entries[user], isIdle(entry) else { return nil }
+                return state.takeOutForClosing(user)?.store
             }
-            for user in expired.keys { state.takeOutForClosing(user) }
-            return expired.values.map { $0.store! }
-        }
-        for store in idle {
-            observer.record(.storeClosed(user: store.user, idle: true))
+            guard let store else { continue }
+            observer.record(.storeClosed(user: user, idle: true))
             await preparer.close(store)
-            state.withLock { state in state.closed([store.user]) }
+            state.withLock { state in state.closed([user]) }
+            closed += 1
         }
-        return idle.count
+        return closed
     }
 
     /// Hands back the page caches of the open stores nobody used for `idleFor` (as of `now`):
@@ -391,6 +399,8 @@ public final class StoreRegistry: Sendable {
             if pending.isEmpty { break }
             for task in pending { _ = await task.value }
         }
+        // Stores being closed already (idle, evicted): closed before the replication stops.
+        for user in state.withLock({ Array($0.closing.keys) }) { await waitForClose(of: user) }
         let stores: [Store] = state.withLock { state in
             let stores = state.entries.values.compactMap(\.store)
             state.entries.removeAll()

@@ -90,6 +90,8 @@ public struct ReleaseTrial: Sendable {
     /// when there is none).
     private func copy(_ user: UserID, to path: String) async throws {
         if try await copyOpenStore(user, to: path) { return }
+        // Being closed (idle, evicted): its connection holds the file until then.
+        await registry.waitForClose(of: user)
         let live = registry.configuration.layout.storePath(for: user)
         guard FileManager.default.fileExists(atPath: live) else { throw StoreError.noSuchStore(user: user) }
         let copied = try await StoreRegistry.offThread { [keyring = registry.configuration.keyring] in
