@@ -146,6 +146,35 @@ import UserStoreCore
         #expect(gone == nil, "something still holds the uploader 5 s after its wait ended")
     }
 
+    /// The loop stops whenever it is cancelled. A cancel that came after its look for work and
+    /// before its wait began found no wait to end: the loop — and with it the daemon's stop —
+    /// waited for the next append for ever (`aWaitThatEndsLeavesNoTimerBehind` hung once in
+    /// `await running.value`). Each round cancels after a different number of yields; a loop
+    /// still running 5 s after its cancel fails the test (an append then frees it).
+    @Test func theLoopStopsWheneverItIsCancelled() async throws {
+        let folder = try TemporaryDirectory()
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + folder.path))
+        var hung = 0
+        for round in 0..<3000 {
+            let uploader = Self.uploader(storage)
+            let stopped = Atomic(false)
+            let running = Task {
+                await uploader.run()
+                stopped.store(true, ordering: .releasing)
+            }
+            for _ in 0..<(round % 8) { await Task.yield() }
+            running.cancel()
+            let deadline = ContinuousClock.now + .seconds(5)
+            while !stopped.load(ordering: .acquiring), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(1)) }
+            if !stopped.load(ordering: .acquiring) {
+                hung += 1
+                _ = uploader.append(Self.record("ann", 1))
+            }
+            await running.value
+        }
+        #expect(hung == 0, "\(hung) of 3000 loops did not stop when cancelled")
+    }
+
     /// The bucket cut off: durable waits end at their deadline, plain appends go on; once it is
     /// back, every record is stored, in order.
     @Test func waitsEndAtTheirDeadlineWhileTheBucketIsAwayAndAllIsStoredAfter() async throws {

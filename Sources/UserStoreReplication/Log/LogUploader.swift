@@ -293,6 +293,10 @@ package final class LogUploader: Sendable {
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let ready = state.withLock { state -> Bool in
+                        // Cancelled since the look for work: the handler below ran before this
+                        // wait began and found none to end (the loop, and the daemon's stop,
+                        // waited for the next append). Under the lock it shares with the handler.
+                        if Task.isCancelled { return true }
                         if case .now = begins(state) { return true }
                         state.work = continuation
                         return false
