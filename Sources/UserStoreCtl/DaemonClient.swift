@@ -1,6 +1,5 @@
-import Dispatch
-import Synchronization
 import UserStoreClient
+import UserStoreCore
 import UserStoreInterface
 import Varlink
 #if canImport(Glibc)
@@ -131,16 +130,7 @@ public final class DaemonClient: Sendable {
 
     /// Runs `operation` on the client's thread and waits for it here.
     private func blocking<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) throws -> T {
-        let outcome = Mutex<Result<T, any Error>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task(executorPreference: client.executor) {
-            let result: Result<T, any Error>
-            do { result = .success(try await operation()) } catch { result = .failure(error) }
-            outcome.withLock { $0 = result }
-            done.signal()
-        }
-        done.wait()
-        return try outcome.withLock { $0! }.get()
+        try BlockingPool.wait(on: client.executor, for: operation)
     }
 }
 

@@ -71,7 +71,7 @@ struct RegistryStateTests {
         #expect(victim === bob)
         #expect(driver.state.entries[try UserID("bob")] == nil)
         #expect(driver.state.holding == 2, "the evicted store's slot is freed once it is closed")
-        driver.state.closed([try UserID("bob")])
+        driver.state.closed(try UserID("bob"))
         guard case .wait = try driver.request("cat") else { Issue.record("cat not opened after the eviction"); return }
         #expect(driver.preparations.last == "open and migrate cat")
     }
@@ -87,7 +87,7 @@ struct RegistryStateTests {
         guard case .evict = try driver.request("cat") else { Issue.record("nothing evicted for cat"); return }
         guard case .waitForClose = try driver.request("ann") else { Issue.record("ann opened again while it is being closed"); return }
         #expect(driver.preparations == ["open and migrate ann", "open and migrate bob"])
-        driver.state.closed([try UserID("ann")])
+        driver.state.closed(try UserID("ann"))
         #expect(driver.state.closing.isEmpty)
         guard case .wait = try driver.request("ann") else { Issue.record("ann not opened once closed"); return }
         #expect(driver.preparations.last == "open and migrate ann")

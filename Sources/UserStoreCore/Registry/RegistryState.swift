@@ -213,13 +213,11 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
         return entry
     }
 
-    /// The stores of `users`, taken out with ``takeOutForClosing(_:)``, are closed: their slots
-    /// are free, and the requests waiting for them ask again.
-    mutating func closed(_ users: [UserID]) {
-        for user in users {
-            for waiter in closing.removeValue(forKey: user) ?? [] { waiter.resume() }
-        }
-        freeSlots(users.count)
+    /// `user`'s store, taken out with ``takeOutForClosing(_:)``, is closed: its slot is free,
+    /// and the requests waiting for it ask again.
+    mutating func closed(_ user: UserID) {
+        for waiter in closing.removeValue(forKey: user) ?? [] { waiter.resume() }
+        freeSlots(1)
     }
 
     /// Adds `waiter` to those waiting for `user`'s store to be closed; false (not added) when

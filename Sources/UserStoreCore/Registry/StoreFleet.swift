@@ -115,7 +115,7 @@ public struct StoreFleet: Sendable {
         guard let store else { return }
         registry.observer.record(.storeClosed(user: user, idle: true))
         await registry.preparer.close(store)
-        registry.state.withLock { state in state.closed([user]) }
+        registry.state.withLock { state in state.closed(user) }
     }
 
     /// Verifies `user`'s store, never throwing: a store that cannot be opened is a report with

@@ -169,7 +169,7 @@ public final class StoreRegistry: Sendable {
             case .evict(let store):
                 observer.record(.storeClosed(user: store.user, idle: false))
                 await preparer.close(store)
-                state.withLock { state in state.closed([store.user]) }
+                state.withLock { state in state.closed(store.user) }
             case .waitForClose:
                 await waitForClose(of: user)
             case .waitForCapacity:
@@ -342,24 +342,24 @@ public final class StoreRegistry: Sendable {
     @discardableResult
     public func closeIdleStores(now: ContinuousClock.Instant = .now) async -> Int {
         let idleTimeout = configuration.idleTimeout
-        func isIdle(_ entry: RegistryEntry<Store>) -> Bool {
-            guard entry.leases == 0, entry.store != nil, case .ready = entry.phase else { return false }
+        func expired(_ entry: RegistryEntry<Store>) -> Bool {
+            guard entry.isIdle, case .ready = entry.phase else { return false }
             return entry.lastUsed + idleTimeout <= now
         }
-        let expired = state.withLock { state in state.entries.filter { isIdle($0.value) }.map(\.key) }
+        let users = state.withLock { state in state.entries.filter { expired($0.value) }.map(\.key) }
         var closed = 0
         // One at a time, each taken out only when its turn comes: a close may wait for the
         // replica (up to the durable time-out when it is down), and a request for a store still
         // waiting its turn is served meanwhile instead of waiting for every close before it.
-        for user in expired {
+        for user in users {
             let store: Store? = state.withLock { state in
-                guard let entry = state.entries[user], isIdle(entry) else { return nil }
+                guard let entry = state.entries[user], expired(entry) else { return nil }
                 return state.takeOutForClosing(user)?.store
             }
             guard let store else { continue }
             observer.record(.storeClosed(user: user, idle: true))
             await preparer.close(store)
-            state.withLock { state in state.closed([user]) }
+            state.withLock { state in state.closed(user) }
             closed += 1
         }
         return closed
