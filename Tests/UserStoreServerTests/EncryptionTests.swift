@@ -33,6 +33,27 @@ import Varlink
         return "encryption:\n  keyFile: kek\n  keyStore: file://\(daemon.directory.path)/keys\n"
     }
 
+    /// The encryption and replication sections of a daemon with its keys and its replica on
+    /// `server`: the key store in bucket `keys` (prefix `k`) unless `keyStore` names another,
+    /// the replica in bucket `data` (prefix `r`).
+    static func onS3Config(_ server: SeaweedFS, keyFile: String = "kek", keyStore: String? = nil) -> String {
+        "encryption:\n  keyFile: \(keyFile)\n  keyStore: \"\(keyStore ?? server.replicaURL(bucket: "keys", prefix: "k"))\"\n"
+            + "replication:\n  replica: \"\(server.replicaURL(bucket: "data", prefix: "r"))\"\n  litestream: \(litestreamPath)\n"
+    }
+
+    /// A daemon, not started, with its keys and its replica on `server`
+    /// (``onS3Config(_:keyFile:keyStore:)``, both buckets made) and its key-encryption key in
+    /// `kek`.
+    static func onS3Daemon(_ server: SeaweedFS) throws -> DaemonHarness {
+        try server.createBucket("data")
+        try server.createBucket("keys")
+        let daemon = try DaemonHarness()
+        daemon.environment = server.environment
+        try writeKey(in: daemon)
+        try daemon.writeConfig(extra: onS3Config(server))
+        return daemon
+    }
+
     /// The files under `directory` whose bytes hold `marker`.
     static func files(holding marker: String, under directory: String) -> [String] {
         let needle = Data(marker.utf8)
@@ -446,13 +467,7 @@ import Varlink
     /// bucket and prefix is refused (exit 78).
     @Test func onS3TheKeyStoreIsABucketOfItsOwnAndTheReplicaHoldsOnlyCiphertext() throws {
         let server = try SeaweedFS()
-        try server.createBucket("data")
-        try server.createBucket("keys")
-        let daemon = try DaemonHarness()
-        daemon.environment = server.environment
-        try Self.writeKey(in: daemon)
-        let replication = "replication:\n  replica: \"\(server.replicaURL(bucket: "data", prefix: "r"))\"\n  litestream: \(litestreamPath)\n"
-        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek\n  keyStore: \"\(server.replicaURL(bucket: "keys", prefix: "k"))\"\n" + replication)
+        let daemon = try Self.onS3Daemon(server)
         try daemon.start()
         let marker = "marker-\(UUID().uuidString)"
         let client = try daemon.connect()
@@ -492,12 +507,12 @@ import Varlink
         let rewrapped = try ctl(["keys", "rewrap", "--config", daemon.configPath, "--new-key-file", newKey, "--json"])
         #expect(rewrapped.status == 0, "\(rewrapped.stderr)")
         #expect(rewrapped.stdout.contains("\"rewrapped\": 2"), "\(rewrapped.stdout)")
-        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek.new\n  keyStore: \"\(server.replicaURL(bucket: "keys", prefix: "k"))\"\n" + replication)
+        try daemon.writeConfig(extra: Self.onS3Config(server, keyFile: "kek.new"))
         try daemon.start()
         #expect(try daemon.connect().call("io.userstore.Store.Query", ["user": "bob", "sql": .string("SELECT count(*) FROM notes WHERE body = '\(marker)'")])["rows"] == [[1]])
         #expect(daemon.stop() == 0)
 
-        try daemon.writeConfig(extra: "encryption:\n  keyFile: kek\n  keyStore: \"\(server.replicaURL(bucket: "data", prefix: "r"))\"\n" + replication)
+        try daemon.writeConfig(extra: Self.onS3Config(server, keyStore: server.replicaURL(bucket: "data", prefix: "r")))
         try daemon.start(waitForReady: false)
         #expect(exitStatus(daemon) == 78)
         #expect(daemon.stderr.contains("encryption.keyStore"), "\(daemon.stderr)")

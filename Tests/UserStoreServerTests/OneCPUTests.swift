@@ -17,19 +17,7 @@ import Varlink
     /// `BlockingPool.wait` ran the async work on threads of its own, the start never ended.
     @Test func withKeysAndReplicaOnS3TheDaemonAndTheCLIWork() throws {
         let server = try SeaweedFS()
-        try server.createBucket("data")
-        try server.createBucket("keys")
-        let daemon = try DaemonHarness()
-        daemon.environment = server.environment
-        try EncryptionTests.writeKey(in: daemon)
-        try daemon.writeConfig(extra: """
-            encryption:
-              keyFile: kek
-              keyStore: "\(server.replicaURL(bucket: "keys", prefix: "k"))"
-            replication:
-              replica: "\(server.replicaURL(bucket: "data", prefix: "r"))"
-
-            """)
+        let daemon = try EncryptionTests.onS3Daemon(server)
         try daemon.start(launcher: [Self.oneCPU])
         // What the daemon sees: CPU 0 only, and one CPU in the files the pool's width comes from.
         let status = try String(contentsOfFile: "/proc/\(daemon.pid)/status", encoding: .utf8)
