@@ -11,6 +11,13 @@ package protocol EventHandler: AnyObject {
     func ready(_ events: UInt32)
 }
 
+/// Something that asked its ``EventLoop`` to be told when the loop's turn ends
+/// (``EventLoop/atEndOfTurn(_:)``): after every handler, timer and task of the turn, before the
+/// loop waits again.
+package protocol TurnEndHandler: AnyObject {
+    func turnEnded()
+}
+
 /// One thread waiting on epoll: runs the handlers of the descriptors that became ready, tasks
 /// handed to it from other threads (``execute(_:)``, woken through an eventfd) and timers.
 ///
@@ -41,6 +48,7 @@ package final class EventLoop: @unchecked Sendable {
     private var nextTimer = 0
     private var stopping = false
     private var soon: [@Sendable () -> Void] = []
+    private var endOfTurn: [any TurnEndHandler] = []
 
     private struct Timer {
         var deadline: UInt64
@@ -99,6 +107,16 @@ package final class EventLoop: @unchecked Sendable {
     package func executeSoon(_ task: @escaping @Sendable () -> Void) {
         guard inEventLoop else { return execute(task) }
         soon.append(task)
+    }
+
+    /// Calls `handler.turnEnded()` once this turn's handlers, timers and tasks have run, before
+    /// the loop waits again (on the loop's thread). The connections send their replies there:
+    /// written together at the end of a turn, a client thread woken by the first finds the
+    /// others already there instead of being woken again for each (the daemon's wake-ups of
+    /// its clients were most of its CPU at 64 connections: docs/performance.md).
+    package func atEndOfTurn(_ handler: any TurnEndHandler) {
+        assert(inEventLoop, "\(name): used off its thread")
+        endOfTurn.append(handler)
     }
 
     /// Asks the loop to end once the handlers registered have gone, and waits for it.
@@ -183,6 +201,14 @@ package final class EventLoop: @unchecked Sendable {
                 soon.removeAll(keepingCapacity: true)
                 for task in tasks { task() }
             }
+            // A handler told here may ask again (its turn's work made more): it is told in
+            // this same pass.
+            var told = 0
+            while told < endOfTurn.count {
+                endOfTurn[told].turnEnded()
+                told += 1
+            }
+            endOfTurn.removeAll(keepingCapacity: true)
         }
         // Timers (the periodic sweep reschedules itself) capture the loop: drop them so the
         // loop can be freed (AddressSanitizer's leak check found the cycle).

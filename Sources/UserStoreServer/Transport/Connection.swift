@@ -26,7 +26,7 @@ import Glibc
 ///
 /// Thread-safety: confined to its loop's thread (asserted in debug builds); other threads
 /// reach it only through `loop.execute`, hence `@unchecked Sendable`.
-final class Connection: EventHandler, @unchecked Sendable {
+final class Connection: EventHandler, TurnEndHandler, @unchecked Sendable {
     /// Where the connection is in its life; it only moves forward.
     enum State: Equatable {
         /// Reading and answering calls.
@@ -63,6 +63,8 @@ final class Connection: EventHandler, @unchecked Sendable {
     /// A call runs in a task (or a stream is relayed); nothing else starts until it ends.
     private var taskRunning = false
     private var processing = false
+    /// ``resume()`` asked the loop for ``turnEnded()``, which has not come yet.
+    private var turnEndAsked = false
     /// Task replies waiting for the client to read (backpressure on a streamed reply).
     private var sendWaiters: [CheckedContinuation<Void, any Error>] = []
     /// Since when a task's reply has waited for the client to read (nil: it is not waiting).
@@ -311,12 +313,21 @@ final class Connection: EventHandler, @unchecked Sendable {
         taskRunning || (state.isStopping && !session.interactive.holdsStore) || replies.isFull || !replies.isWritable
     }
 
-    /// After anything that may unblock progress: handles buffered calls, sends replies, reads
-    /// again or stops reading, closes when done.
+    /// After anything that may unblock progress: handles buffered calls; at the end of the
+    /// loop's turn (``turnEnded()``), sends the replies, reads again or stops reading, closes
+    /// when done.
     func resume() {
         assert(loop.inEventLoop)
         guard !closed else { return }
         processInput()
+        guard !closed, !turnEndAsked else { return }
+        turnEndAsked = true
+        loop.atEndOfTurn(self)
+    }
+
+    func turnEnded() {
+        turnEndAsked = false
+        guard !closed else { return }
         flushOut()
         guard !closed else { return }
         if closeIfDone() { return }
