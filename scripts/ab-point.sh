@@ -44,6 +44,16 @@ start() { # binary [configuration]
     echo "ab-point: $1 did not start" >&2; exit 1
 }
 stop() { kill "$(cat "$work/pid")"; while kill -0 "$(cat "$work/pid")" 2>/dev/null; do sleep 0.05; done; }
+scan() { # one full read of every store
+    PYTHONPATH=scripts python3 - "$work/userstore.sock" "$users" <<'PYEOF'
+import sys
+from varlink_client import call, connect
+connection = connect(sys.argv[1])
+for index in range(int(sys.argv[2])):
+    reply = call(connection, "io.userstore.Store.Query", user="u%05d" % index, sql="SELECT sum(length(value)) FROM kv")
+    assert "error" not in reply, reply
+PYEOF
+}
 run() { # label, load arguments...
     local label=$1; shift
     "$load" --socket "$work/userstore.sock" --threads 2 --seconds "$seconds" --users "$users" "$@" \
@@ -81,7 +91,8 @@ for round in $(seq "$rounds"); do
         binary=$old; config=$work/userstored.yaml
         [ "$side" = new ] && binary=$new && config=$work/userstored-new.yaml
         start "$binary" "$config"
-        "$load" --socket "$work/userstore.sock" --connections 8 --threads 2 --seconds 2 --users "$users" >/dev/null # warm
+        scan # warm: every store's pages in its cache, as SQLite alone and PostgreSQL are measured
+        "$load" --socket "$work/userstore.sock" --connections 8 --threads 2 --seconds 2 --users "$users" >/dev/null
         for clients in 1 8 64; do run "$side $clients-connections" --connections "$clients" >> "$results"; done
         run "$side 8x16-batches" --connections 8 --pipeline 16 --batch 1 >> "$results"
         if [ "${WRITES:-0}" = 1 ]; then

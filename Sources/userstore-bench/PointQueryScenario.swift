@@ -39,13 +39,22 @@ struct PointQueryScenario: Scenario {
         }
     }
 
-    /// Every store open and every page in its cache (one full scan each), as pgbench's table
+    /// Every store open and every page in its cache (``scan(socket:users:)``), as pgbench's table
     /// sits in shared buffers; then a short run.
     func warm(socket: String, users: [String], load: LoadGenerator, workload: LoadGenerator.Workload) async {
+        await scan(socket: socket, users: users)
+        _ = load.run(socket: socket, connections: 8, seconds: min(seconds, 2), workload)
+    }
+
+    /// Every page of every store in its cache: one full scan each. Before each measured run of
+    /// the daemon that follows a pause: it hands back the caches of stores idle for
+    /// `cacheIdleSeconds` (1 s by default), and it sat idle while PostgreSQL and the floor ran,
+    /// which are measured warm, as is SQLite alone — measured cold, the daemon's first seconds
+    /// went on reading 1,000 stores' pages back from the file.
+    func scan(socket: String, users: [String]) async {
         _ = try? await UserStoreClient.withClient(socketPath: socket) { client in
             for user in users { _ = try? await client.store(for: user).query("SELECT sum(length(value)) FROM kv") }
         }
-        _ = load.run(socket: socket, connections: 8, seconds: min(seconds, 2), workload)
     }
 
     /// The cost of metrics: 8-client point queries on 100 users with metrics off and on,
@@ -82,6 +91,7 @@ struct PointQueryScenario: Scenario {
         var postgresAt8: Double?
         var floorRates: [Int: Double] = [:]
         for clients in [1, 8, 64] {
+            await scan(socket: socket, users: fleet.users)
             let (ours, daemonCPU) = withCPU(of: daemon.processIdentifier) { load.run(socket: socket, connections: clients, seconds: seconds, workload) }
             record(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
                                value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,
@@ -122,6 +132,7 @@ struct PointQueryScenario: Scenario {
 
         // Pipelined in batches, as pgbench's pipeline mode: 16 calls in one write on each of 8
         // connections, the next batch once all 16 replies are in.
+        await scan(socket: socket, users: fleet.users)
         let (batched, batchCPU) = withCPU(of: daemon.processIdentifier) {
             load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, extra: ["--batch", "1"], workload)
         }
@@ -141,6 +152,7 @@ struct PointQueryScenario: Scenario {
 
         // Pipelined as a sliding window: 16 calls in flight on each of 8 connections, each slot
         // refilled as its reply arrives (what many concurrent UserStoreClient calls produce).
+        await scan(socket: socket, users: fleet.users)
         let (pipelined, pipelinedCPU) = withCPU(of: daemon.processIdentifier) { load.run(socket: socket, connections: 8, pipeline: 16, seconds: seconds, workload) }
         var note = "daemon CPU \(format(pipelinedCPU)) µs/request" + errors(pipelined.errors)
         if let postgresAt8 {
