@@ -169,17 +169,20 @@ import Varlink
 
     /// Calls and replies far larger than a socket buffer (the call is written in parts as the
     /// daemon reads, the reply read into a grown buffer) arrive whole, in order, and the small
-    /// calls pipelined behind them on the same connection get their own replies.
-    @Test(.timeLimit(.minutes(2)))
-    func callsAndRepliesLargerThanTheSocketBuffersArriveWhole() async throws {
+    /// calls pipelined behind them on the same connection get their own replies. Also from tasks
+    /// on the client's executor: the thread that reads the replies writes what the socket did
+    /// not take.
+    @Test(.timeLimit(.minutes(2)), arguments: [false, true])
+    func callsAndRepliesLargerThanTheSocketBuffersArriveWhole(onClientExecutor: Bool) async throws {
         let daemon = try Self.startedDaemon()
         try await UserStoreClient.withClient(socketPath: daemon.socketPath, configuration: { $0.connections = 1 }) { client in
             let carol = client.store(for: "carol")
             let bodies = (0..<4).map { index in String(repeating: "\(index)abcdefghijklmnopqrstuvwxyz", count: 150_000 + index) }
             try await withThrowingTaskGroup(of: Void.self) { group in
+                let executor = onClientExecutor ? client.executor : nil
                 for (index, body) in bodies.enumerated() {
-                    group.addTask { try await carol.execute("INSERT INTO notes(id, body) VALUES (?, ?)", index + 1, body) }
-                    group.addTask {
+                    group.addTask(executorPreference: executor) { try await carol.execute("INSERT INTO notes(id, body) VALUES (?, ?)", index + 1, body) }
+                    group.addTask(executorPreference: executor) {
                         let rows = try await carol.query("SELECT ? AS echo", "small \(index)")
                         #expect(try rows[0].decode(String.self, column: "echo") == "small \(index)")
                     }
