@@ -19,7 +19,8 @@ package protocol TurnEndHandler: AnyObject {
 }
 
 /// One thread waiting on epoll: runs the handlers of the descriptors that became ready, tasks
-/// handed to it from other threads (``execute(_:)``, woken through an eventfd) and timers.
+/// handed to it from other threads (``execute(_:)``, woken through an eventfd) and timers; then,
+/// before it waits again, tells the handlers that asked (``atEndOfTurn(_:)``).
 ///
 /// The daemon's own, rather than SwiftNIO's, because a varlink peer may pass file descriptors
 /// with a call (`SCM_RIGHTS`, as systemd's varlink services do) and NIO reads stream sockets
@@ -113,7 +114,9 @@ package final class EventLoop: @unchecked Sendable {
     /// the loop waits again (on the loop's thread). The connections send their replies there:
     /// written together at the end of a turn, a client thread woken by the first finds the
     /// others already there instead of being woken again for each (the daemon's wake-ups of
-    /// its clients were most of its CPU at 64 connections: docs/performance.md).
+    /// its clients were most of its CPU at 64 connections: docs/performance.md). A handler may
+    /// ask again while told (it is told again in the same pass), but must not every time, or
+    /// the loop never waits again.
     package func atEndOfTurn(_ handler: any TurnEndHandler) {
         assert(inEventLoop, "\(name): used off its thread")
         endOfTurn.append(handler)

@@ -13,8 +13,9 @@ import Glibc
 /// - **Framing**: a message longer than `limits.maxRequestBytes` gets `LimitExceeded` and the
 ///   connection is closed (nothing beyond the limit is ever buffered). File descriptors passed
 ///   with a call (`SCM_RIGHTS`) go with the message they arrived with.
-/// - **Pipelining**: every complete call in the input is handled at once, and the replies of
-///   one read go out in one write. A client may send many calls without waiting.
+/// - **Pipelining**: every complete call in the input is handled at once, and the replies
+///   ready by the end of the loop's turn go out together then, in one write per connection
+///   (``turnEnded()``). A client may send many calls without waiting.
 /// - **Order**: replies leave in request order (the ``ReplyQueue``). A call the session sends
 ///   to a task runs alone: it starts when every earlier reply is out, and later calls wait for
 ///   it. Per store, statements keep arrival order (the store's queue; inline only when idle).
@@ -276,6 +277,13 @@ final class Connection: EventHandler, TurnEndHandler, @unchecked Sendable {
     func sweep(now: UInt64) {
         assert(loop.inEventLoop)
         guard !closed else { return }
+        // What this turn left for its end first: a reply that arrived in this turn must leave
+        // before the connection is judged idle (closing would drop it), and a message the
+        // turn finished reading is no longer a partial one.
+        if turnEndAsked {
+            turnEnded()
+            guard !closed else { return }
+        }
         // A streamed reply (a streamed Query holds its user's store) whose client stopped
         // reading for limits.transactionMilliseconds: closing ends the call and frees the store.
         if let since = sendBlockedSince, now - since > UInt64(limits.transactionMilliseconds) * 1_000_000 {
