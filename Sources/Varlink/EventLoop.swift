@@ -18,9 +18,10 @@ package protocol TurnEndHandler: AnyObject {
     func turnEnded()
 }
 
-/// One thread waiting on epoll: runs the handlers of the descriptors that became ready, tasks
-/// handed to it from other threads (``execute(_:)``, woken through an eventfd) and timers; then,
-/// before it waits again, tells the handlers that asked (``atEndOfTurn(_:)``).
+/// One thread waiting on epoll: each turn runs the timers that are due, the handlers of the
+/// descriptors that became ready and tasks handed to it from other threads (``execute(_:)``,
+/// woken through an eventfd); then, before it waits again, tells the handlers that asked
+/// (``atEndOfTurn(_:)``).
 ///
 /// The daemon's own, rather than SwiftNIO's, because a varlink peer may pass file descriptors
 /// with a call (`SCM_RIGHTS`, as systemd's varlink services do) and NIO reads stream sockets
@@ -188,6 +189,10 @@ package final class EventLoop: @unchecked Sendable {
                 if errno == EINTR { continue }
                 fatalError("\(name): epoll_wait failed: \(String(cString: strerror(errno)))")
             }
+            // Timers first: the last turn has ended, so a timer (the connections' idle sweep)
+            // never sees what a turn left for its end — a reply delivered in this turn and not
+            // yet written would look like an idle connection's.
+            runTimers()
             for index in 0..<Int(count) {
                 if tokens[index] == 0 {
                     runTasks()
@@ -195,7 +200,6 @@ package final class EventLoop: @unchecked Sendable {
                     handler.ready(events[index])
                 }
             }
-            runTimers()
             // One batch per turn: tasks that queue more (a task that yields, two that resume
             // each other) must not keep the loop from its descriptors; the next wait then
             // does not block.

@@ -91,7 +91,8 @@ struct PointQueryScenario: Scenario {
         var postgresAt8: Double?
         var floorRates: [Int: Double] = [:]
         for clients in [1, 8, 64] {
-            await scan(socket: socket, users: fleet.users)
+            // The first run follows the warm-up; the others a pause (PostgreSQL, the floor).
+            if clients > 1 { await scan(socket: socket, users: fleet.users) }
             let (ours, daemonCPU) = withCPU(of: daemon.processIdentifier) { load.run(socket: socket, connections: clients, seconds: seconds, workload) }
             record(Measurement(scenario: scenario, subject: "userstored, C client, \(clients) connection\(clients == 1 ? "" : "s")",
                                value: ours.throughput, unit: "req/s", p50: ours.p50, p99: ours.p99,

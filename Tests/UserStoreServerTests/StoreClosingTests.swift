@@ -27,10 +27,10 @@ extension LogEngineTests {
             _ = try? opener.call("io.userstore.Store.Open", ["user": "hal"])
             opened.signal()
         }.start()
-        let deadline = ContinuousClock.now + .seconds(30)
-        while try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.contains(where: { $0["user"] == "fay" }) != false {
-            guard ContinuousClock.now < deadline else { Issue.record("fay's store was not taken out to be closed"); return }
+        let takenOut = try ClusterDaemonTests.eventually {
+            try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.contains(where: { $0["user"] == "fay" }) == false
         }
+        guard takenOut else { Issue.record("fay's store was not taken out to be closed"); return }
         let reply = try client.call("io.userstore.Store.Query", ["user": "fay", "sql": "SELECT title FROM notes ORDER BY id"])
         #expect(reply["rows"] == [["before"], ["while the log is away"]], "\(reply)")
         #expect(opened.wait(timeout: .now() + 30) == .success)

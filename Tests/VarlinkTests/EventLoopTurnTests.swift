@@ -9,7 +9,8 @@ import Glibc
 
 /// ``EventLoop/atEndOfTurn(_:)``: the handlers that ask are told once every descriptor of the
 /// turn has been handled (the connections send their replies there, so a turn's replies leave
-/// together); one that asks again while told is told again before the loop waits.
+/// together); one that asks again while told is told again before the loop waits; timers run
+/// only once a turn has ended.
 @Suite(.serialized)
 final class EventLoopTurnTests {
     let loop: EventLoop
@@ -38,6 +39,8 @@ final class EventLoopTurnTests {
         let log: Log
         let told = DispatchSemaphore(value: 0)
         var asks: Int
+        /// Set, ``ready(_:)`` also sets a timer due at once, which logs "timer N" and signals it.
+        var timerFired: DispatchSemaphore?
         var token: UInt64 = 0
 
         init(_ name: String, descriptor: Int32, loop: EventLoop, log: Log, asks: Int) {
@@ -50,6 +53,12 @@ final class EventLoopTurnTests {
             log.append("ready \(name)")
             asks -= 1
             loop.atEndOfTurn(self)
+            if let timerFired {
+                loop.schedule(after: 0) { [log, name] in
+                    log.append("timer \(name)")
+                    timerFired.signal()
+                }
+            }
         }
 
         func turnEnded() {
@@ -109,6 +118,19 @@ final class EventLoopTurnTests {
             #expect(log.count == 6, "\(log)")
             #expect(log.prefix(3).allSatisfy { $0.hasPrefix("ready") }, "\(log)")
             #expect(Set(log.suffix(3)) == ["end 0", "end 1", "end 2"], "\(log)")
+        }
+    }
+
+    /// A timer (the connections' idle sweep) never sees what a turn left for its end: one due
+    /// while a turn runs waits for that turn to end.
+    @Test func aTimerDueDuringATurnRunsAfterTheTurnHasEnded() throws {
+        try withHandlers(asks: [1]) { handlers, writers in
+            let fired = DispatchSemaphore(value: 0)
+            handlers[0].timerFired = fired
+            var byte: UInt8 = 1
+            _ = write(writers[0], &byte, 1)
+            #expect(fired.wait(timeout: .now() + 10) == .success)
+            #expect(log.all == ["ready 0", "end 0", "timer 0"])
         }
     }
 

@@ -277,13 +277,6 @@ final class Connection: EventHandler, TurnEndHandler, @unchecked Sendable {
     func sweep(now: UInt64) {
         assert(loop.inEventLoop)
         guard !closed else { return }
-        // What this turn left for its end first: a reply that arrived in this turn must leave
-        // before the connection is judged idle (closing would drop it), and a message the
-        // turn finished reading is no longer a partial one.
-        if turnEndAsked {
-            turnEnded()
-            guard !closed else { return }
-        }
         // A streamed reply (a streamed Query holds its user's store) whose client stopped
         // reading for limits.transactionMilliseconds: closing ends the call and frees the store.
         if let since = sendBlockedSince, now - since > UInt64(limits.transactionMilliseconds) * 1_000_000 {
