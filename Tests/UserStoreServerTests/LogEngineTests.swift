@@ -430,21 +430,27 @@ import Varlink
         #expect(try Self.titles("ann", try setup.daemon.connect()) == ["before"] + (0..<20).map { "during \($0)" } + ["durable during", "after"])
     }
 
-    /// A store closed (evicted) while the log cannot be written: it closes with its WAL kept —
+    /// A store closed (evicted) while the log cannot be written: it closes at once, not after
+    /// the durable time-out (the new user's request waits for that close), with its WAL kept —
     /// its last commits not stored — and, reopened once the log can be written again, ships what
     /// the WAL holds past its stored position; a durable write after that covers everything, and
     /// after the disk is lost the store is what it was at that acknowledgement.
     @Test func aStoreEvictedWhileTheLogCannotBeWrittenLosesNothing() throws {
-        let setup = try Setup("file", extra: "maxOpenStores: 2")
+        let setup = try Setup("file", extra: "maxOpenStores: 2", durableTimeoutMilliseconds: 600_000)
         try setup.daemon.start()
         let client = try setup.daemon.connect()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
         let resume = try ReplicationTests.stall(replica: setup.replica.path)
         try DurabilityTests.writeBlob(5_242_880, for: "fay", on: client)
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: "fay", on: client)
-        // Two other users: fay, least recently used, is closed.
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
+        // Two other users: fay, least recently used, is closed — without waiting the ten minutes
+        // a durable write would wait for the log.
         _ = try client.call("io.userstore.Store.Open", ["user": "gil"])
+        let evicting = ContinuousClock.now
         _ = try client.call("io.userstore.Store.Open", ["user": "hal"])
+        let waited = ContinuousClock.now - evicting
+        #expect(waited < .seconds(60), "the new user's request waited \(waited) for the evicted store's close")
         let open = try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.compactMap { $0["user"]?.stringValue } ?? []
         #expect(!open.contains("fay"), "fay's store was not closed: \(open)")
         let wal = try DurabilityTests.storePath("fay", setup.daemon) + "-wal"

@@ -154,6 +154,12 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
     /// One more store may be opened without closing another.
     var hasRoom: Bool { holding < rules.maxOpenStores }
 
+    /// The task opening or migrating `user`'s store now, if any.
+    func preparation(of user: UserID) -> Task<PreparationOutcome, Never>? {
+        guard case .preparing(let task)? = entries[user]?.phase else { return nil }
+        return task
+    }
+
     /// A request that waits for capacity may ask again: there is room, or an idle store to evict.
     var hasCapacity: Bool { hasRoom || idleVictim() != nil }
 

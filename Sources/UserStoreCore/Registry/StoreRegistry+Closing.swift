@@ -61,15 +61,20 @@ extension StoreRegistry {
     }
 
     /// Closes the open stores of every user `matching` accepts, each once the requests holding
-    /// it are done (and, replicated, after its final sync); returns how many it closed. For a
-    /// bucket that moves to another host: ``StorePlacement`` refuses new requests first.
+    /// it are done (and, replicated, after its final sync); returns how many it closed. A store
+    /// still being opened is waited for and closed too: the request that opens it is served
+    /// first, and none stays open after. For a bucket that moves to another host, or a writer
+    /// lease lost: ``StorePlacement`` refuses new requests first.
     @discardableResult
     public func closeStores(matching: (UserID) -> Bool) async -> Int {
         let (users, closing) = state.withLock { state in
-            (state.entries.filter { $0.value.store != nil && matching($0.key) }.map(\.key), state.closing.keys.filter(matching))
+            (state.entries.keys.filter(matching), state.closing.keys.filter(matching))
         }
         var closed = 0
         for user in users {
+            // Being opened (or migrated): that first, so that the count says what was closed.
+            if let task = state.withLock({ $0.preparation(of: user) }) { _ = await task.value }
+            guard state.withLock({ $0.entries[user]?.store != nil }) else { continue }
             if (try? await withStoreClosed(user) {}) != nil { closed += 1 }
         }
         // Those closing already (idle, evicted): their last commits are synced by then too.

@@ -276,6 +276,9 @@ package final class LogReplicator: StoreReplication {
         guard case .success(let last) = logged.lastRecord else { return }
         // Its last records stored: the WAL is checkpointed away and the position saved, so that
         // a reopen ships nothing. Otherwise the WAL stays, and a reopen ships what it holds.
+        // While the log cannot be written, nothing waits for it: an eviction (a new user's
+        // request), a bucket's release or a stop would each wait the durable time-out per store.
+        guard last == 0 || uploader.isStored(last) || !uploader.isFailing else { return }
         guard last == 0 ? true : await uploader.waitUntilStored(last, until: durableDeadline) else { return }
         do {
             try await store.write { db in

@@ -192,6 +192,10 @@ package final class LogUploader: Sendable {
     /// The sequence of the last object begun (0: none).
     package var sequenceBegun: UInt64 { state.withLock { $0.sequence } }
 
+    /// Whether the last try to write an object failed (cleared once one is stored): the log
+    /// cannot be written now, and a wait for it would last its whole deadline.
+    package var isFailing: Bool { state.withLock { $0.lastError != nil } }
+
     /// Waits until every record appended so far (of every store) is stored, by `deadline`;
     /// false when it came first.
     package func flush(until deadline: ContinuousClock.Instant) async -> Bool {

@@ -52,9 +52,13 @@ struct MigrationFolder {
 /// Collects events, thread-safely.
 final class EventRecorder: StoreObserver {
     private let storage = Mutex<[StoreEvent]>([])
+    /// Called with each event after it is recorded, on the thread that records it (a test may
+    /// hold up the store's open there).
+    let onRecord = Mutex<(@Sendable (StoreEvent) -> Void)?>(nil)
 
     func record(_ event: StoreEvent) {
         storage.withLock { $0.append(event) }
+        onRecord.withLock { $0 }?(event)
     }
 
     var events: [StoreEvent] { storage.withLock { $0 } }
@@ -72,7 +76,7 @@ struct Harness {
 
     init(directory: TemporaryDirectory, migrations: MigrationSet, appVersion: String = "1.0.0", maxOpenStores: Int = 64,
          policy: MigrationPolicy = MigrationPolicy(), idleTimeout: Duration = .seconds(300), fleetSync: FileSystemSync? = nil,
-         gate: (any MigrationGate)? = nil) throws {
+         gate: (any MigrationGate)? = nil, placement: (any StorePlacement)? = nil) throws {
         self.directory = directory
         layout = StoreLayout(dataDirectory: directory.path + "/data")
         lock = try DataDirectoryLock(layout: layout)
@@ -80,7 +84,7 @@ struct Harness {
         registry = StoreRegistry(
             configuration: RegistryConfiguration(layout: layout, appVersion: try AppVersion(appVersion), maxOpenStores: maxOpenStores,
                                                  idleTimeout: idleTimeout, policy: policy),
-            migrations: migrations, lock: lock, observer: recorder, replication: nil, placement: nil, fleetSync: fleetSync, gate: gate)
+            migrations: migrations, lock: lock, observer: recorder, replication: nil, placement: placement, fleetSync: fleetSync, gate: gate)
     }
 
     /// Creates `users`' stores at `migrations` through a registry of their own, then closes
