@@ -101,6 +101,26 @@ public final class DaemonHarness {
         return process.terminationStatus
     }
 
+    /// Sends `signal` and waits at most `limit` for the daemon to exit: its exit status, or nil
+    /// when it had not exited by then (it is SIGKILLed, so that no test is left waiting).
+    public func stop(signal: Int32 = SIGTERM, within limit: Duration) -> Int32? {
+        guard let process else { return -1 }
+        nonisolated(unsafe) let running = process // waited for by that thread alone
+        let exited = DispatchSemaphore(value: 0)
+        Thread {
+            running.waitUntilExit()
+            exited.signal()
+        }.start()
+        if process.isRunning { kill(process.processIdentifier, signal) }
+        let inTime = exited.wait(timeout: .now() + .milliseconds(Int(limit / .milliseconds(1)))) == .success
+        if !inTime {
+            kill(process.processIdentifier, SIGKILL)
+            exited.wait()
+        }
+        self.process = nil
+        return inTime ? process.terminationStatus : nil
+    }
+
     /// Waits for the daemon to exit on its own.
     @discardableResult
     public func waitForExit() -> Int32 {

@@ -335,7 +335,11 @@ package final class LogUploader: Sendable {
         }?.resume()
     }
 
-    /// Writes one object, again and again until it is stored (backing off to 5 s between tries).
+    /// Writes one object, again and again until it is stored (backing off to 5 s between tries)
+    /// — or, once the loop is cancelled (the daemon's stop, after its wait for the log), until a
+    /// try fails: its records then stay unstored, in their stores' WALs, and ship at their next
+    /// open. (Retrying after the cancel spun: a cancelled task's sleep ends at once, and the stop
+    /// never ended while the bucket was down.)
     private func upload(_ batch: (sequence: UInt64, epoch: Int64, records: [LogRecord])) async {
         let createdAt = Date()
         let segment = LogSegment(header: .init(kind: "log", host: origin.host, dataDirectory: origin.dataDirectory, incarnation: origin.incarnation,
@@ -346,17 +350,18 @@ package final class LogUploader: Sendable {
         let key = key(of: batch.sequence)
         var delay = Duration.milliseconds(100)
         let begun = ContinuousClock.now
-        defer { objectStored?(ContinuousClock.now - begun) }
         while true {
             do {
                 try await storage.putAsync(key, bytes)
                 break
             } catch {
                 state.withLock { $0.lastError = "writing \(key): \(error)" }
+                if Task.isCancelled { return }
                 try? await Task.sleep(for: delay)
                 delay = min(delay * 2, .seconds(5))
             }
         }
+        objectStored?(ContinuousClock.now - begun)
         index?.add(key, .init(users: Set(batch.records.map(\.user)),
                               position: .init(epoch: batch.epoch, incarnation: origin.incarnation, sequence: batch.sequence),
                               createdAt: RFC3339.parse(RFC3339.format(createdAt)) ?? createdAt))

@@ -1,0 +1,103 @@
+import DaemonTestSupport
+import Foundation
+import Testing
+import Varlink
+
+/// The log when it cannot be written (its folder in the way): stores served, a store evicted
+/// and the daemon stopped meanwhile, nothing acknowledged lost.
+extension LogEngineTests {
+    /// The log's folder made unwritable while writes go on: plain writes are served, durable ones
+    /// get ReplicationUnavailable, the daemon reports the outage once (`replication-degraded`);
+    /// once the folder is back every commit kept meanwhile is written, in order
+    /// (`replication-recovered`), a durable write is acknowledged, and after the disk is lost
+    /// every write comes back.
+    @Test func aLogThatCannotBeWrittenDegradesAndRecovers() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        for index in 0..<20 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during \(index)')", for: "ann", on: client) }
+        #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable during')", for: "ann", on: client, durable: true)
+        })
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" && ($0["log"]?["pendingBytes"]?.integerValue ?? 0) > 0 })
+        // The lag (Litestream's field, now the log's): the oldest unstored commit waited through
+        // the durable write's time-out at least.
+        func lag() throws -> Double {
+            switch try client.call("io.userstore.Admin.Status")["replication"]?["maxLagSeconds"] {
+            case .real(let seconds)?: seconds
+            case .integer(let seconds)?: Double(seconds)
+            default: -1
+            }
+        }
+        let stalledLag = try lag()
+        #expect(stalledLag >= 1, "maxLagSeconds \(stalledLag) while the log could not be written")
+        resume()
+        // Everything stored: no lag (the last object may still be in flight when nothing waits).
+        #expect(try DurabilityTests.waitForReplication(client) {
+            $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 && ($0["maxLagSeconds"] == .real(0) || $0["maxLagSeconds"] == .integer(0))
+        })
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: "ann", on: client, durable: true)
+        let stderr = setup.daemon.stderr
+        #expect(stderr.components(separatedBy: "event=replication-degraded").count == 2, "one replication-degraded per outage")
+        #expect(stderr.contains("event=replication-recovered"))
+        try setup.loseTheHost()
+        #expect(try Self.titles("ann", try setup.daemon.connect()) == ["before"] + (0..<20).map { "during \($0)" } + ["durable during", "after"])
+    }
+
+    /// A store closed (evicted) while the log cannot be written: it closes at once, not after
+    /// the durable time-out (the new user's request waits for that close), with its WAL kept —
+    /// its last commits not stored — and, reopened once the log can be written again, ships what
+    /// the WAL holds past its stored position; a durable write after that covers everything, and
+    /// after the disk is lost the store is what it was at that acknowledgement.
+    @Test func aStoreEvictedWhileTheLogCannotBeWrittenLosesNothing() throws {
+        let setup = try Setup("file", extra: "maxOpenStores: 2", durableTimeoutMilliseconds: 600_000)
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        try DurabilityTests.writeBlob(5_242_880, for: "fay", on: client)
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: "fay", on: client)
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
+        // Two other users: fay, least recently used, is closed — without waiting the ten minutes
+        // a durable write would wait for the log.
+        _ = try client.call("io.userstore.Store.Open", ["user": "gil"])
+        let evicting = ContinuousClock.now
+        _ = try client.call("io.userstore.Store.Open", ["user": "hal"])
+        let waited = ContinuousClock.now - evicting
+        #expect(waited < .seconds(60), "the new user's request waited \(waited) for the evicted store's close")
+        let open = try client.call("io.userstore.Admin.Replication")["stores"]?.arrayValue?.compactMap { $0["user"]?.stringValue } ?? []
+        #expect(!open.contains("fay"), "fay's store was not closed: \(open)")
+        let wal = try DurabilityTests.storePath("fay", setup.daemon) + "-wal"
+        #expect(((try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0) > 5_242_880, "closing dropped the WAL holding what the log did not store")
+        resume()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('reopened')", for: "fay", on: client)
+        try DurabilityTests.acknowledgeThenLoseTheHost("fay", setup.daemon, client)
+    }
+
+    /// A stop while the log cannot be written ends: the stores close at once, the stop waits
+    /// for the log once (the durable time-out) and gives its object up — it used to retry it
+    /// without pause, at full CPU, and never ended. What the stores committed is in their WALs:
+    /// started again with the log back, the daemon ships it, and after the disk is lost every
+    /// write is back.
+    @Test func aStopWhileTheLogCannotBeWrittenEndsAndLosesNothing() throws {
+        let setup = try Setup("file", durableTimeoutMilliseconds: 2000)
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ivy", on: client, durable: true)
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        for user in ["ivy", "jon"] { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: user, on: client) }
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
+        #expect(setup.daemon.stop(within: .seconds(60)) == 0, "the daemon did not stop while the log could not be written")
+        #expect(setup.daemon.stderr.contains("stopping with records the log did not store"))
+        resume()
+        try setup.daemon.start()
+        let again = try setup.daemon.connect()
+        for user in ["ivy", "jon"] { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('after')", for: user, on: again, durable: true) }
+        try setup.loseTheHost()
+        let restored = try setup.daemon.connect()
+        #expect(try Self.titles("ivy", restored) == ["before", "while the log is away", "after"])
+        #expect(try Self.titles("jon", restored) == ["while the log is away", "after"])
+    }
+}
