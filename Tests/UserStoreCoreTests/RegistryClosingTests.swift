@@ -46,6 +46,19 @@ import Testing
         #expect(harness.registry.statistics.openStores == 0, "a store being opened stayed open")
     }
 
+    /// More stores than are closed at a time: every one is closed, and counted.
+    @Test func closingStoresClosesThemAllSeveralAtATime() async throws {
+        let directory = try TemporaryDirectory()
+        let migrations = try MigrationFolder(directory).write("0001_notes.sql", "CREATE TABLE notes (title TEXT);").load()
+        let harness = try Harness(directory: directory, migrations: migrations)
+        let count = StoreRegistry.closingWidth * 2 + 5
+        for index in 0..<count { _ = try await harness.registry.info(user("user\(index)")) }
+        #expect(await harness.registry.closeStores { $0.rawValue != "user0" } == count - 1)
+        #expect(harness.registry.statistics.openStores == 1)
+        await harness.registry.shutdown()
+        #expect(harness.registry.statistics.openStores == 0)
+    }
+
     /// Admits every user until `moving`, then none (a bucket moving to another host).
     final class MovingAway: StorePlacement {
         let moving = Mutex(false)

@@ -62,20 +62,28 @@ extension StoreRegistry {
 
     /// Closes the open stores of every user `matching` accepts, each once the requests holding
     /// it are done (and, replicated, after its final sync); returns how many it closed. A store
-    /// still being opened is waited for and closed too: the request that opens it is served
-    /// first, and none stays open after. For a bucket that moves to another host, or a writer
-    /// lease lost: ``StorePlacement`` refuses new requests first.
+    /// still being opened is waited for and closed too: the request that opened it is answered
+    /// first (refused, when ``StorePlacement`` refuses its user by then), and none stays open
+    /// after. Closes ``closingWidth`` stores at a time. For a bucket that moves to another host,
+    /// or a writer lease lost: ``StorePlacement`` refuses new requests first.
     @discardableResult
     public func closeStores(matching: (UserID) -> Bool) async -> Int {
         let (users, closing) = state.withLock { state in
             (state.entries.keys.filter(matching), state.closing.keys.filter(matching))
         }
-        var closed = 0
-        for user in users {
-            // Being opened (or migrated): that first, so that the count says what was closed.
-            if let task = state.withLock({ $0.preparation(of: user) }) { _ = await task.value }
-            guard state.withLock({ $0.entries[user]?.store != nil }) else { continue }
-            if (try? await withStoreClosed(user) {}) != nil { closed += 1 }
+        // Several at a time, like a stop's (the bucket's users get Retry meanwhile).
+        let closed = await withTaskGroup(of: Bool.self) { group in
+            var closed = 0
+            for (index, user) in users.enumerated() {
+                if index >= Self.closingWidth, await group.next() == true { closed += 1 }
+                group.addTask {
+                    // Being opened (or migrated): that first, so that the count says what was closed.
+                    if let task = self.state.withLock({ $0.preparation(of: user) }) { _ = await task.value }
+                    guard self.state.withLock({ $0.entries[user]?.store != nil }) else { return false }
+                    return (try? await self.withStoreClosed(user) {}) != nil
+                }
+            }
+            return await group.reduce(closed) { $0 + ($1 ? 1 : 0) }
         }
         // Those closing already (idle, evicted): their last commits are synced by then too.
         for user in closing { await waitForClose(of: user) }
