@@ -171,4 +171,55 @@ import Varlink
         #expect(a.stop() == 0)
         #expect(b.stop() == 0)
     }
+
+    /// A host stopped while the replica cannot be reached: its stores close at once (a close
+    /// does not wait for a log that fails), and it leaves the cluster only once the log stored
+    /// their last commits — the replica answers again here 5 s into the stop — so the next
+    /// owner gets every committed row. It used to leave first and flush after, and the next
+    /// owner's fence could come before the last commits.
+    @Test func aStoppingHostLeavesOnlyOnceItsLastCommitsAreStored() throws {
+        let etcd = try EtcdCluster(size: 1)
+        let store = try ClusterDaemonTests.objectStore()
+        let proxy = try CuttableProxy(to: store.port)
+        let a = try DaemonHarness(extraConfig: ClusterDaemonTests.configuration(
+            "a", port: 7125, etcd: etcd, store: store, endpoint: "http://127.0.0.1:\(proxy.port)",
+            replication: "  durableTimeoutMilliseconds: 15000\n  foldSeconds: 3600"))
+        a.environment = store.environment
+        let b = try Self.daemon("b", port: 7126, etcd: etcd, store: store)
+        try a.start()
+        let toA = try a.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "cleo").0 == "here" })
+        try b.start()
+        let toB = try b.connect()
+        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toB, "cleo").0 == "a" })
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "cleo", on: toA, durable: true)
+        proxy.cut()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('not yet stored')", for: "cleo", on: toA)
+        #expect(try DurabilityTests.waitForReplication(toA) { $0["state"] == "degraded" })
+
+        nonisolated(unsafe) let stopping = a // stopped by that thread alone
+        let stopped = DispatchSemaphore(value: 0)
+        Thread {
+            _ = stopping.stop()
+            stopped.signal()
+        }.start()
+        #expect(ClusterDaemonTests.eventually { a.stderr.contains("event=daemon-stopping") })
+        // a's stores are closed by now, their last commit not stored: a stays in the cluster,
+        // and cleo's bucket a's, until it is.
+        let held = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < held {
+            #expect(ClusterDaemonTests.answer(toB, "cleo").0 != "here", "a left the cluster before its last commits were stored")
+            Thread.sleep(forTimeInterval: 0.5)
+        }
+        proxy.mend()
+        #expect(stopped.wait(timeout: .now() + 60) == .success, "a did not stop")
+        let deadline = ContinuousClock.now + .seconds(60)
+        while ClusterDaemonTests.answer(toB, "cleo").0 != "here" {
+            try #require(ContinuousClock.now < deadline, "b did not take cleo's bucket within 60 s of a's stop")
+            Thread.sleep(forTimeInterval: 0.1)
+        }
+        #expect(try LogEngineTests.titles("cleo", toB) == ["stored", "not yet stored"])
+        #expect(!a.stderr.contains("stopping with records the log did not store"), "\(a.stderr.suffix(2000))")
+        #expect(b.stop() == 0)
+    }
 }

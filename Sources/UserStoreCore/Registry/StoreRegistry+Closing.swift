@@ -62,17 +62,35 @@ extension StoreRegistry {
 
     /// Closes the open stores of every user `matching` accepts, each once the requests holding
     /// it are done (and, replicated, after its final sync); returns how many it closed. A store
-    /// still being opened is waited for and closed too: the request that opened it is answered
-    /// first (refused, when ``StorePlacement`` refuses its user by then), and none stays open
-    /// after. Closes ``closingWidth`` stores at a time. For a bucket that moves to another host,
-    /// or a writer lease lost: ``StorePlacement`` refuses new requests first.
+    /// still being opened is waited for and closed too — the request that opened it is answered
+    /// first (refused, when ``StorePlacement`` refuses its user by then) —, and one being closed
+    /// already (idle, evicted) is waited for. Closes ``closingWidth`` stores at a time. For a
+    /// bucket that moves to another host, or a writer lease lost: ``StorePlacement`` refuses
+    /// new requests first.
     @discardableResult
     public func closeStores(matching: (UserID) -> Bool) async -> Int {
-        let (users, closing) = state.withLock { state in
-            (state.entries.keys.filter(matching), state.closing.keys.filter(matching))
+        var closed = 0
+        // Looked at again after each round: a request admitted just before its user was refused
+        // may have begun an open after the look (at most a few rounds: nothing new is admitted).
+        for _ in 0..<Self.closingRounds {
+            let (users, closing) = state.withLock { state in
+                (state.entries.filter { $0.value.store != nil || state.preparation(of: $0.key) != nil }.keys.filter(matching),
+                 state.closing.keys.filter(matching))
+            }
+            if users.isEmpty && closing.isEmpty { break }
+            closed += await closeConcurrently(users)
+            for user in closing { await waitForClose(of: user) }
         }
-        // Several at a time, like a stop's (the bucket's users get Retry meanwhile).
-        let closed = await withTaskGroup(of: Bool.self) { group in
+        return closed
+    }
+
+    /// How many times ``closeStores(matching:)`` looks for stores to close.
+    static let closingRounds = 3
+
+    /// Closes `users`' stores, ``closingWidth`` at a time, each once its open (if one is under
+    /// way) is done; returns how many it closed.
+    private func closeConcurrently(_ users: [UserID]) async -> Int {
+        await withTaskGroup(of: Bool.self) { group in
             var closed = 0
             for (index, user) in users.enumerated() {
                 if index >= Self.closingWidth, await group.next() == true { closed += 1 }
@@ -85,9 +103,6 @@ extension StoreRegistry {
             }
             return await group.reduce(closed) { $0 + ($1 ? 1 : 0) }
         }
-        // Those closing already (idle, evicted): their last commits are synced by then too.
-        for user in closing { await waitForClose(of: user) }
-        return closed
     }
 
     /// The outcome of an operation run in another task.

@@ -390,25 +390,25 @@ public final class StoreRegistry: Sendable {
 
     /// Waits for every request and preparation in flight, then closes every store.
     public func shutdown() async {
+        // Taken under the lock that shows no preparation or close under way: a store that a
+        // close for its files (a bucket released meanwhile) holds is never taken here too.
+        var stores: [Store] = []
         while true {
-            let pending: [Task<PreparationOutcome, Never>] = state.withLock { state in
-                state.entries.values.compactMap { entry in
-                    if case .preparing(let task) = entry.phase { return task } else { return nil }
-                }
+            let busy = state.withLock { state -> (tasks: [Task<PreparationOutcome, Never>], closing: [UserID])? in
+                let tasks = state.entries.keys.compactMap { state.preparation(of: $0) }
+                guard tasks.isEmpty, state.closing.isEmpty else { return (tasks, Array(state.closing.keys)) }
+                stores = state.entries.values.compactMap(\.store)
+                state.entries.removeAll()
+                return nil
             }
-            if pending.isEmpty { break }
-            for task in pending { _ = await task.value }
-        }
-        // Stores being closed already (idle, evicted): closed before the replication stops.
-        for user in state.withLock({ Array($0.closing.keys) }) { await waitForClose(of: user) }
-        let stores: [Store] = state.withLock { state in
-            let stores = state.entries.values.compactMap(\.store)
-            state.entries.removeAll()
-            return stores
+            guard let busy else { break }
+            for task in busy.tasks { _ = await task.value }
+            // Stores being closed already (idle, evicted): closed before the replication stops.
+            for user in busy.closing { await waitForClose(of: user) }
         }
         // Several at a time: each close waits for its checkpoint's fsync (and, replicated, for
         // its last records), which the others need not wait for.
-        await withTaskGroup(of: Void.self) { group in
+        await withTaskGroup(of: Void.self) { [stores] group in
             for (index, store) in stores.enumerated() {
                 if index >= Self.closingWidth { await group.next() }
                 group.addTask { await self.preparer.close(store) }

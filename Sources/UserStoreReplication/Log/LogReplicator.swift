@@ -405,13 +405,18 @@ package final class LogReplicator: StoreReplication {
     }
 
     /// Waits (at most the durable time-out) for the log to store what the stores' last commits
-    /// appended, then stops the uploader.
-    package func stop() async {
-        if await !uploader.flush(until: durableDeadline) {
+    /// appended, then stops the uploader. Returns whether every record was stored: only then may
+    /// another host take the stores over (what this one stored after that host's fence would
+    /// not count).
+    @discardableResult
+    package func stop() async -> Bool {
+        let stored = await uploader.flush(until: durableDeadline)
+        if !stored {
             logger.warning("stopping with records the log did not store (\(uploader.snapshot.lastError ?? "the replica is slow")): the stores ship them when they next open", metadata: ["event": "replication-degraded"])
         }
         uploading.withLock { $0 }?.cancel()
         await uploading.withLock { $0 }?.value
+        return stored
     }
 
     // MARK: Helpers

@@ -245,20 +245,23 @@ public enum Daemon {
             exitCode = .failure
         }
         await registry.shutdown()
-        await cluster?.leave() // after every store's final sync: the next owner restores it all
+        // Every record in the log (or the durable time-out passed) before another host may take
+        // the stores over: what this host stored after that host's fence would not count. A
+        // store's close does not wait for a log that is failing; this one wait covers them all.
+        let stored = await replicator?.stop() ?? true
+        await cluster?.leave() // the next owner restores it all (unless the log failed: logged above)
         if let leaseKeeper, let replicator, let lease = replicator.lease {
-            // Kept until every store's final sync; given up then, so that another host takes over
-            // at once — unless a final sync failed: then it runs out, and the next host of this data
+            // Kept until the log stored every record; given up then, so that another host takes
+            // over at once — unless it did not: then it runs out, and the next host of this data
             // directory takes it back with the stores that hold what the replica lacks.
             leaseKeeper.cancel()
             await leaseKeeper.value
-            if let error = replicator.snapshot.lastError {
-                logger.warning("keeping the replica's writer lease until it runs out: replication is degraded (\(error))", metadata: ["event": "replica-lease-released"])
+            if !stored {
+                logger.warning("keeping the replica's writer lease until it runs out: replication is degraded (\(replicator.snapshot.lastError ?? "the log did not store every record in time"))", metadata: ["event": "replica-lease-released"])
             } else {
                 _ = await BlockingPool.run { lease.release() }
             }
         }
-        await replicator?.stop() // after every store's final sync
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
         journalWriter?.flush()
