@@ -100,4 +100,29 @@ extension LogEngineTests {
         #expect(try Self.titles("ivy", restored) == ["before", "while the log is away", "after"])
         #expect(try Self.titles("jon", restored) == ["while the log is away", "after"])
     }
+
+    /// A delete while the log cannot be written is refused (`ReplicationUnavailable`) within
+    /// the durable time-out — it waited a fixed 30 s before —, the local store kept and served;
+    /// once the log is back the delete succeeds, and the log holds nothing of the user.
+    @Test func aDeleteWhileTheLogCannotBeWrittenIsRefusedAndKeepsTheStore() throws {
+        let setup = try Setup("file", durableTimeoutMilliseconds: 2000)
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "kim", on: client, durable: true)
+        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during')", for: "kim", on: client)
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
+        let asked = ContinuousClock.now
+        #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
+            _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "kim"])
+        })
+        let waited = ContinuousClock.now - asked
+        #expect(waited < .seconds(20), "the refusal came after \(waited), against a 2 s durable time-out")
+        #expect(try Self.titles("kim", client) == ["before", "during"])
+        resume()
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 })
+        _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "kim"])
+        #expect(try setup.allRecords(of: "kim").isEmpty, "records of the deleted user are left in the log")
+        #expect(try client.call("io.userstore.Store.Open", ["user": "kim"])["created"] == true)
+    }
 }

@@ -28,11 +28,12 @@ package struct LogEraser: Sendable {
 
     /// Erases `user` from the log (the store is closed: its last records were appended); in a
     /// cluster the tombstone stands at `epoch`, the user's bucket's. Blocking; throws when the
-    /// replica cannot be written (nothing of the user may remain: retry).
-    package func erase(_ user: String, epoch: Int64? = nil) throws {
+    /// replica cannot be written (nothing of the user may remain: retry) — at the latest once the
+    /// log has not stored what it holds by `deadline` (the durable time-out, as for a durable write).
+    package func erase(_ user: String, epoch: Int64? = nil, until deadline: ContinuousClock.Instant) throws {
         // Every record appended so far in an object: the user's last ones included.
-        guard try BlockingPool.wait(for: { await uploader.flush(until: .now + .seconds(30)) }) else {
-            throw LogSegment.Damaged(description: "the log did not store what it holds within 30 s (\(uploader.snapshot.lastError ?? "the replica is slow"))")
+        guard try BlockingPool.wait(for: { await uploader.flush(until: deadline) }) else {
+            throw LogSegment.Damaged(description: "the log did not store what it holds in time (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
         let rewrite = {
             try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))

@@ -292,15 +292,18 @@ package final class LogReplicator: StoreReplication {
 
     package func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
         guard deleteReplica else { return baseDue(user, path: path) }
-        LogPosition.forget(path)
         do {
             // A copy in Litestream's layout too (from before `engine: log`).
             try storage.erase(legacyLocations.userFolderSuffix(user))
             index.forgetLegacy(user.rawValue)
-            try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue, epoch: cluster?.epoch(of: user))
+            try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue, epoch: cluster?.epoch(of: user), until: durableDeadline)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); nothing was deleted here, retry")
         }
+        // Only now: a delete refused leaves the store as it was, position included (without it
+        // the next open asked the log for a newer copy — refused while the log is away, and
+        // then set the store aside for the log's copy of it).
+        LogPosition.forget(path)
     }
 
     // MARK: What the daemon asks besides the registry
