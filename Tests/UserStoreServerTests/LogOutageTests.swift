@@ -126,3 +126,33 @@ extension LogEngineTests {
         #expect(try client.call("io.userstore.Store.Open", ["user": "kim"])["created"] == true)
     }
 }
+
+extension EncryptionTests {
+    /// A delete the log refuses, with encryption: the user's data key is destroyed first (erase
+    /// by key), so the refusal says so — not that nothing was deleted — and the store answers
+    /// `StoreErased` from then on; once the log is back the retry completes the delete.
+    @Test func aDeleteTheLogRefusesStillErasesByKeyAndSaysSo() throws {
+        let replica = try TemporaryDirectory()
+        let daemon = try DaemonHarness()
+        try Self.writeKey(in: daemon)
+        try daemon.writeConfig(extra: Self.encryptionConfig(daemon)
+            + "replication:\n  replica: \"file://\(replica.path)\"\n  durableTimeoutMilliseconds: 2000\n")
+        try daemon.start()
+        let client = try daemon.connect()
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "alice", on: client, durable: true)
+        let resume = try ReplicationTests.stall(replica: replica.path)
+        defer { resume() }
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during')", for: "alice", on: client)
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
+        let refused = varlinkError { _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "alice"]) }
+        #expect(refused?.name == "io.userstore.Store.ReplicationUnavailable", "\(String(describing: refused))")
+        #expect(refused?.parameters["message"]?.stringValue?.contains("its data key is destroyed already") == true, "\(String(describing: refused))")
+        let erased = varlinkError { _ = try client.call("io.userstore.Store.Query", ["user": "alice", "sql": "SELECT title FROM notes"]) }
+        #expect(erased?.name == "io.userstore.Store.StoreErased", "\(String(describing: erased))")
+        resume()
+        #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "ok" && $0["log"]?["pendingBytes"] == 0 })
+        _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "alice"])
+        #expect(try client.call("io.userstore.Store.Open", ["user": "alice"])["created"] == true)
+        #expect(daemon.stop() == 0)
+    }
+}

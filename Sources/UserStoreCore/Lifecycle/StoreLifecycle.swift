@@ -20,10 +20,19 @@ public struct StoreLifecycle: Sendable {
         let report = try await registry.withStoreClosed(user, replacingFiles: true) {
             // The key first (erase by key): every copy made before — a backup, the bucket, an
             // older version of an object — is unreadable from then on, whatever happens next.
-            if let keyring, try keyring.hasKey(user) { try keyring.destroy(user) }
+            let keyDestroyed = try keyring.map { keyring in
+                guard try keyring.hasKey(user) else { return false }
+                try keyring.destroy(user)
+                return true
+            } ?? false
             // The replica next: one that cannot be deleted refuses the whole deletion, rather
             // than leave a copy the next request would restore.
-            try replication?.storeReplaced(user, path: path, deleteReplica: true)
+            do {
+                try replication?.storeReplaced(user, path: path, deleteReplica: true)
+            } catch StoreError.replicationUnavailable(let user, let message) where keyDestroyed {
+                // Refused, but not undone: the user's data is unreadable from here on.
+                throw StoreError.replicationUnavailable(user: user, message: message + " (its data key is destroyed already: no copy of the store can be read — StoreErased —, and the retry removes them)")
+            }
             return try files.delete(user, keepBackups: keepBackups)
         }
         if report.existed || !report.removedFiles.isEmpty {

@@ -298,7 +298,7 @@ package final class LogReplicator: StoreReplication {
             index.forgetLegacy(user.rawValue)
             try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue, epoch: cluster?.epoch(of: user), until: durableDeadline)
         } catch {
-            throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); nothing was deleted here, retry")
+            throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); the local store is kept, retry")
         }
         // Only now: a delete refused leaves the store as it was, position included (without it
         // the next open asked the log for a newer copy — refused while the log is away, and
