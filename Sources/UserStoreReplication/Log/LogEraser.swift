@@ -26,15 +26,19 @@ package struct LogEraser: Sendable {
         "erased/" + SHA256.hash(data: Data(user.utf8)).map { String(format: "%02x", $0) }.joined() + ".json"
     }
 
-    /// Erases `user` from the log (the store is closed: its last records were appended); in a
-    /// cluster the tombstone stands at `epoch`, the user's bucket's. Blocking; throws when the
-    /// replica cannot be written (nothing of the user may remain: retry) — at the latest once the
-    /// log has not stored what it holds by `deadline` (the durable time-out, as for a durable write).
-    package func erase(_ user: String, epoch: Int64? = nil, until deadline: ContinuousClock.Instant) throws {
-        // Every record appended so far in an object: the user's last ones included.
+    /// Waits until every record appended so far is in an object — the user's last ones included
+    /// (its store is closed) — before ``erase(_:epoch:)``; throws when the log has not stored
+    /// them by `deadline`: nothing of the user is erased then. Blocking.
+    package func flush(until deadline: ContinuousClock.Instant) throws {
         guard try BlockingPool.wait(for: { await uploader.flush(until: deadline) }) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds in time (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
+    }
+
+    /// Erases `user` from the log, once ``flush(until:)`` returned; in a cluster the tombstone
+    /// stands at `epoch`, the user's bucket's. Blocking; throws when the replica cannot be
+    /// written (nothing of the user may remain: retry).
+    package func erase(_ user: String, epoch: Int64? = nil) throws {
         let rewrite = {
             try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))
             uploader.index?.setFolds(of: user, [])

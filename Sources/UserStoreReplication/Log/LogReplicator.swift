@@ -296,13 +296,20 @@ package final class LogReplicator: StoreReplication {
             // A copy in Litestream's layout too (from before `engine: log`).
             try storage.erase(legacyLocations.userFolderSuffix(user))
             index.forgetLegacy(user.rawValue)
-            try LogEraser(storage: storage, uploader: uploader, folder: folder).erase(user.rawValue, epoch: cluster?.epoch(of: user), until: durableDeadline)
+            let eraser = LogEraser(storage: storage, uploader: uploader, folder: folder)
+            // The user's last records stored first: while the log fails, the durable time-out;
+            // otherwise at least 30 s (a backlog of every store's records may be ahead of them).
+            let patience = Duration.milliseconds(uploader.isFailing ? settings.durableTimeoutMilliseconds : max(settings.durableTimeoutMilliseconds, 30_000))
+            try eraser.flush(until: .now + patience)
+            // A refusal so far leaves the store as it was, its position included (without it the
+            // next open asked the log for a newer copy — refused while the log is away — and then
+            // set the store aside for it). From here on the erase removes the store's stream: if
+            // it is cut short, the store's next open ships a base (a pending position).
+            baseDue(user, path: path)
+            try eraser.erase(user.rawValue, epoch: cluster?.epoch(of: user))
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); the local store is kept, retry")
         }
-        // Only now: a delete refused leaves the store as it was, position included (without it
-        // the next open asked the log for a newer copy — refused while the log is away, and
-        // then set the store aside for the log's copy of it).
         LogPosition.forget(path)
     }
 
