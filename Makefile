@@ -5,7 +5,7 @@ export PATH := $(PATH):/opt/swift/usr/bin
 PREFIX ?= /usr/local
 DESTDIR ?=
 
-.PHONY: deb package-test manpages deps build release test run install uninstall bench ab-point ab-release soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3
+.PHONY: deb package-test manpages deps build release test run install uninstall bench ab-point ab-release stop-time soak churn fuzz asan tsan clean cluster-test fuzz-smoke crash-s3
 
 deps:
 	@bash scripts/install-deps.sh
@@ -65,6 +65,17 @@ ab-release:
 	NEW_MIGRATION="CREATE TABLE release_marker (x INTEGER);" \
 	NEW_CONFIG="$$(printf 'rollout:\n  steps: [50%%, 100%%]\n  wait: 1d\n')" \
 	bash scripts/ab-point.sh "$$(swift build -c release --show-bin-path)/userstored" "$$(swift build -c release --show-bin-path)/userstored"
+
+## How long a stop takes with 1,000 stores open, replicated on a folder: the userstored of OLD
+## (a git revision, built in a worktree under .build/ab) against the tree's, alternating
+## (scripts/stop-time.py; docs/performance.md, "Stopping").
+stop-time:
+	@test -n "$(OLD)" || { echo "usage: make stop-time OLD=<git revision>"; exit 2; }
+	swift build -c release --product userstored
+	rm -rf .build/ab/$(OLD) && git worktree add -f .build/ab/$(OLD) $(OLD)
+	cd .build/ab/$(OLD) && swift build -c release --product userstored
+	python3 scripts/stop-time.py --replica .build/ab/$(OLD)/.build/release/userstored "$$(swift build -c release --show-bin-path)/userstored"
+	python3 scripts/stop-time.py .build/ab/$(OLD)/.build/release/userstored "$$(swift build -c release --show-bin-path)/userstored"
 
 ## The cluster harness, full length (scripts/test.sh runs a short one): 3 etcd members, 3
 ## daemons on 127.0.0.2-4, ~300 users, six faults, the history checker (docs/cluster.md).
