@@ -13,18 +13,48 @@ import Varlink
 @Suite(.serialized) struct ClusterLogTests {
     /// A host of the cluster on the log, its replica reached at `endpoint` (a proxy) if given.
     static func daemon(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
-                       foldSeconds: Int = 3600) throws -> DaemonHarness {
+                       foldSeconds: Int = 3600, durableTimeoutMilliseconds: Int = 3000) throws -> DaemonHarness {
         let daemon = try DaemonHarness(extraConfig: Self.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint,
-                                                                      foldSeconds: foldSeconds))
+                                                                      foldSeconds: foldSeconds, durableTimeoutMilliseconds: durableTimeoutMilliseconds))
         daemon.environment = store.environment
         return daemon
     }
 
-    /// The YAML of ``daemon(_:port:etcd:store:endpoint:foldSeconds:)``.
+    /// The YAML of ``daemon(_:port:etcd:store:endpoint:foldSeconds:durableTimeoutMilliseconds:)``.
     static func configuration(_ host: String, port: Int, etcd: EtcdCluster, store: SeaweedFS, endpoint: String? = nil,
-                              foldSeconds: Int = 3600) -> String {
+                              foldSeconds: Int = 3600, durableTimeoutMilliseconds: Int = 3000) -> String {
         ClusterDaemonTests.configuration(host, port: port, etcd: etcd, store: store, endpoint: endpoint,
-                                         replication: "  durableTimeoutMilliseconds: 3000\n  foldSeconds: \(foldSeconds)")
+                                         replication: "  durableTimeoutMilliseconds: \(durableTimeoutMilliseconds)\n  foldSeconds: \(foldSeconds)")
+    }
+
+    /// Two hosts: a, which reaches the replica through a proxy and owns cleo's bucket, and b.
+    /// cleo has one row stored in the replica, then — the proxy cut — one row committed on a
+    /// and not stored.
+    final class CutOwner {
+        let etcd: EtcdCluster
+        let store: SeaweedFS
+        let proxy: CuttableProxy
+        let a: DaemonHarness, b: DaemonHarness
+        let toA: VarlinkConnection, toB: VarlinkConnection
+
+        init(ports: (a: Int, b: Int), durableTimeoutMilliseconds: Int = 3000) throws {
+            etcd = try EtcdCluster(size: 1)
+            store = try ClusterDaemonTests.objectStore()
+            proxy = try CuttableProxy(to: store.port)
+            a = try ClusterLogTests.daemon("a", port: ports.a, etcd: etcd, store: store, endpoint: "http://127.0.0.1:\(proxy.port)",
+                                           durableTimeoutMilliseconds: durableTimeoutMilliseconds)
+            b = try ClusterLogTests.daemon("b", port: ports.b, etcd: etcd, store: store)
+            try a.start()
+            let toA = try a.connect()
+            #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "cleo").0 == "here" })
+            try b.start()
+            let toB = try b.connect()
+            #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toB, "cleo").0 == "a" })
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "cleo", on: toA, durable: true)
+            proxy.cut()
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('not yet stored')", for: "cleo", on: toA)
+            (self.toA, self.toB) = (toA, toB)
+        }
     }
 
     /// A user other than `user` in `user`'s bucket.
@@ -131,20 +161,8 @@ import Varlink
     /// stays its own (users get Retry), and once the replica answers the new owner gets every
     /// committed row.
     @Test func aMoveReleasesTheBucketOnlyOnceItsLastCommitsAreStored() throws {
-        let etcd = try EtcdCluster(size: 1)
-        let store = try ClusterDaemonTests.objectStore()
-        let proxy = try CuttableProxy(to: store.port)
-        let a = try Self.daemon("a", port: 7123, etcd: etcd, store: store, endpoint: "http://127.0.0.1:\(proxy.port)")
-        let b = try Self.daemon("b", port: 7124, etcd: etcd, store: store)
-        try a.start()
-        let toA = try a.connect()
-        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "cleo").0 == "here" })
-        try b.start()
-        let toB = try b.connect()
-        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toB, "cleo").0 == "a" })
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "cleo", on: toA, durable: true)
-        proxy.cut()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('not yet stored')", for: "cleo", on: toA)
+        let cut = try CutOwner(ports: (7123, 7124))
+        let (proxy, a, b, toB) = (cut.proxy, cut.a, cut.b, cut.toB)
 
         let bucket = Placement.bucket(for: try UserID("cleo"))
         let move = try run([userstorectlPath, "cluster", "move", "\(bucket)", "b"], environment: ["USERSTORE_SOCKET": b.socketPath])
@@ -178,23 +196,8 @@ import Varlink
     /// owner gets every committed row. It used to leave first and flush after, and the next
     /// owner's fence could come before the last commits.
     @Test func aStoppingHostLeavesOnlyOnceItsLastCommitsAreStored() throws {
-        let etcd = try EtcdCluster(size: 1)
-        let store = try ClusterDaemonTests.objectStore()
-        let proxy = try CuttableProxy(to: store.port)
-        let a = try DaemonHarness(extraConfig: ClusterDaemonTests.configuration(
-            "a", port: 7125, etcd: etcd, store: store, endpoint: "http://127.0.0.1:\(proxy.port)",
-            replication: "  durableTimeoutMilliseconds: 15000\n  foldSeconds: 3600"))
-        a.environment = store.environment
-        let b = try Self.daemon("b", port: 7126, etcd: etcd, store: store)
-        try a.start()
-        let toA = try a.connect()
-        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toA, "cleo").0 == "here" })
-        try b.start()
-        let toB = try b.connect()
-        #expect(ClusterDaemonTests.eventually { ClusterDaemonTests.answer(toB, "cleo").0 == "a" })
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "cleo", on: toA, durable: true)
-        proxy.cut()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('not yet stored')", for: "cleo", on: toA)
+        let cut = try CutOwner(ports: (7125, 7126), durableTimeoutMilliseconds: 15000)
+        let (proxy, a, b, toA, toB) = (cut.proxy, cut.a, cut.b, cut.toA, cut.toB)
         #expect(try DurabilityTests.waitForReplication(toA) { $0["state"] == "degraded" })
 
         nonisolated(unsafe) let stopping = a // stopped by that thread alone

@@ -15,13 +15,17 @@ import Varlink
     final class Setup {
         let replica: TemporaryDirectory
         let server: SeaweedFS?
+        /// With `proxied` ("s3" only): what stands between the daemon and the bucket, to hold,
+        /// fail or cut its answers.
+        let proxy: CuttableProxy?
         let daemon: DaemonHarness
 
-        init(_ kind: String, extra: String = "", durableTimeoutMilliseconds: Int = 5000) throws {
+        init(_ kind: String, extra: String = "", durableTimeoutMilliseconds: Int = 5000, proxied: Bool = false) throws {
             replica = try TemporaryDirectory()
             server = kind == "s3" ? try SeaweedFS() : nil
             try server?.createBucket("log")
-            let url = server?.replicaURL(bucket: "log", prefix: "r") ?? "file://" + replica.path
+            proxy = try server.flatMap { server in proxied ? try CuttableProxy(to: server.port) : nil }
+            let url = server?.replicaURL(bucket: "log", prefix: "r", endpoint: proxy.map { "http://127.0.0.1:\($0.port)" }) ?? "file://" + replica.path
             daemon = try DaemonHarness(extraConfig: """
                 replication:
                   replica: "\(url)"
@@ -427,16 +431,8 @@ import Varlink
     /// failure; once the bucket behaves a durable write is acknowledged within 30 s, and after
     /// the disk is lost the store is what it was at that acknowledgement. Prints the figures.
     @Test(arguments: ["slow", "503", "cut mid-body"]) func theBucketMisbehavesAndNothingAcknowledgedIsLost(fault: String) throws {
-        let server = try SeaweedFS()
-        try server.createBucket("faults")
-        let proxy = try CuttableProxy(to: server.port)
-        let daemon = try DaemonHarness(extraConfig: """
-            replication:
-              replica: "\(server.replicaURL(bucket: "faults", prefix: "r", endpoint: "http://127.0.0.1:\(proxy.port)"))"
-              engine: log
-              durableTimeoutMilliseconds: 3000
-            """)
-        daemon.environment = server.environment
+        let setup = try Setup("s3", durableTimeoutMilliseconds: 3000, proxied: true)
+        let (proxy, daemon) = (setup.proxy!, setup.daemon)
         try daemon.start()
         let client = try daemon.connect()
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "gus", on: client, durable: true)

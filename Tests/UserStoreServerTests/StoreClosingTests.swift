@@ -1,4 +1,3 @@
-import ClusterTestSupport
 import DaemonTestSupport
 import Foundation
 import Testing
@@ -11,17 +10,8 @@ extension LogEngineTests {
     /// (5 s): a request for it meanwhile waited for the closing connection's lock and failed
     /// with `StorageFailure` ("database is locked").
     @Test func aRequestForAStoreBeingClosedWaitsForTheClose() throws {
-        let server = try SeaweedFS()
-        try server.createBucket("closing")
-        let proxy = try CuttableProxy(to: server.port)
-        let daemon = try DaemonHarness(extraConfig: """
-            maxOpenStores: 2
-            replication:
-              replica: "\(server.replicaURL(bucket: "closing", prefix: "r", endpoint: "http://127.0.0.1:\(proxy.port)"))"
-              engine: log
-              durableTimeoutMilliseconds: 10000
-            """)
-        daemon.environment = server.environment
+        let setup = try Setup("s3", extra: "maxOpenStores: 2", durableTimeoutMilliseconds: 10000, proxied: true)
+        let (proxy, daemon) = (setup.proxy!, setup.daemon)
         try daemon.start()
         let client = try daemon.connect()
         _ = try client.call("io.userstore.Store.Open", ["user": "gil"])

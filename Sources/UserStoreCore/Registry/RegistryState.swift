@@ -156,8 +156,7 @@ struct RegistryState<S: RegistryStore>: ~Copyable {
 
     /// The task opening or migrating `user`'s store now, if any.
     func preparation(of user: UserID) -> Task<PreparationOutcome, Never>? {
-        guard case .preparing(let task)? = entries[user]?.phase else { return nil }
-        return task
+        entries[user]?.preparation
     }
 
     /// A request that waits for capacity may ask again: there is room, or an idle store to evict.
@@ -315,6 +314,12 @@ struct RegistryEntry<S: RegistryStore> {
         self.store = store
         self.phase = phase
         self.tick = tick
+    }
+
+    /// The task opening or migrating the store now, if any.
+    var preparation: Task<PreparationOutcome, Never>? {
+        guard case .preparing(let task) = phase else { return nil }
+        return task
     }
 
     /// Open, held by nobody and not being prepared: may be closed.

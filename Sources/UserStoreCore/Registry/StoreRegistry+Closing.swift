@@ -21,7 +21,7 @@ extension StoreRegistry {
         let outcome = ResultBox<T>()
         while true {
             let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
-                if let entry = state.entries[user], case .preparing(let task) = entry.phase { return (task, nil) }
+                if let task = state.preparation(of: user) { return (task, nil) }
                 if state.closing[user] != nil { return (nil, nil) } // being closed: waited for below
                 let store = state.entries[user]?.store
                 let task = Task<PreparationOutcome, Never> {
@@ -74,7 +74,7 @@ extension StoreRegistry {
         // may have begun an open after the look (at most a few rounds: nothing new is admitted).
         for _ in 0..<Self.closingRounds {
             let (users, closing) = state.withLock { state in
-                (state.entries.filter { $0.value.store != nil || state.preparation(of: $0.key) != nil }.keys.filter(matching),
+                (state.entries.compactMap { $1.store != nil || $1.preparation != nil ? $0 : nil }.filter(matching),
                  state.closing.keys.filter(matching))
             }
             if users.isEmpty && closing.isEmpty { break }
@@ -90,16 +90,24 @@ extension StoreRegistry {
     /// Closes `users`' stores, ``closingWidth`` at a time, each once its open (if one is under
     /// way) is done; returns how many it closed.
     private func closeConcurrently(_ users: [UserID]) async -> Int {
+        await Self.closingSeveral(users) { user in
+            // Being opened (or migrated): that first, so that the count says what was closed.
+            if let task = self.state.withLock({ $0.preparation(of: user) }) { _ = await task.value }
+            guard self.state.withLock({ $0.entries[user]?.store != nil }) else { return false }
+            return (try? await self.withStoreClosed(user) {}) != nil
+        }
+    }
+
+    /// Runs `close` for each of `items`, ``closingWidth`` at a time: each close waits for its
+    /// checkpoint's fsync (and, replicated, for its last records), which the others need not
+    /// wait for. Returns how many returned true.
+    @discardableResult
+    static func closingSeveral<T: Sendable>(_ items: [T], _ close: @escaping @Sendable (T) async -> Bool) async -> Int {
         await withTaskGroup(of: Bool.self) { group in
             var closed = 0
-            for (index, user) in users.enumerated() {
-                if index >= Self.closingWidth, await group.next() == true { closed += 1 }
-                group.addTask {
-                    // Being opened (or migrated): that first, so that the count says what was closed.
-                    if let task = self.state.withLock({ $0.preparation(of: user) }) { _ = await task.value }
-                    guard self.state.withLock({ $0.entries[user]?.store != nil }) else { return false }
-                    return (try? await self.withStoreClosed(user) {}) != nil
-                }
+            for (index, item) in items.enumerated() {
+                if index >= closingWidth, await group.next() == true { closed += 1 }
+                group.addTask { await close(item) }
             }
             return await group.reduce(closed) { $0 + ($1 ? 1 : 0) }
         }

@@ -395,7 +395,7 @@ public final class StoreRegistry: Sendable {
         var stores: [Store] = []
         while true {
             let busy = state.withLock { state -> (tasks: [Task<PreparationOutcome, Never>], closing: [UserID])? in
-                let tasks = state.entries.keys.compactMap { state.preparation(of: $0) }
+                let tasks = state.entries.values.compactMap(\.preparation)
                 guard tasks.isEmpty, state.closing.isEmpty else { return (tasks, Array(state.closing.keys)) }
                 stores = state.entries.values.compactMap(\.store)
                 state.entries.removeAll()
@@ -406,20 +406,16 @@ public final class StoreRegistry: Sendable {
             // Stores being closed already (idle, evicted): closed before the replication stops.
             for user in busy.closing { await waitForClose(of: user) }
         }
-        // Several at a time: each close waits for its checkpoint's fsync (and, replicated, for
-        // its last records), which the others need not wait for.
-        await withTaskGroup(of: Void.self) { [stores] group in
-            for (index, store) in stores.enumerated() {
-                if index >= Self.closingWidth { await group.next() }
-                group.addTask { await self.preparer.close(store) }
-            }
+        await Self.closingSeveral(stores) { [preparer] store in
+            await preparer.close(store)
+            return true
         }
         state.withLock { state in state.freeSlots(stores.count) }
     }
 
     // MARK: Helpers
 
-    /// How many stores a stop closes at once.
+    /// How many stores a stop, or ``closeStores(matching:)``, closes at once.
     static let closingWidth = 16
 
     /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.

@@ -278,8 +278,9 @@ package final class LogReplicator: StoreReplication {
         // a reopen ships nothing. Otherwise the WAL stays, and a reopen ships what it holds.
         // While the log cannot be written, nothing waits for it: an eviction (a new user's
         // request), a bucket's release or a stop would each wait the durable time-out per store.
-        guard last == 0 || uploader.isStored(last) || !uploader.isFailing else { return }
-        guard last == 0 ? true : await uploader.waitUntilStored(last, until: durableDeadline) else { return }
+        if last != 0, !uploader.isStored(last) {
+            guard !uploader.isFailing, await uploader.waitUntilStored(last, until: durableDeadline) else { return }
+        }
         do {
             try await store.write { db in
                 try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
