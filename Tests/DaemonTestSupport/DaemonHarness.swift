@@ -105,7 +105,7 @@ public final class DaemonHarness {
     /// when it had not exited by then (it is SIGKILLed, so that no test is left waiting).
     public func stop(signal: Int32 = SIGTERM, within limit: Duration) -> Int32? {
         guard let process else { return -1 }
-        nonisolated(unsafe) let running = process // waited for by that thread alone
+        let running = process
         let exited = DispatchSemaphore(value: 0)
         Thread {
             running.waitUntilExit()
