@@ -125,6 +125,36 @@ extension LogEngineTests {
         #expect(try setup.allRecords(of: "kim").isEmpty, "records of the deleted user are left in the log")
         #expect(try client.call("io.userstore.Store.Open", ["user": "kim"])["created"] == true)
     }
+
+    /// A delete cut short half-way through erasing the user from the log (the stream removed,
+    /// the tombstone not written: a file stands where its folder goes) is refused and keeps the
+    /// local store, which ships whole with its next commit — its stream is gone from the log, so
+    /// a record on top of it would restore nothing. After the disk is lost every write is back;
+    /// the retry then erases the user.
+    @Test func aDeleteCutShortInTheLogKeepsTheStoreWhole() throws {
+        let setup = try Setup("file")
+        try setup.daemon.start()
+        let client = try setup.daemon.connect()
+        for title in ["one", "two"] {
+            for user in ["lee", "max"] { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(title)')", for: user, on: client, durable: true) }
+        }
+        let tombstones = setup.replica.path + "/erased"
+        try #require(FileManager.default.createFile(atPath: tombstones, contents: Data("in the way".utf8)))
+        #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
+            _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "lee"])
+        })
+        #expect(try setup.allRecords(of: "lee").count < 4, "the erase did not begin: nothing was cut short")
+        #expect(try Self.titles("lee", client) == ["one", "two"])
+        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('three')", for: "lee", on: client, durable: true)
+        unlink(tombstones)
+        try setup.loseTheHost()
+        let restored = try setup.daemon.connect()
+        #expect(try Self.titles("lee", restored) == ["one", "two", "three"])
+        #expect(try Self.titles("max", restored) == ["one", "two"])
+        _ = try restored.call("io.userstore.Admin.DeleteStore", ["user": "lee"])
+        #expect(try setup.allRecords(of: "lee").isEmpty, "records of the deleted user are left in the log")
+        #expect(try restored.call("io.userstore.Store.Open", ["user": "lee"])["created"] == true)
+    }
 }
 
 extension EncryptionTests {
