@@ -87,6 +87,39 @@ check "a user outside the groups cannot even connect (socket mode 0660)" \
 check "a user who has the socket's group but is not an allowed client is refused" \
   "setpriv --reuid=nobody --regid=nogroup --groups=$clients python3 /results/client.py $SOCK io.userstore.Store.Open '{\"user\":\"x\"}' | grep -q PermissionDenied"
 
+echo "== a stop that waits for the replica longer than TimeoutStopSec= is given the time (EXTEND_TIMEOUT_USEC)"
+replica=/var/lib/userstore-replica
+cp /etc/userstore/userstored.yaml /results/userstored.yaml.plain
+printf 'replication:\n  replica: "file://%s"\n  durableTimeoutMilliseconds: 8000\n' "$replica" >> /etc/userstore/userstored.yaml
+mkdir -p "$replica" /run/systemd/system/userstored.service.d
+chown userstore:userstore "$replica"
+printf '[Service]\nTimeoutStopSec=3s\nReadWritePaths=%s\n' "$replica" > /run/systemd/system/userstored.service.d/stop.conf
+systemctl daemon-reload
+systemctl restart userstored.service
+# Replication new to a data directory that holds stores: said so, not guessed.
+check "userstorectl replication init binds the data directory to the new replica" 'userstorectl replication init >/dev/null'
+check "a durable write is acknowledged by the replicated daemon" \
+  'call io.userstore.Store.Execute "{\"user\":\"alice\",\"sql\":\"INSERT INTO notes (title) VALUES (?)\",\"parameters\":[\"replicated\"],\"durable\":true}" >/dev/null'
+# The log's folder made unwritable (a file in its way): the write below stays unstored.
+mv "$replica/log" "$replica/log.aside" && echo "in the way" > "$replica/log"
+call io.userstore.Store.Execute '{"user":"alice","sql":"INSERT INTO notes (title) VALUES (?)","parameters":["while the log is away"]}' >/dev/null
+check "replication reports degraded" \
+  'wait_for "call io.userstore.Admin.Replication | grep -q \"\\\"state\\\": \\\"degraded\\\"\""'
+began=$(date +%s)
+systemctl stop userstored.service
+took=$(( $(date +%s) - began ))
+echo "the stop took ${took} s (TimeoutStopSec=3s, durable time-out 8 s)"
+check "the stop outlasted TimeoutStopSec=3s and ended cleanly, not killed (Result=success, status 0)" \
+  '[ "$took" -ge 4 ] && [ "$(show Result)" = success ] && [ "$(show ExecMainStatus)" = 0 ]'
+check "... after waiting for the log (stopping with records the log did not store)" \
+  'journalctl -u userstored.service --no-pager | grep -q "stopping with records the log did not store"'
+rm "$replica/log" && mv "$replica/log.aside" "$replica/log"
+cp /results/userstored.yaml.plain /etc/userstore/userstored.yaml
+rm -r /run/systemd/system/userstored.service.d
+systemctl daemon-reload
+check "the write the log did not store is served after the restart" \
+  'call io.userstore.Store.Query "{\"user\":\"alice\",\"sql\":\"SELECT title FROM notes\"}" | grep -q "while the log is away"'
+
 echo "== watchdog"
 mkdir -p /run/systemd/system/userstored.service.d
 printf '[Service]\nWatchdogSec=2s\nEnvironment=USERSTORED_TEST_FAULT=stop-watchdog\n' > /run/systemd/system/userstored.service.d/fault.conf

@@ -173,6 +173,7 @@ public enum Daemon {
         let context = DaemonContext(configuration: configuration, registry: registry, index: index, release: release, logger: logger, metrics: metrics,
                                     replicator: replicator, cluster: cluster)
         let notifier = context.notifier
+        let stopExtension = configuration.replication.map { StopTimeExtension(durableTimeout: .milliseconds($0.durableTimeoutMilliseconds), notifier: notifier) }
         index.startScan(registry: registry)
         if configuration.registryConfiguration.policy.newStoresFromTemplate {
             // Before the socket serves, so that the very first new store is already a copy.
@@ -196,6 +197,7 @@ public enum Daemon {
                 notifier.notify("READY=1\nSTATUS=" + StatusReporter.statusText(context))
             }, onStopping: {
                 notifier.notify("STOPPING=1\nSTATUS=Stopping: finishing requests in flight")
+                stopExtension?.begin()
                 logger.notice("stopping: finishing requests in flight", metadata: ["event": "daemon-stopping"])
             })
         } catch {
@@ -244,6 +246,7 @@ public enum Daemon {
             logger.error("service failed: \(error)", metadata: ["event": "daemon-failed"])
             exitCode = .failure
         }
+        stopExtension?.begin() // a stop systemd did not ask for (a service failed) waits as long
         await registry.shutdown()
         // Every record in the log (or the durable time-out passed) before another host may take
         // the stores over: what this host stored after that host's fence would not count. A
@@ -262,6 +265,7 @@ public enum Daemon {
                 _ = await BlockingPool.run { lease.release() }
             }
         }
+        stopExtension?.end()
         if inherited == nil { unlink(configuration.socketPath) }
         logger.notice("stopped: every store closed", metadata: ["event": "daemon-stopped"])
         journalWriter?.flush()
