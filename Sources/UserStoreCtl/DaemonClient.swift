@@ -1,5 +1,4 @@
 import UserStoreClient
-import UserStoreCore
 import UserStoreInterface
 import Varlink
 #if canImport(Glibc)
@@ -7,15 +6,13 @@ import Glibc
 #endif
 
 /// userstorectl's connection to userstored: a ``UserStoreClient`` with one connection (an
-/// interactive transaction belongs to its connection), driven from the command's thread.
-/// Every failure becomes a ``CtlError`` with the right exit code and a one-line message that
-/// names the socket.
+/// interactive transaction belongs to its connection). Every failure becomes a ``CtlError``
+/// with the right exit code and a one-line message that names the socket.
 ///
-/// The calls block the calling thread while the client's own thread (`client.executor`) does
-/// the work, so they need no thread of Swift's cooperative pool: a command may call them from
-/// `async` code too, even on a one-core machine. Never call them from `client.executor` itself
-/// (the work would queue behind the blocked thread). If the client's threads could not start,
-/// the work runs on the global executor and every call fails at connect.
+/// The calls run on the client's own thread (`client.executor`), so they need no thread of
+/// Swift's cooperative pool while they wait for the daemon — a command that blocks one (a
+/// prompt waiting for a line) cannot starve them, even on a one-core machine. If the client's
+/// threads could not start, the work runs on the global executor.
 public final class DaemonClient: Sendable {
     /// The socket used when neither `--socket` nor `USERSTORE_SOCKET` says otherwise.
     public static let defaultSocket = "/run/userstore/userstore.sock"
@@ -23,14 +20,18 @@ public final class DaemonClient: Sendable {
     public let socketPath: String
     private let client: UserStoreClient
 
-    /// Connects to the daemon at `socketPath` (exit code 3 if it cannot).
-    public init(socketPath: String) throws(CtlError) {
+    private init(socketPath: String, client: UserStoreClient) {
         self.socketPath = socketPath
+        self.client = client
+    }
+
+    /// Connects to the daemon at `socketPath` (exit code 3 if it cannot).
+    public static func connect(socketPath: String) async throws(CtlError) -> DaemonClient {
         var configuration = UserStoreClient.Configuration(socketPath: socketPath)
         configuration.connections = 1
-        client = UserStoreClient(configuration: configuration)
+        let daemon = DaemonClient(socketPath: socketPath, client: UserStoreClient(configuration: configuration))
         do {
-            try blocking { [client] in try await client.connect() }
+            try await daemon.onClientThread { [client = daemon.client] in try await client.connect() }
         } catch let error as UserStoreError where error.kind == .connectionFailed {
             let denied = error.systemError == EACCES || error.systemError == EPERM
             let hint = denied ? " (permission denied: is this user in the socket's group?)" : " (is userstored running?)"
@@ -38,11 +39,12 @@ public final class DaemonClient: Sendable {
         } catch {
             throw CtlError(.unreachable, "userstorectl: cannot reach userstored at \(socketPath): \(error)")
         }
+        return daemon
     }
 
     /// Connects to the first of `candidates` that answers; the error names every one tried and
     /// why it failed.
-    public static func connect(trying candidates: [String], searched: String? = nil) throws(CtlError) -> DaemonClient {
+    public static func connect(trying candidates: [String], searched: String? = nil) async throws(CtlError) -> DaemonClient {
         var reasons: [String] = searched.map { [$0] } ?? []
         for path in candidates {
             guard access(path, F_OK) == 0 else {
@@ -50,7 +52,7 @@ public final class DaemonClient: Sendable {
                 continue
             }
             do {
-                return try DaemonClient(socketPath: path)
+                return try await connect(socketPath: path)
             } catch {
                 reasons.append(error.message.replacingOccurrences(of: "userstorectl: cannot reach userstored at ", with: ""))
             }
@@ -65,29 +67,29 @@ public final class DaemonClient: Sendable {
     }
 
     /// Calls the daemon's `method` (the table the daemon dispatches on) and returns its reply.
-    public func call(_ method: Method, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) throws(CtlError) -> [String: JSONValue] {
-        try call(method.rawValue, parameters, descriptors: descriptors)
+    public func call(_ method: Method, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) async throws(CtlError) -> [String: JSONValue] {
+        try await call(method.rawValue, parameters, descriptors: descriptors)
     }
 
     /// Calls the daemon's streaming `method`; `body` sees each reply, the last one included.
-    public func stream(_ method: Method, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) throws(CtlError) {
-        try stream(method.rawValue, parameters, body)
+    public func stream(_ method: Method, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) async throws(CtlError) {
+        try await stream(method.rawValue, parameters, body)
     }
 
     /// Calls a method and returns its reply. `descriptors` travel with it (`SCM_RIGHTS`).
-    public func call(_ method: String, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) throws(CtlError) -> [String: JSONValue] {
+    public func call(_ method: String, _ parameters: [String: JSONValue] = [:], descriptors: [Int32] = []) async throws(CtlError) -> [String: JSONValue] {
         do {
-            return try blocking { [client] in try await client.call(method, parameters, passing: descriptors) }
+            return try await onClientThread { [client] in try await client.call(method, parameters, passing: descriptors) }
         } catch {
             throw failure(error)
         }
     }
 
-    /// Calls a streaming method; `body` sees each reply, the last one included, on this thread.
-    public func stream(_ method: String, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) throws(CtlError) {
+    /// Calls a streaming method; `body` sees each reply, the last one included.
+    public func stream(_ method: String, _ parameters: [String: JSONValue] = [:], _ body: ([String: JSONValue]) throws -> Void) async throws(CtlError) {
         do {
-            let replies = IteratorBox(try blocking { [client] in try await client.stream(method, parameters) }.makeAsyncIterator())
-            while let reply = try blocking({ try await replies.next() }) {
+            let replies = IteratorBox(try await onClientThread { [client] in try await client.stream(method, parameters) }.makeAsyncIterator())
+            while let reply = try await onClientThread({ try await replies.next() }) {
                 do {
                     try body(reply)
                 } catch let error as CtlError {
@@ -128,14 +130,14 @@ public final class DaemonClient: Sendable {
         return String(cString: strerror(code))
     }
 
-    /// Runs `operation` on the client's thread and waits for it here.
-    private func blocking<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) throws -> T {
-        try BlockingPool.wait(on: client.executor, for: operation)
+    /// Runs `operation` on the client's thread.
+    private func onClientThread<T: Sendable>(_ operation: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await withTaskExecutorPreference(client.executor) { try await operation() }
     }
 }
 
-/// A stream's iterator, advanced from the command's thread one `next()` at a time.
-private final class IteratorBox: @unchecked Sendable { // one next() at a time: each waits for the last (DaemonClient.blocking)
+/// A stream's iterator, advanced one `next()` at a time.
+private final class IteratorBox: @unchecked Sendable { // one next() at a time: each is awaited before the next (DaemonClient.stream)
     private var iterator: ReplySequence.AsyncIterator
 
     init(_ iterator: ReplySequence.AsyncIterator) {

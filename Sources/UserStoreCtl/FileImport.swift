@@ -19,13 +19,13 @@ public struct FileImport {
     }
 
     /// Imports `file` as `user`'s store; returns the daemon's reply.
-    public func run(user: String, file: String) throws(CtlError) -> [String: JSONValue] {
+    public func run(user: String, file: String) async throws(CtlError) -> [String: JSONValue] {
         let descriptor = open(file, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else { throw CtlError(.someFailed, "userstorectl: cannot open \(file): \(String(cString: strerror(errno)))") }
         defer { close(descriptor) }
         var parameters: [String: JSONValue] = ["user": .string(user), "replace": .bool(replace)]
         if let schemaVersion { parameters["schemaVersion"] = .integer(schemaVersion) }
-        return try client.call(.importStore, parameters, descriptors: [descriptor])
+        return try await client.call(.importStore, parameters, descriptors: [descriptor])
     }
 
     /// The files of `directory` that `pattern` (a file name with one `{user}`) matches, with

@@ -111,14 +111,14 @@ extension FleetCommand {
     /// Streams `method`'s per-store replies from the daemon into a tally and prints the
     /// summary; returns the exit code (130 after Ctrl-C, which ends the stream).
     public func runThroughDaemon(_ client: DaemonClient, method: String, parameters: [String: JSONValue],
-                                 users: [String], all: Bool) throws(CtlError) -> CtlExitCode {
+                                 users: [String], all: Bool) async throws(CtlError) -> CtlExitCode {
         var parameters = parameters
         if all { parameters["all"] = true } else { parameters["users"] = .array(users.map { .string($0) }) }
         client.interruptOnSignal()
         let tally = tally(total: all ? 0 : users.count)
         do {
             // The last reply is the summary: it names no user.
-            try client.stream(method, parameters) { reply in if reply["user"] != nil { tally.record(reply) } }
+            try await client.stream(method, parameters) { reply in if reply["user"] != nil { tally.record(reply) } }
         } catch {
             guard Interrupt.requested || error.exitCode == .interrupted else { throw error }
             return tally.finish(interrupted: true)

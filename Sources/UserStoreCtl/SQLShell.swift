@@ -31,7 +31,7 @@ public final class SQLShell {
 
     /// Runs until end of input (or `\q`). Returns false when a statement failed (reading a
     /// script, the first failure stops it).
-    public func run() -> Bool {
+    public func run() async -> Bool {
         if interactive {
             _ = read_history(Self.historyPath)
             print("userstorectl sql: store '\(user)'. End statements with ';'. BEGIN/COMMIT/ROLLBACK for a transaction; .help for more; \\q to quit.")
@@ -50,7 +50,7 @@ public final class SQLShell {
             if pending.isEmpty, trimmed.isEmpty { continue }
             if pending.isEmpty, trimmed.hasPrefix(".") {
                 if interactive { add_history(trimmed) }
-                if !dotCommand(trimmed) {
+                if !(await dotCommand(trimmed)) {
                     succeeded = false
                     if !interactive { break }
                 }
@@ -62,7 +62,12 @@ public final class SQLShell {
             // Several statements on a line (`SELECT 1; SELECT 2;`) run one after another.
             let statements = SQLScript(pending).statements
             pending = ""
-            if !statements.allSatisfy(execute) {
+            var allRan = true
+            for statement in statements where !(await execute(statement)) {
+                allRan = false
+                break
+            }
+            if !allRan {
                 succeeded = false
                 if !interactive { break }
             }
@@ -73,7 +78,7 @@ public final class SQLShell {
         }
         if let transaction {
             Output.error("userstorectl: transaction \(transaction) was open at the end: rolled back")
-            _ = try? client.call(.rollback, ["transaction": .string(transaction)])
+            _ = try? await client.call(.rollback, ["transaction": .string(transaction)])
             succeeded = false
         }
         return succeeded
@@ -92,16 +97,16 @@ public final class SQLShell {
 
     /// sqlite3's dot commands that make sense here: `.tables`, `.schema [TABLE]`, `.help`.
     /// False when it failed or is unknown (the error is printed).
-    func dotCommand(_ line: String) -> Bool {
+    func dotCommand(_ line: String) async -> Bool {
         let words = line.split(whereSeparator: \.isWhitespace).map(String.init)
         do {
             switch words[0] {
             case ".tables":
-                let rows = try run("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name", [])
+                let rows = try await run("SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' ORDER BY name", [])
                 printColumn(rows)
             case ".schema":
                 let table = words.count > 1 ? words[1] : nil
-                let rows = try run("SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+                let rows = try await run("SELECT sql FROM sqlite_schema WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
                                    + (table == nil ? "" : " AND tbl_name = ?") + " ORDER BY tbl_name, type DESC, name",
                                    table.map { [.string($0)] } ?? [])
                 printColumn(rows, after: ";")
@@ -135,34 +140,34 @@ public final class SQLShell {
     }
 
     /// Runs `sql` in the open transaction, or as an administrator outside one.
-    private func run(_ sql: String, _ parameters: [JSONValue]) throws -> [String: JSONValue] {
+    private func run(_ sql: String, _ parameters: [JSONValue]) async throws -> [String: JSONValue] {
         if let transaction {
             var statement: [String: JSONValue] = ["sql": .string(sql)]
             if !parameters.isEmpty { statement["parameters"] = .array(parameters) }
-            let batch = try client.call(.batch, ["user": .string(user), "transaction": .string(transaction),
+            let batch = try await client.call(.batch, ["user": .string(user), "transaction": .string(transaction),
                                                                       "statements": [.object(statement)]])
             return batch["results"]?.arrayValue?.first?.objectValue ?? [:]
         }
         var call: [String: JSONValue] = ["user": .string(user), "sql": .string(sql)]
         if !parameters.isEmpty { call["parameters"] = .array(parameters) }
-        return try client.call(.adminExecute, call)
+        return try await client.call(.adminExecute, call)
     }
 
     /// Runs one statement; false when it failed (the error is printed).
-    func execute(_ statement: String) -> Bool {
+    func execute(_ statement: String) async -> Bool {
         do {
             switch Self.control(statement) {
             case .begin(let mode)?:
                 guard transaction == nil else { throw CtlError(.someFailed, "a transaction is already open; COMMIT or ROLLBACK it first") }
-                transaction = try client.call(.begin, ["user": .string(user), "mode": .string(mode)])["transaction"]?.stringValue
+                transaction = try await client.call(.begin, ["user": .string(user), "mode": .string(mode)])["transaction"]?.stringValue
                 print("BEGIN")
             case .end(let commit)?:
                 guard let open = transaction else { throw CtlError(.someFailed, "no transaction is open") }
                 transaction = nil
-                _ = try client.call(commit ? Method.commit : Method.rollback, ["transaction": .string(open)])
+                _ = try await client.call(commit ? Method.commit : Method.rollback, ["transaction": .string(open)])
                 print(commit ? "COMMIT" : "ROLLBACK")
             case nil:
-                show(try run(statement, []))
+                show(try await run(statement, []))
             }
             return true
         } catch let error as CtlError {

@@ -7,7 +7,7 @@ import UserStoreReplication
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Backups: ParsableCommand {
+    struct Backups: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List the backups of a user's store, oldest first.")
 
         @OptionGroup var connection: ConnectionOptions
@@ -15,8 +15,8 @@ extension UserStoreCtlCommand {
         @Argument(help: "The user ID.")
         var user: String
 
-        func run() throws {
-            let backups = try connection.client().call(.listBackups, ["user": .string(user)])["backups"]?.arrayValue ?? []
+        func run() async throws {
+            let backups = try await connection.client().call(.listBackups, ["user": .string(user)])["backups"]?.arrayValue ?? []
             if connection.json { return backups.forEach { connection.output.jsonLine($0) } }
             connection.output.table(["TAKEN AT", "VERSION", "REASON", "BYTES", "FILE"], backups.map { backup in
                 [Output.cell(backup["takenAt"]), Output.cell(backup["schemaVersion"]), Output.cell(backup["reason"]),
@@ -74,9 +74,9 @@ extension UserStoreCtlCommand {
 
         func run() async throws {
             if offline { return try await restoreOffline() }
-            if fromReplica { return try restoreFromReplica() }
+            if fromReplica { return try await restoreFromReplica() }
             let backup = self.backup!
-            let result = try connection.client().call(.restoreStore, ["user": .string(user), "backup": .string(backup)])
+            let result = try await connection.client().call(.restoreStore, ["user": .string(user), "backup": .string(backup)])
             if connection.json { return connection.output.jsonLine(.object(result)) }
             print("restored the store of '\(user)' from \(Output.cell(result["backup"]?["path"])) (schema version \(Output.cell(result["schemaVersion"])))")
             if let previous = result["previous"]?.stringValue { print("the previous store is kept as \(previous)") }
@@ -122,10 +122,10 @@ extension UserStoreCtlCommand {
                   + "(\(restored.databasePages) pages, \(String(format: "%.1f", milliseconds)) ms)")
         }
 
-        private func restoreFromReplica() throws {
+        private func restoreFromReplica() async throws {
             var parameters: [String: JSONValue] = ["user": .string(user)]
             if let timestamp { parameters["timestamp"] = .string(timestamp) }
-            let result = try connection.client().call(.restoreFromReplica, parameters)
+            let result = try await connection.client().call(.restoreFromReplica, parameters)
             if connection.json { return connection.output.jsonLine(.object(result)) }
             let milliseconds = Double(result["durationMicroseconds"]?.integerValue ?? 0) / 1000
             print("restored the store of '\(user)' from \(Output.cell(result["source"]))\(timestamp.map { " as of \($0)" } ?? "") "

@@ -10,7 +10,7 @@ extension UserStoreCtlCommand {
             discussion: "See docs/cluster.md.",
             subcommands: [Status.self, Move.self, Drain.self, Rebalance.self])
 
-        struct Move: ParsableCommand {
+        struct Move: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Move a bucket (0-4095) to a host.",
                 discussion: """
@@ -24,15 +24,15 @@ extension UserStoreCtlCommand {
             @Argument(help: "The bucket, 0-4095.") var bucket: Int
             @Argument(help: "The host to move it to (a live host's cluster.host).") var host: String
 
-            func run() throws {
-                let result = try connection.client().call(.moveBucket, ["bucket": .integer(Int64(bucket)), "host": .string(host)])
+            func run() async throws {
+                let result = try await connection.client().call(.moveBucket, ["bucket": .integer(Int64(bucket)), "host": .string(host)])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("moving bucket \(bucket) from \(Output.cell(result["from"])) to \(Output.cell(result["to"]))")
                 }
             }
         }
 
-        struct Drain: ParsableCommand {
+        struct Drain: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Move every bucket off a host and give it none, for maintenance.",
                 discussion: """
@@ -44,15 +44,15 @@ extension UserStoreCtlCommand {
             @OptionGroup var connection: ConnectionOptions
             @Argument(help: "The host to drain.") var host: String
 
-            func run() throws {
-                let result = try connection.client().call(.drainHost, ["host": .string(host)])
+            func run() async throws {
+                let result = try await connection.client().call(.drainHost, ["host": .string(host)])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("draining \(host): \(Output.cell(result["buckets"])) buckets to move")
                 }
             }
         }
 
-        struct Rebalance: ParsableCommand {
+        struct Rebalance: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Give every live host its share of the buckets (after hosts joined).",
                 discussion: """
@@ -64,15 +64,15 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                let result = try connection.client().call(.rebalance, [:])
+            func run() async throws {
+                let result = try await connection.client().call(.rebalance, [:])
                 if connection.output.json { connection.output.jsonLine(.object(result)) } else {
                     print("rebalancing: \(Output.cell(result["moves"])) buckets to move")
                 }
             }
         }
 
-        struct Status: ParsableCommand {
+        struct Status: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Show the cluster as this host's daemon sees it: hosts, buckets per host, epochs.",
                 discussion: """
@@ -87,8 +87,8 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                let result = try connection.client().call(.cluster, [:])
+            func run() async throws {
+                let result = try await connection.client().call(.cluster, [:])
                 let output = connection.output
                 if output.json {
                     output.jsonLine(.object(result))

@@ -5,7 +5,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Delete: ParsableCommand {
+    struct Delete: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Delete a user's store, its WAL and every backup of it (erasure).",
             discussion: """
@@ -25,7 +25,7 @@ extension UserStoreCtlCommand {
         @Flag(help: "Do not ask for confirmation.")
         var yes = false
 
-        func run() throws {
+        func run() async throws {
             if !yes {
                 guard isatty(STDIN_FILENO) == 1 else {
                     throw CtlError(.usage, "userstorectl: refusing to delete the store of '\(user)' without confirmation: pass --yes")
@@ -34,7 +34,7 @@ extension UserStoreCtlCommand {
                 print("Type the user ID to confirm: ", terminator: "")
                 guard readLine() == user else { throw CtlError(.someFailed, "userstorectl: not deleted") }
             }
-            let result = try connection.client().call(.deleteStore, ["user": .string(user), "keepBackups": .bool(keepBackups)])
+            let result = try await connection.client().call(.deleteStore, ["user": .string(user), "keepBackups": .bool(keepBackups)])
             if connection.json { return connection.output.jsonLine(.object(result)) }
             let removed = result["removedFiles"]?.arrayValue ?? []
             if result["existed"] == true {

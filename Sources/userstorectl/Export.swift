@@ -5,7 +5,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Export: ParsableCommand {
+    struct Export: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Export a consistent copy of a user's store.",
             discussion: """
@@ -32,16 +32,16 @@ extension UserStoreCtlCommand {
             }
         }
 
-        func run() throws {
+        func run() async throws {
             let temporary = output.map { $0 + ".partial" }
             if let temporary { _ = FileManager.default.createFile(atPath: temporary, contents: nil, attributes: [.posixPermissions: 0o600]) }
             guard let sink = temporary.map({ FileHandle(forWritingAtPath: $0) }) ?? FileHandle.standardOutput else {
                 throw CtlError(.someFailed, "userstorectl: cannot write \(output ?? "")")
             }
             do {
-                let client = try connection.client()
+                let client = try await connection.client()
                 client.interruptOnSignal()
-                try client.stream(.exportStore, ["user": .string(user), "format": .string(format)]) { reply in
+                try await client.stream(.exportStore, ["user": .string(user), "format": .string(format)]) { reply in
                     if let chunk = reply["chunk"]?.stringValue {
                         guard let bytes = Data(base64Encoded: chunk) else { throw CtlError(.someFailed, "userstorectl: the daemon sent a chunk that is not base64") }
                         try sink.write(contentsOf: bytes)

@@ -4,7 +4,7 @@ import UserStoreCtl
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Import: ParsableCommand {
+    struct Import: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Make existing SQLite files users' stores.",
             discussion: """
@@ -42,10 +42,10 @@ extension UserStoreCtlCommand {
             guard (user != nil && file != nil) != (dir != nil) else { throw ValidationError("give USER FILE, or --dir DIR [--pattern '{user}.db']") }
         }
 
-        func run() throws {
-            let importer = FileImport(client: try connection.client(), schemaVersion: schemaVersion, replace: replace)
+        func run() async throws {
+            let importer = FileImport(client: try await connection.client(), schemaVersion: schemaVersion, replace: replace)
             guard let dir else {
-                let result = try importer.run(user: user!, file: file!)
+                let result = try await importer.run(user: user!, file: file!)
                 if connection.json { return connection.output.jsonLine(.object(result)) }
                 return print("imported \(file!) as the store of '\(user!)' at schema version \(Output.cell(result["schemaVersion"]))"
                              + (result["backup"].map { "; the previous store is kept as \(Output.cell($0))" } ?? ""))
@@ -56,7 +56,7 @@ extension UserStoreCtlCommand {
             for (index, match) in files.enumerated() {
                 var outcome: [String: JSONValue] = ["user": .string(match.user), "file": .string(match.file)]
                 do {
-                    let result = try importer.run(user: match.user, file: match.file)
+                    let result = try await importer.run(user: match.user, file: match.file)
                     outcome["state"] = "imported"
                     outcome["schemaVersion"] = result["schemaVersion"]
                     imported += 1

@@ -9,7 +9,7 @@ extension UserStoreCtlCommand {
             abstract: "Per-user encryption keys (docs/encryption.md).",
             subcommands: [Rotate.self, Rewrap.self])
 
-        struct Rotate: ParsableCommand {
+        struct Rotate: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Re-encrypt a store under a new data key (RotateStoreKey); copies made before (backups, the replica's history) can no longer be read.",
                 discussion: """
@@ -24,8 +24,8 @@ extension UserStoreCtlCommand {
             @Argument(help: "The user ID.")
             var user: String
 
-            func run() throws {
-                let result = try connection.client().call(.rotateStoreKey, ["user": .string(user)])
+            func run() async throws {
+                let result = try await connection.client().call(.rotateStoreKey, ["user": .string(user)])
                 if connection.json { return connection.output.jsonLine(.object(result)) }
                 print("\(Output.cell(result["user"])): \(Output.cell(result["pages"])) pages re-encrypted under a new key")
             }
@@ -84,7 +84,7 @@ extension UserStoreCtlCommand.Keys {
 
 extension UserStoreCtlCommand {
     /// `encrypt`: plaintext stores encrypted ahead of traffic.
-    struct Encrypt: ParsableCommand {
+    struct Encrypt: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Encrypt plaintext stores now (EncryptStores), instead of on their next open (docs/encryption.md).",
             discussion: "Progress per store; exit 1 when any store could not be encrypted (each listed with its error).")
@@ -92,12 +92,12 @@ extension UserStoreCtlCommand {
         @OptionGroup var connection: ConnectionOptions
         @OptionGroup var selection: FleetSelection
 
-        func run() throws {
+        func run() async throws {
             var parameters: [String: JSONValue] = [:]
             if selection.all { parameters["all"] = true } else { parameters["users"] = .array(selection.users.map { .string($0) }) }
-            let client = try connection.client()
+            let client = try await connection.client()
             var summary: [String: JSONValue] = [:]
-            try client.stream(.encryptStores, parameters) { reply in
+            try await client.stream(.encryptStores, parameters) { reply in
                 if connection.json { return connection.output.jsonLine(.object(reply)) }
                 if let user = reply["user"] {
                     let outcome = reply["ok"] == .bool(true) ? "encrypted" : "\(Output.cell(reply["error"])): \(Output.cell(reply["message"]))"

@@ -4,7 +4,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct List: ParsableCommand {
+    struct List: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "List stores with their schema version and state (streamed; fine for 100,000 stores).")
 
         enum State: String, ExpressibleByArgument, CaseIterable {
@@ -20,16 +20,16 @@ extension UserStoreCtlCommand {
         @Option(help: "At most this many stores.")
         var limit: Int?
 
-        func run() throws {
+        func run() async throws {
             var parameters: [String: JSONValue] = [:]
             if let state { parameters["state"] = .string(state.rawValue.replacingOccurrences(of: "-", with: "_")) }
             if let limit { parameters["limit"] = .integer(Int64(limit)) }
             let output = connection.output
-            let client = try connection.client()
+            let client = try await connection.client()
             client.interruptOnSignal()
             // Rows are printed as they arrive, in fixed-width columns, so nothing is held in memory.
             if !output.json { print(output.paint(Self.row("USER", "VERSION", "STATE", "ERROR"), .bold)) }
-            try client.stream(.listStores, parameters) { reply in
+            try await client.stream(.listStores, parameters) { reply in
                 guard let store = reply["store"] else { return }
                 if output.json { return output.jsonLine(store) }
                 print(Self.row(Output.cell(store["user"]), Output.cell(store["schemaVersion"]),

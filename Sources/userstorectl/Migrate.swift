@@ -40,7 +40,7 @@ extension UserStoreCtlCommand {
             } else {
                 var parameters: [String: JSONValue] = ["dryRun": .bool(dryRun)]
                 if let parallel { parameters["parallel"] = .integer(Int64(parallel)) }
-                code = try command.runThroughDaemon(connection.client(), method: Method.migrate.rawValue, parameters: parameters,
+                code = try await command.runThroughDaemon(connection.client(), method: Method.migrate.rawValue, parameters: parameters,
                                                     users: selection.users, all: selection.all)
             }
             throw ExitCode(code.rawValue)

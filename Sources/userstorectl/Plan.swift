@@ -4,7 +4,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Plan: ParsableCommand {
+    struct Plan: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Print the SQL that migrating a store would run and whether the store is copied first; nothing is executed.")
 
         @OptionGroup var connection: ConnectionOptions
@@ -12,8 +12,8 @@ extension UserStoreCtlCommand {
         @Argument(help: "The user ID.")
         var user: String
 
-        func run() throws {
-            let plan = try connection.client().call(.plan, ["user": .string(user)])
+        func run() async throws {
+            let plan = try await connection.client().call(.plan, ["user": .string(user)])
             let output = connection.output
             if output.json { return output.jsonLine(.object(plan)) }
             let steps = plan["steps"]?.arrayValue ?? []

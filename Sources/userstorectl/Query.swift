@@ -5,7 +5,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Query: ParsableCommand {
+    struct Query: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Run one read-only statement on many stores; rows come with the user ID first.",
             discussion: """
@@ -57,7 +57,7 @@ extension UserStoreCtlCommand {
             if csv && connection.output.json { throw ValidationError("--csv and --json cannot be combined") }
         }
 
-        func run() throws {
+        func run() async throws {
             var call: [String: JSONValue] = ["sql": .string(sql)]
             let parameters = try SQLArguments.values(arguments)
             if !parameters.isEmpty { call["parameters"] = .array(parameters) }
@@ -68,13 +68,13 @@ extension UserStoreCtlCommand {
             if let parallel { call["parallel"] = .integer(Int64(parallel)) }
             if let timeout { call["timeoutMilliseconds"] = .integer(Int64(timeout)) }
             let output = connection.output
-            let client = try connection.client()
+            let client = try await connection.client()
             client.interruptOnSignal()
             var printer = RowPrinter(output: output, csv: csv)
             var failed: [(String, String)] = []
             var summary: [String: JSONValue] = [:]
             let progress = isatty(STDERR_FILENO) == 1 && !output.json
-            try client.stream(.queryStores, call) { reply in
+            try await client.stream(.queryStores, call) { reply in
                 guard let user = reply["user"]?.stringValue else { summary = reply; return }
                 if let error = reply["error"]?.stringValue {
                     failed.append((user, "\(reply["errorName"]?.stringValue ?? ""): \(error)"))

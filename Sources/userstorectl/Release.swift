@@ -22,7 +22,7 @@ extension UserStoreCtlCommand {
             subcommands: [Status.self, Start.self, Next.self, Resume.self, Abort.self, Trial.self],
             defaultSubcommand: Status.self)
 
-        struct Status: ParsableCommand {
+        struct Status: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Show the release in force: its state, step, stores per version, failures, rate and time left.",
                 discussion: """
@@ -33,8 +33,8 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                let status = try connection.client().call(.release, [:])
+            func run() async throws {
+                let status = try await connection.client().call(.release, [:])
                 let output = connection.output
                 if output.json {
                     output.jsonLine(.object(status))
@@ -83,7 +83,7 @@ extension UserStoreCtlCommand {
             }
         }
 
-        struct Start: ParsableCommand {
+        struct Start: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Stage the release in force: canary users first, then the steps, halting by itself.",
                 discussion: """
@@ -107,7 +107,7 @@ extension UserStoreCtlCommand {
             @Option(name: .customLong("halt-on"), help: "Halt once this share of the stores a step reaches failed to migrate (default 1%).")
             var haltOn: String = "1%"
 
-            func run() throws {
+            func run() async throws {
                 let stepValues: [Double]
                 do { stepValues = try RolloutPolicy.parseSteps(steps) } catch { throw ValidationError(error.description) }
                 guard let seconds = RolloutPolicy.parseDuration(wait) else { throw ValidationError("--wait: \"\(wait)\" is not a duration like 90s, 10m or 2h") }
@@ -119,7 +119,7 @@ extension UserStoreCtlCommand {
                 } catch {
                     throw ValidationError(error.description)
                 }
-                let result = try connection.client().call(.startRelease, [
+                let result = try await connection.client().call(.startRelease, [
                     "steps": .array(policy.steps.map { .real($0) }), "canary": .array(policy.canary.map { .string($0) }),
                     "waitSeconds": .integer(Int64(policy.waitSeconds)), "haltOn": .real(policy.haltOn),
                 ])
@@ -127,18 +127,18 @@ extension UserStoreCtlCommand {
             }
         }
 
-        struct Next: ParsableCommand {
+        struct Next: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Move a running staged release to its next step now, without waiting.")
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                Release.printBrief(try connection.client().call(.advanceRelease, [:]), verb: "at", output: connection.output)
+            func run() async throws {
+                Release.printBrief(try await connection.client().call(.advanceRelease, [:]), verb: "at", output: connection.output)
             }
         }
 
-        struct Resume: ParsableCommand {
+        struct Resume: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Run a halted release again (after fixing what failed).",
                 discussion: """
@@ -150,12 +150,12 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                Release.printBrief(try connection.client().call(.resumeRelease, [:]), verb: "resumed", output: connection.output)
+            func run() async throws {
+                Release.printBrief(try await connection.client().call(.resumeRelease, [:]), verb: "resumed", output: connection.output)
             }
         }
 
-        struct Abort: ParsableCommand {
+        struct Abort: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Roll the release back: every store returns to, and stays at, the version before it.",
                 discussion: """
@@ -168,8 +168,8 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                let result = try connection.client().call(.abortRelease, [:])
+            func run() async throws {
+                let result = try await connection.client().call(.abortRelease, [:])
                 let failed = result["failed"]?.arrayValue ?? []
                 if connection.output.json {
                     connection.output.jsonLine(.object(result))
@@ -181,7 +181,7 @@ extension UserStoreCtlCommand {
             }
         }
 
-        struct Trial: ParsableCommand {
+        struct Trial: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Run the loaded migrations on copies of stores: what the release will do to real data.",
                 discussion: """
@@ -212,7 +212,7 @@ extension UserStoreCtlCommand {
                 if let parallel, !(1...64).contains(parallel) { throw ValidationError("--parallel must be between 1 and 64") }
             }
 
-            func run() throws {
+            func run() async throws {
                 var parameters: [String: JSONValue] = [:]
                 if !users.isEmpty { parameters["users"] = .array(users.map { .string($0) }) }
                 if let sample { parameters["sample"] = .integer(Int64(sample)) }
@@ -222,7 +222,7 @@ extension UserStoreCtlCommand {
                 var bar = ProgressBar()
                 var done = 0, failures = 0
                 let total = users.isEmpty ? (sample ?? 100) : users.count
-                try connection.client().stream(.trialRelease, parameters) { reply in
+                try await connection.client().stream(.trialRelease, parameters) { reply in
                     if reply["summary"] == .bool(true) { summary = reply }
                     if output.json { return output.jsonLine(.object(reply)) }
                     guard reply["user"] != nil else { return }

@@ -16,7 +16,7 @@ extension UserStoreCtlCommand {
             subcommands: [Show.self, Init.self, TakeOver.self],
             defaultSubcommand: Show.self)
 
-        struct Show: ParsableCommand {
+        struct Show: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Show replication: its state, the host log, the replica's identity and writer lease, and the open stores.",
                 discussion: """
@@ -33,10 +33,10 @@ extension UserStoreCtlCommand {
             @Argument(help: "A user ID (default: every open store).")
             var user: String?
 
-            func run() throws {
+            func run() async throws {
                 var parameters: [String: JSONValue] = [:]
                 if let user { parameters["user"] = .string(user) }
-                let result = try connection.client().call(.replication, parameters)
+                let result = try await connection.client().call(.replication, parameters)
                 let output = connection.output
                 let status = result["replication"] ?? .null
                 if output.json {
@@ -53,7 +53,7 @@ extension UserStoreCtlCommand {
             }
         }
 
-        struct Init: ParsableCommand {
+        struct Init: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 abstract: "Say that the replica configured is this data directory's, new: write its marker and bind the data directory to it.",
                 discussion: """
@@ -69,15 +69,15 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                let result = try connection.client().call(.initReplica, [:])
+            func run() async throws {
+                let result = try await connection.client().call(.initReplica, [:])
                 let output = connection.output
                 if output.json { return output.jsonLine(.object(result)) }
                 print("replica \(Output.cell(result["replicaId"])) is this data directory's (marker written by \(Output.cell(result["createdBy"])) at \(Output.cell(result["createdAt"])))")
             }
         }
 
-        struct TakeOver: ParsableCommand {
+        struct TakeOver: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
                 commandName: "take-over",
                 abstract: "Take the replica's writer lease at once, under a new epoch (one host).",
@@ -92,8 +92,8 @@ extension UserStoreCtlCommand {
 
             @OptionGroup var connection: ConnectionOptions
 
-            func run() throws {
-                let result = try connection.client().call(.takeOverReplica, [:])
+            func run() async throws {
+                let result = try await connection.client().call(.takeOverReplica, [:])
                 let output = connection.output
                 if output.json { return output.jsonLine(.object(result)) }
                 let previous = result["previousHolder"].map { " (was \(Output.cell($0)), epoch \(Output.cell(result["previousEpoch"])))" } ?? ""

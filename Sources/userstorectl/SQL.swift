@@ -5,7 +5,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct SQL: ParsableCommand {
+    struct SQL: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             commandName: "sql",
             abstract: "Run SQL on a store and print the results as tables.",
@@ -35,16 +35,16 @@ extension UserStoreCtlCommand {
         @Argument(help: "Values for the statement's ? parameters.")
         var arguments: [String] = []
 
-        func run() throws {
+        func run() async throws {
             guard let sql else {
-                let shell = SQLShell(client: try connection.client(), user: user, output: connection.output, interactive: isatty(STDIN_FILENO) == 1)
-                if !shell.run() { throw ExitCode(CtlExitCode.someFailed.rawValue) }
+                let shell = SQLShell(client: try await connection.client(), user: user, output: connection.output, interactive: isatty(STDIN_FILENO) == 1)
+                if !(await shell.run()) { throw ExitCode(CtlExitCode.someFailed.rawValue) }
                 return
             }
             let parameters = try SQLArguments.values(arguments)
             var call: [String: JSONValue] = ["user": .string(user), "sql": .string(sql)]
             if !parameters.isEmpty { call["parameters"] = .array(parameters) }
-            let result = try connection.client().call(.adminExecute, call)
+            let result = try await connection.client().call(.adminExecute, call)
             let output = connection.output
             if output.json { return output.jsonLine(.object(result)) }
             if let columns = result["columns"]?.arrayValue {

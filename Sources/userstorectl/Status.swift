@@ -15,7 +15,7 @@ extension UserStoreCtlCommand {
             if offline.offline {
                 status = try await OfflineFleet(configurationPath: offline.config).status()
             } else {
-                status = try connection.client().call(.status)
+                status = try await connection.client().call(.status)
             }
             let output = connection.output
             if output.json { return output.jsonLine(.object(status)) }

@@ -5,7 +5,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Top: ParsableCommand {
+    struct Top: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Watch the daemon live: calls per second by method with latencies, the busiest users, open stores, connections.",
             discussion: """
@@ -34,28 +34,28 @@ extension UserStoreCtlCommand {
             guard interval >= 0.1 else { throw ValidationError("--interval is at least 0.1") }
         }
 
-        func run() throws {
-            let client = try connection.client()
-            let report = { () throws -> [String: JSONValue] in
-                try client.call(.top, ["limit": .integer(Int64(limit)), "seconds": .integer(Int64(seconds))])
+        func run() async throws {
+            let client = try await connection.client()
+            let report = { () async throws -> [String: JSONValue] in
+                try await client.call(.top, ["limit": .integer(Int64(limit)), "seconds": .integer(Int64(seconds))])
             }
             if once {
-                let result = try report()
+                let result = try await report()
                 return connection.json ? connection.output.jsonLine(.object(result)) : print(TopView.render(result, color: connection.output.color))
             }
             guard isatty(STDOUT_FILENO) == 1, isatty(STDIN_FILENO) == 1, !connection.json else {
                 client.interruptOnSignal()
                 while !Interrupt.requested {
-                    let result = try report()
+                    let result = try await report()
                     if connection.json { connection.output.jsonLine(.object(result)) } else { print(TopView.render(result, color: false) + "\n") }
-                    usleep(useconds_t(interval * 1_000_000))
+                    try? await Task.sleep(for: .seconds(interval))
                 }
                 return
             }
             let terminal = RawTerminal()
             defer { terminal.restore() }
             while true {
-                let result = try report()
+                let result = try await report()
                 let screen = "\u{1B}[H\u{1B}[2J" + TopView.render(result, color: connection.output.color) + "\n(q quits)"
                 FileHandle.standardOutput.write(Data(screen.utf8))
                 let key = terminal.waitForKey(seconds: interval)

@@ -121,11 +121,11 @@ struct ConnectionOptions: ParsableArguments {
 
     var output: Output { Output(json: json) }
 
-    func client() throws(CtlError) -> DaemonClient {
-        if let givenSocket { return try DaemonClient(socketPath: givenSocket) }
+    func client() async throws(CtlError) -> DaemonClient {
+        if let givenSocket { return try await DaemonClient.connect(socketPath: givenSocket) }
         let candidates = SocketDiscovery.candidates()
         // Only the installed daemon's socket: say where a checkout's was looked for too.
-        return try DaemonClient.connect(trying: candidates, searched: candidates.count == 1 ? SocketDiscovery.searched() : nil)
+        return try await DaemonClient.connect(trying: candidates, searched: candidates.count == 1 ? SocketDiscovery.searched() : nil)
     }
 }
 

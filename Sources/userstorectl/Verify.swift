@@ -22,7 +22,7 @@ extension UserStoreCtlCommand {
                 let code = try await command.runOffline(configurationPath: offline.config, users: selection.users, all: selection.all, parallel: nil)
                 throw ExitCode(code.rawValue)
             }
-            let code = try command.runThroughDaemon(connection.client(), method: Method.verify.rawValue, parameters: [:],
+            let code = try await command.runThroughDaemon(connection.client(), method: Method.verify.rawValue, parameters: [:],
                                                     users: selection.users, all: selection.all)
             throw ExitCode(code.rawValue)
         }

@@ -5,7 +5,7 @@ import UserStoreInterface
 import Varlink
 
 extension UserStoreCtlCommand {
-    struct Watch: ParsableCommand {
+    struct Watch: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Follow a user's committed changes as they happen.",
             discussion: """
@@ -35,13 +35,13 @@ extension UserStoreCtlCommand {
             if let since, since < 0 { throw ValidationError("--since is a position: 0 or more") }
         }
 
-        func run() throws {
+        func run() async throws {
             var parameters: [String: JSONValue] = ["user": .string(user), "values": .bool(values)]
             if let since { parameters["since"] = .integer(since) }
             if let tables { parameters["tables"] = .array(commaSeparated(tables).map { .string($0) }) }
-            let client = try connection.client()
+            let client = try await connection.client()
             client.interruptOnSignal()
-            try client.stream(.watch, parameters) { reply in
+            try await client.stream(.watch, parameters) { reply in
                 // One write per line, not Output.jsonLine's print (which a pipe buffers): whoever
                 // reads a watch sees each change as it commits.
                 FileHandle.standardOutput.write(Data((JSONValue.object(reply).serialized + "\n").utf8))
