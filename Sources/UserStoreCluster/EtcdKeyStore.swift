@@ -6,7 +6,7 @@ import UserStoreReplication
 /// `encryption.keyStore: etcd` in a cluster (docs/encryption.md): the wrapped data keys as etcd
 /// keys `/us/v1/keys/<record>` (values in base64), beside the cluster's own records; a put is
 /// durable once etcd answers it (committed by a majority of its members). Blocking, like every
-/// key store: each call waits for etcd's answer with ``BlockingPool/wait(on:for:)`` (the
+/// key store: each call waits for etcd's answer with ``BlockingPool/wait(for:)`` (the
 /// daemon calls it on the blocking pool; userstorectl's offline commands and `keys rewrap` on
 /// their main task).
 public struct EtcdKeyStore: KeyStore {

@@ -47,17 +47,15 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     }
 
     /// Runs the async `work` and waits for it on this thread: for synchronous code (on this
-    /// pool, a store's queue, a command's main) that must call an async API, such as the S3 or
-    /// etcd client. The work runs on `executor`, by default ``waiting``'s threads — never
-    /// Swift's cooperative pool, so a caller anywhere, that pool included, never waits for a
-    /// thread it is itself holding.
-    public static func wait<T: Sendable>(on executor: (any TaskExecutor)? = nil,
-                                         for work: @escaping @Sendable () async throws -> T) throws -> T {
+    /// pool, a store's queue) that must call an async API, such as the S3 or etcd client. The
+    /// work runs on ``waiting``'s threads — never Swift's cooperative pool, so a caller
+    /// anywhere, that pool included, never waits for a thread it is itself holding.
+    public static func wait<T: Sendable>(for work: @escaping @Sendable () async throws -> T) throws -> T {
         // Blocking one of the two threads that run the awaited work could leave none for it.
         assert(Thread.current.name?.hasPrefix(waitingName) != true, "BlockingPool.wait called from work it runs")
         let result = Mutex<Result<T, any Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
-        Task(executorPreference: executor ?? waiting) {
+        Task(executorPreference: waiting) {
             let outcome: Result<T, any Error>
             do { outcome = .success(try await work()) } catch { outcome = .failure(error) }
             result.withLock { $0 = outcome }
