@@ -20,20 +20,22 @@ public struct StoreLifecycle: Sendable {
         let report = try await registry.withStoreClosed(user, replacingFiles: true) {
             // The key first (erase by key): every copy made before — a backup, the bucket, an
             // older version of an object — is unreadable from then on, whatever happens next.
-            let keyDestroyed = try keyring.map { keyring in
-                guard try keyring.hasKey(user) else { return false }
-                try keyring.destroy(user)
-                return true
-            } ?? false
+            let keyDestroyed = try await StoreRegistry.offThread {
+                try keyring.map { keyring in
+                    guard try keyring.hasKey(user) else { return false }
+                    try keyring.destroy(user)
+                    return true
+                } ?? false
+            }
             // The replica next: one that cannot be deleted refuses the whole deletion, rather
             // than leave a copy the next request would restore.
             do {
-                try replication?.storeReplaced(user, path: path, deleteReplica: true)
+                try await replication?.storeErased(user, path: path)
             } catch StoreError.replicationUnavailable(let user, let message) where keyDestroyed {
                 // Refused, but not undone: the user's data is unreadable from here on.
                 throw StoreError.replicationUnavailable(user: user, message: message + " (its data key is destroyed already: no copy of the store can be read — StoreErased —, and the retry removes them)")
             }
-            return try files.delete(user, keepBackups: keepBackups)
+            return try await StoreRegistry.offThread { try files.delete(user, keepBackups: keepBackups) }
         }
         if report.existed || !report.removedFiles.isEmpty {
             registry.observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))
@@ -51,7 +53,7 @@ public struct StoreLifecycle: Sendable {
     /// ``StoreError/noSuchStore(user:)``.
     public func rotateKey(_ user: UserID, keyring: StoreKeyring) async throws -> Int {
         let path = registry.configuration.layout.storePath(for: user)
-        return try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> Int in
+        return try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread { () throws -> Int in
             guard FileManager.default.fileExists(atPath: path) else { throw StoreError.noSuchStore(user: user) }
             let pages: Int
             do {
@@ -75,9 +77,9 @@ public struct StoreLifecycle: Sendable {
                 throw StoreError.storageFailure(user: user, message: "rotating the store's key: \(error)")
             }
             // A change the replication did not see: the next open ships the store whole.
-            try self.registry.replication?.storeReplaced(user, path: path, deleteReplica: false)
+            self.registry.replication?.storeReplaced(user, path: path)
             return pages
-        }
+        } }
     }
 
     /// Copies everything the WAL of the closed store at `path` holds into its file and empties it.
@@ -116,7 +118,7 @@ public struct StoreLifecycle: Sendable {
             return try importer.prepare(staged, requested: requested)
         }.get()
         let layout = registry.configuration.layout
-        let report = try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> ImportReport in
+        let report = try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; to replace it (a copy of it is kept), set replace in ImportStore, or --replace with userstorectl import") }
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer,
@@ -124,9 +126,9 @@ public struct StoreLifecycle: Sendable {
             try self.carryChangePositions(user, into: staged)
             try self.encryptStaged(staged, user: user)
             try files.publish(staged, as: user)
-            try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
+            self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user))
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
-        }
+        } }
         registry.observer.record(.storeImported(user: user, schemaVersion: report.schemaVersion, replaced: report.replaced,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
         return report
@@ -192,16 +194,16 @@ public struct StoreLifecycle: Sendable {
     /// Returns the live store's copy.
     private func replaceClosedStore(_ user: UserID, with staged: String) async throws -> String? {
         let layout = registry.configuration.layout, files = StoreFiles(layout: layout)
-        return try await registry.withStoreClosed(user, replacingFiles: true) { () throws -> String? in
+        return try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer,
                                                                     keyring: self.registry.configuration.keyring) : nil
             try self.carryChangePositions(user, into: staged)
             try self.encryptStaged(staged, user: user)
             try files.publish(staged, as: user)
-            try self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user), deleteReplica: false)
+            self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user))
             return copy
-        }
+        } }
     }
 
     /// With encryption on, a plaintext file about to become `user`'s store (an import, a

@@ -7,7 +7,8 @@ import Synchronization
 /// moves to another host: requests for that user wait and are answered after it, never in the
 /// middle.
 extension StoreRegistry {
-    /// Runs `operation` (file work, on a dispatch thread) while nobody uses `user`'s store:
+    /// Runs `operation` while nobody uses `user`'s store (its file work on the blocking pool:
+    /// ``offThread(_:)``):
     /// requests that arrive meanwhile wait, work in flight finishes first, the store is closed
     /// (a checkpoint: no WAL is left), and afterwards the next request opens the files as
     /// `operation` left them — migrating them as usual.
@@ -17,7 +18,7 @@ extension StoreRegistry {
     ///
     /// The caller must not hold a lease on the store itself.
     func withStoreClosed<T: Sendable>(_ user: UserID, replacingFiles: Bool = false,
-                                      _ operation: @escaping @Sendable () throws -> T) async throws -> T {
+                                      _ operation: @escaping @Sendable () async throws -> T) async throws -> T {
         let outcome = ResultBox<T>()
         while true {
             let (busy, mine) = state.withLock { state -> (Task<PreparationOutcome, Never>?, Task<PreparationOutcome, Never>?) in
@@ -30,7 +31,8 @@ extension StoreRegistry {
                         await self.drain(user)
                         await self.preparer.close(store)
                     }
-                    let result = await Self.offThreadResult(operation)
+                    let result: Result<T, any Error>
+                    do { result = .success(try await operation()) } catch { result = .failure(error) }
                     outcome.set(result)
                     self.state.withLock { state in
                         state.removeForClosing(user)

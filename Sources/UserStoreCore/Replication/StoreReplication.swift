@@ -3,12 +3,12 @@ import Foundation
 /// What the registry asks of an off-host copy of every store (the daemon's host log,
 /// `LogReplicator`), at the points of a store's life where it matters.
 ///
-/// Every method may block (a request to the replica) and is called on
+/// Every synchronous method may block (a request to the replica) and is called on
 /// ``BlockingPool`` threads, never on an event loop or the cooperative pool. None throws for a
 /// replication outage: the store is served unreplicated (degraded) and registered again later;
-/// only ``restore(_:to:timestamp:)`` and ``storeReplaced(_:path:deleteReplica:)`` refuse,
-/// because serving an empty store in place of a replicated one, or replacing a file the
-/// replicator still holds, would lose the user's data.
+/// only ``restore(_:to:timestamp:)``, ``newerCopy(of:path:)`` and ``storeErased(_:path:)``
+/// refuse, because serving an empty store in place of a replicated one, or leaving a copy of a
+/// deleted one, would lose or resurrect the user's data.
 ///
 /// A registry with a replication installs a ``WALHook`` on each store's connection: every
 /// commit is captured, and the replicator decides when the WAL is checkpointed (never past what
@@ -42,10 +42,16 @@ public protocol StoreReplication: Sendable {
     /// replicating it, so that closing can checkpoint.
     func storeClosing(_ store: Store) async
 
-    /// `user`'s store file was replaced or removed with the store closed (import, restore,
-    /// delete): forget the replication state kept beside it, so that the next registration
-    /// starts from the new file. With `deleteReplica`, the replica's copy is removed too.
-    func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws
+    /// `user`'s store file was replaced with the store closed (import, restore, key rotation):
+    /// forget the replication state kept beside it, so that the next registration starts from
+    /// the new file (its next open ships it whole).
+    func storeReplaced(_ user: UserID, path: String)
+
+    /// `user`'s store, closed, is being deleted: remove the user from the replica, so that the
+    /// next request creates an empty store instead of restoring the deleted one. Throws
+    /// ``StoreError/replicationUnavailable(user:message:)`` when the replica cannot be cleared;
+    /// the local store is then kept (the caller deletes its files only after this returned).
+    func storeErased(_ user: UserID, path: String) async throws
 }
 
 /// A store brought back from the replica.

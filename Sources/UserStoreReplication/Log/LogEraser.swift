@@ -28,9 +28,9 @@ package struct LogEraser: Sendable {
 
     /// Waits until every record appended so far is in an object — the user's last ones included
     /// (its store is closed) — before ``erase(_:epoch:)``; throws when the log has not stored
-    /// them by `deadline`: nothing of the user is erased then. Blocking.
-    package func flush(until deadline: ContinuousClock.Instant) throws {
-        guard try BlockingPool.wait(for: { await uploader.flush(until: deadline) }) else {
+    /// them by `deadline`: nothing of the user is erased then.
+    package func flush(until deadline: ContinuousClock.Instant) async throws {
+        guard await uploader.flush(until: deadline) else {
             throw LogSegment.Damaged(description: "the log did not store what it holds in time (\(uploader.snapshot.lastError ?? "the replica is slow"))")
         }
     }

@@ -291,27 +291,34 @@ package final class LogReplicator: StoreReplication {
         }
     }
 
-    package func storeReplaced(_ user: UserID, path: String, deleteReplica: Bool) throws {
-        guard deleteReplica else { return baseDue(user, path: path) }
+    package func storeReplaced(_ user: UserID, path: String) {
+        baseDue(user, path: path)
+    }
+
+    package func storeErased(_ user: UserID, path: String) async throws {
         do {
             // A copy in Litestream's layout too (from before `engine: log`).
-            try storage.erase(legacyLocations.userFolderSuffix(user))
-            index.forgetLegacy(user.rawValue)
+            try await BlockingPool.run { [self] in
+                try storage.erase(legacyLocations.userFolderSuffix(user))
+                index.forgetLegacy(user.rawValue)
+            }
             let eraser = LogEraser(storage: storage, uploader: uploader, folder: folder)
             // The user's last records stored first: while the log fails, the durable time-out;
             // otherwise at least 30 s (a backlog of every store's records may be ahead of them).
             let patience = Duration.milliseconds(uploader.isFailing ? settings.durableTimeoutMilliseconds : max(settings.durableTimeoutMilliseconds, 30_000))
-            try eraser.flush(until: .now + patience)
+            try await eraser.flush(until: .now + patience)
             // A refusal so far leaves the store as it was, its position included (without it the
             // next open asked the log for a newer copy — refused while the log is away — and then
             // set the store aside for it). From here on the erase removes the store's stream: if
             // it is cut short, the store's next open ships a base (a pending position).
-            baseDue(user, path: path)
-            try eraser.erase(user.rawValue, epoch: cluster?.epoch(of: user))
+            try await BlockingPool.run { [self] in
+                baseDue(user, path: path)
+                try eraser.erase(user.rawValue, epoch: cluster?.epoch(of: user))
+            }
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); the local store is kept, retry")
         }
-        LogPosition.forget(path)
+        await BlockingPool.run { LogPosition.forget(path) }
     }
 
     // MARK: What the daemon asks besides the registry
