@@ -10,7 +10,8 @@
 # Environment: USERS (100), SECONDS_PER_RUN (5), ROUNDS (2), WRITES (0; 1 adds rows of
 #   single-row UPDATEs, each its own commit, at 8 and 64 connections), DURABLE (0; 1 replicates
 #   both sides to a file:// replica of their own and adds the same UPDATEs as durable writes,
-#   each replying once its commit is in the replica); for the new side only,
+#   each replying once its commit is in the replica); CONFIG (YAML appended to both sides'
+#   configurations: e.g. metrics on, `metrics: {listen: "unix:/tmp/m.sock"}`); for the new side only,
 #   NEW_CONFIG (YAML appended to its configuration) and NEW_MIGRATION (SQL of a migration 0002
 #   it loads): e.g. a staged release in force against none (`make ab-release`).
 # Each side runs on its own copy of the same data.
@@ -33,6 +34,7 @@ logTarget: stderr
 maxOpenStores: 1024
 EOF
 if [ "${DURABLE:-0}" = 1 ]; then printf 'replication:\n  replica: file://%s/replica\n' "$work" >> "$work/userstored.yaml"; fi
+if [ -n "${CONFIG:-}" ]; then echo "$CONFIG" >> "$work/userstored.yaml"; fi
 
 start() { # binary [configuration]
     "$1" --config "${2:-$work/userstored.yaml}" 2>/dev/null & echo $! > "$work/pid"
@@ -54,10 +56,13 @@ for index in range(int(sys.argv[2])):
     assert "error" not in reply, reply
 PYEOF
 }
-run() { # label, load arguments...
+daemon_ticks() { awk '{print $14 + $15}' "/proc/$(cat "$work/pid")/stat"; } # user + system CPU, in clock ticks
+run() { # label, load arguments... → label, req/s, p99 µs, the daemon's CPU µs per request
     local label=$1; shift
-    "$load" --socket "$work/userstore.sock" --threads 2 --seconds "$seconds" --users "$users" "$@" \
-        | python3 -c "import json,sys; r=json.loads(sys.stdin.read().splitlines()[-1]); assert r['errors'] == 0, ('$label', r); print('$label', r['throughput'], r['p99_us'])"
+    local before; before=$(daemon_ticks)
+    "$load" --socket "$work/userstore.sock" --threads 2 --seconds "$seconds" --users "$users" "$@" > "$work/run.json"
+    python3 -c "import json,sys; r=json.loads(open('$work/run.json').read().splitlines()[-1]); assert r['errors'] == 0, ('$label', r)
+print('$label', r['throughput'], r['p99_us'], ($(daemon_ticks) - $before) * 1e6 / $(getconf CLK_TCK) / r['requests'])"
 }
 
 # The users' stores, created and migrated by the new daemon, then filled directly.
@@ -113,14 +118,18 @@ done
 python3 - "$results" <<'EOF'
 import sys, collections
 rates = collections.defaultdict(list)
+cpu = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    side, row, rate, p99 = line.split()
+    side, row, rate, p99, us = line.split()
     rates[(row, side)].append(float(rate))
-print("| load | old req/s (runs) | new req/s (runs) | new / old |")
-print("|---|---|---|---|")
+    cpu[(row, side)].append(float(us))
+print("| load | old req/s (runs) | new req/s (runs) | new / old | daemon CPU µs/request, old / new (runs) |")
+print("|---|---|---|---|---|")
 for row in ["1-connections", "8-connections", "64-connections", "8x16-batches", "8-writes", "64-writes", "8-durable", "64-durable"]:
     old, new = rates[(row, "old")], rates[(row, "new")]
     if not old: continue
     mean = lambda v: sum(v) / len(v)
-    print(f"| {row} | {mean(old):.0f} ({', '.join(f'{v:.0f}' for v in old)}) | {mean(new):.0f} ({', '.join(f'{v:.0f}' for v in new)}) | {mean(new) / mean(old):.2f} |")
+    spread = lambda v: ', '.join(f'{u:.1f}' for u in v)
+    print(f"| {row} | {mean(old):.0f} ({', '.join(f'{v:.0f}' for v in old)}) | {mean(new):.0f} ({', '.join(f'{v:.0f}' for v in new)}) | {mean(new) / mean(old):.2f} "
+          f"| {mean(cpu[(row, 'old')]):.1f} / {mean(cpu[(row, 'new')]):.1f} ({spread(cpu[(row, 'old')])} / {spread(cpu[(row, 'new')])}) |")
 EOF
