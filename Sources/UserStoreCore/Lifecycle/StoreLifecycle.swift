@@ -53,7 +53,7 @@ public struct StoreLifecycle: Sendable {
     /// ``StoreError/noSuchStore(user:)``.
     public func rotateKey(_ user: UserID, keyring: StoreKeyring) async throws -> Int {
         let path = registry.configuration.layout.storePath(for: user)
-        return try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread { () throws -> Int in
+        return try await replacingFiles(of: user) { () throws -> Int in
             guard FileManager.default.fileExists(atPath: path) else { throw StoreError.noSuchStore(user: user) }
             let pages: Int
             do {
@@ -79,7 +79,7 @@ public struct StoreLifecycle: Sendable {
             // A change the replication did not see: the next open ships the store whole.
             self.registry.replication?.storeReplaced(user, path: path)
             return pages
-        } }
+        }
     }
 
     /// Copies everything the WAL of the closed store at `path` holds into its file and empties it.
@@ -118,7 +118,7 @@ public struct StoreLifecycle: Sendable {
             return try importer.prepare(staged, requested: requested)
         }.get()
         let layout = registry.configuration.layout
-        let report = try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread { () throws -> ImportReport in
+        let report = try await replacingFiles(of: user) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; to replace it (a copy of it is kept), set replace in ImportStore, or --replace with userstorectl import") }
             let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer,
@@ -128,7 +128,7 @@ public struct StoreLifecycle: Sendable {
             try files.publish(staged, as: user)
             self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user))
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
-        } }
+        }
         registry.observer.record(.storeImported(user: user, schemaVersion: report.schemaVersion, replaced: report.replaced,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
         return report
@@ -194,7 +194,7 @@ public struct StoreLifecycle: Sendable {
     /// Returns the live store's copy.
     private func replaceClosedStore(_ user: UserID, with staged: String) async throws -> String? {
         let layout = registry.configuration.layout, files = StoreFiles(layout: layout)
-        return try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread { () throws -> String? in
+        return try await replacingFiles(of: user) { () throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer,
                                                                     keyring: self.registry.configuration.keyring) : nil
@@ -203,7 +203,13 @@ public struct StoreLifecycle: Sendable {
             try files.publish(staged, as: user)
             self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user))
             return copy
-        } }
+        }
+    }
+
+    /// Runs `work`, which replaces `user`'s store files, on the blocking pool with the store
+    /// closed (``StoreRegistry/withStoreClosed(_:replacingFiles:_:)``).
+    private func replacingFiles<T: Sendable>(of user: UserID, _ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread(work) }
     }
 
     /// With encryption on, a plaintext file about to become `user`'s store (an import, a

@@ -7,11 +7,11 @@ import Synchronization
 /// moves to another host: requests for that user wait and are answered after it, never in the
 /// middle.
 extension StoreRegistry {
-    /// Runs `operation` while nobody uses `user`'s store (its file work on the blocking pool:
-    /// ``offThread(_:)``):
-    /// requests that arrive meanwhile wait, work in flight finishes first, the store is closed
-    /// (a checkpoint: no WAL is left), and afterwards the next request opens the files as
-    /// `operation` left them — migrating them as usual.
+    /// Runs `operation` while nobody uses `user`'s store (in a task: its blocking file work
+    /// belongs on the blocking pool, ``offThread(_:)``): requests that arrive meanwhile wait,
+    /// work in flight finishes first, the store is closed (a checkpoint: no WAL is left), and
+    /// afterwards the next request opens the files as `operation` left them — migrating them
+    /// as usual.
     ///
     /// `replacingFiles`: `operation` replaces or removes the store's files, so a damage found in
     /// the old ones no longer counts once it succeeds (``RegistryState/damaged``).

@@ -314,11 +314,11 @@ package final class LogReplicator: StoreReplication {
             try await BlockingPool.run { [self] in
                 baseDue(user, path: path)
                 try eraser.erase(user.rawValue, epoch: cluster?.epoch(of: user))
+                LogPosition.forget(path)
             }
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); the local store is kept, retry")
         }
-        await BlockingPool.run { LogPosition.forget(path) }
     }
 
     // MARK: What the daemon asks besides the registry
