@@ -97,6 +97,15 @@ import Varlink
             try allObjects().filter { $0.key.hasSuffix(".usl") }.values.flatMap { try LogSegment.decode($0).records.filter { $0.user == user } }
         }
 
+        /// Starts the daemon, stores `title` for `user` with a durable write, then makes the log
+        /// unwritable (a file where its folder goes): the client, and what gives the folder back.
+        func startThenLoseTheLog(after title: String = "before", of user: String) throws -> (client: VarlinkConnection, resume: @Sendable () -> Void) {
+            try daemon.start()
+            let client = try daemon.connect()
+            try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('\(title)')", for: user, on: client, durable: true)
+            return (client, try ReplicationTests.stall(replica: replica.path))
+        }
+
         /// The host lost with its disk (SIGKILL, data directory removed), and a new one started on
         /// the same replica.
         func loseTheHost() throws {
@@ -199,10 +208,7 @@ import Varlink
     /// again, and the user comes back after the disk is lost.
     @Test func aBaseLeavesOnlyOnceItsEpochIsBesideTheStore() throws {
         let setup = try Setup("file")
-        try setup.daemon.start()
-        let client = try setup.daemon.connect()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "bob", on: client, durable: true)
-        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        let (client, resume) = try setup.startThenLoseTheLog(after: "stored", of: "bob")
         _ = try client.call("io.userstore.Store.Open", ["user": .string("ann")])
         let position = try #require(LogPosition.load(try DurabilityTests.storePath("ann", setup.daemon)), "no position beside ann's store while its base is on its way")
         #expect(position.pending && position.stream != 0 && position.epoch > 0, "\(position)")
@@ -248,11 +254,7 @@ import Varlink
     /// is then lost, every one of them comes back.
     @Test func commitsACrashLeftUnstoredAreSentAgainAtTheNextOpen() throws {
         let setup = try Setup("file")
-        try setup.daemon.start()
-        let client = try setup.daemon.connect()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('stored')", for: "ann", on: client, durable: true)
-        // A file where the log's folder is: no object can be written any more.
-        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        let (client, resume) = try setup.startThenLoseTheLog(after: "stored", of: "ann")
         for index in 0..<5 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('unstored \(index)')", for: "ann", on: client) }
         setup.daemon.stop(signal: SIGKILL)
         resume()

@@ -13,10 +13,7 @@ extension LogEngineTests {
     /// every write comes back.
     @Test func aLogThatCannotBeWrittenDegradesAndRecovers() throws {
         let setup = try Setup("file")
-        try setup.daemon.start()
-        let client = try setup.daemon.connect()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ann", on: client, durable: true)
-        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        let (client, resume) = try setup.startThenLoseTheLog(of: "ann")
         for index in 0..<20 { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during \(index)')", for: "ann", on: client) }
         #expect(ReplicationTests.isError("io.userstore.Store.ReplicationUnavailable") {
             try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('durable during')", for: "ann", on: client, durable: true)
@@ -53,10 +50,7 @@ extension LogEngineTests {
     /// after the disk is lost the store is what it was at that acknowledgement.
     @Test func aStoreEvictedWhileTheLogCannotBeWrittenLosesNothing() throws {
         let setup = try Setup("file", extra: "maxOpenStores: 2", durableTimeoutMilliseconds: 600_000)
-        try setup.daemon.start()
-        let client = try setup.daemon.connect()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "fay", on: client, durable: true)
-        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        let (client, resume) = try setup.startThenLoseTheLog(of: "fay")
         try DurabilityTests.writeBlob(5_242_880, for: "fay", on: client)
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: "fay", on: client)
         #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
@@ -83,10 +77,7 @@ extension LogEngineTests {
     /// write is back.
     @Test func aStopWhileTheLogCannotBeWrittenEndsAndLosesNothing() throws {
         let setup = try Setup("file", durableTimeoutMilliseconds: 2000)
-        try setup.daemon.start()
-        let client = try setup.daemon.connect()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "ivy", on: client, durable: true)
-        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        let (client, resume) = try setup.startThenLoseTheLog(of: "ivy")
         for user in ["ivy", "jon"] { try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('while the log is away')", for: user, on: client) }
         #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
         #expect(setup.daemon.stop(within: .seconds(60)) == 0, "the daemon did not stop while the log could not be written")
@@ -106,10 +97,7 @@ extension LogEngineTests {
     /// once the log is back the delete succeeds, and the log holds nothing of the user.
     @Test func aDeleteWhileTheLogCannotBeWrittenIsRefusedAndKeepsTheStore() throws {
         let setup = try Setup("file", durableTimeoutMilliseconds: 2000)
-        try setup.daemon.start()
-        let client = try setup.daemon.connect()
-        try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('before')", for: "kim", on: client, durable: true)
-        let resume = try ReplicationTests.stall(replica: setup.replica.path)
+        let (client, resume) = try setup.startThenLoseTheLog(of: "kim")
         try DurabilityTests.execute("INSERT INTO notes (title) VALUES ('during')", for: "kim", on: client)
         #expect(try DurabilityTests.waitForReplication(client) { $0["state"] == "degraded" })
         let asked = ContinuousClock.now
