@@ -71,7 +71,7 @@ extension LeaseKeeper {
         guard let held = state.withLock({ $0.held }) else { return false }
         let object: ReplicaStorage.StoredObject?
         do {
-            object = try await storage.readObjectAsync(ReplicaLease.name)
+            object = try await storage.readObject(ReplicaLease.name)
         } catch {
             failed("\(error)")
             return false

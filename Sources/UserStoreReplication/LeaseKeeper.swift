@@ -78,7 +78,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     let state = Mutex(State())
     /// One round at a time (the keeper's loop, the health check after the replica came back,
     /// an operator's init or take-over): two would race their own compare-and-swaps.
-    private let rounds = NSLock()
+    private let rounds = AsyncLock()
     /// Told when this host lost the lease it held (closes every store).
     private let lostHandler = Mutex<(@Sendable () -> Void)?>(nil)
     /// Told when this host took the lease (at the epoch given).
@@ -118,10 +118,10 @@ package final class LeaseKeeper: StorePlacement, Sendable {
 
     /// Checks once that the replica refuses a write whose condition fails; false (with the
     /// problem recorded) when it does not, or could not be asked.
-    private func conditionalWritesWork() -> Bool {
+    private func conditionalWritesWork() async -> Bool {
         if conditionsChecked.withLock({ $0 }) { return true }
         do {
-            guard try storage.refusesFailedConditions() else {
+            guard try await storage.refusesFailedConditions() else {
                 failed("ReplicaNoConditionalWrites: the S3 server ignores If-Match and If-None-Match on PUT; the writer lease needs them (AWS S3, SeaweedFS and moto honour them), so this host takes no lease and serves no store")
                 return false
             }
@@ -136,21 +136,26 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// Keeps the lease until cancelled: a round every second — a read of the lease (a GET),
     /// and while held a renewal (a conditional PUT) every third of the lease.
     package func run() async {
-        while !Task.isCancelled {
-            _ = await BlockingPool.run { self.round() }
-            try? await Task.sleep(for: .seconds(1))
+        await BlockingPool.executing {
+            while !Task.isCancelled {
+                await round()
+                try? await Task.sleep(for: .seconds(1))
+            }
         }
     }
 
     /// One look at the lease: renews the one held, takes one that may be taken, or records the
-    /// holder seen. Returns whether this host holds it afterwards and the renewal succeeded.
-    /// Blocking.
+    /// holder seen. Returns whether this host holds it afterwards and the renewal succeeded. On
+    /// the blocking pool's threads (``BlockingPool/executing(_:)``): a renewal never waits for
+    /// Swift's cooperative pool.
     @discardableResult
-    package func round() -> Bool {
-        rounds.lock()
-        defer { rounds.unlock() }
+    package func round() async -> Bool {
+        await BlockingPool.executing { await rounds.exclusive { await roundAlone() } }
+    }
+
+    private func roundAlone() async -> Bool {
         state.withLock { $0.inRound = true }
-        let held = step()
+        let held = await step()
         state.withLock { state in
             state.inRound = false
             state.lastRound = .now
@@ -159,7 +164,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         return held
     }
 
-    private func step() -> Bool {
+    private func step() async -> Bool {
         let started = ContinuousClock.now
         guard identity.verdict.isVerified else {
             // Not this data directory's replica (or not known to be): a lease written there
@@ -169,23 +174,23 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         }
         let current: (lease: ReplicaLease?, version: String?)
         do {
-            let object = try storage.readObject(ReplicaLease.name)
+            let object = try await storage.readObject(ReplicaLease.name)
             current = (object.flatMap { ReplicaLease(json: $0.data) }, object?.version)
         } catch {
             failed("\(error)")
             return false
         }
-        guard conditionalWritesWork() else { return false }
+        guard await conditionalWritesWork() else { return false }
         let (held, pending) = state.withLock { ($0.held, $0.pending) }
         // A write whose answer never came may have landed: then it is this host's.
         if let lease = current.lease, let version = current.version, lease.incarnation == incarnation,
            let pending, pending.lease == lease, held?.version != version {
-            return acquired(lease, version: version, started: pending.started, previous: held?.lease)
+            return await acquired(lease, version: version, started: pending.started, previous: held?.lease)
         }
         if current.version == nil {
             // No lease at all: a new replica, or one that vanished since the marker was last
             // checked (an empty mount point holds no lease either). Read the marker again first.
-            let verdict = identity.check()
+            let verdict = await identity.check()
             guard verdict.isVerified else {
                 // The lease held (if any) is kept: once the replica is back, it is renewed.
                 failed(verdict.problem ?? "the replica's marker is gone")
@@ -203,14 +208,14 @@ package final class LeaseKeeper: StorePlacement, Sendable {
                 return false
             }
             guard due else { return true }
-            return write(held.lease.renewed(at: Date()), condition: .matching(version), started: started, previous: held.lease)
+            return await write(held.lease.renewed(at: Date()), condition: .matching(version), started: started, previous: held.lease)
         }
         guard let lease = current.lease, let version = current.version else {
             if current.version != nil {
                 failed("\(ReplicaLease.name) at the replica's root is not a lease userstored wrote; remove it, or take the replica over")
                 return false
             }
-            return write(newLease(epoch: nextEpoch(after: nil)), condition: .absent, started: started, previous: nil)
+            return await write(newLease(epoch: nextEpoch(after: nil)), condition: .absent, started: started, previous: nil)
         }
         let (seenSince, changed) = state.withLock { state -> (ContinuousClock.Instant, Bool) in
             state.problem = nil
@@ -231,11 +236,11 @@ package final class LeaseKeeper: StorePlacement, Sendable {
                 taken.acquiredAt = lease.acquiredAt
                 taken.renewals = lease.renewals + 1
             }
-            return write(taken, condition: .matching(version), started: started, previous: lease)
+            return await write(taken, condition: .matching(version), started: started, previous: lease)
         }
         if changed { logWaiting(lease) }
         guard ContinuousClock.now - seenSince >= .seconds(lease.leaseSeconds) else { return false }
-        return write(newLease(epoch: nextEpoch(after: lease.epoch)), condition: .matching(version), started: started, previous: lease)
+        return await write(newLease(epoch: nextEpoch(after: lease.epoch)), condition: .matching(version), started: started, previous: lease)
     }
 
     /// Whether `lease`, read with `version`, is the one this host holds: the version it wrote, or
@@ -254,15 +259,17 @@ package final class LeaseKeeper: StorePlacement, Sendable {
 
     /// `userstorectl replication take-over`: takes the lease at once under a new epoch, whoever
     /// holds it (an operator who knows the old host is gone). Returns the lease now held and the
-    /// one it replaced. Blocking.
-    package func takeOver() throws -> (held: ReplicaLease, previous: ReplicaLease?) {
+    /// one it replaced.
+    package func takeOver() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
         guard identity.verdict.isVerified else {
             throw TakeOverRefused(description: "the replica is not this data directory's: \(identity.verdict.problem ?? "")")
         }
-        rounds.lock()
-        defer { rounds.unlock() }
+        return try await BlockingPool.executing { try await rounds.exclusive { try await takeOverAlone() } }
+    }
+
+    private func takeOverAlone() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
         if let held = state.withLock({ $0.held }), isValid { return (held.lease, nil) }
-        let object = try storage.readObject(ReplicaLease.name)
+        let object = try await storage.readObject(ReplicaLease.name)
         let previous = object.flatMap { ReplicaLease(json: $0.data) }
         let started = ContinuousClock.now
         // Still this process's own lease (it could not renew it in time): renewed at its epoch,
@@ -270,7 +277,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         let own = previous?.incarnation == incarnation
         var lease = newLease(epoch: own ? previous!.epoch : nextEpoch(after: previous?.epoch))
         if own { lease.acquiredAt = previous!.acquiredAt; lease.renewals = previous!.renewals + 1 }
-        guard write(lease, condition: object.map { .matching($0.version) } ?? .absent, started: started,
+        guard await write(lease, condition: object.map { .matching($0.version) } ?? .absent, started: started,
                     previous: previous, reason: own ? "renewed" : "take-over", fromLiveHolder: !own && previous != nil) else {
             throw TakeOverRefused(description: state.withLock { $0.problem } ?? "the lease changed while it was being taken; retry")
         }
@@ -283,11 +290,15 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     }
 
     /// Gives the lease up (a clean stop, after every store's final sync): another host takes it
-    /// at once. Blocking.
-    package func release() {
+    /// at once.
+    package func release() async {
+        await BlockingPool.executing { await releaseNow() }
+    }
+
+    private func releaseNow() async {
         guard let held = state.withLock({ $0.held }) else { return }
         do {
-            if try storage.writeObject(ReplicaLease.name, held.lease.renewed(at: Date(), released: true).json, condition: .matching(held.version)) != nil {
+            if try await storage.writeObject(ReplicaLease.name, held.lease.renewed(at: Date(), released: true).json, condition: .matching(held.version)) != nil {
                 logger.notice("gave up the replica's writer lease (epoch \(held.lease.epoch))", metadata: [
                     "event": "replica-lease-released", "epoch": "\(held.lease.epoch)",
                 ])
@@ -313,11 +324,11 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// Writes `lease` by compare-and-swap; on success this host holds it, acknowledging until
     /// `started` plus ``acknowledgeWithin``.
     private func write(_ lease: ReplicaLease, condition: S3Client.WriteCondition, started: ContinuousClock.Instant,
-                       previous: ReplicaLease?, reason: String? = nil, fromLiveHolder: Bool = false) -> Bool {
+                       previous: ReplicaLease?, reason: String? = nil, fromLiveHolder: Bool = false) async -> Bool {
         state.withLock { $0.pending = (lease, started) }
         let version: String?
         do {
-            version = try storage.writeObject(ReplicaLease.name, lease.json, condition: condition)
+            version = try await storage.writeObject(ReplicaLease.name, lease.json, condition: condition)
         } catch {
             failed("writing the lease: \(error)")
             return false
@@ -329,13 +340,13 @@ package final class LeaseKeeper: StorePlacement, Sendable {
             failed("the lease changed while it was being written")
             return false
         }
-        return acquired(lease, version: version, started: started, previous: previous, reason: reason, fromLiveHolder: fromLiveHolder)
+        return await acquired(lease, version: version, started: started, previous: previous, reason: reason, fromLiveHolder: fromLiveHolder)
     }
 
     /// This host holds `lease`. `fromLiveHolder`: taken from a holder that may still run (an
     /// operator's take-over), so its fence waits (``fenceNotBefore``).
     private func acquired(_ lease: ReplicaLease, version: String, started: ContinuousClock.Instant, previous: ReplicaLease?,
-                          reason: String? = nil, fromLiveHolder: Bool = false) -> Bool {
+                          reason: String? = nil, fromLiveHolder: Bool = false) async -> Bool {
         let wasHeld = state.withLock { state -> Bool in
             defer {
                 state.held = (lease, version)
@@ -357,7 +368,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         }
         if !wasHeld {
             do {
-                try identity.recordEpoch(lease.epoch)
+                try await BlockingPool.run { [identity] in try identity.recordEpoch(lease.epoch) }
             } catch {
                 logger.warning("could not record the writer lease's epoch \(lease.epoch) in the data directory: \(error)", metadata: ["event": "replica-lease-held"])
             }

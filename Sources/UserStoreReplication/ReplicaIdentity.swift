@@ -64,7 +64,7 @@ package final class ReplicaIdentity: Sendable {
     private let state: Mutex<State>
     /// One look at a time: two could store an older verdict over a newer one, or race their
     /// marker writes.
-    private let looks = NSLock()
+    private let looks = AsyncLock()
 
     /// The objects the daemon keeps at a replica's root (left out of "what the replica holds").
     package static let ownObjects: Set<String> = [ReplicaMarker.name, ReplicaLease.name]
@@ -87,12 +87,14 @@ package final class ReplicaIdentity: Sendable {
 
     /// Looks at the replica's marker and judges it against the data directory's binding; binds
     /// this directory (a new replica, an adopted one, or one another host made) where the rules
-    /// allow. Logs every change of verdict. Blocking: one or two requests to the replica.
+    /// allow. Logs every change of verdict. One or two requests to the replica.
     @discardableResult
-    package func check() -> Verdict {
-        looks.lock()
-        defer { looks.unlock() }
-        let verdict = judge()
+    package func check() async -> Verdict {
+        await BlockingPool.executing { await looks.exclusive { await checkAlone() } }
+    }
+
+    private func checkAlone() async -> Verdict {
+        let verdict = await judge()
         let previous = state.withLock { state -> Verdict in
             defer { state.verdict = verdict }
             return state.verdict
@@ -111,32 +113,16 @@ package final class ReplicaIdentity: Sendable {
 
     /// Reads the marker now and throws `ReplicationUnavailable` for `user` unless it is this
     /// directory's replica: asked before a user the replica holds nothing of is created (a look
-    /// that found nothing must not be an empty mount point or an emptied prefix). Blocking.
-    package func confirm(before user: UserID) throws {
-        let verdict = check()
+    /// that found nothing must not be an empty mount point or an emptied prefix).
+    package func confirm(before user: UserID) async throws {
+        let verdict = await check()
         guard verdict.isVerified else {
             throw StoreError.replicationUnavailable(user: user, message: "the replica holds nothing of the user, but it is not known to be this data directory's replica now (\(verdict.problem ?? "")); nothing was created")
         }
     }
 
-    /// Reads the marker now and throws `ReplicationUnavailable` for `user` unless it is this
-    /// directory's replica: asked, with more than one host, before a durable write is
-    /// acknowledged (what Litestream confirmed may have gone into an empty mount point since the
-    /// last check; with one host the writer lease's read does that). Blocking.
-    package func confirmPresent(for user: UserID) throws {
-        // One read of the marker, not a whole check (durable writes run this concurrently); a
-        // marker that is not the one bound is judged by a check, which logs it.
-        let bound = binding.replica
-        let found = try? storage.readObject(ReplicaMarker.name).flatMap { ReplicaMarker(json: $0.data) }
-        if let bound, found?.id == bound { return }
-        let verdict = check()
-        guard verdict.isVerified else {
-            throw StoreError.replicationUnavailable(user: user, message: "committed here, but the replica is not known to be this data directory's now (\(verdict.problem ?? "")): the write may be lost")
-        }
-    }
-
     /// Records that this data directory took the writer lease at `epoch` (durably): a later
-    /// epoch is always above it.
+    /// epoch is always above it. Blocking.
     package func recordEpoch(_ epoch: Int64) throws {
         var binding = self.binding
         guard binding.lastEpoch.map({ $0 < epoch }) ?? true else { return }
@@ -167,15 +153,13 @@ package final class ReplicaIdentity: Sendable {
     /// `userstorectl replication init`: the replica configured is this data directory's, new.
     /// Writes a marker to a replica that has none (empty, or with contents of its own) and binds
     /// this directory to it; refuses a replica that already has one unless it is this
-    /// directory's. Returns the marker. Blocking.
-    package func initialize() throws -> ReplicaMarker {
-        looks.lock()
-        defer { looks.unlock() }
-        return try initializeLocked()
+    /// directory's. Returns the marker.
+    package func initialize() async throws -> ReplicaMarker {
+        try await BlockingPool.executing { try await looks.exclusive { try await initializeAlone() } }
     }
 
-    private func initializeLocked() throws -> ReplicaMarker {
-        let found = try storage.readObject(ReplicaMarker.name).flatMap { ReplicaMarker(json: $0.data) }
+    private func initializeAlone() async throws -> ReplicaMarker {
+        let found = try await storage.readObject(ReplicaMarker.name).flatMap { ReplicaMarker(json: $0.data) }
         if let found {
             guard found.id == binding.replica else {
                 throw InitRefused(description: "the replica \(replicaURL) already has a marker: \(found.summary); init marks only a replica without one (point replication.replica at another prefix or folder, or remove \(layout.replicaBindingPath) to bind this data directory to that replica)")
@@ -184,10 +168,10 @@ package final class ReplicaIdentity: Sendable {
             return found
         }
         let marker = ReplicaMarker(createdBy: host, dataDirectory: binding.dataDirectory, adopted: false)
-        guard try storage.writeObject(ReplicaMarker.name, marker.json, condition: .absent) != nil else {
+        guard try await storage.writeObject(ReplicaMarker.name, marker.json, condition: .absent) != nil else {
             throw InitRefused(description: "another host wrote the replica's marker meanwhile; look at it with userstorectl replication and retry")
         }
-        try bind(marker)
+        try await bind(marker)
         logger.notice("replica \(replicaURL) initialised by the operator: \(marker.summary)", metadata: [
             "event": "replica-created", "replica": .string(replicaURL), "replica_id": .string(marker.id), "reason": "operator",
         ])
@@ -202,11 +186,11 @@ package final class ReplicaIdentity: Sendable {
 
     // MARK: Judging
 
-    private func judge() -> Verdict {
+    private func judge() async -> Verdict {
         let binding = self.binding
         let found: ReplicaStorage.StoredObject?
         do {
-            found = try storage.readObject(ReplicaMarker.name)
+            found = try await storage.readObject(ReplicaMarker.name)
         } catch let problem as ReplicaStorage.FolderProblem where problem.name == "ReplicaNotAFolder" {
             return .missing("\(problem.detail) (the replica's folder was replaced); this data directory replicates to \(binding.replica.map { "replica \($0)" } ?? "it")")
         } catch {
@@ -218,7 +202,7 @@ package final class ReplicaIdentity: Sendable {
             }
             guard let bound = binding.replica else {
                 // A new data directory on an existing replica (a new host, a lost disk).
-                do { try bind(marker) } catch { return .unknown("recording the replica's ID in \(layout.replicaBindingPath): \(error)") }
+                do { try await bind(marker) } catch { return .unknown("recording the replica's ID in \(layout.replicaBindingPath): \(error)") }
                 logger.notice("this data directory now replicates to \(marker.summary)", metadata: [
                     "event": "replica-created", "replica": .string(replicaURL), "replica_id": .string(marker.id), "reason": "bound",
                 ])
@@ -226,7 +210,7 @@ package final class ReplicaIdentity: Sendable {
             }
             if bound != marker.id, marker.dataDirectory == binding.dataDirectory {
                 // This data directory wrote that marker and stopped before recording its ID.
-                do { try bind(marker) } catch { return .unknown("recording the replica's ID in \(layout.replicaBindingPath): \(error)") }
+                do { try await bind(marker) } catch { return .unknown("recording the replica's ID in \(layout.replicaBindingPath): \(error)") }
                 return .verified(marker)
             }
             guard bound == marker.id else {
@@ -236,24 +220,24 @@ package final class ReplicaIdentity: Sendable {
         }
         let contents: Bool
         do {
-            contents = try storage.holdsAnything(besides: Self.ownObjects)
+            contents = try await storage.holdsAnything(besides: Self.ownObjects)
         } catch {
             return .unknown("\(error)")
         }
         if let bound = binding.replica {
             return .missing("\(replicaURL) has no marker\(contents ? "" : " and is empty"), but this data directory replicates to replica \(bound): an unmounted folder or an emptied prefix looks like this. Bring the replica back, or, if it is meant to be new, run userstorectl replication init")
         }
-        if !contents && layout.holdsAnyStore() {
+        if !contents, await BlockingPool.run({ [layout] in layout.holdsAnyStore() }) {
             return .missing("\(replicaURL) is empty, but this data directory holds stores: an unmounted folder or an emptied prefix looks like this. Bring the replica back, or, if replication is new to this data directory or the replica is meant to be new, run userstorectl replication init")
         }
         // An empty data directory meeting an empty replica starts a new one; a replica with
         // contents and no marker was made before markers existed and is adopted.
         let marker = ReplicaMarker(createdBy: host, dataDirectory: binding.dataDirectory, adopted: contents)
         do {
-            guard try storage.writeObject(ReplicaMarker.name, marker.json, condition: .absent) != nil else {
-                return judge() // another host wrote one meanwhile: judge that one
+            guard try await storage.writeObject(ReplicaMarker.name, marker.json, condition: .absent) != nil else {
+                return await judge() // another host wrote one meanwhile: judge that one
             }
-            try bind(marker)
+            try await bind(marker)
         } catch {
             return .unknown("writing the replica's marker: \(error)")
         }
@@ -263,11 +247,12 @@ package final class ReplicaIdentity: Sendable {
         return .verified(marker)
     }
 
-    private func bind(_ marker: ReplicaMarker) throws {
+    /// Records `marker`'s ID in the data directory's binding, durably (on a blocking-pool thread).
+    private func bind(_ marker: ReplicaMarker) async throws {
         var binding = self.binding
         binding.replica = marker.id
         binding.replicaURL = replicaURL
-        try binding.save(layout)
+        try await BlockingPool.run { [binding, layout] in try binding.save(layout) }
         state.withLock { $0.binding = binding }
     }
 }

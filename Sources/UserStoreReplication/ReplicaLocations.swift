@@ -47,31 +47,31 @@ package struct ReplicaLocations: Sendable {
     /// epoch folder that holds data (a host that lost the bucket may still ship to an older
     /// one, which is then never read again once the new owner has written). Nil when the
     /// replica holds nothing of the user (asked with one listing, or a look into the folder). Throws
-    /// when the replica cannot be asked. Blocking.
+    /// when the replica cannot be asked.
     ///
     /// "Found nothing" never overrules "known to be there": before answering nil, the
     /// replica's marker is read again (``ReplicaIdentity/confirm(before:)``): an unmounted
     /// folder or an emptied prefix holds nothing either.
-    package func restoreURL(for user: UserID) throws -> String? {
+    package func restoreURL(for user: UserID) async throws -> String? {
         let found: String?
         if fencing == nil && lease == nil {
-            found = try storage.holdsAnything(userFolderSuffix(user)) ? replicaURL(for: user) : nil
+            found = try await storage.holdsAnything(userFolderSuffix(user)) ? replicaURL(for: user) : nil
         } else {
-            let epoch = try newestEpochWithData(user)
+            let epoch = try await newestEpochWithData(user)
             try requireNotAboveLease(epoch, user)
             found = epoch.map { url(of: user, epoch: $0) }
         }
         if let found { return found }
-        try identity?.confirm(before: user)
+        try await identity?.confirm(before: user)
         return nil
     }
 
     /// Every epoch folder of `user` that holds data, as restore URLs, newest first (a restore
     /// to a point in time tries each); nil without epochs (one host without a lease).
-    /// Throws when the replica cannot be asked. Blocking.
-    package func restoreURLsAtAnyEpoch(for user: UserID) throws -> [String]? {
+    /// Throws when the replica cannot be asked.
+    package func restoreURLsAtAnyEpoch(for user: UserID) async throws -> [String]? {
         guard fencing != nil || lease != nil else { return nil }
-        return try storage.epochsWithData(userFolderSuffix(user), unfenced: fencing == nil).map { url(of: user, epoch: $0) }
+        return try await storage.epochsWithData(userFolderSuffix(user), unfenced: fencing == nil).map { url(of: user, epoch: $0) }
     }
 
     /// With one host: throws when `user`'s copy in the replica is under a newer epoch than the
@@ -86,10 +86,10 @@ package struct ReplicaLocations: Sendable {
     /// The newest epoch folder of `user` in the replica that holds data: with one host, 0 for
     /// a copy in the layout from before the writer lease (directly under the user's folder).
     /// Nil when none does, and with one host and no lease. Throws when the replica cannot be
-    /// asked. Blocking.
-    package func newestEpochWithData(_ user: UserID) throws -> Int64? {
+    /// asked.
+    package func newestEpochWithData(_ user: UserID) async throws -> Int64? {
         guard fencing != nil || lease != nil else { return nil }
-        return try storage.newestEpochWithData(userFolderSuffix(user), unfenced: fencing == nil)
+        return try await storage.newestEpochWithData(userFolderSuffix(user), unfenced: fencing == nil)
     }
 
     package func withSuffix(_ suffix: String) -> String {

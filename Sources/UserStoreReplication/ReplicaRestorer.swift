@@ -10,13 +10,14 @@ package struct ReplicaRestorer: Sendable {
     /// `replication.durableTimeoutMilliseconds`: a restore may take six times that (30 s at least).
     package let durableTimeoutMilliseconds: Int
 
-    package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+    /// Blocking work (Litestream's process, the files) runs on blocking-pool threads.
+    package func restore(_ user: UserID, to path: String, timestamp: Date?) async throws -> ReplicaRestore? {
         let started = ContinuousClock.now
         var source: String
         do {
             // A new user costs one listing, not a `litestream restore` process (issue #38):
             // Litestream is asked only when the replica holds something of the user.
-            guard let url = try locations.restoreURL(for: user) else { return nil }
+            guard let url = try await locations.restoreURL(for: user) else { return nil }
             source = url
         } catch let error as StoreError {
             throw error
@@ -29,18 +30,18 @@ package struct ReplicaRestorer: Sendable {
             // bucket move, or in the layout before the writer lease): newest first.
             let candidates: [String]
             do {
-                candidates = try locations.restoreURLsAtAnyEpoch(for: user) ?? [source]
+                candidates = try await locations.restoreURLsAtAnyEpoch(for: user) ?? [source]
             } catch {
                 throw StoreError.replicationUnavailable(user: user, message: "listing the user's epochs in the replica: \(error)")
             }
             for candidate in candidates where staged == nil {
-                staged = try restoreCopy(user, from: candidate, arguments: ["-timestamp", RFC3339.format(timestamp)], beside: path)
+                staged = try await BlockingPool.run { try restoreCopy(user, from: candidate, arguments: ["-timestamp", RFC3339.format(timestamp)], beside: path) }
                 if staged != nil { source = candidate }
             }
             // Nothing at that time is an answer.
             guard staged != nil else { return nil }
         } else {
-            staged = try restoreCopy(user, from: source, arguments: ["-if-replica-exists"], beside: path)
+            staged = try await BlockingPool.run { [source] in try restoreCopy(user, from: source, arguments: ["-if-replica-exists"], beside: path) }
             // Nothing at all, where files of the user were just found, is not an answer: "found
             // nothing" never makes a returning user a new one.
             guard staged != nil else {
@@ -48,12 +49,19 @@ package struct ReplicaRestorer: Sendable {
             }
         }
         guard let staged else { return nil }
+        let schemaVersion = try await BlockingPool.run { try Self.publish(staged, of: user, as: path) }
+        return ReplicaRestore(source: source, schemaVersion: schemaVersion,
+                              durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
+    }
+
+    /// Puts the restored copy `staged` in place as `path` and returns its schema version. Blocking.
+    private static func publish(_ staged: String, of user: UserID, as path: String) throws -> Int64 {
         // On the staged copy, before it is put in place: a restored store never serves from
         // positions its watchers may already have been sent (ChangeLog).
         do throws(ChangeLogError) {
             try ChangeLog.continuePositionsAfterReplicaRestore(staged)
         } catch {
-            Self.removeStaged(staged)
+            removeStaged(staged)
             throw StoreError.storageFailure(user: user, message: "moving the restored copy's change log past the replica's positions: \(error.message)")
         }
         let schemaVersion = StoreFileInspector.schemaVersion(of: staged)
@@ -63,8 +71,7 @@ package struct ReplicaRestorer: Sendable {
         } catch {
             throw StoreError.storageFailure(user: user, message: "putting the restored copy in place: \(error)")
         }
-        return ReplicaRestore(source: source, schemaVersion: schemaVersion,
-                              durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
+        return schemaVersion
     }
 
     /// Removes a staged copy and whatever Litestream or SQLite left beside it.

@@ -62,7 +62,7 @@ package struct ReplicaSetup: Sendable {
         } catch {
             throw Refusal(code: .unavailable, description: "\(error)", name: nil)
         }
-        let verdict = await BlockingPool.run { identity.check() }
+        let verdict = await identity.check()
         if case .mismatch(let why) = verdict {
             // Another replica than this data directory's: a configuration that points elsewhere,
             // which serving on would mix with this directory's stores.
@@ -72,7 +72,7 @@ package struct ReplicaSetup: Sendable {
         guard clusterHost == nil else { return ReplicaSetup(storage: storage, identity: identity, lease: nil, problem: problem) }
         let lease = LeaseKeeper(storage: storage, identity: identity, host: HostName.current, leaseSeconds: settings.leaseSeconds, logger: logger)
         // Taken before serving when it can be at once (a new replica, a restart).
-        _ = await BlockingPool.run { lease.round() }
+        await lease.round()
         if let leaseProblem = lease.snapshot.problem, leaseProblem.hasPrefix("ReplicaNoConditionalWrites") {
             throw Refusal(code: .configuration, description: leaseProblem, name: "ReplicaNoConditionalWrites")
         }

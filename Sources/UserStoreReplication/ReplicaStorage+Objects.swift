@@ -27,96 +27,98 @@ extension ReplicaStorage {
     static let lockName = ".userstore.lock"
 
     /// The object `name` at the replica's root; nil when there is none (or the folder does not
-    /// exist). Throws when the replica cannot be read. Blocking.
-    package func readObject(_ name: String) throws -> StoredObject? {
+    /// exist). Throws when the replica cannot be read.
+    package func readObject(_ name: String) async throws -> StoredObject? {
         switch kind {
         case .folder(let root):
-            guard try Self.folderExists(root) else { return nil }
-            guard let data = FileManager.default.contents(atPath: root + "/" + name) else {
-                if access(root + "/" + name, F_OK) != 0 && errno == ENOENT { return nil }
-                throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(root)/\(name): \(String(cString: strerror(errno)))")
+            return try await BlockingPool.run {
+                guard try Self.folderExists(root) else { return nil }
+                guard let data = FileManager.default.contents(atPath: root + "/" + name) else {
+                    if access(root + "/" + name, F_OK) != 0 && errno == ENOENT { return nil }
+                    throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(root)/\(name): \(String(cString: strerror(errno)))")
+                }
+                return StoredObject(data: data, version: Self.digest(data))
             }
-            return StoredObject(data: data, version: Self.digest(data))
         case .bucket(let client, let bucket, let prefix):
-            let key = Self.key(prefix, "/" + name)
-            return try BlockingPool.wait { try await client.getObject(bucket: bucket, key: key) }.map { StoredObject(data: $0.body, version: $0.etag) }
+            return try await client.getObject(bucket: bucket, key: Self.key(prefix, "/" + name)).map { StoredObject(data: $0.body, version: $0.etag) }
         }
-    }
-
-    /// ``readObject(_:)`` from async code: a bucket is asked on the S3 client's own loop, with no
-    /// thread blocked for it (a durable write's look at the lease waits on this); a folder is read
-    /// on a blocking-pool thread.
-    package func readObjectAsync(_ name: String) async throws -> StoredObject? {
-        guard case .bucket(let client, let bucket, let prefix) = kind else { return try await BlockingPool.run { try readObject(name) } }
-        return try await client.getObject(bucket: bucket, key: Self.key(prefix, "/" + name)).map { StoredObject(data: $0.body, version: $0.etag) }
     }
 
     /// Writes `data` as `name` at the replica's root when `condition` holds of what is there, and
     /// returns its new version; nil when the condition does not hold. A folder that does not
-    /// exist is made first only for `.absent` (a new replica's marker). Blocking.
-    package func writeObject(_ name: String, _ data: Data, condition: S3Client.WriteCondition) throws -> String? {
+    /// exist is made first only for `.absent` (a new replica's marker).
+    package func writeObject(_ name: String, _ data: Data, condition: S3Client.WriteCondition) async throws -> String? {
         switch kind {
         case .folder(let root):
-            if case .absent = condition, try !Self.folderExists(root) {
-                try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
-            }
-            return try Self.withFolderLock(root) {
-                let current = FileManager.default.contents(atPath: root + "/" + name)
-                switch condition {
-                case .none: break
-                case .absent: if current != nil { return nil }
-                case .matching(let version): if current.map(Self.digest) != version { return nil }
+            return try await BlockingPool.run {
+                if case .absent = condition, try !Self.folderExists(root) {
+                    try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
                 }
-                try Self.writeDurably(data, to: root + "/" + name)
-                return Self.digest(data)
+                return try Self.withFolderLock(root) {
+                    let current = FileManager.default.contents(atPath: root + "/" + name)
+                    switch condition {
+                    case .none: break
+                    case .absent: if current != nil { return nil }
+                    case .matching(let version): if current.map(Self.digest) != version { return nil }
+                    }
+                    try Self.writeDurably(data, to: root + "/" + name)
+                    return Self.digest(data)
+                }
             }
         case .bucket(let client, let bucket, let prefix):
-            let key = Self.key(prefix, "/" + name)
-            guard let etag = try BlockingPool.wait(for: { try await client.putObject(bucket: bucket, key: key, body: data, condition: condition) }) else { return nil }
+            guard let etag = try await client.putObject(bucket: bucket, key: Self.key(prefix, "/" + name), body: data, condition: condition) else { return nil }
             // A server that sends no ETag: a single-part object's is the quoted MD5 of its bytes.
             return etag.isEmpty ? "\"" + Insecure.MD5.hash(data: data).map { String(format: "%02x", $0) }.joined() + "\"" : etag
         }
     }
 
-    /// Removes the object `name` at the replica's root (nothing happens when there is none). Blocking.
-    package func deleteObject(_ name: String) throws {
+    /// Removes the object `name` at the replica's root (nothing happens when there is none).
+    package func deleteObject(_ name: String) async throws {
         switch kind {
         case .folder(let root):
-            if unlink(root + "/" + name) != 0 && errno != ENOENT {
-                throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot remove \(root)/\(name): \(String(cString: strerror(errno)))")
+            try await BlockingPool.run {
+                if unlink(root + "/" + name) != 0 && errno != ENOENT {
+                    throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot remove \(root)/\(name): \(String(cString: strerror(errno)))")
+                }
             }
         case .bucket(let client, let bucket, let prefix):
-            let key = Self.key(prefix, "/" + name)
-            try BlockingPool.wait { try await client.deleteObject(bucket: bucket, key: key) }
+            try await client.deleteObject(bucket: bucket, key: Self.key(prefix, "/" + name))
         }
     }
 
     /// Whether the replica refuses a conditional write whose condition does not hold — what the
     /// marker and the writer lease stand on. An S3 server that ignores `If-Match` and
     /// `If-None-Match` on PUT would let two hosts both take the lease. Three requests on a
-    /// scratch object, removed after. Blocking; throws when the replica does not answer.
-    package func refusesFailedConditions() throws -> Bool {
+    /// scratch object, removed after. Throws when the replica does not answer.
+    package func refusesFailedConditions() async throws -> Bool {
         guard case .bucket = kind else { return true } // a folder: the daemon's own flock
         let name = ".userstore-probe-\(UUID().uuidString.lowercased())"
-        guard try writeObject(name, Data("probe".utf8), condition: .none) != nil else { return false }
-        defer { try? deleteObject(name) }
-        let mismatch = try writeObject(name, Data("mismatch".utf8), condition: .matching("\"00000000000000000000000000000000\""))
-        let taken = try writeObject(name, Data("taken".utf8), condition: .absent)
+        guard try await writeObject(name, Data("probe".utf8), condition: .none) != nil else { return false }
+        let mismatch: String?, taken: String?
+        do {
+            mismatch = try await writeObject(name, Data("mismatch".utf8), condition: .matching("\"00000000000000000000000000000000\""))
+            taken = try await writeObject(name, Data("taken".utf8), condition: .absent)
+        } catch {
+            try? await deleteObject(name)
+            throw error
+        }
+        try? await deleteObject(name)
         return mismatch == nil && taken == nil
     }
 
     /// Whether the replica holds anything besides the objects named in `ours` (and a folder's
-    /// lock file). One listing. Blocking.
-    package func holdsAnything(besides ours: Set<String>) throws -> Bool {
+    /// lock file). One listing.
+    package func holdsAnything(besides ours: Set<String>) async throws -> Bool {
         switch kind {
         case .folder(let root):
-            guard try Self.folderExists(root) else { return false }
-            let names = try FileManager.default.contentsOfDirectory(atPath: root)
-            return names.contains { !ours.contains($0) && $0 != Self.lockName && !$0.hasPrefix(".userstore-") }
+            return try await BlockingPool.run {
+                guard try Self.folderExists(root) else { return false }
+                let names = try FileManager.default.contentsOfDirectory(atPath: root)
+                return names.contains { !ours.contains($0) && $0 != Self.lockName && !$0.hasPrefix(".userstore-") }
+            }
         case .bucket(let client, let bucket, let prefix):
             let root = prefix.isEmpty ? "" : prefix + "/"
-            let keys = try BlockingPool.wait { try await client.firstKeys(bucket: bucket, prefix: root, count: ours.count + 1) }
-            return keys.contains { key in
+            return try await client.firstKeys(bucket: bucket, prefix: root, count: ours.count + 1).contains { key in
                 let name = String(key.dropFirst(root.count))
                 return !ours.contains(name) && !name.hasPrefix(".userstore-")
             }

@@ -89,30 +89,33 @@ package struct ReplicaStorage: Sendable {
     }
 
     /// Removes everything under the user folder `suffix` (`/ab/cd/user`, or `/bucket/user` with
-    /// every epoch under it). Blocking.
-    package func erase(_ suffix: String) throws {
+    /// every epoch under it).
+    package func erase(_ suffix: String) async throws {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
-            if FileManager.default.fileExists(atPath: folder) { try FileManager.default.removeItem(atPath: folder) }
+            try await BlockingPool.run {
+                if FileManager.default.fileExists(atPath: folder) { try FileManager.default.removeItem(atPath: folder) }
+            }
         case .bucket(let client, let bucket, let prefix):
             // The trailing slash: erasing "ann" must not touch "anna".
-            _ = try BlockingPool.wait { try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/") }
+            _ = try await client.deleteAll(bucket: bucket, prefix: Self.key(prefix, suffix) + "/")
         }
     }
 
     /// Whether anything is stored under the user folder `suffix`: one listing of at most one key
-    /// in a bucket, a look into a folder. Throws when the replica does not answer. Blocking.
-    package func holdsAnything(_ suffix: String) throws -> Bool {
+    /// in a bucket, a look into a folder. Throws when the replica does not answer.
+    package func holdsAnything(_ suffix: String) async throws -> Bool {
         switch kind {
         case .folder(let root):
             let folder = root + suffix
-            guard FileManager.default.fileExists(atPath: folder) else { return false }
-            return try !FileManager.default.contentsOfDirectory(atPath: folder).isEmpty
+            return try await BlockingPool.run {
+                guard FileManager.default.fileExists(atPath: folder) else { return false }
+                return try !FileManager.default.contentsOfDirectory(atPath: folder).isEmpty
+            }
         case .bucket(let client, let bucket, let prefix):
             // The trailing slash: "ann" must not find "anna".
-            let folder = Self.key(prefix, suffix) + "/"
-            return try BlockingPool.wait { try await client.holdsAny(bucket: bucket, prefix: folder) }
+            return try await client.holdsAny(bucket: bucket, prefix: Self.key(prefix, suffix) + "/")
         }
     }
 
@@ -133,40 +136,46 @@ package struct ReplicaStorage: Sendable {
     /// The newest epoch folder (`e<N>`) under the user folder `suffix` that holds LTX files;
     /// with `unfenced` (one host), 0 when none does but the folder itself holds Litestream's
     /// files (the layout from before the writer lease); nil when nothing does. Throws when the
-    /// replica does not answer or a folder cannot be read. Blocking.
-    package func newestEpochWithData(_ suffix: String, unfenced: Bool = false) throws -> Int64? {
-        try epochsWithData(suffix, unfenced: unfenced, all: false).first
+    /// replica does not answer or a folder cannot be read.
+    package func newestEpochWithData(_ suffix: String, unfenced: Bool = false) async throws -> Int64? {
+        try await epochsWithData(suffix, unfenced: unfenced, all: false).first
     }
 
     /// Every epoch under the user folder `suffix` that holds LTX files, newest first (0 for the
-    /// old layout with `unfenced`); only the newest unless `all`. Blocking.
-    package func epochsWithData(_ suffix: String, unfenced: Bool, all: Bool = true) throws -> [Int64] {
+    /// old layout with `unfenced`); only the newest unless `all`.
+    package func epochsWithData(_ suffix: String, unfenced: Bool, all: Bool = true) async throws -> [Int64] {
         let names: [String]
-        let holdsLTX: (String) throws -> Bool
+        let holdsLTX: @Sendable (String) async throws -> Bool
         switch kind {
         case .folder(let root):
-            guard try Self.folderExists(root) else { return [] }
             let folder = root + suffix
             // A folder that cannot be read is an error, never "nothing there".
-            names = try Self.entries(of: folder) ?? []
-            holdsLTX = { name in try Self.holdsLTX(folder + "/" + name) }
+            names = try await BlockingPool.run { try Self.folderExists(root) ? try Self.entries(of: folder) ?? [] : [] }
+            holdsLTX = { name in try await BlockingPool.run { try Self.holdsLTX(folder + "/" + name) } }
         case .bucket(let client, let bucket, let prefix):
             let folder = Self.key(prefix, suffix) + "/"
-            let listed = try BlockingPool.wait { try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes }
+            let listed = try await client.list(bucket: bucket, prefix: folder, delimiter: "/").prefixes
             names = listed.map { String($0.dropFirst(folder.count).dropLast()) } // "e12/" → "e12"
             // One page of keys: Litestream's level folders hold nothing but LTX files.
             holdsLTX = { name in
-                try BlockingPool.wait { try await client.firstKeys(bucket: bucket, prefix: folder + name + "/", count: 100) }.contains { $0.hasSuffix(".ltx") }
+                try await client.firstKeys(bucket: bucket, prefix: folder + name + "/", count: 100).contains { $0.hasSuffix(".ltx") }
             }
         }
         var found: [Int64] = []
-        for epoch in names.compactMap(Self.epoch(ofFolder:)).sorted(by: >) where try holdsLTX("e\(epoch)") {
+        for epoch in names.compactMap(Self.epoch(ofFolder:)).sorted(by: >) where try await holdsLTX("e\(epoch)") {
             found.append(epoch)
             if !all { return found }
         }
         // Litestream's own folders directly under the user's (`ltx/0/…` in a folder, `0000/…` in
         // a bucket): the layout from before the writer lease.
-        if unfenced, try names.contains(where: { try Self.epoch(ofFolder: $0) == nil && holdsLTX($0) }) { found.append(0) }
+        if unfenced {
+            for name in names where Self.epoch(ofFolder: name) == nil {
+                if try await holdsLTX(name) {
+                    found.append(0)
+                    break
+                }
+            }
+        }
         return found
     }
 

@@ -107,11 +107,9 @@ extension UserStoreCtlCommand {
             let started = ContinuousClock.now
             let restored: LogRestorer.Restored
             do {
-                restored = try await BlockingPool.run { [keyring] in
-                    try OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when, keyring: keyring)
-                }
-            } catch let failure as OfflineRestore.Failure {
-                throw CtlError(.someFailed, "\(failure.name): \(failure.description)")
+                restored = try await OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when, keyring: keyring)
+            } catch {
+                throw CtlError(.someFailed, "\(error.name): \(error.description)")
             }
             let milliseconds = Double((ContinuousClock.now - started).wholeMicroseconds) / 1000
             if connection.json {

@@ -58,7 +58,7 @@ struct LogSegmentTests {
     /// Before the replica's listing is in, a restore reads every log object: one whose body is
     /// damaged refuses the users its header names (ReplicaDamaged material), never another user
     /// (found by CI: a new user's first open, made before the listing was in, was refused).
-    @Test func aDamagedObjectRefusesOnlyTheUsersItHolds() throws {
+    @Test func aDamagedObjectRefusesOnlyTheUsersItHolds() async throws {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("log-\(UUID().uuidString)").path
         try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: root) }
@@ -66,10 +66,10 @@ struct LogSegmentTests {
         var bytes = Self.segment.encoded()
         guard let (_, offset) = try LogSegment.header(of: bytes) else { Issue.record("no header"); return }
         for index in offset..<bytes.count { bytes[index] ^= 0xFF }
-        try storage.put(LogRestorer.folder + "d1/i1/00000042.usl", bytes)
+        try await storage.put(LogRestorer.folder + "d1/i1/00000042.usl", bytes)
         let restorer = LogRestorer(storage: storage)
-        #expect(try restorer.holds("gus") == false)
-        #expect(throws: LogSegment.Damaged.self) { try restorer.holds("ann") }
+        #expect(try await restorer.holds("gus") == false)
+        await #expect(throws: LogSegment.Damaged.self) { try await restorer.holds("ann") }
     }
 
     @Test func zstdRefusesMoreThanItsLimit() throws {

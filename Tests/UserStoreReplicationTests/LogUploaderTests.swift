@@ -26,9 +26,11 @@ import UserStoreCore
     }
 
     /// Every record of the objects under the log's folder, in the order of the objects.
-    static func readBack(_ storage: ReplicaStorage) throws -> (objects: Int, records: [LogRecord]) {
-        let keys = try storage.keys(under: "log/e1/d/i/")
-        return (keys.count, try keys.flatMap { try LogSegment.decode(try #require(try storage.get($0))).records })
+    static func readBack(_ storage: ReplicaStorage) async throws -> (objects: Int, records: [LogRecord]) {
+        let keys = try await storage.keys(under: "log/e1/d/i/")
+        var records: [LogRecord] = []
+        for key in keys { records += try LogSegment.decode(try #require(try await storage.get(key))).records }
+        return (keys.count, records)
     }
 
     @Test(arguments: ["folder", "s3"]) func manyWritersRecordsGoTogetherAndComeBackInOrder(kind: String) async throws {
@@ -56,7 +58,7 @@ import UserStoreCore
             }
             try await group.waitForAll()
         }
-        let (objects, records) = try Self.readBack(storage)
+        let (objects, records) = try await Self.readBack(storage)
         #expect(records.count == 400)
         for user in users {
             #expect(records.filter { $0.user == user }.map(\.txid) == Array(1...25), "\(user)'s records are missing or out of order")
@@ -91,7 +93,7 @@ import UserStoreCore
         try FileManager.default.removeItem(atPath: blocker)
         #expect(await uploader.waitUntilStored(annSecond, until: .now + .seconds(30)))
         #expect(uploader.stored == 3 && uploader.snapshot.stored == 3)
-        let records = try Self.readBack(storage).records
+        let records = try await Self.readBack(storage).records
         #expect(records.map(\.user) == ["ann", "bob", "ann"] && records.filter { $0.user == "ann" }.map(\.txid) == [1, 2])
     }
 
@@ -121,7 +123,7 @@ import UserStoreCore
             try FileManager.default.removeItem(atPath: blocker)
         }
         #expect(await uploader.flush(until: .now + .seconds(30)))
-        let (objects, records) = try Self.readBack(storage)
+        let (objects, records) = try await Self.readBack(storage)
         #expect(objects == 2, "\(objects) objects for a record in flight and three waiting")
         #expect(Set(records.map(\.user)) == ["ann", "bob", "cy", "dan"])
     }
@@ -197,7 +199,7 @@ import UserStoreCore
         for txid in 3...10 { #expect(uploader.append(Self.record("ann", UInt64(txid))) != nil) }
         proxy.mend()
         #expect(await uploader.waitUntilStored(uploader.appended, until: .now + .seconds(60)))
-        #expect(try Self.readBack(storage).records.map(\.txid) == Array(1...10))
+        #expect(try await Self.readBack(storage).records.map(\.txid) == Array(1...10))
     }
 }
 

@@ -72,10 +72,10 @@ import Varlink
 
     /// The replica's copy of `user`'s store, rebuilt from the folder's log by the daemon's own
     /// restorer, run here, into `directory`.
-    static func replicaCopy(of user: String, replica: String, directory: String) throws -> String {
+    static func replicaCopy(of user: String, replica: String, directory: String) async throws -> String {
         let output = directory + "/\(user)-\(UUID().uuidString).sqlite"
         let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + replica))
-        #expect(try LogRestorer(storage: storage).restore(user, to: output) != nil, "the log holds nothing of \(user)")
+        #expect(try await LogRestorer(storage: storage).restore(user, to: output) != nil, "the log holds nothing of \(user)")
         return output
     }
 
@@ -234,7 +234,7 @@ import Varlink
             }
         }
         // Read straight from the replica, with the store still open and nothing waited for.
-        let copy = try Self.replicaCopy(of: "hal", replica: replica.path, directory: daemon.directory.path)
+        let copy = try await Self.replicaCopy(of: "hal", replica: replica.path, directory: daemon.directory.path)
         #expect(try sqlite3(copy, "SELECT title FROM notes ORDER BY id") == "one\ntwo\nthree")
         daemon.stop()
 
@@ -255,7 +255,7 @@ import Varlink
 
     /// `restore --from-replica --timestamp`: the store as it was at that time, the live store
     /// kept as a backup; a delete removes the replica too, so the next request starts empty.
-    @Test func aPointInTimeComesBackAndADeletedStoreDoesNot() throws {
+    @Test func aPointInTimeComesBackAndADeletedStoreDoesNot() async throws {
         let (replica, daemon, client) = try Self.started()
         try Self.insert("before", for: "kim", on: client, durable: true)
         let between = Date()
@@ -272,7 +272,7 @@ import Varlink
 
         _ = try client.call("io.userstore.Admin.DeleteStore", ["user": "kim"])
         let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + replica.path))
-        #expect(try LogRestorer(storage: storage).restore("kim", to: daemon.directory.path + "/kim-after-delete.sqlite") == nil, "the replica still holds kim")
+        #expect(try await LogRestorer(storage: storage).restore("kim", to: daemon.directory.path + "/kim-after-delete.sqlite") == nil, "the replica still holds kim")
         let again = try client.call("io.userstore.Store.Open", ["user": "kim"])
         #expect(again["created"] == true)
         #expect(try client.call("io.userstore.Store.Query", ["user": "kim", "sql": "SELECT count(*) FROM notes"])["rows"] == [[0]])

@@ -175,14 +175,12 @@ public struct StoreLifecycle: Sendable {
         let files = StoreFiles(layout: registry.configuration.layout)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        let restored = try await StoreRegistry.offThreadResult { () throws -> ReplicaRestore in
-            guard let restored = try replication.restore(user, to: staged, timestamp: timestamp) else {
-                throw StoreError.replicationUnavailable(user: user, message: "the replica holds no copy of this store"
-                                                        + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
-            }
-            try Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: self.registry.configuration.keyring)
-            return restored
-        }.get()
+        guard let restored = try await replication.restore(user, to: staged, timestamp: timestamp) else {
+            throw StoreError.replicationUnavailable(user: user, message: "the replica holds no copy of this store"
+                                                    + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
+        }
+        let keyring = registry.configuration.keyring
+        try await StoreRegistry.offThread { try Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: keyring) }
         let previous = try await replaceClosedStore(user, with: staged)
         registry.observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
                                        durationMicroseconds: restored.durationMicroseconds))

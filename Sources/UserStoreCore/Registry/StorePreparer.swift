@@ -15,7 +15,8 @@ struct StorePreparer: Sendable {
     let gate: (any MigrationGate)?
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
-    /// yet, on one blocking-pool thread without hops. Fails only when the file cannot be opened.
+    /// yet, on one blocking-pool thread without hops (with replication, after the replica was
+    /// asked for a newer copy or a restore: ``prepareFromReplica(_:replication:restoring:)``). Fails only when the file cannot be opened.
     /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store
     /// once its migration succeeded (`closed` in the result): in the same job without
     /// replication, else once the replicator has taken its last commits (``close(_:)``).
@@ -28,32 +29,16 @@ struct StorePreparer: Sendable {
                         closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
+            let restored: Bool
+            if let replication {
+                restored = try await prepareFromReplica(user, replication: replication, restoring: migrator != nil)
+            } else {
+                restored = false
+            }
             let (store, migration, closing) = try await StoreRegistry.offThread { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
-                // The template is plaintext: an encrypted store is migrated step by step.
-                var template = opener.keyring == nil ? template : nil
-                var restored = false
-                if let replication {
-                    let path = opener.layout.storePath(for: user)
-                    // A copy another host has written to since this one last owned the store
-                    // (more than one host): set aside, and the replica's newer copy restored —
-                    // for an open as is too (the fleet index reading a version), which would
-                    // otherwise ship the stale copy as a base over the newer one.
-                    var superseded = false
-                    if FileManager.default.fileExists(atPath: path), let supersededBy = try replication.newerCopy(of: user, path: path) {
-                        let aside = try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)")
-                        observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
-                        superseded = true
-                    }
-                    if !FileManager.default.fileExists(atPath: path), migrator != nil || superseded {
-                        try FileManager.default.createDirectory(atPath: opener.layout.storeDirectory(for: user), withIntermediateDirectories: true)
-                        if let copy = try replication.restore(user, to: path, timestamp: nil) {
-                            template = nil
-                            restored = true
-                            observer.record(.storeRestored(user: user, source: copy.source, schemaVersion: copy.schemaVersion,
-                                                           durationMicroseconds: copy.durationMicroseconds))
-                        }
-                    }
-                }
+                // The template is plaintext: an encrypted store is migrated step by step (and a
+                // restored one is not new).
+                let template = opener.keyring == nil && !restored ? template : nil
                 let (store, created) = try opener.open(user, template: template, create: migrator != nil)
                 // An existing store is registered before anything writes to it (the migration
                 // included): its commits continue its stream. A new one only once migrated: it
@@ -93,6 +78,35 @@ struct StorePreparer: Sendable {
         } catch {
             return .failure(StoreRegistry.storeError(error, user: user))
         }
+    }
+
+    /// With replication, before `user`'s store is opened: a local copy another host has written
+    /// past since this one last owned the store (more than one host) is set aside, and the
+    /// replica's newer copy restored — for an open as is too (the fleet index reading a version),
+    /// which would otherwise ship the stale copy as a base over the newer one; with `restoring`
+    /// (an open that may create the store), a store missing here is restored from the replica if
+    /// it holds one. Returns whether a copy was restored. The replica is asked with no thread
+    /// blocked; the files are looked at on the blocking pool.
+    private func prepareFromReplica(_ user: UserID, replication: any StoreReplication, restoring: Bool) async throws -> Bool {
+        let (layout, observer) = (opener.layout, self.observer)
+        let path = layout.storePath(for: user)
+        // One hop for a new user: the look and its folder.
+        let exists = try await StoreRegistry.offThread { () throws -> Bool in
+            if FileManager.default.fileExists(atPath: path) { return true }
+            if restoring { try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true) }
+            return false
+        }
+        if exists {
+            guard let supersededBy = try await replication.newerCopy(of: user, path: path) else { return false }
+            let aside = try await StoreRegistry.offThread { try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)") }
+            observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
+        } else if !restoring {
+            return false
+        }
+        guard let copy = try await replication.restore(user, to: path, timestamp: nil) else { return false }
+        observer.record(.storeRestored(user: user, source: copy.source, schemaVersion: copy.schemaVersion,
+                                       durationMicroseconds: copy.durationMicroseconds))
+        return true
     }
 
     /// How a fleet run's job makes `user`'s store, which it closes right after, durable: a

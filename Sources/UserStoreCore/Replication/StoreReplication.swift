@@ -3,8 +3,8 @@ import Foundation
 /// What the registry asks of an off-host copy of every store (the daemon's host log,
 /// `LogReplicator`), at the points of a store's life where it matters.
 ///
-/// Every synchronous method may block (a request to the replica) and is called on
-/// ``BlockingPool`` threads, never on an event loop or the cooperative pool. None throws for a
+/// Every synchronous method may block (the disk) and is called on ``BlockingPool`` threads,
+/// never on an event loop or the cooperative pool; what asks the replica is async. None throws for a
 /// replication outage: the store is served unreplicated (degraded) and registered again later;
 /// only ``restore(_:to:timestamp:)``, ``newerCopy(of:path:)`` and ``storeErased(_:path:)``
 /// refuse, because serving an empty store in place of a replicated one, or leaving a copy of a
@@ -21,7 +21,7 @@ public protocol StoreReplication: Sendable {
     /// ``StoreError/replicationUnavailable(user:message:)`` when it cannot tell, and
     /// ``StoreError/replicaDamaged(user:message:)`` when the copy fails its integrity check;
     /// nothing is left at `path` then.
-    func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore?
+    func restore(_ user: UserID, to path: String, timestamp: Date?) async throws -> ReplicaRestore?
 
     /// `store` was opened and nothing has written to it yet — or, for a store just created,
     /// once its migration has run and nothing else has written to it (its first record is then
@@ -35,7 +35,7 @@ public protocol StoreReplication: Sendable {
     /// when the local file is current. Asked before any open of an existing file. Throws
     /// ``StoreError/replicationUnavailable(user:message:)`` when the replica cannot be asked
     /// (opening the local file then could serve a copy another host has moved past).
-    func newerCopy(of user: UserID, path: String) throws -> Int64?
+    func newerCopy(of user: UserID, path: String) async throws -> Int64?
 
     /// `store` is about to be closed and nothing more will be written to it: sync its last
     /// changes to the replica (waiting for them at most the durable time-out) and stop

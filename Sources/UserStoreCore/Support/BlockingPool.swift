@@ -46,6 +46,16 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
         return try result.get()
     }
 
+    /// Runs the async `work` with the daemon's pool as its executor: whatever it does between
+    /// its awaits — decoding, compressing, a short file operation — runs on the pool's threads,
+    /// never on Swift's cooperative pool (one thread per core, shared with everything else
+    /// async, and in a test process with synchronous tests that hold its threads). For the
+    /// replica's background work and the lease's rounds, which must neither wait for that pool
+    /// nor hold it.
+    public static func executing<T: Sendable>(_ work: @Sendable () async throws -> T) async rethrows -> T {
+        try await withTaskExecutorPreference(shared, operation: work)
+    }
+
     /// Runs the async `work` and waits for it on this thread: for synchronous code (on this
     /// pool, a store's queue) that must call an async API, such as the S3 or etcd client. The
     /// work runs on ``waiting``'s threads — never Swift's cooperative pool, so a caller

@@ -36,31 +36,33 @@ package struct LogEraser: Sendable {
     }
 
     /// Erases `user` from the log, once ``flush(until:)`` returned; in a cluster the tombstone
-    /// stands at `epoch`, the user's bucket's. Blocking; throws when the replica cannot be
-    /// written (nothing of the user may remain: retry).
-    package func erase(_ user: String, epoch: Int64? = nil) throws {
-        let rewrite = {
-            try storage.delete(try storage.keys(under: LogFolder.folder(of: user)))
+    /// stands at `epoch`, the user's bucket's. Throws when the replica cannot be written
+    /// (nothing of the user may remain: retry).
+    package func erase(_ user: String, epoch: Int64? = nil) async throws {
+        let (storage, uploader) = (self.storage, self.uploader)
+        let rewrite = { @Sendable () async throws in
+            try await storage.delete(try await storage.keys(under: LogFolder.folder(of: user)))
             uploader.index?.setFolds(of: user, [])
             // The index, once listed, names the objects holding the user: only those are read.
-            let keys = try uploader.index?.keys(of: user) ?? storage.keys(under: LogRestorer.folder)
+            let keys: [String]
+            if let indexed = uploader.index?.keys(of: user) { keys = indexed } else { keys = try await storage.keys(under: LogRestorer.folder) }
             for key in keys where key.hasSuffix(".usl") {
-                guard let bytes = try storage.get(key) else { continue }
+                guard let bytes = try await storage.get(key) else { continue }
                 var segment = try LogSegment.decode(bytes)
                 guard segment.header.users.contains(user) else { continue }
                 segment.records.removeAll { $0.user == user }
                 if segment.records.isEmpty {
-                    try storage.delete([key])
+                    try await storage.delete([key])
                 } else {
-                    try storage.put(key, segment.encoded())
+                    try await storage.put(key, segment.encoded())
                 }
                 uploader.index?.replace(key, users: Set(segment.records.map(\.user)))
             }
         }
-        if let folder { try folder.gate.writing(rewrite) } else { try rewrite() }
+        if let folder { try await folder.gate.exclusive(rewrite) } else { try await rewrite() }
         let origin = uploader.origin
         let tombstone = Tombstone(epoch: epoch ?? uploader.epoch, incarnation: origin.incarnation, sequence: uploader.sequenceBegun,
                                   erasedAt: RFC3339.format(Date()))
-        try storage.put(Self.tombstoneKey(of: user), Array((try? JSONEncoder().encode(tombstone)) ?? Data()))
+        try await storage.put(Self.tombstoneKey(of: user), Array((try? JSONEncoder().encode(tombstone)) ?? Data()))
     }
 }

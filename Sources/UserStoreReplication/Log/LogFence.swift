@@ -74,11 +74,11 @@ package struct LogFence: Codable, Sendable, Equatable {
     }
 
     /// Lists the log under `log` and writes the fence of `epoch` for it (in a cluster, of
-    /// `buckets`, at `key`). Returns the fence and the log's keys as listed. Blocking.
+    /// `buckets`, at `key`). Returns the fence and the log's keys as listed.
     package static func write(epoch: Int64, holder: String, storage: ReplicaStorage, log: String,
-                              buckets: [String: Int64]? = nil, dataDirectory: String? = nil, key: String? = nil) throws -> (fence: LogFence, listed: [String]) {
+                              buckets: [String: Int64]? = nil, dataDirectory: String? = nil, key: String? = nil) async throws -> (fence: LogFence, listed: [String]) {
         var through: [String: UInt64] = [:]
-        let listed = try storage.keys(under: log)
+        let listed = try await storage.keys(under: log)
         for key in listed {
             guard let sequence = sequence(of: key) else { continue }
             through[logFolder(of: key), default: 0] = max(through[logFolder(of: key)] ?? 0, sequence)
@@ -87,7 +87,7 @@ package struct LogFence: Codable, Sendable, Equatable {
                              dataDirectory: dataDirectory)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
-        try storage.put(key ?? Self.key(of: epoch), Array(try encoder.encode(fence)))
+        try await storage.put(key ?? Self.key(of: epoch), Array(try encoder.encode(fence)))
         return (fence, listed)
     }
 }
@@ -120,15 +120,15 @@ package struct LogFences: Sendable, Equatable {
     }
 
     /// Every fence in the replica (those of `known` not read again: a fence never changes).
-    /// Blocking; a fence that cannot be read is damage, never skipped.
-    package static func load(from storage: ReplicaStorage, known: LogFences = LogFences()) throws -> LogFences {
+    /// A fence that cannot be read is damage, never skipped.
+    package static func load(from storage: ReplicaStorage, known: LogFences = LogFences()) async throws -> LogFences {
         var fences: [String: LogFence] = [:]
-        for key in try storage.keys(under: LogFence.folder) where key.hasSuffix(".json") {
+        for key in try await storage.keys(under: LogFence.folder) where key.hasSuffix(".json") {
             if let fence = known.fences[key] {
                 fences[key] = fence
                 continue
             }
-            guard let bytes = try storage.get(key) else { continue }
+            guard let bytes = try await storage.get(key) else { continue }
             guard let fence = try? JSONDecoder().decode(LogFence.self, from: Data(bytes)) else {
                 throw LogSegment.Damaged(description: "\(storage.describe(key)) is not a fence userstored wrote")
             }

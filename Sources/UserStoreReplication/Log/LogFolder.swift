@@ -22,11 +22,11 @@ package final class LogFolder: Sendable {
     package let uploader: LogUploader
     /// Written while a fold or an erase deletes or rewrites objects, read while a restore reads
     /// them: a restore never meets an object deleted halfway through its reading.
-    package let gate: ReadWriteLock
+    package let gate: AsyncLock
     /// Deltas after a snapshot past which the next fold of the user writes a snapshot.
     package static let maxDeltas = 8
 
-    package init(storage: ReplicaStorage, index: LogIndex, uploader: LogUploader, gate: ReadWriteLock = ReadWriteLock()) {
+    package init(storage: ReplicaStorage, index: LogIndex, uploader: LogUploader, gate: AsyncLock = AsyncLock()) {
         self.storage = storage
         self.index = index
         self.uploader = uploader
@@ -72,10 +72,10 @@ package final class LogFolder: Sendable {
     /// amount of memory): each user's records into that user's objects, then deletes them. The
     /// objects taken are a prefix of the log — the first one too young (or of this process and
     /// not yet stored with every one before it) ends it. Nil when there was nothing to fold.
-    /// Blocking; throws when the replica fails (the next round tries again: nothing is deleted
-    /// before the folds holding it are stored).
-    package func fold(before cutoff: Date, maxObjects: Int = 64, cluster: ClusterView? = nil) throws -> Report? {
-        try gate.writing { try foldAlone(before: cutoff, maxObjects: maxObjects, cluster: cluster) }
+    /// Throws when the replica fails (the next round tries again: nothing is deleted before the
+    /// folds holding it are stored).
+    package func fold(before cutoff: Date, maxObjects: Int = 64, cluster: ClusterView? = nil) async throws -> Report? {
+        try await gate.exclusive { try await foldAlone(before: cutoff, maxObjects: maxObjects, cluster: cluster) }
     }
 
     /// In a cluster, what the fold needs to know: each host folds only its own data directory's
@@ -101,11 +101,11 @@ package final class LogFolder: Sendable {
         return index.entries.contains { $0.key.hasPrefix(ownDirectory) && $0.entry.createdAt < cutoff }
     }
 
-    private func foldAlone(before cutoff: Date, maxObjects: Int, cluster: ClusterView?) throws -> Report? {
+    private func foldAlone(before cutoff: Date, maxObjects: Int, cluster: ClusterView?) async throws -> Report? {
         guard index.isLoaded else { return nil }
         // Objects the fences void: nothing reads them.
         let void = index.takeVoid()
-        if !void.isEmpty { try storage.delete(void) }
+        if !void.isEmpty { try await storage.delete(void) }
         let own = uploader.origin
         let storedSequence = cluster?.storedThrough ?? uploader.storedSequence
         let ownDirectory = LogRestorer.folder + own.dataDirectory + "/"
@@ -126,8 +126,8 @@ package final class LogFolder: Sendable {
         // a log uploading 190 objects a second (66,000 objects unfolded after 110,000 touches).
         let storage = self.storage
         let segments = Mutex<[String: LogSegment]>([:])
-        try BlockingPool.forEach(batch.map(\.key), width: Self.width) { key in
-            guard let bytes = try storage.get(key) else {
+        try await batch.map(\.key).concurrentForEach(width: Self.width) { key in
+            guard let bytes = try await storage.get(key) else {
                 throw LogRestorer.Unreadable(description: "\(storage.describe(key)), listed in the log, is gone")
             }
             let segment = try LogSegment.decode(bytes)
@@ -136,7 +136,7 @@ package final class LogFolder: Sendable {
         let read = segments.withLock { $0 }
         var fences = LogFences()
         if cluster != nil {
-            fences = try LogFences.load(from: storage, known: index.knownFences)
+            fences = try await LogFences.load(from: storage, known: index.knownFences)
             index.setFences(fences)
         }
         let fencedEpochs = fences.bucketEpochs
@@ -168,14 +168,14 @@ package final class LogFolder: Sendable {
         guard let last = batch.last else { return nil }
         through = last.entry.position
         let report = Mutex(Report(logObjects: batch.count, users: recordsOf.count))
-        try BlockingPool.forEach(Array(recordsOf), width: Self.width) { [newest, through, throughOf] user, records in
-            let written = try self.fold(records, of: user, through: throughOf[user] ?? through, createdAt: newest)
+        try await Array(recordsOf).concurrentForEach(width: Self.width) { [newest, through, throughOf] user, records in
+            let written = try await self.fold(records, of: user, through: throughOf[user] ?? through, createdAt: newest)
             report.withLock { report in
                 report.bytesWritten += written.bytes
                 if written.snapshot { report.snapshots += 1 }
             }
         }
-        try storage.delete(batch.map(\.key))
+        try await storage.delete(batch.map(\.key))
         for (key, _) in batch { index.replace(key, users: []) }
         return report.withLock { $0 }
     }
@@ -185,7 +185,7 @@ package final class LogFolder: Sendable {
 
     /// Writes one folded object of `user` with `records` (read from the log up to `through`),
     /// a snapshot when due, and deletes what a snapshot supersedes.
-    private func fold(_ records: [LogRecord], of user: String, through: LogObjectPosition, createdAt: Date) throws -> (bytes: Int, snapshot: Bool) {
+    private func fold(_ records: [LogRecord], of user: String, through: LogObjectPosition, createdAt: Date) async throws -> (bytes: Int, snapshot: Bool) {
         // Only folds before this one (in a cluster, a later owner may have folded the user since).
         let listed = index.folds(of: user) ?? []
         let existing = listed.filter { Self.position(ofFold: $0).map { $0 < through } ?? false }
@@ -197,10 +197,12 @@ package final class LogFolder: Sendable {
         if records.contains(where: { $0.kind == .base }) || deltas >= Self.maxDeltas {
             var all = records
             if !records.contains(where: { $0.kind == .base }), let lastSnapshot {
-                all = try existing[lastSnapshot...].flatMap { key -> [LogRecord] in
-                    guard let bytes = try storage.get(key) else { throw LogRestorer.Unreadable(description: "\(storage.describe(key)) is gone") }
-                    return try LogSegment.decode(bytes).records
-                } + records
+                all = []
+                for key in existing[lastSnapshot...] {
+                    guard let bytes = try await storage.get(key) else { throw LogRestorer.Unreadable(description: "\(storage.describe(key)) is gone") }
+                    all += try LogSegment.decode(bytes).records
+                }
+                all += records
             }
             // A gap (records of a crashed process never stored) cannot be a snapshot: a delta keeps them.
             if let whole = try? Self.snapshot(of: all) {
@@ -214,12 +216,12 @@ package final class LogFolder: Sendable {
                                                createdAt: RFC3339.format(createdAt), records: 0, users: [], bodyBytes: 0, recordBytes: 0),
                                  records: folded)
         let bytes = segment.encoded()
-        try storage.put(key, bytes)
+        try await storage.put(key, bytes)
         var kept = Set(existing).union(later)
         kept.insert(key)
         if snapshot {
             let superseded = existing.filter { $0 != key }
-            try storage.delete(superseded)
+            try await storage.delete(superseded)
             kept.subtract(superseded)
         }
         index.setFolds(of: user, kept)

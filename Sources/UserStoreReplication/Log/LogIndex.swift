@@ -142,19 +142,19 @@ package final class LogIndex: Sendable {
 
     /// Lists the replica once: the fences, every log object under `log` (reading its header)
     /// that they let count, every folded object under `folds`, and the users with a copy in
-    /// Litestream's layout. Blocking.
-    package func load(from storage: ReplicaStorage, log: String, folds: String) throws {
+    /// Litestream's layout.
+    package func load(from storage: ReplicaStorage, log: String, folds: String) async throws {
         let generation = state.withLock { $0.generation }
-        let fences = try LogFences.load(from: storage)
+        let fences = try await LogFences.load(from: storage)
         var entries: [String: Entry] = [:]
         var void: Set<String> = []
         var foldsOf: [String: Set<String>] = [:]
         var legacy: Set<String> = []
-        let keys = try storage.keys(under: "")
+        let keys = try await storage.keys(under: "")
         // Each log object's header is a ranged read: `LogFolder.width` at a time.
         let headers = Mutex<[String: LogSegment.Header]>([:])
-        try BlockingPool.forEach(keys.filter { $0.hasPrefix(log) && $0.hasSuffix(".usl") }, width: LogFolder.width) { key in
-            guard let header = try storage.header(of: key) else { return }
+        try await keys.filter { $0.hasPrefix(log) && $0.hasSuffix(".usl") }.concurrentForEach(width: LogFolder.width) { key in
+            guard let header = try await storage.header(of: key) else { return }
             headers.withLock { $0[key] = header }
         }
         let read = headers.withLock { $0 }
@@ -190,8 +190,8 @@ package final class LogIndex: Sendable {
     /// buckets it took in a cluster) it does not know, reading their headers, drops those of
     /// other data directories than `own` (`log/<id>/`) that are gone, and takes
     /// `fences` as the log's fences: in a cluster other hosts write the log too, and what they
-    /// wrote of a bucket before this host fenced it is read from here on. Blocking.
-    package func refresh(from storage: ReplicaStorage, listed: [String], fences: LogFences, own: String) throws {
+    /// wrote of a bucket before this host fenced it is read from here on.
+    package func refresh(from storage: ReplicaStorage, listed: [String], fences: LogFences, own: String) async throws {
         // Other hosts' objects gone since (folded by their hosts) leave the index; this host's
         // own are kept current by its uploader and fold.
         let present = Set(listed)
@@ -200,8 +200,8 @@ package final class LogIndex: Sendable {
         }
         let known = state.withLock { Set($0.entries.keys) }
         let headers = Mutex<[String: LogSegment.Header]>([:])
-        try BlockingPool.forEach(listed.filter { $0.hasSuffix(".usl") && !known.contains($0) }, width: LogFolder.width) { key in
-            guard let header = try storage.header(of: key) else { return }
+        try await listed.filter { $0.hasSuffix(".usl") && !known.contains($0) }.concurrentForEach(width: LogFolder.width) { key in
+            guard let header = try await storage.header(of: key) else { return }
             headers.withLock { $0[key] = header }
         }
         let read = headers.withLock { $0 }
@@ -246,34 +246,13 @@ package final class LogIndex: Sendable {
 
 extension ReplicaStorage {
     /// The header of the log object `key`, read from its first 64 KiB (all of it when the header
-    /// is longer); nil when there is no such object. Blocking.
-    package func header(of key: String) throws -> LogSegment.Header? {
-        guard let prefix = try getPrefix(key, bytes: 65536) else { return nil }
+    /// is longer); nil when there is no such object.
+    package func header(of key: String) async throws -> LogSegment.Header? {
+        guard let prefix = try await getPrefix(key, bytes: 65536) else { return nil }
         if let (header, _) = try LogSegment.header(of: prefix) { return header }
-        guard let whole = try get(key), let (header, _) = try LogSegment.header(of: whole) else {
+        guard let whole = try await get(key), let (header, _) = try LogSegment.header(of: whole) else {
             throw LogSegment.Damaged(description: "\(key) is truncated within its header")
         }
         return header
-    }
-
-    /// The first `bytes` bytes of the object `key` (fewer when it is shorter); nil when there is none.
-    package func getPrefix(_ key: String, bytes: Int) throws -> [UInt8]? {
-        switch kind {
-        case .folder(let root):
-            let path = root + "/" + key
-            let descriptor = open(path, O_RDONLY | O_CLOEXEC)
-            guard descriptor >= 0 else {
-                if errno == ENOENT { return nil }
-                throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(path): \(String(cString: strerror(errno)))")
-            }
-            defer { close(descriptor) }
-            var buffer = [UInt8](repeating: 0, count: bytes)
-            let read = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, bytes, 0) }
-            guard read >= 0 else { throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(path): \(String(cString: strerror(errno)))") }
-            return Array(buffer.prefix(read))
-        case .bucket(let client, let bucket, let prefix):
-            let full = Self.key(prefix, "/" + key)
-            return try BlockingPool.wait { try await client.getObject(bucket: bucket, key: full, range: 0..<bytes) }.map { Array($0.body) }
-        }
     }
 }

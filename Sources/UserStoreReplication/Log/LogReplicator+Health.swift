@@ -7,41 +7,40 @@ import UserStoreCore
 /// on upload outages.
 extension LogReplicator {
     /// Writes the fence of the epoch this host holds, once per epoch, before the log is read under
-    /// it (a restore, the index's listing, the fold). Blocking.
-    func fenceIfDue() throws {
+    /// it (a restore, the index's listing, the fold).
+    func fenceIfDue() async throws {
         guard let lease, let epoch = lease.heldEpoch, fenced.withLock({ $0 }) != epoch else { return }
-        fencing.lock()
-        defer { fencing.unlock() }
-        guard fenced.withLock({ $0 }) != epoch else { return }
-        // After an operator's take-over, the old holder may still acknowledge for a few seconds
-        // what it stores: the fence waits until it cannot (LeaseKeeper.fenceNotBefore).
-        let wait = lease.fenceNotBefore - .now
-        if wait > .zero { Thread.sleep(forTimeInterval: wait.inSeconds) }
-        uploader.raiseEpoch(to: epoch)
-        let (fence, _) = try LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
-        fenced.withLock { $0 = epoch }
-        logger.info("fenced the log at epoch \(epoch): \(fence.through.count) log folders, what their holders upload later does not count",
-                    metadata: ["event": "replica-lease-held", "epoch": "\(epoch)"])
+        try await fencing.exclusive {
+            guard fenced.withLock({ $0 }) != epoch else { return }
+            // After an operator's take-over, the old holder may still acknowledge for a few seconds
+            // what it stores: the fence waits until it cannot (LeaseKeeper.fenceNotBefore).
+            try await Task.sleep(until: lease.fenceNotBefore)
+            uploader.raiseEpoch(to: epoch)
+            let (fence, _) = try await LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
+            fenced.withLock { $0 = epoch }
+            logger.info("fenced the log at epoch \(epoch): \(fence.through.count) log folders, what their holders upload later does not count",
+                        metadata: ["event": "replica-lease-held", "epoch": "\(epoch)"])
+        }
     }
 
     /// In a cluster: fences `user`'s bucket at its epoch now, unless this host did (with every
-    /// other bucket it owns at an epoch not fenced yet: one fence for all). Blocking.
-    func fenceBucket(of user: UserID) throws {
+    /// other bucket it owns at an epoch not fenced yet: one fence for all).
+    func fenceBucket(of user: UserID) async throws {
         guard let cluster, let epoch = cluster.epoch(of: user) else { return }
         let bucket = cluster.bucket(of: user)
         // Fenced already: nothing to wait for (another bucket's fence is the health service's).
         if let fenced = fencedBuckets.withLock({ $0.epochs[UInt16(truncatingIfNeeded: bucket)] }), fenced >= epoch { return }
         var wanted = cluster.ownedEpochsSeen
         wanted[bucket] = epoch
-        try fenceBuckets(wanted)
+        try await fenceBuckets(wanted)
     }
 
     /// In a cluster: writes one fence for those of `wanted` (buckets at their epochs) this host
     /// has not fenced at that epoch, then reads into the index what the fence's listing holds
     /// that it does not know (other hosts' objects): a restore of the bucket's users, after it,
-    /// reads all that counts. Blocking.
-    func fenceBuckets(_ wanted: [Int: Int64]) throws {
-        func due() -> [UInt16: Int64] {
+    /// reads all that counts.
+    func fenceBuckets(_ wanted: [Int: Int64]) async throws {
+        @Sendable func due() -> [UInt16: Int64] {
             fencedBuckets.withLock { fenced in
                 var due: [UInt16: Int64] = [:]
                 for (bucket, epoch) in wanted {
@@ -52,19 +51,21 @@ extension LogReplicator {
             }
         }
         guard !due().isEmpty else { return }
-        fencing.lock()
-        defer { fencing.unlock() }
-        let buckets = due()
+        try await fencing.exclusive { try await fenceBucketsAlone(due()) }
+    }
+
+    /// ``fenceBuckets(_:)`` for `buckets`, holding ``fencing``.
+    private func fenceBucketsAlone(_ buckets: [UInt16: Int64]) async throws {
         guard let highest = buckets.values.max() else { return }
         let number = fencedBuckets.withLock { $0.written + 1 }
         let origin = uploader.origin
         let key = LogFence.clusterKey(dataDirectory: origin.dataDirectory, incarnation: origin.incarnation, number: number)
-        try folder.gate.writing {
-            let (_, listed) = try LogFence.write(epoch: highest, holder: origin.host, storage: storage, log: LogRestorer.folder,
-                                                 buckets: Dictionary(uniqueKeysWithValues: buckets.map { (String($0.key), $0.value) }),
-                                                 dataDirectory: origin.dataDirectory, key: key)
-            try index.refresh(from: storage, listed: listed, fences: try LogFences.load(from: storage, known: index.knownFences),
-                              own: LogRestorer.folder + origin.dataDirectory + "/")
+        try await folder.gate.exclusive { [storage, index] in
+            let (_, listed) = try await LogFence.write(epoch: highest, holder: origin.host, storage: storage, log: LogRestorer.folder,
+                                                       buckets: Dictionary(uniqueKeysWithValues: buckets.map { (String($0.key), $0.value) }),
+                                                       dataDirectory: origin.dataDirectory, key: key)
+            try await index.refresh(from: storage, listed: listed, fences: try await LogFences.load(from: storage, known: index.knownFences),
+                                    own: LogRestorer.folder + origin.dataDirectory + "/")
         }
         fencedBuckets.withLock { fenced in
             fenced.written = number
@@ -82,7 +83,7 @@ extension LogReplicator {
         let owned = cluster.ownedEpochsSeen
         guard !owned.isEmpty else { return }
         do {
-            try await BlockingPool.run { try self.fenceBuckets(owned) }
+            try await fenceBuckets(owned)
             state.withLock { $0.fenceFailing = false }
         } catch {
             // Once per outage: it is tried again every second.
@@ -98,10 +99,8 @@ extension LogReplicator {
         guard !index.isLoaded, identity.verdict.isVerified, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let started = ContinuousClock.now
         do {
-            try await BlockingPool.run { [index, storage] in
-                try self.fenceIfDue()
-                try index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root)
-            }
+            try await fenceIfDue()
+            try await index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root)
             logger.info("log index: \(index.objects ?? 0) objects listed in \(ContinuousClock.now - started)")
         } catch {
             logger.warning("log index: listing the log failed (\(error)); restores read every object until it is in")
@@ -125,7 +124,7 @@ extension LogReplicator {
                         UInt16(exactly: bucket).map { ($0, epoch) }
                     }), storedThrough: stored)
                 }
-                guard let report = try await BlockingPool.run({ [folder, view] in try folder.fold(before: cutoff, cluster: view) }) else { break }
+                guard let report = try await folder.fold(before: cutoff, cluster: view) else { break }
                 state.withLock { state in
                     state.folded.logObjects += report.logObjects
                     state.folded.users += report.users
@@ -181,9 +180,9 @@ extension LogReplicator {
 
     /// Checks the replica's marker (every 5 s from ``LogHealthService``, every second while it fails).
     package func checkReplica() async {
-        let verdict = await BlockingPool.run { [identity] in identity.check() }
+        let verdict = await identity.check()
         state.withLock { $0.replicaProblem = verdict.problem }
-        if verdict.isVerified, let lease, lease.heldEpoch == nil { _ = await BlockingPool.run { lease.round() } }
+        if verdict.isVerified, let lease, lease.heldEpoch == nil { await lease.round() }
     }
 }
 
@@ -192,15 +191,19 @@ struct LogHealthService: Service {
     let replicator: LogReplicator
 
     func run() async throws {
-        var round = 0
-        while !Task.isShuttingDownGracefully && !Task.isCancelled {
-            if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
-            replicator.reportUploads()
-            await replicator.fenceTakenBuckets()
-            await replicator.loadIndexIfDue()
-            await replicator.foldIfDue()
-            round += 1
-            try? await Task.sleep(for: .seconds(1))
+        // On the blocking pool's threads: the fold decodes and compresses, and a listing of a
+        // large log decodes headers, which must not hold Swift's cooperative pool.
+        await BlockingPool.executing {
+            var round = 0
+            while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
+                replicator.reportUploads()
+                await replicator.fenceTakenBuckets()
+                await replicator.loadIndexIfDue()
+                await replicator.foldIfDue()
+                round += 1
+                try? await Task.sleep(for: .seconds(1))
+            }
         }
     }
 }

@@ -49,7 +49,7 @@ package final class LogReplicator: StoreReplication {
     let state = Mutex(State())
     /// The epoch whose fence this host wrote (nil: none yet), kept while it is written.
     let fenced = Mutex<Int64?>(nil)
-    let fencing = NSLock()
+    let fencing = AsyncLock()
     /// In a cluster: the epoch this host last fenced each bucket at, and how many fences it wrote.
     let fencedBuckets = Mutex<(epochs: [UInt16: Int64], written: Int)>(([:], 0))
     /// The uploader's loop: started with the engine, stopped after every store's last records
@@ -73,7 +73,7 @@ package final class LogReplicator: StoreReplication {
                                              epoch: setup.lease?.pathEpoch ?? 0, folder: LogRestorer.folder + dataDirectory + "/" + padded + "/",
                                              cluster: cluster != nil),
                                settings: Self.uploaderSettings(settings), index: index, stored: syncDuration)
-        let gate = ReadWriteLock()
+        let gate = AsyncLock()
         restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil, keyring: keyring)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
         legacyLocations = ReplicaLocations(replica: settings.replica, fencing: cluster, storage: setup.storage,
@@ -112,22 +112,40 @@ package final class LogReplicator: StoreReplication {
 
     // MARK: StoreReplication
 
-    package func restore(_ user: UserID, to path: String, timestamp: Date?) throws -> ReplicaRestore? {
+    // The registry's calls run on the blocking pool's threads (``BlockingPool/executing(_:)``):
+    // between their requests to the replica they read and write files and decode the log.
+
+    package func restore(_ user: UserID, to path: String, timestamp: Date?) async throws -> ReplicaRestore? {
+        try await BlockingPool.executing { try await restoreOnPool(user, to: path, timestamp: timestamp) }
+    }
+
+    private func restoreOnPool(_ user: UserID, to path: String, timestamp: Date?) async throws -> ReplicaRestore? {
         try identity.require(for: user)
         do {
-            try fenceIfDue()
-            try fenceBucket(of: user)
+            try await fenceIfDue()
+            try await fenceBucket(of: user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for this host's epoch: \(error)")
         }
-        let started = ContinuousClock.now
-        let staged = path + ".restoring"
-        defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         // A new user: the index answers without a request.
         if timestamp == nil, logHoldsNothing(of: user), index.legacyHolds(user.rawValue) == false { return nil }
+        let started = ContinuousClock.now
+        let staged = path + ".restoring"
+        let result: Result<ReplicaRestore?, any Error>
+        do {
+            result = .success(try await restore(user, staged: staged, to: path, timestamp: timestamp, started: started))
+        } catch {
+            result = .failure(error)
+        }
+        for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) }
+        return try result.get()
+    }
+
+    /// ``restore(_:to:timestamp:)`` through `staged`, which the caller removes.
+    private func restore(_ user: UserID, staged: String, to path: String, timestamp: Date?, started: ContinuousClock.Instant) async throws -> ReplicaRestore? {
         let restored: LogRestorer.Restored?
         do {
-            restored = try restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
+            restored = try await restorer.restore(user.rawValue, to: staged, timestamp: timestamp)
         } catch let error as StoreError {
             throw error // an encrypted copy without its key: StoreKeyMissing, StoreErased
         } catch let damaged as LogSegment.Damaged {
@@ -138,16 +156,25 @@ package final class LogReplicator: StoreReplication {
         guard let restored else {
             // Nothing in the log: a copy in Litestream's layout, from before `engine: log`, is
             // restored once (its next open ships it to the log as a base).
-            if index.legacyHolds(user.rawValue) != false, let copy = try legacy.restore(user, to: path, timestamp: timestamp) {
+            if index.legacyHolds(user.rawValue) != false, let copy = try await legacy.restore(user, to: path, timestamp: timestamp) {
                 baseDue(user, path: path)
                 state.withLock { $0.restored += 1 }
                 // (The registry logs store-restored with the source; this says why it is not the log.)
                 logger.info("\(user) had nothing in the log: restored from its copy in Litestream's layout, it replicates to the log from now on")
                 return copy
             }
-            if timestamp == nil { try identity.confirm(before: user) }
+            if timestamp == nil { try await identity.confirm(before: user) }
             return nil
         }
+        let schemaVersion = try publish(staged, of: user, restored: restored, as: path, timestamp: timestamp)
+        state.withLock { $0.restored += 1 }
+        return ReplicaRestore(source: storage.describe(LogRestorer.folder), schemaVersion: schemaVersion,
+                              durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
+    }
+
+    /// Puts the copy `staged`, restored from the log, in place as `path` and returns its schema
+    /// version. Blocking.
+    private func publish(_ staged: String, of user: UserID, restored: LogRestorer.Restored, as path: String, timestamp: Date?) throws -> Int64 {
         // An encrypted copy is read with the user's key (the restore checked it has one).
         let cipher = try StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: restorer.keyring)
         do throws(ChangeLogError) {
@@ -169,12 +196,14 @@ package final class LogReplicator: StoreReplication {
         } else {
             baseDue(user, path: path)
         }
-        state.withLock { $0.restored += 1 }
-        return ReplicaRestore(source: storage.describe(LogRestorer.folder), schemaVersion: schemaVersion,
-                              durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
+        return schemaVersion
     }
 
-    package func newerCopy(of user: UserID, path: String) throws -> Int64? {
+    package func newerCopy(of user: UserID, path: String) async throws -> Int64? {
+        try await BlockingPool.executing { try await newerCopyOnPool(of: user, path: path) }
+    }
+
+    private func newerCopyOnPool(of user: UserID, path: String) async throws -> Int64? {
         // A store last replicated under an older epoch than the one held (in a cluster: than its
         // bucket's now): another host may have written the user since. A pending position (a
         // base was on its way) names the epoch the file was written under too.
@@ -187,12 +216,12 @@ package final class LogReplicator: StoreReplication {
         // whatever the log holds of the user is the copy to trust — none as a rule.
         if position == nil, logHoldsNothing(of: user) { return nil }
         do {
-            try fenceBucket(of: user)
+            try await fenceBucket(of: user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for the bucket's epoch: \(error)")
         }
         do {
-            let epochs = try restorer.records(of: user.rawValue).map(\.record.epoch)
+            let epochs = try await restorer.records(of: user.rawValue).map(\.record.epoch)
             return epochs.filter { $0 > position?.epoch ?? .min }.max()
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "looking for a newer copy in the log: \(error)")
@@ -296,12 +325,14 @@ package final class LogReplicator: StoreReplication {
     }
 
     package func storeErased(_ user: UserID, path: String) async throws {
+        try await BlockingPool.executing { try await eraseOnPool(user, path: path) }
+    }
+
+    private func eraseOnPool(_ user: UserID, path: String) async throws {
         do {
             // A copy in Litestream's layout too (from before `engine: log`).
-            try await BlockingPool.run { [self] in
-                try storage.erase(legacyLocations.userFolderSuffix(user))
-                index.forgetLegacy(user.rawValue)
-            }
+            try await storage.erase(legacyLocations.userFolderSuffix(user))
+            index.forgetLegacy(user.rawValue)
             let eraser = LogEraser(storage: storage, uploader: uploader, folder: folder)
             // The user's last records stored first: while the log fails, the durable time-out;
             // otherwise at least 30 s (a backlog of every store's records may be ahead of them).
@@ -311,11 +342,9 @@ package final class LogReplicator: StoreReplication {
             // next open asked the log for a newer copy — refused while the log is away — and then
             // set the store aside for it). From here on the erase removes the store's stream: if
             // it is cut short, the store's next open ships a base (a pending position).
-            try await BlockingPool.run { [self] in
-                baseDue(user, path: path)
-                try eraser.erase(user.rawValue, epoch: cluster?.epoch(of: user))
-                LogPosition.forget(path)
-            }
+            baseDue(user, path: path)
+            try await eraser.erase(user.rawValue, epoch: cluster?.epoch(of: user))
+            LogPosition.forget(path)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "erasing the user from the log: \(error); the local store is kept, retry")
         }
@@ -375,15 +404,15 @@ package final class LogReplicator: StoreReplication {
 
     /// `userstorectl replication init`.
     package func initializeReplica() async throws -> ReplicaMarker {
-        let marker = try await BlockingPool.run { [identity] in try identity.initialize() }
+        let marker = try await identity.initialize()
         await checkReplica()
-        if let lease { _ = await BlockingPool.run { lease.round() } }
+        if let lease { await lease.round() }
         return marker
     }
 
     package func takeOverReplica() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
         guard let lease else { throw NotReachable(description: "no writer lease in this replica") }
-        return try await BlockingPool.run { try lease.takeOver() }
+        return try await lease.takeOver()
     }
 
     /// A lease taken at a new epoch: objects are written under it, the log is fenced and then

@@ -15,7 +15,7 @@ package struct LogRestorer: Sendable {
     /// Which objects hold which users (nil, or not yet listed: every object is read).
     package var index: LogIndex?
     /// Read while the user's objects are read: the fold and the erase wait (``LogFolder/gate``).
-    package var gate: ReadWriteLock?
+    package var gate: AsyncLock?
     /// In a cluster other hosts fold and delete objects this host's index lists: a user's folded
     /// objects are listed at each restore, and a log object gone since the listing is dropped
     /// from the index and the reading starts over (its records are in a fold by then).
@@ -24,7 +24,7 @@ package struct LogRestorer: Sendable {
     /// (nil: encryption is off, and an encrypted copy is ``StoreError/storeKeyMissing(user:message:)``).
     package var keyring: StoreKeyring?
 
-    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: ReadWriteLock? = nil, cluster: Bool = false, keyring: StoreKeyring? = nil) {
+    package init(storage: ReplicaStorage, index: LogIndex? = nil, gate: AsyncLock? = nil, cluster: Bool = false, keyring: StoreKeyring? = nil) {
         self.storage = storage
         self.index = index
         self.gate = gate
@@ -60,13 +60,13 @@ package struct LogRestorer: Sendable {
     /// Every record of `user` in the log, in log order (objects made after `until` left out):
     /// its newest snapshot and the deltas after it (``LogFolder``), then the log objects after
     /// those. An object listed but gone by the time it is read (folded meanwhile) starts the
-    /// reading over, up to three times. Blocking.
-    func records(of user: String, until: Date? = nil) throws -> [Ordered] {
+    /// reading over, up to three times.
+    func records(of user: String, until: Date? = nil) async throws -> [Ordered] {
         var attempt = 0
         while true {
             do {
-                if let gate { return try gate.reading { try readRecords(of: user, until: until) } }
-                return try readRecords(of: user, until: until)
+                if let gate { return try await gate.shared { try await readRecords(of: user, until: until) } }
+                return try await readRecords(of: user, until: until)
             } catch let gone as Gone {
                 attempt += 1
                 if cluster, let index, gone.logObject { index.replace(gone.key, users: []) }
@@ -83,15 +83,22 @@ package struct LogRestorer: Sendable {
         var logObject = false
     }
 
-    private func readRecords(of user: String, until: Date?) throws -> [Ordered] {
+    private func readRecords(of user: String, until: Date?) async throws -> [Ordered] {
         var found: [Ordered] = []
-        let tombstone = try storage.get(LogEraser.tombstoneKey(of: user)).flatMap { try? JSONDecoder().decode(LogEraser.Tombstone.self, from: Data($0)) }
+        let tombstone = try await storage.get(LogEraser.tombstoneKey(of: user)).flatMap { try? JSONDecoder().decode(LogEraser.Tombstone.self, from: Data($0)) }
         // The log first, then the folds: a fold is written before the log objects it holds are
         // deleted, so whatever the first listing saw and the second did not is read from a fold.
-        let logKeys = try index?.keys(of: user) ?? storage.keys(under: Self.folder).filter { $0.hasSuffix(".usl") }
+        let logKeys: [String]
+        if let indexed = index?.keys(of: user) { logKeys = indexed } else { logKeys = try await storage.keys(under: Self.folder).filter { $0.hasSuffix(".usl") } }
         // What an old holder uploaded after a new one fenced the log never counts.
-        let fences = try index?.fences ?? LogFences.load(from: storage, known: index?.knownFences ?? LogFences())
-        let foldKeys = try (cluster ? nil : index?.folds(of: user)) ?? storage.keys(under: LogFolder.folder(of: user)).filter { LogFolder.position(ofFold: $0) != nil }
+        let fences: LogFences
+        if let listed = index?.fences { fences = listed } else { fences = try await LogFences.load(from: storage, known: index?.knownFences ?? LogFences()) }
+        let foldKeys: [String]
+        if !cluster, let indexed = index?.folds(of: user) {
+            foldKeys = indexed
+        } else {
+            foldKeys = try await storage.keys(under: LogFolder.folder(of: user)).filter { LogFolder.position(ofFold: $0) != nil }
+        }
         // The newest snapshot (the newest made by `until`) and the deltas after it.
         var through: LogObjectPosition?
         var folds: [(key: String, segment: LogSegment)] = []
@@ -101,7 +108,7 @@ package struct LogRestorer: Sendable {
                (position.epoch, position.incarnation, position.sequence) <= (tombstone.epoch, tombstone.incarnation, tombstone.sequence) {
                 continue
             }
-            guard let bytes = try storage.get(key) else { throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone") }
+            guard let bytes = try await storage.get(key) else { throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone") }
             let segment = try LogSegment.decode(bytes)
             if let until, (RFC3339.parse(segment.header.createdAt) ?? .distantPast) > until { continue }
             folds.insert((key, segment), at: 0)
@@ -114,7 +121,7 @@ package struct LogRestorer: Sendable {
             }
         }
         for key in logKeys {
-            guard let bytes = try storage.get(key) else {
+            guard let bytes = try await storage.get(key) else {
                 throw Gone(key: key, description: "\(storage.describe(key)), which holds records of \(user), is gone", logObject: true)
             }
             // Unindexed (the listing is not in yet), every object is read: one that does not
@@ -144,25 +151,31 @@ package struct LogRestorer: Sendable {
         package let description: String
     }
 
-    /// Whether the log holds anything of `user` that a restore would bring back. Blocking.
-    package func holds(_ user: String) throws -> Bool {
-        try Self.reconstruction(of: try records(of: user).map(\.record)) != nil
+    /// Whether the log holds anything of `user` that a restore would bring back.
+    package func holds(_ user: String) async throws -> Bool {
+        try Self.reconstruction(of: try await records(of: user).map(\.record)) != nil
     }
 
     /// Writes `user`'s store, as the log holds it (at `timestamp`: as of the last object made by
     /// then), to the new file `path`; nil when the log holds nothing of the user (or nothing
     /// then). Throws ``LogSegment/Damaged`` for a copy that cannot be whole or fails SQLite's
-    /// `quick_check`. Blocking.
-    package func restore(_ user: String, to path: String, timestamp: Date? = nil) throws -> Restored? {
-        guard let (base, commits) = try Self.reconstruction(of: try records(of: user, until: timestamp).map(\.record)) else { return nil }
+    /// `quick_check`. The file is written on a blocking-pool thread.
+    package func restore(_ user: String, to path: String, timestamp: Date? = nil) async throws -> Restored? {
+        guard let (base, commits) = try Self.reconstruction(of: try await records(of: user, until: timestamp).map(\.record)) else { return nil }
+        let keyring = self.keyring
+        return try await BlockingPool.run { try Self.write(base, commits, of: user, to: path, keyring: keyring) }
+    }
+
+    /// Writes the store `base` and `commits` rebuild to the new file `path` and checks it. Blocking.
+    private static func write(_ base: LogRecord, _ commits: [LogRecord], of user: String, to path: String, keyring: StoreKeyring?) throws -> Restored {
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw LogSegment.Damaged(description: "cannot create \(path): \(String(cString: strerror(errno)))") }
         defer { close(descriptor) }
         var current = base.txid
         var last = base
-        try Self.apply(base, to: descriptor)
-        for record in try Self.chain(commits, from: current, user: user, stream: base.stream) {
-            try Self.apply(record, to: descriptor)
+        try apply(base, to: descriptor)
+        for record in try chain(commits, from: current, user: user, stream: base.stream) {
+            try apply(record, to: descriptor)
             current = record.txid
             last = record
         }

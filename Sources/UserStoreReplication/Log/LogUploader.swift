@@ -352,7 +352,7 @@ package final class LogUploader: Sendable {
         let begun = ContinuousClock.now
         while true {
             do {
-                try await storage.putAsync(key, bytes)
+                try await storage.put(key, bytes)
                 break
             } catch {
                 state.withLock { $0.lastError = "writing \(key): \(error)" }

@@ -20,11 +20,11 @@ package enum OfflineRestore {
 
     /// Writes `user`'s store, as the replica of `settings` holds it (at `timestamp`: as of the
     /// last object made by then), to `path`, which must not exist; `cluster`: the configuration
-    /// has a cluster section. Returns what was restored. Blocking.
+    /// has a cluster section. Returns what was restored.
     /// An encrypted user's copy is written as it is (encrypted) and checked with its key from
     /// `keyring` (the configuration's encryption section; nil: `StoreKeyMissing`).
     package static func restore(_ user: String, settings: ReplicationSettings, cluster: Bool, to path: String,
-                                timestamp: Date?, keyring: StoreKeyring? = nil) throws(Failure) -> LogRestorer.Restored {
+                                timestamp: Date?, keyring: StoreKeyring? = nil) async throws(Failure) -> LogRestorer.Restored {
         guard access(path, F_OK) != 0 else {
             throw Failure(name: "StorageFailure", description: "\(path) exists: give a path that does not (nothing is overwritten)")
         }
@@ -38,7 +38,7 @@ package enum OfflineRestore {
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
         let restored: LogRestorer.Restored?
         do {
-            restored = try LogRestorer(storage: storage, cluster: cluster, keyring: keyring).restore(user, to: staged, timestamp: timestamp)
+            restored = try await LogRestorer(storage: storage, cluster: cluster, keyring: keyring).restore(user, to: staged, timestamp: timestamp)
         } catch let error as StoreError {
             throw Failure(name: String(error.varlinkError.name.split(separator: ".").last ?? ""), description: error.description)
         } catch let damaged as LogSegment.Damaged {

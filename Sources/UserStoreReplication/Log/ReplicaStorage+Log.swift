@@ -3,69 +3,87 @@ import UserStoreCore
 import UserStoreS3
 
 /// The host log's objects in the replica, by key (a path under the replica's root, `/`-separated):
-/// written whole, read whole or by their first bytes, listed and deleted. Blocking (the log's
-/// uploader and readers call them on the blocking pool).
+/// written whole, read whole or by their first bytes, listed and deleted. A bucket is asked on
+/// the S3 client's own loop, with no thread blocked for it; a folder is read and written on a
+/// blocking-pool thread.
 extension ReplicaStorage {
-    /// ``put(_:_:)`` from async code: a bucket is written on the S3 client's own loop, with no
-    /// thread blocked for it (every durable write waits on this); a folder on a blocking-pool
-    /// thread.
-    package func putAsync(_ key: String, _ bytes: [UInt8]) async throws {
-        guard case .bucket(let client, let bucket, let prefix) = kind else { return try await BlockingPool.run { try put(key, bytes) } }
-        _ = try await client.putObject(bucket: bucket, key: Self.key(prefix, "/" + key), body: Data(bytes))
-    }
-
     /// Writes `bytes` as `key` (an object written whole: a folder gets a file synced and renamed
-    /// into place, its folders made as needed). Blocking.
-    package func put(_ key: String, _ bytes: [UInt8]) throws {
+    /// into place, its folders made as needed).
+    package func put(_ key: String, _ bytes: [UInt8]) async throws {
         switch kind {
         case .folder(let root):
-            // Folders are made below the replica's root, never the root itself: a root that is
-            // gone is an unmounted or removed replica, not a place to start writing (replicagone).
-            var status = stat()
-            guard stat(root, &status) == 0, status.st_mode & S_IFMT == S_IFDIR else {
-                throw FolderProblem(name: "ReplicaMissing", detail: "the replica's folder \(root) is gone or is not a folder")
+            try await BlockingPool.run {
+                // Folders are made below the replica's root, never the root itself: a root that is
+                // gone is an unmounted or removed replica, not a place to start writing (replicagone).
+                var status = stat()
+                guard stat(root, &status) == 0, status.st_mode & S_IFMT == S_IFDIR else {
+                    throw FolderProblem(name: "ReplicaMissing", detail: "the replica's folder \(root) is gone or is not a folder")
+                }
+                let path = root + "/" + key
+                try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+                try Self.writeDurably(Data(bytes), to: path)
             }
-            let path = root + "/" + key
-            try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-            try Self.writeDurably(Data(bytes), to: path)
         case .bucket(let client, let bucket, let prefix):
-            let full = Self.key(prefix, "/" + key)
-            _ = try BlockingPool.wait { try await client.putObject(bucket: bucket, key: full, body: Data(bytes)) }
+            _ = try await client.putObject(bucket: bucket, key: Self.key(prefix, "/" + key), body: Data(bytes))
         }
     }
 
     /// The object `key`, whole; nil when there is none.
-    package func get(_ key: String) throws -> [UInt8]? {
+    package func get(_ key: String) async throws -> [UInt8]? {
         switch kind {
         case .folder(let root):
-            let path = root + "/" + key
-            guard let data = FileManager.default.contents(atPath: path) else {
-                if access(path, F_OK) != 0 && errno == ENOENT { return nil }
-                throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(path): \(String(cString: strerror(errno)))")
+            return try await BlockingPool.run {
+                let path = root + "/" + key
+                guard let data = FileManager.default.contents(atPath: path) else {
+                    if access(path, F_OK) != 0 && errno == ENOENT { return nil }
+                    throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(path): \(String(cString: strerror(errno)))")
+                }
+                return Array(data)
             }
-            return Array(data)
         case .bucket(let client, let bucket, let prefix):
-            let full = Self.key(prefix, "/" + key)
-            return try BlockingPool.wait { try await client.getObject(bucket: bucket, key: full) }.map { Array($0.body) }
+            return try await client.getObject(bucket: bucket, key: Self.key(prefix, "/" + key)).map { Array($0.body) }
+        }
+    }
+
+    /// The first `bytes` bytes of the object `key` (fewer when it is shorter); nil when there is none.
+    package func getPrefix(_ key: String, bytes: Int) async throws -> [UInt8]? {
+        switch kind {
+        case .folder(let root):
+            return try await BlockingPool.run {
+                let path = root + "/" + key
+                let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+                guard descriptor >= 0 else {
+                    if errno == ENOENT { return nil }
+                    throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(path): \(String(cString: strerror(errno)))")
+                }
+                defer { close(descriptor) }
+                var buffer = [UInt8](repeating: 0, count: bytes)
+                let read = buffer.withUnsafeMutableBytes { pread(descriptor, $0.baseAddress, bytes, 0) }
+                guard read >= 0 else { throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot read \(path): \(String(cString: strerror(errno)))") }
+                return Array(buffer.prefix(read))
+            }
+        case .bucket(let client, let bucket, let prefix):
+            return try await client.getObject(bucket: bucket, key: Self.key(prefix, "/" + key), range: 0..<bytes).map { Array($0.body) }
         }
     }
 
     /// Every key under `folder` (`a/b/`), relative to the replica's root, sorted.
-    package func keys(under folder: String) throws -> [String] {
+    package func keys(under folder: String) async throws -> [String] {
         switch kind {
         case .folder(let root):
-            guard let enumerator = FileManager.default.enumerator(atPath: root + "/" + folder) else { return [] }
-            var keys: [String] = []
-            while let name = enumerator.nextObject() as? String {
-                if enumerator.fileAttributes?[.type] as? FileAttributeType == .typeRegular, !(name as NSString).lastPathComponent.hasPrefix(".") {
-                    keys.append(folder + name)
+            return await BlockingPool.run {
+                guard let enumerator = FileManager.default.enumerator(atPath: root + "/" + folder) else { return [] }
+                var keys: [String] = []
+                while let name = enumerator.nextObject() as? String {
+                    if enumerator.fileAttributes?[.type] as? FileAttributeType == .typeRegular, !(name as NSString).lastPathComponent.hasPrefix(".") {
+                        keys.append(folder + name)
+                    }
                 }
+                return keys.sorted()
             }
-            return keys.sorted()
         case .bucket(let client, let bucket, let prefix):
-            let full = Self.key(prefix, "/" + folder)
             let root = prefix.isEmpty ? "" : prefix + "/"
-            return try BlockingPool.wait { try await client.list(bucket: bucket, prefix: full).keys }.map { String($0.dropFirst(root.count)) }.sorted()
+            return try await client.list(bucket: bucket, prefix: Self.key(prefix, "/" + folder)).keys.map { String($0.dropFirst(root.count)) }.sorted()
         }
     }
 
@@ -78,15 +96,16 @@ extension ReplicaStorage {
     }
 
     /// Deletes the objects `keys` (those that exist).
-    package func delete(_ keys: [String]) throws {
+    package func delete(_ keys: [String]) async throws {
         switch kind {
         case .folder(let root):
-            for key in keys where unlink(root + "/" + key) != 0 && errno != ENOENT {
-                throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot remove \(root)/\(key): \(String(cString: strerror(errno)))")
+            try await BlockingPool.run {
+                for key in keys where unlink(root + "/" + key) != 0 && errno != ENOENT {
+                    throw FolderProblem(name: "ReplicaUnreadable", detail: "cannot remove \(root)/\(key): \(String(cString: strerror(errno)))")
+                }
             }
         case .bucket(let client, let bucket, let prefix):
-            let full = keys.map { Self.key(prefix, "/" + $0) }
-            try BlockingPool.wait { try await client.delete(bucket: bucket, keys: full) }
+            try await client.delete(bucket: bucket, keys: keys.map { Self.key(prefix, "/" + $0) })
         }
     }
 }

@@ -262,7 +262,7 @@ public enum Daemon {
             if !stored {
                 logger.warning("keeping the replica's writer lease until it runs out: replication is degraded (\(replicator.snapshot.lastError ?? "the log did not store every record in time"))", metadata: ["event": "replica-lease-released"])
             } else {
-                _ = await BlockingPool.run { lease.release() }
+                await lease.release()
             }
         }
         stopExtension?.end()

@@ -1,0 +1,22 @@
+extension Array where Element: Sendable {
+    /// Runs `body` for each element, at most `width` at a time, and returns once every one has;
+    /// throws the first error (elements not begun by then are not, those under way are
+    /// cancelled). For requests to the replica, which would otherwise wait for each other.
+    package func concurrentForEach(width: Int, _ body: @escaping @Sendable (Element) async throws -> Void) async throws {
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            var next = 0
+            while next < Swift.min(width, count) {
+                let element = self[next]
+                group.addTask { try await body(element) }
+                next += 1
+            }
+            while try await group.next() != nil, next < count {
+                let element = self[next]
+                group.addTask { try await body(element) }
+                next += 1
+            }
+            // Those still under way: their errors too (a group awaits them anyway, but drops them).
+            try await group.waitForAll()
+        }
+    }
+}
