@@ -203,6 +203,28 @@ import UserStoreCore
     }
 }
 
+extension LogUploaderTests {
+    /// A thread that waits for a record in a store's turn (the checkpoint's hold) is woken as
+    /// soon as the record is stored, not at its deadline (past the test's time limit): the
+    /// replica's folder is made only once the thread is on its way to wait, and the uploader's
+    /// next try (100 ms or more after the last) stores the record.
+    @Test(.timeLimit(.minutes(1))) func aThreadWaitingForARecordIsWokenWhenItIsStored() async throws {
+        let parent = try TemporaryDirectory()
+        let root = parent.path + "/replica"
+        let storage = try ReplicaStorage(ReplicationSettings(replica: "file://" + root))
+        let uploader = LogUploaderTests.uploader(storage)
+        let running = Task { await uploader.run() }
+        defer { running.cancel() }
+        let number = try #require(uploader.append(LogUploaderTests.record("ann", 1)))
+        #expect(await !uploader.waitUntilStored(number, until: .now + .milliseconds(200)), "stored with no replica folder")
+        let stored = await withCheckedContinuation { (continuation: CheckedContinuation<Bool, Never>) in
+            Thread { continuation.resume(returning: uploader.waitOnThisThread(for: number, until: .now + .seconds(90))) }.start()
+            try? FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: false)
+        }
+        #expect(stored && uploader.isStored(number))
+    }
+}
+
 /// Replication settings for an `s3://` replica URL, read the way the daemon reads them.
 enum ConfigurationKeyTestsSupport {
     static func s3Settings(_ replica: String, durableTimeoutMilliseconds: Int = 10_000) async throws -> ReplicationSettings {

@@ -23,6 +23,9 @@ package final class AsyncLock: Sendable {
 
     package init() {}
 
+    /// How many wait for the lock now (for tests).
+    var waiting: Int { state.withLock { $0.waiting.count } }
+
     /// Runs `body` while nobody else holds the lock.
     package func exclusive<T: Sendable>(_ body: @Sendable () async throws -> T) async rethrows -> T {
         await acquire(exclusive: true)

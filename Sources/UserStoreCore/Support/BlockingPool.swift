@@ -18,8 +18,21 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// whatever the cores. Never Swift's cooperative pool, which has one thread per core: a
     /// caller blocked there (one core: its only thread) would wait for work that could never
     /// start — the daemon hung at start with its keys on S3 on a one-CPU machine.
-    static let waiting = BlockingPool(threads: 2, name: waitingName)
-    private static let waitingName = "userstore-wait"
+    static let waiting = BlockingPool(threads: 2, name: "userstore-wait")
+
+    /// Each pool thread's pool, in a thread-specific slot. (Not the thread's name: on Linux the
+    /// runtime renames a thread that runs tasks after its dispatch queue.)
+    private static let threadKey: pthread_key_t = {
+        var key = pthread_key_t()
+        pthread_key_create(&key, nil)
+        return key
+    }()
+
+    /// The pool whose thread this is; nil on any other thread. (Pools live as long as the
+    /// process: their threads never end.)
+    static var current: BlockingPool? {
+        pthread_getspecific(threadKey).map { Unmanaged<BlockingPool>.fromOpaque($0).takeUnretainedValue() }
+    }
 
     private let condition = NSCondition()
     private var jobs: [@Sendable () -> Void] = []
@@ -62,7 +75,7 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// anywhere, that pool included, never waits for a thread it is itself holding.
     public static func wait<T: Sendable>(for work: @escaping @Sendable () async throws -> T) throws -> T {
         // Blocking one of the two threads that run the awaited work could leave none for it.
-        assert(Thread.current.name?.hasPrefix(waitingName) != true, "BlockingPool.wait called from work it runs")
+        assert(current !== waiting, "BlockingPool.wait called from work it runs")
         let result = Mutex<Result<T, any Error>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task(executorPreference: waiting) {
@@ -75,42 +88,6 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
         return try result.withLock { $0! }.get()
     }
 
-    /// Runs `body` for each of `items`, at most `width` at a time (on the calling thread and on
-    /// the pool's), and returns once every one has; throws the first error (items not begun by
-    /// then are not). For blocking I/O, such as requests to the replica, that would otherwise wait
-    /// for each other. The calling thread takes items too, so a pool with no thread free still
-    /// finishes.
-    public static func forEach<T: Sendable>(_ items: [T], width: Int, _ body: @escaping @Sendable (T) throws -> Void) throws {
-        let progress = ForEachProgress()
-        let work: @Sendable () -> Void = {
-            while progress.failure.withLock({ $0 == nil }) {
-                let index = progress.next.withLock { next in
-                    defer { next += 1 }
-                    return next
-                }
-                guard index < items.count else { return }
-                do {
-                    try body(items[index])
-                } catch {
-                    progress.failure.withLock { if $0 == nil { $0 = error } }
-                }
-            }
-        }
-        // Helpers that have not started by the time the caller ran out of items do nothing
-        // when they start: the caller waits only for those already at work, so a pool whose
-        // threads all wait (on a lock this caller holds, say) never holds it up.
-        for _ in 0..<max(0, min(width, items.count) - 1) {
-            shared.submit {
-                guard progress.begin() else { return }
-                work()
-                progress.end()
-            }
-        }
-        work()
-        progress.closeAndWait()
-        if let error = progress.failure.withLock({ $0 }) { throw error }
-    }
-
     /// Runs `job` on one of the pool's threads.
     func submit(_ job: @escaping @Sendable () -> Void) {
         condition.lock()
@@ -120,6 +97,7 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     }
 
     private func work() {
+        pthread_setspecific(Self.threadKey, Unmanaged.passUnretained(self).toOpaque())
         while true {
             condition.lock()
             while head == jobs.count { condition.wait() }
@@ -129,40 +107,6 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
             condition.unlock()
             job()
         }
-    }
-}
-
-/// Where a ``BlockingPool/forEach(_:width:_:)`` stands: the next item, and the first failure.
-private final class ForEachProgress: @unchecked Sendable { // `running` and `closed` only under `condition`
-    let next = Mutex(0)
-    let failure = Mutex<(any Error)?>(nil)
-    private let condition = NSCondition()
-    private var running = 0
-    private var closed = false
-
-    /// A helper starts; false once the caller has closed (nothing is left for it).
-    func begin() -> Bool {
-        condition.lock()
-        defer { condition.unlock() }
-        guard !closed else { return false }
-        running += 1
-        return true
-    }
-
-    /// A helper is done.
-    func end() {
-        condition.lock()
-        running -= 1
-        if running == 0 { condition.broadcast() }
-        condition.unlock()
-    }
-
-    /// The caller ran out of items: no helper starts from now on, and it waits for those at work.
-    func closeAndWait() {
-        condition.lock()
-        closed = true
-        while running > 0 { condition.wait() }
-        condition.unlock()
     }
 }
 

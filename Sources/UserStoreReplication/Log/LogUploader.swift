@@ -136,6 +136,8 @@ package final class LogUploader: Sendable {
     /// sync duration: what a durable write waits for).
     package let objectStored: (@Sendable (Duration) -> Void)?
     private let state: Mutex<State>
+    /// Broadcast whenever records are stored (``waitOnThisThread(for:until:)``).
+    let storedSignal = NSCondition()
 
     package init(storage: ReplicaStorage, origin: Origin, settings: Settings = Settings(), index: LogIndex? = nil,
                  stored: (@Sendable (Duration) -> Void)? = nil) {
@@ -145,11 +147,6 @@ package final class LogUploader: Sendable {
         self.settings = settings
         self.index = index
         self.objectStored = stored
-    }
-
-    /// The key of the object with `sequence` (16 hex digits: listed in order).
-    package func key(of sequence: UInt64) -> String {
-        origin.folder + String(repeating: "0", count: max(0, 16 - String(sequence, radix: 16).count)) + String(sequence, radix: 16) + ".usl"
     }
 
     /// Appends `record` to the next object; returns its number, or nil when too much already
@@ -390,6 +387,7 @@ package final class LogUploader: Sendable {
             return (ready, wake)
         }
         for waiter in resumed { waiter.continuation.resume(returning: true) }
+        signalStored()
         wake?.resume()
     }
 }

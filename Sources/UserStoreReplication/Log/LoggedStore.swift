@@ -197,10 +197,7 @@ package final class LoggedStore: Sendable {
     /// ``checkpointHold``) for the records committed since the checkpoint was asked for.
     private func checkpointInTurn(_ db: Database) {
         guard case .success(let last) = lastRecord else { return }
-        if !uploader.isStored(last) {
-            let uploader = self.uploader
-            guard (try? BlockingPool.wait { await uploader.waitUntilStored(last, until: .now + Self.checkpointHold) }) == true else { return }
-        }
+        guard uploader.isStored(last) || uploader.waitOnThisThread(for: last, until: .now + Self.checkpointHold) else { return }
         // The first column is 1 when the checkpoint could not finish (busy): tried again later.
         guard mayCheckpoint(), (try? Int.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")) == 0 else { return }
         checkpointed()
