@@ -134,23 +134,23 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     }
 
     /// Keeps the lease until cancelled: a round every second — a read of the lease (a GET),
-    /// and while held a renewal (a conditional PUT) every third of the lease.
+    /// and while held a renewal (a conditional PUT) every third of the lease. A round under way
+    /// when the keeper is cancelled (a stop) finishes first: cut off, a renewal that landed would
+    /// leave this host with a version it did not see, and its release would fail.
     package func run() async {
-        await BlockingPool.executing {
-            while !Task.isCancelled {
-                await round()
-                try? await Task.sleep(for: .seconds(1))
-            }
+        while !Task.isCancelled {
+            _ = await Task { await round() }.value
+            try? await Task.sleep(for: .seconds(1))
         }
     }
 
     /// One look at the lease: renews the one held, takes one that may be taken, or records the
     /// holder seen. Returns whether this host holds it afterwards and the renewal succeeded. On
-    /// the blocking pool's threads (``BlockingPool/executing(_:)``): a renewal never waits for
-    /// Swift's cooperative pool.
+    /// the pool's threads kept for waits (``BlockingPool/executingUrgently(_:)``): a renewal
+    /// waits neither for Swift's cooperative pool nor behind the disk work of the daemon's pool.
     @discardableResult
     package func round() async -> Bool {
-        await BlockingPool.executing { await rounds.exclusive { await roundAlone() } }
+        await BlockingPool.executingUrgently { await rounds.exclusive { await roundAlone() } }
     }
 
     private func roundAlone() async -> Bool {
@@ -264,7 +264,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
         guard identity.verdict.isVerified else {
             throw TakeOverRefused(description: "the replica is not this data directory's: \(identity.verdict.problem ?? "")")
         }
-        return try await BlockingPool.executing { try await rounds.exclusive { try await takeOverAlone() } }
+        return try await BlockingPool.executingUrgently { try await rounds.exclusive { try await takeOverAlone() } }
     }
 
     private func takeOverAlone() async throws -> (held: ReplicaLease, previous: ReplicaLease?) {
@@ -292,7 +292,7 @@ package final class LeaseKeeper: StorePlacement, Sendable {
     /// Gives the lease up (a clean stop, after every store's final sync): another host takes it
     /// at once.
     package func release() async {
-        await BlockingPool.executing { await releaseNow() }
+        await BlockingPool.executingUrgently { await releaseNow() }
     }
 
     private func releaseNow() async {

@@ -107,9 +107,12 @@ extension UserStoreCtlCommand {
             let started = ContinuousClock.now
             let restored: LogRestorer.Restored
             do {
-                restored = try await OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when, keyring: keyring)
-            } catch {
-                throw CtlError(.someFailed, "\(error.name): \(error.description)")
+                // On the blocking pool's threads: it decodes the log and writes the file.
+                restored = try await BlockingPool.executing { [keyring] in
+                    try await OfflineRestore.restore(user, settings: settings, cluster: configuration.cluster != nil, to: path, timestamp: when, keyring: keyring)
+                }
+            } catch let failure as OfflineRestore.Failure {
+                throw CtlError(.someFailed, "\(failure.name): \(failure.description)")
             }
             let milliseconds = Double((ContinuousClock.now - started).wholeMicroseconds) / 1000
             if connection.json {

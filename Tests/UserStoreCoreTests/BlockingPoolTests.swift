@@ -68,6 +68,13 @@ import Testing
             return onPool
         }
         #expect(onPool == [true, true, true, true])
+        let onWaitThreads = await BlockingPool.executingUrgently { () async -> [Bool] in
+            var onWaitThreads = [BlockingPool.current === BlockingPool.waiting]
+            try? await Task.sleep(for: .milliseconds(1))
+            onWaitThreads.append(BlockingPool.current === BlockingPool.waiting)
+            return onWaitThreads
+        }
+        #expect(onWaitThreads == [true, true])
     }
 }
 

@@ -15,8 +15,9 @@ struct StorePreparer: Sendable {
     let gate: (any MigrationGate)?
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
-    /// yet, on one blocking-pool thread without hops (with replication, after the replica was
-    /// asked for a newer copy or a restore: ``prepareFromReplica(_:replication:restoring:)``). Fails only when the file cannot be opened.
+    /// yet, in one blocking-pool job without hops (with replication, after the replica was asked
+    /// for a newer copy or a restore: ``prepareFromReplica(_:replication:restoring:)``, a job of
+    /// its own and the replica's work). Fails only when the file cannot be opened.
     /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store
     /// once its migration succeeded (`closed` in the result): in the same job without
     /// replication, else once the replicator has taken its last commits (``close(_:)``).

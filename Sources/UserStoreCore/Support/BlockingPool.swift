@@ -69,6 +69,14 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
         try await withTaskExecutorPreference(shared, operation: work)
     }
 
+    /// Runs the async `work` with the two threads of ``waiting`` as its executor, which run no
+    /// disk work: what must not queue behind a backlog of opens and fsyncs on the daemon's pool
+    /// (the writer lease's rounds, whose renewals durable writes depend on). `work` must not
+    /// block: what touches the disk it hands to ``run(_:)``.
+    public static func executingUrgently<T: Sendable>(_ work: @Sendable () async throws -> T) async rethrows -> T {
+        try await withTaskExecutorPreference(waiting, operation: work)
+    }
+
     /// Runs the async `work` and waits for it on this thread: for synchronous code (on this
     /// pool, a store's queue) that must call an async API, such as the S3 or etcd client. The
     /// work runs on ``waiting``'s threads — never Swift's cooperative pool, so a caller

@@ -3,6 +3,7 @@ extension Array where Element: Sendable {
     /// throws the first error (elements not begun by then are not, those under way are
     /// cancelled). For requests to the replica, which would otherwise wait for each other.
     package func concurrentForEach(width: Int, _ body: @escaping @Sendable (Element) async throws -> Void) async throws {
+        precondition(width > 0, "concurrentForEach needs a width of at least 1")
         try await withThrowingTaskGroup(of: Void.self) { group in
             var next = 0
             while next < Swift.min(width, count) {

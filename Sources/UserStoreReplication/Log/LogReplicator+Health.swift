@@ -191,19 +191,23 @@ struct LogHealthService: Service {
     let replicator: LogReplicator
 
     func run() async throws {
-        // On the blocking pool's threads: the fold decodes and compresses, and a listing of a
-        // large log decodes headers, which must not hold Swift's cooperative pool.
-        await BlockingPool.executing {
-            var round = 0
-            while !Task.isShuttingDownGracefully && !Task.isCancelled {
-                if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
-                replicator.reportUploads()
-                await replicator.fenceTakenBuckets()
-                await replicator.loadIndexIfDue()
-                await replicator.foldIfDue()
-                round += 1
-                try? await Task.sleep(for: .seconds(1))
-            }
+        var round = 0
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            // In a task of its own, which a stop does not cancel: a check cut off mid-request
+            // would log the replica as unverified. On the blocking pool's threads: the fold
+            // decodes and compresses, and a listing of a large log decodes headers, which must
+            // not hold Swift's cooperative pool.
+            await Task { [replicator, round] in
+                await BlockingPool.executing {
+                    if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
+                    replicator.reportUploads()
+                    await replicator.fenceTakenBuckets()
+                    await replicator.loadIndexIfDue()
+                    await replicator.foldIfDue()
+                }
+            }.value
+            round += 1
+            try? await Task.sleep(for: .seconds(1))
         }
     }
 }

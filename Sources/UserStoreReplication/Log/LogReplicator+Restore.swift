@@ -19,18 +19,13 @@ extension LogReplicator {
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for this host's epoch: \(error)")
         }
-        // A new user: the index answers without a request.
-        if timestamp == nil, logHoldsNothing(of: user), index.legacyHolds(user.rawValue) == false { return nil }
         let started = ContinuousClock.now
         let staged = path + ".restoring"
-        let result: Result<ReplicaRestore?, any Error>
-        do {
-            result = .success(try await restore(user, staged: staged, to: path, timestamp: timestamp, started: started))
-        } catch {
-            result = .failure(error)
-        }
-        for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) }
-        return try result.get()
+        // Also what a restore a crash cut short left (on the pool's thread: three system calls).
+        defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
+        // A new user: the index answers without a request.
+        if timestamp == nil, logHoldsNothing(of: user), index.legacyHolds(user.rawValue) == false { return nil }
+        return try await restore(user, staged: staged, to: path, timestamp: timestamp, started: started)
     }
 
     /// ``restore(_:to:timestamp:)`` through `staged`, which the caller removes.
