@@ -99,11 +99,14 @@ import Testing
     @Test func sharedHoldersOverlapAndExclusiveOnesNever() async {
         let lock = AsyncLock()
         let shared = Inside(), exclusive = Inside()
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<8 { group.addTask { await lock.shared { await shared.hold(for: .milliseconds(20)) } } }
-        }
-        await withTaskGroup(of: Void.self) { group in
-            for _ in 0..<8 { group.addTask { await lock.exclusive { await exclusive.hold(for: .milliseconds(2)) } } }
+        // On the pool's threads (the group's tasks too), like the next test.
+        await BlockingPool.executing {
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<8 { group.addTask { await lock.shared { await shared.hold(for: .milliseconds(20)) } } }
+            }
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<8 { group.addTask { await lock.exclusive { await exclusive.hold(for: .milliseconds(2)) } } }
+            }
         }
         #expect(shared.most.withLock { $0 } > 1, "shared holders ran one at a time")
         #expect(exclusive.most.withLock { $0 } == 1, "exclusive holders overlapped")
@@ -129,26 +132,32 @@ import Testing
     }
 
     /// A writer that waits is not overtaken by readers that come after it (the fold is never
-    /// starved by a stream of restores), and those readers wait for it.
+    /// starved by a stream of restores), and those readers wait for it. On the pool's threads:
+    /// Swift's cooperative pool is held by the synchronous suites running beside (CI saw this
+    /// test wait 172 s for it).
     @Test(.timeLimit(.minutes(1))) func aWaitingWriterGoesBeforeLaterReaders() async throws {
-        let lock = AsyncLock()
-        let order = Order()
-        let (release, releaser) = AsyncStream.makeStream(of: Void.self)
-        let first = Task {
-            await lock.shared {
-                order.list.withLock { $0.append("reader 1") }
-                for await _ in release { break }
+        try await BlockingPool.executing {
+            let lock = AsyncLock()
+            let order = Order()
+            let (entered, inside) = AsyncStream.makeStream(of: Void.self)
+            let (release, releaser) = AsyncStream.makeStream(of: Void.self)
+            let first = Task(executorPreference: BlockingPool.shared) {
+                await lock.shared {
+                    order.list.withLock { $0.append("reader 1") }
+                    inside.yield()
+                    for await _ in release { break }
+                }
             }
+            for await _ in entered { break }
+            let writer = Task(executorPreference: BlockingPool.shared) { await lock.exclusive { order.list.withLock { $0.append("writer") } } }
+            try await Self.waitUntil(lock, hasWaiting: 1)
+            let second = Task(executorPreference: BlockingPool.shared) { await lock.shared { order.list.withLock { $0.append("reader 2") } } }
+            try await Self.waitUntil(lock, hasWaiting: 2)
+            releaser.yield()
+            await first.value
+            await writer.value
+            await second.value
+            #expect(order.list.withLock { $0 } == ["reader 1", "writer", "reader 2"])
         }
-        while order.list.withLock({ $0.isEmpty }) { await Task.yield() }
-        let writer = Task { await lock.exclusive { order.list.withLock { $0.append("writer") } } }
-        try await Self.waitUntil(lock, hasWaiting: 1)
-        let second = Task { await lock.shared { order.list.withLock { $0.append("reader 2") } } }
-        try await Self.waitUntil(lock, hasWaiting: 2)
-        releaser.yield()
-        await first.value
-        await writer.value
-        await second.value
-        #expect(order.list.withLock { $0 } == ["reader 1", "writer", "reader 2"])
     }
 }
