@@ -32,10 +32,14 @@ if (($# == 0)); then
     # cases once waited 60 s for a reply in the main stage), runs last on its own: its eight
     # connections' load beside the log's deadline tests pushed a 2 s wait past its 10% bound.
     alone='UserStoreClientTests|UserStoreReplicationTests.LogUploaderTests|UserStoreServerTests.PipeliningTests|UserStoreServerTests.TransportTests|UserStoreServerTests.DaemonRequestTests'
-    swift test --skip-build --skip "$cluster|$alone|UserStoreServerTests.TransactionTests"
+    # LeaseKeeperTests time 3 s leases in this process: each round's folder requests go through
+    # the blocking pool, which the main stage's in-process suites keep busy (CI saw a holder
+    # miss its renewals there and be taken over "too early"): on its own too.
+    swift test --skip-build --skip "$cluster|$alone|UserStoreServerTests.TransactionTests|UserStoreReplicationTests.LeaseKeeperTests"
     swift test --skip-build --no-parallel --filter "$cluster"
     swift test --skip-build --filter "$alone"
     swift test --skip-build --filter 'UserStoreServerTests.TransactionTests'
+    swift test --skip-build --filter 'UserStoreReplicationTests.LeaseKeeperTests'
 else
     swift test --skip-build "$@"
 fi
