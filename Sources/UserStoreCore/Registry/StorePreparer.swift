@@ -16,7 +16,7 @@ struct StorePreparer: Sendable {
 
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, in one blocking-pool job without hops (with replication, after the replica was asked
-    /// for a newer copy or a restore: ``prepareFromReplica(_:replication:restoring:)``, a job of
+    /// for a newer copy or a restore: ``prepareFromReplica(_:restoring:)``, a job of
     /// its own and the replica's work). Fails only when the file cannot be opened.
     /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store
     /// once its migration succeeded (`closed` in the result): in the same job without
@@ -30,12 +30,7 @@ struct StorePreparer: Sendable {
                         closeAfter: Bool) async -> Result<(Store, Result<MigrationReport?, any Error>, closed: Bool), StoreError> {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
-            let restored: Bool
-            if let replication {
-                restored = try await prepareFromReplica(user, replication: replication, restoring: migrator != nil)
-            } else {
-                restored = false
-            }
+            let restored = try await prepareFromReplica(user, restoring: migrator != nil)
             let (store, migration, closing) = try await StoreRegistry.offThread { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
                 // The template is plaintext: an encrypted store is migrated step by step (and a
                 // restored one is not new).
@@ -87,8 +82,9 @@ struct StorePreparer: Sendable {
     /// which would otherwise ship the stale copy as a base over the newer one; with `restoring`
     /// (an open that may create the store), a store missing here is restored from the replica if
     /// it holds one. Returns whether a copy was restored. The replica is asked with no thread
-    /// blocked; the files are looked at on the blocking pool.
-    private func prepareFromReplica(_ user: UserID, replication: any StoreReplication, restoring: Bool) async throws -> Bool {
+    /// blocked; the files are looked at on the blocking pool. Without replication: nothing.
+    private func prepareFromReplica(_ user: UserID, restoring: Bool) async throws -> Bool {
+        guard let replication else { return false }
         let (layout, observer) = (opener.layout, self.observer)
         let path = layout.storePath(for: user)
         // One hop for a new user: the look and its folder.

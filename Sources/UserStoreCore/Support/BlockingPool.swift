@@ -52,7 +52,10 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// Runs `work` on one of the daemon's pool's threads and returns what it returned (or
     /// throws what it threw: work that cannot fail makes a call that cannot either): for work
     /// that blocks on the disk or waits for another process, off the cooperative pool.
+    /// Already on one of them (async work ``executing(_:)`` on the pool), it runs in place:
+    /// another job would only queue the same thread's work behind the pool's backlog.
     public static func run<T: Sendable, Failure: Error>(_ work: @escaping @Sendable () throws(Failure) -> T) async throws(Failure) -> T {
+        if current === shared { return try work() }
         let result = await withCheckedContinuation { (continuation: CheckedContinuation<Result<T, Failure>, Never>) in
             shared.submit { continuation.resume(returning: Result { () throws(Failure) -> T in try work() }) }
         }

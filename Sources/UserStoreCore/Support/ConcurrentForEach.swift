@@ -5,16 +5,10 @@ extension Array where Element: Sendable {
     package func concurrentForEach(width: Int, _ body: @escaping @Sendable (Element) async throws -> Void) async throws {
         precondition(width > 0, "concurrentForEach needs a width of at least 1")
         try await withThrowingTaskGroup(of: Void.self) { group in
-            var next = 0
-            while next < Swift.min(width, count) {
-                let element = self[next]
+            for (index, element) in enumerated() {
+                // Past the first `width`, each begins once one under way has ended.
+                if index >= width { try await group.next() }
                 group.addTask { try await body(element) }
-                next += 1
-            }
-            while try await group.next() != nil, next < count {
-                let element = self[next]
-                group.addTask { try await body(element) }
-                next += 1
             }
             // Those still under way: their errors too (a group awaits them anyway, but drops them).
             try await group.waitForAll()

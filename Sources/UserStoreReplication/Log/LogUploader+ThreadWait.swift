@@ -1,11 +1,6 @@
 import Foundation
 
 extension LogUploader {
-    /// The key of the object with `sequence` (16 hex digits: listed in order).
-    package func key(of sequence: UInt64) -> String {
-        origin.folder + String(repeating: "0", count: max(0, 16 - String(sequence, radix: 16).count)) + String(sequence, radix: 16) + ".usl"
-    }
-
     /// Waits on this thread until record `number` — and with it every earlier record of its
     /// store — is stored; false when `deadline` came first. For a job in a store's turn (the
     /// checkpoint of ``LoggedStore``), which must not give the turn back while it waits: a wait
