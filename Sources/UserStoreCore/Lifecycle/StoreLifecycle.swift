@@ -20,7 +20,7 @@ public struct StoreLifecycle: Sendable {
         let report = try await registry.withStoreClosed(user, replacingFiles: true) {
             // The key first (erase by key): every copy made before — a backup, the bucket, an
             // older version of an object — is unreadable from then on, whatever happens next.
-            let keyDestroyed = try await StoreRegistry.offThread {
+            let keyDestroyed = try await BlockingPool.run {
                 try keyring.map { keyring in
                     guard try keyring.hasKey(user) else { return false }
                     try keyring.destroy(user)
@@ -35,7 +35,7 @@ public struct StoreLifecycle: Sendable {
                 // Refused, but not undone: the user's data is unreadable from here on.
                 throw StoreError.replicationUnavailable(user: user, message: message + " (its data key is destroyed already: no copy of the store can be read — StoreErased —, and the retry removes them)")
             }
-            return try await StoreRegistry.offThread { try files.delete(user, keepBackups: keepBackups) }
+            return try await BlockingPool.run { try files.delete(user, keepBackups: keepBackups) }
         }
         if report.existed || !report.removedFiles.isEmpty {
             registry.observer.record(.storeDeleted(user: user, removedFiles: report.removedFiles.count, keptBackups: keepBackups))
@@ -113,10 +113,10 @@ public struct StoreLifecycle: Sendable {
         let importer = StoreImporter(user: user, migrations: registry.migrations, appVersion: registry.configuration.appVersion)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        let prepared = try await StoreRegistry.offThreadResult {
+        let prepared = try await BlockingPool.run {
             try importer.copy(source, to: staged)
             return try importer.prepare(staged, requested: requested)
-        }.get()
+        }
         let layout = registry.configuration.layout
         let report = try await replacingFiles(of: user) { () throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
@@ -152,10 +152,10 @@ public struct StoreLifecycle: Sendable {
         let files = StoreFiles(layout: registry.configuration.layout)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        try await StoreRegistry.offThreadResult {
+        try await BlockingPool.run {
             try FileManager.default.copyItem(atPath: backup.path, toPath: staged)
             try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)", keyring: self.registry.configuration.keyring)
-        }.get()
+        }
         let previous = try await replaceClosedStore(user, with: staged)
         registry.observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
@@ -180,7 +180,7 @@ public struct StoreLifecycle: Sendable {
                                                     + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
         }
         let keyring = registry.configuration.keyring
-        try await StoreRegistry.offThread { try Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: keyring) }
+        try await BlockingPool.run { try Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: keyring) }
         let previous = try await replaceClosedStore(user, with: staged)
         registry.observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
                                        durationMicroseconds: restored.durationMicroseconds))
@@ -207,7 +207,7 @@ public struct StoreLifecycle: Sendable {
     /// Runs `work`, which replaces `user`'s store files, on the blocking pool with the store
     /// closed (``StoreRegistry/withStoreClosed(_:replacingFiles:_:)``).
     private func replacingFiles<T: Sendable>(of user: UserID, _ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await registry.withStoreClosed(user, replacingFiles: true) { try await StoreRegistry.offThread(work) }
+        try await registry.withStoreClosed(user, replacingFiles: true) { try await BlockingPool.run(work) }
     }
 
     /// With encryption on, a plaintext file about to become `user`'s store (an import, a

@@ -1,3 +1,5 @@
+import GRDB
+
 /// What migrating one store would do. Computed without writing anything.
 public struct MigrationPlan: Sendable, Equatable {
     /// The store has no bookkeeping yet (new file).
@@ -70,5 +72,23 @@ public struct BackupDecision: Sendable, Equatable {
     public init(copy: Bool, reason: String) {
         self.copy = copy
         self.reason = reason
+    }
+}
+
+extension MigrationPlan {
+    /// What `migrator` would do to `db`, with the reconcile's statements when the declarative
+    /// schema has some left (found on a copy of `db` that `simulator` migrated).
+    static func make(_ db: Database, migrator: Migrator, simulator: Migrator, schema: DesiredSchema?, created: Bool) throws -> MigrationPlan {
+        var plan = try migrator.plan(db)
+        guard plan.reconcile, let schema else { return plan }
+        // The reconcile's SQL depends on the schema the steps leave: find it on a copy with
+        // the steps applied.
+        let copy = try DatabaseQueue()
+        try copy.writeWithoutTransaction { copyDB in try db.backup(to: copyDB) }
+        plan.reconcileStatements = try copy.writeWithoutTransaction { copyDB in
+            _ = try simulator.migrate(copyDB, created: created, reconcile: false)
+            return try schema.plan(copyDB).statements
+        }
+        return plan
     }
 }

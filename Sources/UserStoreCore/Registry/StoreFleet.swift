@@ -47,7 +47,7 @@ public struct StoreFleet: Sendable {
             let state: FleetOutcome.State = report.migrated ? .migrated : report.heldVersions.isEmpty ? .current : .held
             return FleetOutcome(user: user, state: state, fromVersion: report.fromVersion, toVersion: report.toVersion)
         } catch {
-            return FleetOutcome(user: user, state: .failed, error: StoreRegistry.storeError(error, user: user))
+            return FleetOutcome(user: user, state: .failed, error: StoreError.from(error, user: user))
         }
     }
 
@@ -124,7 +124,7 @@ public struct StoreFleet: Sendable {
         do {
             return try await registry.verify(user)
         } catch {
-            return VerificationReport(user: user.rawValue, schemaVersion: -1, pending: [], problems: [StoreRegistry.storeError(error, user: user).description])
+            return VerificationReport(user: user.rawValue, schemaVersion: -1, pending: [], problems: [StoreError.from(error, user: user).description])
         }
     }
 }

@@ -31,7 +31,7 @@ struct StorePreparer: Sendable {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
             let restored = try await prepareFromReplica(user, restoring: migrator != nil)
-            let (store, migration, closing) = try await StoreRegistry.offThread { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
+            let (store, migration, closing) = try await BlockingPool.run { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
                 // The template is plaintext: an encrypted store is migrated step by step (and a
                 // restored one is not new).
                 let template = opener.keyring == nil && !restored ? template : nil
@@ -72,7 +72,7 @@ struct StorePreparer: Sendable {
             if closing, replication != nil { await close(store) }
             return .success((store, migration, closing))
         } catch {
-            return .failure(StoreRegistry.storeError(error, user: user))
+            return .failure(StoreError.from(error, user: user))
         }
     }
 
@@ -88,14 +88,14 @@ struct StorePreparer: Sendable {
         let (layout, observer) = (opener.layout, self.observer)
         let path = layout.storePath(for: user)
         // One hop for a new user: the look and its folder.
-        let exists = try await StoreRegistry.offThread { () throws -> Bool in
+        let exists = try await BlockingPool.run { () throws -> Bool in
             if FileManager.default.fileExists(atPath: path) { return true }
             if restoring { try FileManager.default.createDirectory(atPath: layout.storeDirectory(for: user), withIntermediateDirectories: true) }
             return false
         }
         if exists {
             guard let supersededBy = try await replication.newerCopy(of: user, path: path) else { return false }
-            let aside = try await StoreRegistry.offThread { try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)") }
+            let aside = try await BlockingPool.run { try StoreFiles.setAside(path, tag: "superseded-e\(supersededBy)") }
             observer.record(.storeSuperseded(user: user, setAsideAt: aside, epoch: supersededBy))
         } else if !restoring {
             return false
@@ -143,9 +143,9 @@ struct StorePreparer: Sendable {
     /// (its last commit is then the last the replicator saw).
     func close(_ store: Store) async {
         if let replication {
-            await StoreRegistry.offThread { store.finishQueuedWork() }
+            await BlockingPool.run { store.finishQueuedWork() }
             await replication.storeClosing(store)
         }
-        await StoreRegistry.offThread { store.close() }
+        await BlockingPool.run { store.close() }
     }
 }

@@ -16,29 +16,15 @@ extension StoreRegistry {
         let existing: MigrationPlan?
         do {
             existing = try await withExistingStore(user) { store in
-                try await store.read { db in try Self.plan(db, migrator: migrator, simulator: simulator, schema: migrations.schema, created: false) }
+                try await store.read { db in try MigrationPlan.make(db, migrator: migrator, simulator: simulator, schema: migrations.schema, created: false) }
             }
         } catch StoreError.noSuchStore {
             existing = nil
         }
         if let existing { return existing }
-        return try await Self.offThread {
-            try DatabaseQueue().read { db in try Self.plan(db, migrator: migrator, simulator: simulator, schema: migrations.schema, created: true) }
+        return try await BlockingPool.run {
+            try DatabaseQueue().read { db in try MigrationPlan.make(db, migrator: migrator, simulator: simulator, schema: migrations.schema, created: true) }
         }
-    }
-
-    private static func plan(_ db: Database, migrator: Migrator, simulator: Migrator, schema: DesiredSchema?, created: Bool) throws -> MigrationPlan {
-        var plan = try migrator.plan(db)
-        guard plan.reconcile, let schema else { return plan }
-        // The reconcile's SQL depends on the schema the steps leave: find it on a copy with
-        // the steps applied.
-        let copy = try DatabaseQueue()
-        try copy.writeWithoutTransaction { copyDB in try db.backup(to: copyDB) }
-        plan.reconcileStatements = try copy.writeWithoutTransaction { copyDB in
-            _ = try simulator.migrate(copyDB, created: created, reconcile: false)
-            return try schema.plan(copyDB).statements
-        }
-        return plan
     }
 
     /// Migrates `user`'s store now: creates it if absent, and retries a failed migration.
@@ -60,7 +46,7 @@ extension StoreRegistry {
             setPhase(user, ready: true)
             return report
         } catch {
-            let failure = Self.storeError(error, user: user)
+            let failure = StoreError.from(error, user: user)
             setPhase(user, ready: false, failure: failure)
             throw failure
         }
@@ -83,7 +69,7 @@ extension StoreRegistry {
                     return (undone, try Bookkeeping.userVersion(db))
                 }
             } catch {
-                throw Self.storeError(error, user: user)
+                throw StoreError.from(error, user: user)
             }
         }
     }

@@ -8,7 +8,7 @@ import Synchronization
 /// middle.
 extension StoreRegistry {
     /// Runs `operation` while nobody uses `user`'s store (in a task: its blocking file work
-    /// belongs on the blocking pool, ``offThread(_:)``): requests that arrive meanwhile wait,
+    /// belongs on the blocking pool, ``BlockingPool/run(_:)``): requests that arrive meanwhile wait,
     /// work in flight finishes first, the store is closed (a checkpoint: no WAL is left), and
     /// afterwards the next request opens the files as `operation` left them — migrating them
     /// as usual.
@@ -139,10 +139,5 @@ extension StoreRegistry {
             }
             if now { continuation.resume() }
         }
-    }
-
-    /// ``offThread(_:)`` with its outcome as a value.
-    static func offThreadResult<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async -> Result<T, any Error> {
-        do { return .success(try await offThread(work)) } catch { return .failure(error) }
     }
 }

@@ -251,7 +251,7 @@ public final class StoreRegistry: Sendable {
                 report = outcome
                 phase = .ready(generation)
             case .failure(let error):
-                let failure = Self.storeError(error, user: user)
+                let failure = StoreError.from(error, user: user)
                 if case .migrationFailed = failure {} else { observer.record(.storeRefused(user: user, error: failure)) }
                 phase = .failed(failure, generation)
             }
@@ -287,7 +287,7 @@ public final class StoreRegistry: Sendable {
         }
         let migrator = preparer.makeMigrator(try UserID("template"), migrations: migrations, simulating: true)
         let layout = configuration.layout
-        let template = try await Self.offThread { try StoreTemplate.build(generation: generation, migrator: migrator, layout: layout) }
+        let template = try await BlockingPool.run { try StoreTemplate.build(generation: generation, migrator: migrator, layout: layout) }
         state.withLock { state in
             if state.generation == generation { state.template = template }
         }
@@ -417,28 +417,4 @@ public final class StoreRegistry: Sendable {
 
     /// How many stores a stop, or ``closeStores(matching:)``, closes at once.
     static let closingWidth = 16
-
-    /// Runs `work`, which blocks on the disk, on ``BlockingPool/shared``.
-    static func offThread<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await BlockingPool.run(work)
-    }
-
-    static func offThread(_ work: @escaping @Sendable () -> Void) async {
-        await withCheckedContinuation { continuation in
-            BlockingPool.shared.submit { work(); continuation.resume() }
-        }
-    }
-
-    static func storeError(_ error: any Error, user: UserID) -> StoreError {
-        switch error {
-        case let error as StoreError: return error
-        case let error as DatabaseError:
-            if error.extendedResultCode == .SQLITE_IOERR_DATA { return .storeDamaged(user: user, message: PageCipher.unauthenticPage) }
-            switch error.resultCode {
-            case .SQLITE_NOTADB, .SQLITE_CORRUPT: return .storeDamaged(user: user, message: error.message ?? "\(error.resultCode)")
-            default: return .sqlError(code: error.extendedResultCode.rawValue, message: error.message ?? "\(error.resultCode)", sql: error.sql)
-            }
-        default: return .storageFailure(user: user, message: "\(error)")
-        }
-    }
 }

@@ -49,13 +49,13 @@ public struct ReleaseTrial: Sendable {
         do {
             try await self.copy(user, to: copy)
         } catch {
-            outcome.error = StoreRegistry.storeError(error, user: user)
+            outcome.error = StoreError.from(error, user: user)
             return outcome
         }
         let migrator = registry.preparer.makeMigrator(user, migrations: registry.migrations, simulating: true)
         let initial = outcome
         do {
-            return try await StoreRegistry.offThread {
+            return try await BlockingPool.run {
                 var outcome = initial
                 // An encrypted store's copy is encrypted with its key.
                 var configuration = Configuration()
@@ -73,7 +73,7 @@ public struct ReleaseTrial: Sendable {
                         outcome.toVersion = report.toVersion
                         outcome.applied = report.applied
                     } catch {
-                        outcome.error = StoreRegistry.storeError(error, user: user)
+                        outcome.error = StoreError.from(error, user: user)
                     }
                     outcome.milliseconds = Double(DispatchTime.now().uptimeNanoseconds - started.uptimeNanoseconds) / 1e6
                     outcome.bytesAfter = try Self.size(db)
@@ -81,7 +81,7 @@ public struct ReleaseTrial: Sendable {
                 return outcome
             }
         } catch {
-            outcome.error = StoreRegistry.storeError(error, user: user)
+            outcome.error = StoreError.from(error, user: user)
             return outcome
         }
     }
@@ -94,7 +94,7 @@ public struct ReleaseTrial: Sendable {
         await registry.waitForClose(of: user)
         let live = registry.configuration.layout.storePath(for: user)
         guard FileManager.default.fileExists(atPath: live) else { throw StoreError.noSuchStore(user: user) }
-        let copied = try await StoreRegistry.offThread { [keyring = registry.configuration.keyring] in
+        let copied = try await BlockingPool.run { [keyring = registry.configuration.keyring] in
             try Self.copyClosedStore(live, to: path, user: user, keyring: keyring)
         }
         // Opened by the registry meanwhile: copy through its connection.

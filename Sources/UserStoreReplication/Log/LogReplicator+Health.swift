@@ -2,104 +2,17 @@ import Foundation
 import ServiceLifecycle
 import UserStoreCore
 
-/// What the log engine does in the background (``LogHealthService``, every second): the fence of
-/// a newly held epoch, the index's listing, the fold, the replica's check, and the journal's word
-/// on upload outages.
+/// What the log engine does in the background (``LogHealthService``, every second): the fences
+/// (``LogFencer``), the index's listing, the fold, the replica's check, and the journal's word on
+/// upload outages.
 extension LogReplicator {
-    /// Writes the fence of the epoch this host holds, once per epoch, before the log is read under
-    /// it (a restore, the index's listing, the fold).
-    func fenceIfDue() async throws {
-        guard let lease, let epoch = lease.heldEpoch, fenced.withLock({ $0 }) != epoch else { return }
-        try await fencing.exclusive {
-            guard fenced.withLock({ $0 }) != epoch else { return }
-            // After an operator's take-over, the old holder may still acknowledge for a few seconds
-            // what it stores: the fence waits until it cannot (LeaseKeeper.fenceNotBefore).
-            try await Task.sleep(until: lease.fenceNotBefore)
-            uploader.raiseEpoch(to: epoch)
-            let (fence, _) = try await LogFence.write(epoch: epoch, holder: HostName.current, storage: storage, log: LogRestorer.folder)
-            fenced.withLock { $0 = epoch }
-            logger.info("fenced the log at epoch \(epoch): \(fence.through.count) log folders, what their holders upload later does not count",
-                        metadata: ["event": "replica-lease-held", "epoch": "\(epoch)"])
-        }
-    }
-
-    /// In a cluster: fences `user`'s bucket at its epoch now, unless this host did (with every
-    /// other bucket it owns at an epoch not fenced yet: one fence for all).
-    func fenceBucket(of user: UserID) async throws {
-        guard let cluster, let epoch = cluster.epoch(of: user) else { return }
-        let bucket = cluster.bucket(of: user)
-        // Fenced already: nothing to wait for (another bucket's fence is the health service's).
-        if let fenced = fencedBuckets.withLock({ $0.epochs[UInt16(truncatingIfNeeded: bucket)] }), fenced >= epoch { return }
-        var wanted = cluster.ownedEpochsSeen
-        wanted[bucket] = epoch
-        try await fenceBuckets(wanted)
-    }
-
-    /// In a cluster: writes one fence for those of `wanted` (buckets at their epochs) this host
-    /// has not fenced at that epoch, then reads into the index what the fence's listing holds
-    /// that it does not know (other hosts' objects): a restore of the bucket's users, after it,
-    /// reads all that counts.
-    func fenceBuckets(_ wanted: [Int: Int64]) async throws {
-        @Sendable func due() -> [UInt16: Int64] {
-            fencedBuckets.withLock { fenced in
-                var due: [UInt16: Int64] = [:]
-                for (bucket, epoch) in wanted {
-                    guard let bucket = UInt16(exactly: bucket), (fenced.epochs[bucket] ?? .min) < epoch else { continue }
-                    due[bucket] = epoch
-                }
-                return due
-            }
-        }
-        guard !due().isEmpty else { return }
-        try await fencing.exclusive { try await fenceBucketsAlone(due()) }
-    }
-
-    /// ``fenceBuckets(_:)`` for `buckets`, holding ``fencing``.
-    private func fenceBucketsAlone(_ buckets: [UInt16: Int64]) async throws {
-        guard let highest = buckets.values.max() else { return }
-        let number = fencedBuckets.withLock { $0.written + 1 }
-        let origin = uploader.origin
-        let key = LogFence.clusterKey(dataDirectory: origin.dataDirectory, incarnation: origin.incarnation, number: number)
-        try await folder.gate.exclusive { [storage, index] in
-            let (_, listed) = try await LogFence.write(epoch: highest, holder: origin.host, storage: storage, log: LogRestorer.folder,
-                                                       buckets: Dictionary(uniqueKeysWithValues: buckets.map { (String($0.key), $0.value) }),
-                                                       dataDirectory: origin.dataDirectory, key: key)
-            try await index.refresh(from: storage, listed: listed, fences: try await LogFences.load(from: storage, known: index.knownFences),
-                                    own: LogRestorer.folder + origin.dataDirectory + "/")
-        }
-        fencedBuckets.withLock { fenced in
-            fenced.written = number
-            for (bucket, epoch) in buckets { fenced.epochs[bucket] = max(fenced.epochs[bucket] ?? epoch, epoch) }
-        }
-        logger.info("fenced the log for \(buckets.count) buckets this host took (up to epoch \(highest)): what their earlier owners upload later does not count",
-                    metadata: ["event": "cluster-buckets-fenced", "count": "\(buckets.count)"])
-    }
-
-    /// In a cluster: fences the buckets this host took since the last look (from
-    /// ``LogHealthService``, every second), so that what their earlier owners upload after it
-    /// never counts — and their folds can tell — even before a user of them is restored.
-    func fenceTakenBuckets() async {
-        guard let cluster, identity.verdict.isVerified else { return }
-        let owned = cluster.ownedEpochsSeen
-        guard !owned.isEmpty else { return }
-        do {
-            try await fenceBuckets(owned)
-            state.withLock { $0.fenceFailing = false }
-        } catch {
-            // Once per outage: it is tried again every second.
-            guard state.withLock({ state in defer { state.fenceFailing = true }; return !state.fenceFailing }) else { return }
-            logger.warning("fencing the log for the buckets this host took: \(error); tried again every second, and before any of their users is restored",
-                           metadata: ["event": "replication-degraded"])
-        }
-    }
-
     /// Lists the log's objects for the index once the replica is verified and this host holds
     /// it (the health service asks every second until it is in).
     func loadIndexIfDue() async {
         guard !index.isLoaded, identity.verdict.isVerified, lease.map({ $0.heldEpoch != nil }) ?? true else { return }
         let started = ContinuousClock.now
         do {
-            try await fenceIfDue()
+            try await fencer.fenceHeldEpoch()
             try await index.load(from: storage, log: LogRestorer.folder, folds: LogFolder.root)
             logger.info("log index: \(index.objects ?? 0) objects listed in \(ContinuousClock.now - started)")
         } catch {
@@ -201,7 +114,7 @@ struct LogHealthService: Service {
                 await BlockingPool.executing {
                     if round % 5 == 0 || replicator.snapshot.replicaProblem != nil { await replicator.checkReplica() }
                     replicator.reportUploads()
-                    await replicator.fenceTakenBuckets()
+                    if replicator.identity.verdict.isVerified { await replicator.fencer.fenceTakenBuckets() }
                     await replicator.loadIndexIfDue()
                     await replicator.foldIfDue()
                 }

@@ -14,8 +14,8 @@ extension LogReplicator {
     private func restoreOnPool(_ user: UserID, to path: String, timestamp: Date?) async throws -> ReplicaRestore? {
         try identity.require(for: user)
         do {
-            try await fenceIfDue()
-            try await fenceBucket(of: user)
+            try await fencer.fenceHeldEpoch()
+            try await fencer.fenceBucket(of: user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for this host's epoch: \(error)")
         }
@@ -103,7 +103,7 @@ extension LogReplicator {
         // whatever the log holds of the user is the copy to trust — none as a rule.
         if position == nil, logHoldsNothing(of: user) { return nil }
         do {
-            try await fenceBucket(of: user)
+            try await fencer.fenceBucket(of: user)
         } catch {
             throw StoreError.replicationUnavailable(user: user, message: "fencing the log for the bucket's epoch: \(error)")
         }

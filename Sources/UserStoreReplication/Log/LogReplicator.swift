@@ -23,6 +23,7 @@ package final class LogReplicator: StoreReplication {
     package let uploader: LogUploader
     package let restorer: LogRestorer
     package let folder: LogFolder
+    let fencer: LogFencer
     /// Copies in Litestream's layout (from before `engine: log`), each restored once with
     /// `litestream restore` when the log holds nothing of its user.
     let legacy: ReplicaRestorer
@@ -42,16 +43,9 @@ package final class LogReplicator: StoreReplication {
         var foldError: String?
         /// Since when writing log objects fails (nil: it does not).
         var uploadsFailingSince: Date?
-        /// Fencing the buckets this host took fails (said once until it works again).
-        var fenceFailing = false
     }
 
     let state = Mutex(State())
-    /// The epoch whose fence this host wrote (nil: none yet), kept while it is written.
-    let fenced = Mutex<Int64?>(nil)
-    let fencing = AsyncLock()
-    /// In a cluster: the epoch this host last fenced each bucket at, and how many fences it wrote.
-    let fencedBuckets = Mutex<(epochs: [UInt16: Int64], written: Int)>(([:], 0))
     /// The uploader's loop: started with the engine, stopped after every store's last records
     /// (``stop()``), so that it outlives the daemon's other services.
     private let uploading = Mutex<Task<Void, Never>?>(nil)
@@ -76,6 +70,7 @@ package final class LogReplicator: StoreReplication {
         let gate = AsyncLock()
         restorer = LogRestorer(storage: setup.storage, index: index, gate: gate, cluster: cluster != nil, keyring: keyring)
         folder = LogFolder(storage: setup.storage, index: index, uploader: uploader, gate: gate)
+        fencer = LogFencer(lease: setup.lease, cluster: cluster, storage: setup.storage, uploader: uploader, index: index, gate: gate, logger: logger)
         legacyLocations = ReplicaLocations(replica: settings.replica, fencing: cluster, storage: setup.storage,
                                            identity: setup.identity, lease: setup.lease)
         legacy = ReplicaRestorer(locations: legacyLocations, command: LitestreamCommand(settings.litestream, environment: setup.storage.litestreamEnvironment),
