@@ -5,10 +5,8 @@ import UserStoreReplication
 
 /// `encryption.keyStore: etcd` in a cluster (docs/encryption.md): the wrapped data keys as etcd
 /// keys `/us/v1/keys/<record>` (values in base64), beside the cluster's own records; a put is
-/// durable once etcd answers it (committed by a majority of its members). Blocking, like every
-/// key store: each call waits for etcd's answer with ``BlockingPool/wait(for:)`` (the
-/// daemon calls it on the blocking pool; userstorectl's offline commands and `keys rewrap` on
-/// their main task).
+/// durable once etcd answers it (committed by a majority of its members). No thread waits for
+/// it: the etcd client's event loop does.
 public struct EtcdKeyStore: KeyStore {
     let etcd: EtcdClient
     let endpoints: [String]
@@ -26,35 +24,28 @@ public struct EtcdKeyStore: KeyStore {
 
     /// The hosts of the cluster that are alive now (their records under `/us/v1/hosts/`, which
     /// end with their leases): a key-encryption key's rotation waits until there are none.
-    public func liveHosts() throws -> [String] {
-        let etcd = self.etcd
-        return try BlockingPool.wait { try await etcd.list(prefix: HostMembership.prefix) }.map { String($0.key.dropFirst(HostMembership.prefix.count)) }
+    public func liveHosts() async throws -> [String] {
+        try await etcd.list(prefix: HostMembership.prefix).map { String($0.key.dropFirst(HostMembership.prefix.count)) }
     }
 
-    public func read(_ name: String) throws -> [UInt8]? {
-        let etcd = self.etcd
-        let value = try BlockingPool.wait { try await etcd.get(Self.prefix + name) }
-        return try value.map { found in
-            guard let bytes = Data(base64Encoded: String(decoding: found.value, as: UTF8.self)) else {
-                throw Malformed(description: "etcd key \(Self.prefix + name) is not base64")
-            }
-            return Array(bytes)
+    public func read(_ name: String) async throws -> [UInt8]? {
+        guard let found = try await etcd.get(Self.prefix + name) else { return nil }
+        guard let bytes = Data(base64Encoded: String(decoding: found.value, as: UTF8.self)) else {
+            throw Malformed(description: "etcd key \(Self.prefix + name) is not base64")
         }
+        return Array(bytes)
     }
 
-    public func write(_ name: String, _ bytes: [UInt8]) throws {
-        let etcd = self.etcd, value = Data(bytes).base64EncodedString()
-        _ = try BlockingPool.wait { try await etcd.put(Self.prefix + name, value) }
+    public func write(_ name: String, _ bytes: [UInt8]) async throws {
+        _ = try await etcd.put(Self.prefix + name, Data(bytes).base64EncodedString())
     }
 
-    public func remove(_ name: String) throws {
-        let etcd = self.etcd
-        _ = try BlockingPool.wait { try await etcd.delete(Self.prefix + name) }
+    public func remove(_ name: String) async throws {
+        _ = try await etcd.delete(Self.prefix + name)
     }
 
-    public func names(under folder: String) throws -> [String] {
-        let etcd = self.etcd
-        return try BlockingPool.wait { try await etcd.list(prefix: Self.prefix + folder) }.map { String($0.key.dropFirst(Self.prefix.count)) }
+    public func names(under folder: String) async throws -> [String] {
+        try await etcd.list(prefix: Self.prefix + folder).map { String($0.key.dropFirst(Self.prefix.count)) }
     }
 
     public var location: String { "etcd (\(endpoints.joined(separator: ", ")))\(Self.prefix)" }

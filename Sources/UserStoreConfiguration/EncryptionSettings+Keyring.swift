@@ -17,12 +17,12 @@ extension EncryptionSettings {
 
     /// The keyring these settings describe: the key-encryption key read (from the credential in
     /// `credentialsDirectory`, else `keyFile`) and checked against the key store (a new key
-    /// store gets its check record). Blocking.
+    /// store gets its check record).
     /// `keyStore`: the key store these settings name, opened by the caller
     /// (`openKeyStore(clusterEtcd:)`: a bucket needs the replication's S3 client, etcd the
     /// cluster's client).
     public func makeKeyring(store keyStore: any KeyStore,
-                            credentialsDirectory: String? = ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"]) throws(Refusal) -> StoreKeyring {
+                            credentialsDirectory: String? = ProcessInfo.processInfo.environment["CREDENTIALS_DIRECTORY"]) async throws(Refusal) -> StoreKeyring {
         guard let file = keyFilePath(credentialsDirectory: credentialsDirectory) else {
             throw Refusal(name: "KeyEncryptionKeyMissing", description: "encryption.credential \(credential ?? "") names a systemd credential, but the daemon was given none ($CREDENTIALS_DIRECTORY is not set: LoadCredentialEncrypted= in the unit)")
         }
@@ -33,7 +33,7 @@ extension EncryptionSettings {
             throw Refusal(name: "KeyEncryptionKeyMissing", description: "the key-encryption key: \(error)")
         }
         do {
-            try keyring.verify()
+            try await keyring.verify()
         } catch {
             switch error {
             case .wrongKey: throw Refusal(name: "KeyEncryptionKeyWrong", description: error.description)

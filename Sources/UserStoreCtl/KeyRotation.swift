@@ -29,7 +29,7 @@ public enum KeyRotation {
         }
         // A folder, a bucket or the cluster's etcd, with every daemon sharing it stopped.
         let store = try OfflineKeyStore.open(configuration, encryption)
-        try OfflineKeyStore.refuseWhileHostsRun(store)
+        try await OfflineKeyStore.refuseWhileHostsRun(store)
         do {
             return (try StoreKeyring(keyFile: current, store: store), try StoreKeyring(keyFile: newKeyFile, store: store), lock)
         } catch {
@@ -38,9 +38,9 @@ public enum KeyRotation {
     }
 
     /// Rewraps every record of `keyring`'s key store under `next`'s key; returns how many.
-    public static func run(_ keyring: StoreKeyring, to next: StoreKeyring, progress: (Int, Int) -> Void) throws(CtlError) -> Int {
+    public static func run(_ keyring: StoreKeyring, to next: StoreKeyring, progress: (Int, Int) -> Void) async throws(CtlError) -> Int {
         do {
-            return try keyring.rewrap(to: next, progress: progress)
+            return try await keyring.rewrap(to: next, progress: progress)
         } catch {
             throw CtlError(.someFailed, "userstorectl: keys rewrap: \(error) (run it again to go on)")
         }

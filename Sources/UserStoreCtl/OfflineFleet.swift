@@ -49,7 +49,7 @@ public final class OfflineFleet {
         if let encryption = configuration.encryption {
             let store = try OfflineKeyStore.open(configuration, encryption)
             do {
-                registryConfiguration.keyring = try encryption.makeKeyring(store: store)
+                registryConfiguration.keyring = try await encryption.makeKeyring(store: store)
             } catch {
                 throw CtlError(.usage, "userstorectl: encryption: \(error.name): \(error)")
             }
@@ -64,7 +64,7 @@ public final class OfflineFleet {
     }
 
     /// Status counts read from the store files' headers.
-    public func status() -> [String: JSONValue] {
+    public func status() async -> [String: JSONValue] {
         let latest = registry.migrations.latestVersion
         var counts = ["current": 0, "pending": 0, "tooNew": 0, "unknown": 0]
         let users = self.users()
@@ -72,7 +72,8 @@ public final class OfflineFleet {
             let path = registry.configuration.layout.storePath(for: user)
             // An encrypted store's WAL is read with its user's key (none: unreadable), fetched
             // only for a store whose header does not say.
-            let version = StoreFileInspector.schemaVersion(of: path, cipher: (try? StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: registry.configuration.keyring)) ?? nil)
+            let cipher = (try? await StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: registry.configuration.keyring)) ?? nil
+            let version = StoreFileInspector.schemaVersion(of: path, cipher: cipher)
             if version < 0 { counts["unknown"]! += 1 } else if version > latest { counts["tooNew"]! += 1 } else if version == latest { counts["current"]! += 1 } else { counts["pending"]! += 1 }
         }
         return [

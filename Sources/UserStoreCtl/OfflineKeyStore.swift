@@ -19,11 +19,11 @@ public enum OfflineKeyStore {
     /// records). A rotation must not meet a daemon still wrapping new users' keys under the old
     /// key, nor one failing to unwrap records already rewrapped. (A folder or a bucket shared by
     /// several hosts cannot be checked so: docs/encryption.md asks to stop them all.)
-    static func refuseWhileHostsRun(_ store: any KeyStore) throws(CtlError) {
+    static func refuseWhileHostsRun(_ store: any KeyStore) async throws(CtlError) {
         guard let etcd = store as? EtcdKeyStore else { return }
         let hosts: [String]
         do {
-            hosts = try etcd.liveHosts()
+            hosts = try await etcd.liveHosts()
         } catch {
             throw CtlError(.unreachable, "userstorectl: the cluster's etcd: \(error)")
         }

@@ -4,14 +4,12 @@ import UserStoreCore
 
 /// An `s3://` key store (`encryption.keyStore`): the wrapped data keys as objects of a bucket (or
 /// a prefix) of their own, through the same S3 client and credentials as the replica. A PUT is
-/// durable when S3 answers it. ``KeyStore`` is synchronous (a store's key is read in the job
-/// that opens it): each call waits for the bucket with ``BlockingPool/wait(for:)``, like the
-/// cluster's etcd key store.
+/// durable when S3 answers it; no thread waits for it (the S3 client's event loop does).
 extension ReplicaStorage: KeyStore {
-    package func read(_ name: String) throws -> [UInt8]? { try BlockingPool.wait { try await get(name) } }
-    package func write(_ name: String, _ bytes: [UInt8]) throws { try BlockingPool.wait { try await put(name, bytes) } }
-    package func remove(_ name: String) throws { try BlockingPool.wait { try await delete([name]) } }
-    package func names(under folder: String) throws -> [String] { try BlockingPool.wait { try await keys(under: folder) } }
+    package func read(_ name: String) async throws -> [UInt8]? { try await get(name) }
+    package func write(_ name: String, _ bytes: [UInt8]) async throws { try await put(name, bytes) }
+    package func remove(_ name: String) async throws { try await delete([name]) }
+    package func names(under folder: String) async throws -> [String] { try await keys(under: folder) }
     package var location: String { describe("") }
 }
 

@@ -99,7 +99,7 @@ extension UserStoreCtlCommand {
             if let encryption = configuration.encryption {
                 let store = try OfflineKeyStore.open(configuration, encryption)
                 do {
-                    keyring = try await BlockingPool.run { try encryption.makeKeyring(store: store) }
+                    keyring = try await encryption.makeKeyring(store: store)
                 } catch {
                     throw CtlError(.usage, "encryption: \(error)")
                 }

@@ -67,7 +67,7 @@ extension UserStoreCtlCommand.Keys {
             let (keyring, newKey, lock) = try await KeyRotation.prepare(configurationPath: config, keyFile: keyFile, newKeyFile: newKeyFile)
             defer { _ = lock }
             var last = 0
-            let rewrapped = try KeyRotation.run(keyring, to: newKey) { done, total in
+            let rewrapped = try await KeyRotation.run(keyring, to: newKey) { done, total in
                 if !json, done == total || done - last >= 1000 {
                     last = done
                     print("\(done)/\(total) records")

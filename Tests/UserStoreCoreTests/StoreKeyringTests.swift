@@ -22,43 +22,43 @@ struct StoreKeyringTests {
 
     struct Interrupted: Error {}
 
-    @Test func keysAreMadeOnceCheckedErasedAndRewrappedUnderANewKeyEncryptionKey() throws {
+    @Test func keysAreMadeOnceCheckedErasedAndRewrappedUnderANewKeyEncryptionKey() async throws {
         let directory = try TemporaryDirectory()
         let store = FolderKeyStore(root: try directory.folder("keys"))
         let old = SymmetricKey(size: .bits256), new = SymmetricKey(size: .bits256)
         let keyring = StoreKeyring(keyEncryptionKey: old, store: store)
-        try keyring.verify() // a new key store: its check record is written
+        try await keyring.verify() // a new key store: its check record is written
         let users = try ["alice", "bob", "carol", "dave"].map { try UserID($0) }
         var ciphers: [UserID: PageCipher] = [:]
-        for user in users { ciphers[user] = try keyring.cipher(for: user, create: true) }
-        #expect(Self.sameKey(ciphers[users[0]]!, try keyring.cipher(for: users[0], create: true)), "a second call made another key")
+        for user in users { ciphers[user] = try await keyring.cipher(for: user, create: true) }
+        #expect(Self.sameKey(ciphers[users[0]]!, try await keyring.cipher(for: users[0], create: true)), "a second call made another key")
         #expect(!Self.sameKey(ciphers[users[0]]!, ciphers[users[1]]!))
-        #expect(throws: StoreError.storeKeyMissing(user: try UserID("erin"), message: "the key store file://\(directory.path)/keys holds no data key of the user")) {
-            try keyring.cipher(for: try UserID("erin"), create: false)
+        await #expect(throws: StoreError.storeKeyMissing(user: try UserID("erin"), message: "the key store file://\(directory.path)/keys holds no data key of the user")) {
+            try await keyring.cipher(for: try UserID("erin"), create: false)
         }
-        try keyring.destroy(users[3])
-        #expect(throws: StoreError.storeErased(user: users[3])) { try keyring.cipher(for: users[3], create: false) }
+        try await keyring.destroy(users[3])
+        await #expect(throws: StoreError.storeErased(user: users[3])) { try await keyring.cipher(for: users[3], create: false) }
         // Bob's store key is being rotated: his record holds two keys.
-        let (_, bobNext) = try keyring.beginRotation(of: users[1])
-        #expect(throws: StoreKeyring.SetupError.wrongKey(location: store.location)) { try StoreKeyring(keyEncryptionKey: new, store: store).verify() }
+        let (_, bobNext) = try await keyring.beginRotation(of: users[1])
+        await #expect(throws: StoreKeyring.SetupError.wrongKey(location: store.location)) { try await StoreKeyring(keyEncryptionKey: new, store: store).verify() }
 
         // The rotation of the key-encryption key, cut short after the first record.
-        #expect(throws: Interrupted.self) {
-            try keyring.rewrap(to: new) { done, _ in if done == 1 { throw Interrupted() } }
+        await #expect(throws: Interrupted.self) {
+            try await keyring.rewrap(to: new) { done, _ in if done == 1 { throw Interrupted() } }
         }
-        #expect(throws: StoreKeyring.SetupError.rotationUnderWay(location: store.location)) { try keyring.verify() }
+        await #expect(throws: StoreKeyring.SetupError.rotationUnderWay(location: store.location)) { try await keyring.verify() }
         var seen: (Int, Int) = (0, 0)
-        let rewrapped = try keyring.rewrap(to: new) { seen = ($0, $1) }
+        let rewrapped = try await keyring.rewrap(to: new) { seen = ($0, $1) }
         #expect((2...3).contains(rewrapped) && seen == (4, 4), "\(rewrapped) rewrapped, progress \(seen)") // the first record was done before (dave: a tombstone)
         let rotated = StoreKeyring(keyEncryptionKey: new, store: store)
-        try rotated.verify()
-        #expect(throws: StoreKeyring.SetupError.wrongKey(location: store.location)) { try keyring.verify() }
+        try await rotated.verify()
+        await #expect(throws: StoreKeyring.SetupError.wrongKey(location: store.location)) { try await keyring.verify() }
         for user in users.prefix(3) {
-            #expect(Self.sameKey(ciphers[user]!, try rotated.cipher(for: user, create: false)), "\(user)'s data key changed")
+            #expect(Self.sameKey(ciphers[user]!, try await rotated.cipher(for: user, create: false)), "\(user)'s data key changed")
         }
-        let bob = try rotated.ciphers(for: users[1])
+        let bob = try await rotated.ciphers(for: users[1])
         #expect(bob.next.map { Self.sameKey(bobNext, $0) } == true, "bob's next key was lost")
-        #expect(throws: StoreError.storeErased(user: users[3])) { try rotated.cipher(for: users[3], create: false) }
-        #expect(try rotated.rewrap(to: new) == 0) // finished: nothing left to do
+        await #expect(throws: StoreError.storeErased(user: users[3])) { try await rotated.cipher(for: users[3], create: false) }
+        #expect(try await rotated.rewrap(to: new) == 0) // finished: nothing left to do
     }
 }

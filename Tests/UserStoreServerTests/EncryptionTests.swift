@@ -308,7 +308,7 @@ import Varlink
     /// only the new key, and the file as it was before (a copy) no longer reads — `StoreDamaged`.
     /// A rotation cut short after the rewrite (both keys in the key store, the file under the
     /// next) is finished by the next open. Without encryption: `InvalidRequest`.
-    @Test func rotatingAStoresKeyLeavesOldCopiesUnreadable() throws {
+    @Test func rotatingAStoresKeyLeavesOldCopiesUnreadable() async throws {
         let daemon = try Self.encryptedDaemon()
         try daemon.start()
         let client = try daemon.connect()
@@ -336,12 +336,12 @@ import Varlink
 
         // Bob's rotation cut short once his store was rewritten under the next key.
         let keyring = try StoreKeyring(keyFile: daemon.directory.path + "/kek", store: FolderKeyStore(root: keys))
-        let (current, next) = try keyring.beginRotation(of: UserID("bob"))
+        let (current, next) = try await keyring.beginRotation(of: UserID("bob"))
         _ = try StoreEncryptor.reencrypt(bobPath, from: current, to: next)
         #expect(try record("bob").count == 2 * recordBefore.count)
         // Carol's too: then rotated again before anything opens her store.
         let carolPath = try #require(Self.storePath(daemon, "carol"))
-        let (carolCurrent, carolNext) = try keyring.beginRotation(of: UserID("carol"))
+        let (carolCurrent, carolNext) = try await keyring.beginRotation(of: UserID("carol"))
         _ = try StoreEncryptor.reencrypt(carolPath, from: carolCurrent, to: carolNext)
         // Alice's file as it was before her rotation.
         try before.write(to: URL(fileURLWithPath: alicePath))

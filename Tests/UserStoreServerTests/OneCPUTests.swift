@@ -6,15 +6,16 @@ import Varlink
 
 /// The daemon and userstorectl on a machine with one CPU (`Tests/Helpers/one-cpu`: the CPU
 /// files say one and the affinity is one CPU), where Swift's cooperative pool has one thread.
-/// Synchronous code that waits for async work (the S3 and etcd clients behind the key store and
-/// the replica: `BlockingPool.wait`) must not need that thread: run there, it waited forever.
+/// Nothing may wait for async work (the S3 and etcd clients behind the key store and the
+/// replica) on that thread: a wait there, for work that needs it, never ends (the key store's
+/// semaphore did, until it ran the work on threads of its own; it is async since 2026-12-08).
 @Suite(.serialized) struct OneCPUTests {
     static let oneCPU = repositoryRoot + "/Tests/Helpers/one-cpu"
 
     /// Keys and replica on S3 (SeaweedFS): the daemon starts (it reads the key store's check
     /// record before serving), serves a durable write, and with its disk lost brings the user
-    /// back from the bucket with its key; `verify --offline` reads the keys' bucket too. Before
-    /// `BlockingPool.wait` ran the async work on threads of its own, the start never ended.
+    /// back from the bucket with its key; `verify --offline` reads the keys' bucket too. While the
+    /// key store waited for its client on the cooperative pool, the start never ended.
     @Test func withKeysAndReplicaOnS3TheDaemonAndTheCLIWork() throws {
         let server = try SeaweedFS()
         let daemon = try EncryptionTests.onS3Daemon(server)

@@ -3,21 +3,22 @@ import Foundation
 /// Where the wrapped data keys live, apart from the data (docs/encryption.md, "The key store"):
 /// one small record per user, and one that checks the key-encryption key.
 public protocol KeyStore: Sendable {
-    /// The record `name`; nil when there is none. Blocking.
-    func read(_ name: String) throws -> [UInt8]?
+    /// The record `name`; nil when there is none.
+    func read(_ name: String) async throws -> [UInt8]?
     /// Writes `bytes` as the record `name`, replacing any, durably: once it returns, the record
-    /// survives a crash. Blocking.
-    func write(_ name: String, _ bytes: [UInt8]) throws
-    /// Removes the record `name` (nothing when there is none), durably. Blocking.
-    func remove(_ name: String) throws
-    /// The names of every record under `folder` (`users/`), in no order. Blocking.
-    func names(under folder: String) throws -> [String]
+    /// survives a crash.
+    func write(_ name: String, _ bytes: [UInt8]) async throws
+    /// Removes the record `name` (nothing when there is none), durably.
+    func remove(_ name: String) async throws
+    /// The names of every record under `folder` (`users/`), in no order.
+    func names(under folder: String) async throws -> [String]
     /// Where the records are, for messages (`file:///var/lib/userstore-keys`).
     var location: String { get }
 }
 
 /// A key store in a folder (`encryption.keyStore: file:///path`): a file per record, written with
-/// ``DurableFile`` (a temporary file, fsync, rename, fsync of the folder). Keep the folder on
+/// ``DurableFile`` (a temporary file, fsync, rename, fsync of the folder), on the blocking pool
+/// (``BlockingPool/run(_:)``: in place when the caller is on it already). Keep the folder on
 /// another disk than the data directory, or the key goes wherever the data goes.
 public struct FolderKeyStore: KeyStore {
     public let root: String
@@ -33,8 +34,11 @@ public struct FolderKeyStore: KeyStore {
         public let description: String
     }
 
-    public func read(_ name: String) throws -> [UInt8]? {
-        let path = root + "/" + name
+    public func read(_ name: String) async throws -> [UInt8]? {
+        try await BlockingPool.run { [root] in try Self.read(root + "/" + name) }
+    }
+
+    private static func read(_ path: String) throws -> [UInt8]? {
         let descriptor = open(path, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else {
             if errno == ENOENT { return nil }
@@ -50,7 +54,11 @@ public struct FolderKeyStore: KeyStore {
         }
     }
 
-    public func write(_ name: String, _ bytes: [UInt8]) throws {
+    public func write(_ name: String, _ bytes: [UInt8]) async throws {
+        try await BlockingPool.run { try writeNow(name, bytes) }
+    }
+
+    private func writeNow(_ name: String, _ bytes: [UInt8]) throws {
         // Folders are made below the root, never the root itself: a root that is gone is an
         // unmounted or mistyped key store, not a place to start a new one.
         var status = stat()
@@ -69,11 +77,15 @@ public struct FolderKeyStore: KeyStore {
         try DurableFile.write(bytes, to: path)
     }
 
-    public func remove(_ name: String) throws {
-        _ = try DurableFile.remove([root + "/" + name])
+    public func remove(_ name: String) async throws {
+        _ = try await BlockingPool.run { [root] in try DurableFile.remove([root + "/" + name]) }
     }
 
-    public func names(under folder: String) throws -> [String] {
+    public func names(under folder: String) async throws -> [String] {
+        try await BlockingPool.run { try namesNow(under: folder) }
+    }
+
+    private func namesNow(under folder: String) throws -> [String] {
         let base = root + "/" + folder
         guard FileManager.default.fileExists(atPath: base) else { return [] }
         guard let walker = FileManager.default.enumerator(atPath: base) else { throw Failure(description: "cannot list \(base)") }

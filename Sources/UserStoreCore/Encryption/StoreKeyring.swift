@@ -54,12 +54,12 @@ public final class StoreKeyring: @unchecked Sendable {
     static let checkText = Array("userstore key-encryption key check v1".utf8)
 
     /// Checks the key-encryption key against the key store's check record, writing one into a
-    /// key store that has none (a new one). Blocking.
-    public func verify() throws(SetupError) {
+    /// key store that has none (a new one).
+    public func verify() async throws(SetupError) {
         let existing: [UInt8]?
         do {
-            if try store.read("check.next") != nil { throw SetupError.rotationUnderWay(location: store.location) }
-            existing = try store.read("check")
+            if try await store.read("check.next") != nil { throw SetupError.rotationUnderWay(location: store.location) }
+            existing = try await store.read("check")
         } catch let error as SetupError {
             throw error
         } catch {
@@ -67,7 +67,7 @@ public final class StoreKeyring: @unchecked Sendable {
         }
         guard let existing else {
             do {
-                try store.write("check", Self.checkMagic + (try seal(Self.checkText, authenticating: Array("check".utf8))))
+                try await store.write("check", Self.checkMagic + (try seal(Self.checkText, authenticating: Array("check".utf8))))
             } catch {
                 throw .keyStoreUnavailable(location: store.location, message: "\(error)")
             }
@@ -84,20 +84,20 @@ public final class StoreKeyring: @unchecked Sendable {
     /// there — and each record is rewrapped unless it already opens with the new key; the
     /// `check` record is replaced last. `progress` gets (records done, records in all). Returns
     /// how many records were rewrapped. This keyring must hold the old key (or, for a rotation
-    /// to finish, either). Blocking.
-    public func rewrap(to newKey: SymmetricKey, progress: (Int, Int) throws -> Void = { _, _ in }) throws -> Int {
-        try rewrap(to: StoreKeyring(keyEncryptionKey: newKey, store: store), progress: progress)
+    /// to finish, either).
+    public func rewrap(to newKey: SymmetricKey, progress: (Int, Int) throws -> Void = { _, _ in }) async throws -> Int {
+        try await rewrap(to: StoreKeyring(keyEncryptionKey: newKey, store: store), progress: progress)
     }
 
     /// ``rewrap(to:progress:)-(SymmetricKey,_)`` with the new key as `next`'s (its key store is ignored).
-    public func rewrap(to next: StoreKeyring, progress: (Int, Int) throws -> Void = { _, _ in }) throws -> Int {
+    public func rewrap(to next: StoreKeyring, progress: (Int, Int) throws -> Void = { _, _ in }) async throws -> Int {
         let context = Array("check".utf8)
-        let check = try store.read("check")
+        let check = try await store.read("check")
         let finished = check.map { $0.starts(with: Self.checkMagic) && (try? next.open(Array($0.dropFirst(4)), authenticating: context)) == Self.checkText } ?? false
-        if finished, try store.read("check.next") == nil { return 0 }
-        if check == nil, try store.names(under: "users/").isEmpty {
+        if finished, try await store.read("check.next") == nil { return 0 }
+        if check == nil, try await store.names(under: "users/").isEmpty {
             // A key store never used: nothing to rewrap, the new key is its key from now on.
-            try store.write("check", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
+            try await store.write("check", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
             return 0
         }
         if !finished {
@@ -105,12 +105,12 @@ public final class StoreKeyring: @unchecked Sendable {
                 throw SetupError.wrongKey(location: store.location)
             }
         }
-        try store.write("check.next", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
-        let names = try store.names(under: "users/").sorted()
+        try await store.write("check.next", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
+        let names = try await store.names(under: "users/").sorted()
         var rewrapped = 0
         for (done, name) in names.enumerated() {
             let user = try UserID(String(name.split(separator: "/").last ?? ""))
-            if let record = try store.read(name), record.starts(with: Self.keyMagic) {
+            if let record = try await store.read(name), record.starts(with: Self.keyMagic) {
                 var keys: [[UInt8]] = []
                 var offset = 4
                 var already = true
@@ -129,14 +129,14 @@ public final class StoreKeyring: @unchecked Sendable {
                 if !already {
                     var rewritten = Self.keyMagic + (try next.seal(keys[0], authenticating: Self.keyContext(user)))
                     if keys.count > 1 { rewritten += Self.nextMagic + (try next.seal(keys[1], authenticating: Self.keyContext(user))) }
-                    try store.write(name, rewritten)
+                    try await store.write(name, rewritten)
                     rewrapped += 1
                 }
             }
             try progress(done + 1, names.count)
         }
-        try store.write("check", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
-        try store.remove("check.next")
+        try await store.write("check", Self.checkMagic + (try next.seal(Self.checkText, authenticating: context)))
+        try await store.remove("check.next")
         return rewrapped
     }
 
@@ -148,10 +148,10 @@ public final class StoreKeyring: @unchecked Sendable {
     /// The cipher of `user`'s store. With `create`, a user without a key (never encrypted, or
     /// erased) gets a new one, stored durably before this returns — before anything is written
     /// with it. Without: ``StoreError/storeKeyMissing(user:message:)`` when the key store holds
-    /// no key of the user, ``StoreError/storeErased(user:)`` when it was destroyed. Blocking.
-    public func cipher(for user: UserID, create: Bool) throws(StoreError) -> PageCipher {
+    /// no key of the user, ``StoreError/storeErased(user:)`` when it was destroyed.
+    public func cipher(for user: UserID, create: Bool) async throws(StoreError) -> PageCipher {
         let name = Self.recordName(of: user)
-        let record = try readRecord(of: user)
+        let record = try await readRecord(of: user)
         if let record, record.starts(with: Self.keyMagic) { return try keys(in: record, of: user).current }
         let erased = record?.starts(with: Self.erasedMagic) ?? false
         // A record that is neither a key nor a tombstone is never replaced by a new key.
@@ -164,7 +164,7 @@ public final class StoreKeyring: @unchecked Sendable {
         let key = SymmetricKey(size: .bits256)
         do {
             let wrapped = try key.withUnsafeBytes { try seal(Array($0), authenticating: Self.keyContext(user)) }
-            try store.write(name, Self.keyMagic + wrapped)
+            try await store.write(name, Self.keyMagic + wrapped)
         } catch {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
         }
@@ -172,15 +172,15 @@ public final class StoreKeyring: @unchecked Sendable {
     }
 
     /// The ciphers of `user`'s current data key and, while a rotation is under way (begun, not
-    /// finished: a crash), of the next one. Blocking.
-    public func ciphers(for user: UserID) throws(StoreError) -> (current: PageCipher, next: PageCipher?) {
-        try keys(in: try keyRecord(of: user), of: user)
+    /// finished: a crash), of the next one.
+    public func ciphers(for user: UserID) async throws(StoreError) -> (current: PageCipher, next: PageCipher?) {
+        try keys(in: try await keyRecord(of: user), of: user)
     }
 
     /// Begins the rotation of `user`'s data key: a next key is made and stored beside the
-    /// current one, durably (an interrupted rotation's next key is kept). Returns both. Blocking.
-    public func beginRotation(of user: UserID) throws(StoreError) -> (current: PageCipher, next: PageCipher) {
-        let record = try keyRecord(of: user)
+    /// current one, durably (an interrupted rotation's next key is kept). Returns both.
+    public func beginRotation(of user: UserID) async throws(StoreError) -> (current: PageCipher, next: PageCipher) {
+        let record = try await keyRecord(of: user)
         let current = Array(record[4..<(4 + Self.wrappedLength)])
         if record.count == 8 + 2 * Self.wrappedLength {
             let keys = try keys(in: record, of: user)
@@ -189,7 +189,7 @@ public final class StoreKeyring: @unchecked Sendable {
         let next = SymmetricKey(size: .bits256)
         do {
             let wrapped = try next.withUnsafeBytes { try seal(Array($0), authenticating: Self.keyContext(user)) }
-            try store.write(Self.recordName(of: user), Self.keyMagic + current + Self.nextMagic + wrapped)
+            try await store.write(Self.recordName(of: user), Self.keyMagic + current + Self.nextMagic + wrapped)
         } catch {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
         }
@@ -197,30 +197,30 @@ public final class StoreKeyring: @unchecked Sendable {
     }
 
     /// Finishes the rotation of `user`'s data key: the next key becomes the only one, durably
-    /// (the store is encrypted with it by now). Blocking.
-    public func finishRotation(of user: UserID) throws(StoreError) {
-        let record = try keyRecord(of: user)
+    /// (the store is encrypted with it by now).
+    public func finishRotation(of user: UserID) async throws(StoreError) {
+        let record = try await keyRecord(of: user)
         guard record.count == 8 + 2 * Self.wrappedLength else { return } // no rotation under way
         do {
-            try store.write(Self.recordName(of: user), Self.keyMagic + Array(record[(8 + Self.wrappedLength)...]))
+            try await store.write(Self.recordName(of: user), Self.keyMagic + Array(record[(8 + Self.wrappedLength)...]))
         } catch {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
         }
     }
 
     /// `user`'s key record; the named error when it has none.
-    private func keyRecord(of user: UserID) throws(StoreError) -> [UInt8] {
-        guard let record = try readRecord(of: user), record.starts(with: Self.keyMagic), record.count >= 4 + Self.wrappedLength else {
-            _ = try cipher(for: user, create: false) // the named error: erased or missing
+    private func keyRecord(of user: UserID) async throws(StoreError) -> [UInt8] {
+        guard let record = try await readRecord(of: user), record.starts(with: Self.keyMagic), record.count >= 4 + Self.wrappedLength else {
+            _ = try await cipher(for: user, create: false) // the named error: erased or missing
             throw .storeKeyMissing(user: user, message: "the key store holds no data key of the user")
         }
         return record
     }
 
     /// `user`'s record as the key store holds it (nil: none); `StorageFailure` when it cannot be read.
-    private func readRecord(of user: UserID) throws(StoreError) -> [UInt8]? {
+    private func readRecord(of user: UserID) async throws(StoreError) -> [UInt8]? {
         do {
-            return try store.read(Self.recordName(of: user))
+            return try await store.read(Self.recordName(of: user))
         } catch {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be read: \(error)")
         }
@@ -243,39 +243,38 @@ public final class StoreKeyring: @unchecked Sendable {
 
     /// Destroys `user`'s data key (erase by key): its record becomes a tombstone, durably, so
     /// that no copy of the store made before — a file, a backup, an object in the bucket or an
-    /// older version of one — can be read again. Blocking.
-    public func destroy(_ user: UserID) throws(StoreError) {
+    /// older version of one — can be read again.
+    public func destroy(_ user: UserID) async throws(StoreError) {
         let tombstone = Self.erasedMagic + Array(ISO8601DateFormatter().string(from: Date()).utf8)
         do {
-            try store.write(Self.recordName(of: user), tombstone)
+            try await store.write(Self.recordName(of: user), tombstone)
         } catch {
             throw .storageFailure(user: user, message: "the key store \(store.location) cannot be written: \(error)")
         }
     }
 
-    /// Whether the key store holds a key of `user` (a tombstone or nothing: false). Blocking.
-    public func hasKey(_ user: UserID) throws -> Bool {
-        try store.read(Self.recordName(of: user))?.starts(with: Self.keyMagic) ?? false
+    /// Whether the key store holds a key of `user` (a tombstone or nothing: false).
+    public func hasKey(_ user: UserID) async throws -> Bool {
+        try await store.read(Self.recordName(of: user))?.starts(with: Self.keyMagic) ?? false
     }
 
-    /// Opens the encrypted store file at `path` of `user` with its key on `connection`, which has
-    /// it open as `main` and has read nothing yet; does nothing for a plaintext file. With no
-    /// keyring (encryption not configured) an encrypted file is ``StoreError/storeKeyMissing(user:message:)``.
-    public static func installCipher(on connection: OpaquePointer, path: String, user: UserID, keyring: StoreKeyring?) throws(StoreError) {
-        guard let cipher = try cipher(ifEncrypted: path, user: user, keyring: keyring) else { return }
+    /// Installs `cipher` (``cipher(ifEncrypted:user:keyring:)``; nil: a plaintext file) on
+    /// `connection`, which has `user`'s store open as `main` and has read nothing yet.
+    public static func install(_ cipher: PageCipher?, on connection: OpaquePointer, user: UserID) throws(StoreError) {
         do {
-            try cipher.install(on: connection)
+            try cipher?.install(on: connection)
         } catch {
             throw .storageFailure(user: user, message: "\(error)")
         }
     }
 
     /// The cipher of the store file at `path` of `user` when it is encrypted (nil: plaintext);
-    /// ``StoreError/storeKeyMissing(user:message:)`` without a keyring.
-    public static func cipher(ifEncrypted path: String, user: UserID, keyring: StoreKeyring?) throws(StoreError) -> PageCipher? {
-        guard StoreFileInspector.isEncrypted(path) else { return nil }
+    /// ``StoreError/storeKeyMissing(user:message:)`` without a keyring. The file's header is
+    /// read on the blocking pool.
+    public static func cipher(ifEncrypted path: String, user: UserID, keyring: StoreKeyring?) async throws(StoreError) -> PageCipher? {
+        guard await BlockingPool.run({ StoreFileInspector.isEncrypted(path) }) else { return nil }
         guard let keyring else { throw .storeKeyMissing(user: user, message: "the store is encrypted and this configuration has no encryption section") }
-        return try keyring.cipher(for: user, create: false)
+        return try await keyring.cipher(for: user, create: false)
     }
 
     private static func keyContext(_ user: UserID) -> [UInt8] { Array("userstore data key v1 ".utf8) + Array(user.rawValue.utf8) }

@@ -20,12 +20,10 @@ public struct StoreLifecycle: Sendable {
         let report = try await registry.withStoreClosed(user, replacingFiles: true) {
             // The key first (erase by key): every copy made before — a backup, the bucket, an
             // older version of an object — is unreadable from then on, whatever happens next.
-            let keyDestroyed = try await BlockingPool.run {
-                try keyring.map { keyring in
-                    guard try keyring.hasKey(user) else { return false }
-                    try keyring.destroy(user)
-                    return true
-                } ?? false
+            var keyDestroyed = false
+            if let keyring, try await keyring.hasKey(user) {
+                try await keyring.destroy(user)
+                keyDestroyed = true
             }
             // The replica next: one that cannot be deleted refuses the whole deletion, rather
             // than leave a copy the next request would restore.
@@ -53,25 +51,25 @@ public struct StoreLifecycle: Sendable {
     /// ``StoreError/noSuchStore(user:)``.
     public func rotateKey(_ user: UserID, keyring: StoreKeyring) async throws -> Int {
         let path = registry.configuration.layout.storePath(for: user)
-        return try await replacingFiles(of: user) { () throws -> Int in
+        return try await replacingFiles(of: user) { () async throws -> Int in
             guard FileManager.default.fileExists(atPath: path) else { throw StoreError.noSuchStore(user: user) }
             let pages: Int
             do {
                 if !StoreFileInspector.isEncrypted(path) {
-                    try StoreEncryptor.encrypt(path, with: try keyring.cipher(for: user, create: true))
+                    try StoreEncryptor.encrypt(path, with: try await keyring.cipher(for: user, create: true))
                     let header = FileHead(path: path, count: 18)?.bytes ?? []
                     let raw = header.count == 18 ? Int(header[16]) << 8 | Int(header[17]) : 4096
                     pages = Int((FileHead.size(of: path) ?? 0) / UInt64(raw == 1 ? 65_536 : max(raw, 512)))
                 } else {
-                    var (current, next) = try keyring.beginRotation(of: user)
+                    var (current, next) = try await keyring.beginRotation(of: user)
                     if !current.opensFirstPage(of: path), next.opensFirstPage(of: path) {
                         // A rotation a crash cut short after the rewrite: finished, then a new one.
-                        try keyring.finishRotation(of: user)
-                        (current, next) = try keyring.beginRotation(of: user)
+                        try await keyring.finishRotation(of: user)
+                        (current, next) = try await keyring.beginRotation(of: user)
                     }
                     try Self.checkpoint(path, user: user, cipher: current)
                     pages = try StoreEncryptor.reencrypt(path, from: current, to: next)
-                    try keyring.finishRotation(of: user)
+                    try await keyring.finishRotation(of: user)
                 }
             } catch let error as StoreEncryptor.Failure {
                 throw StoreError.storageFailure(user: user, message: "rotating the store's key: \(error)")
@@ -118,13 +116,13 @@ public struct StoreLifecycle: Sendable {
             return try importer.prepare(staged, requested: requested)
         }
         let layout = registry.configuration.layout
-        let report = try await replacingFiles(of: user) { () throws -> ImportReport in
+        let report = try await replacingFiles(of: user) { () async throws -> ImportReport in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
             if exists && !replace { throw importer.refused("the user already has a store; to replace it (a copy of it is kept), set replace in ImportStore, or --replace with userstorectl import") }
-            let backup = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer,
-                                                                  keyring: self.registry.configuration.keyring) : nil
-            try self.carryChangePositions(user, into: staged)
-            try self.encryptStaged(staged, user: user)
+            let backup = exists ? try await Self.backUpClosedStore(user, layout: layout, reason: .beforeImport, observer: self.registry.observer,
+                                                                        keyring: self.registry.configuration.keyring) : nil
+            try await self.carryChangePositions(user, into: staged)
+            try await self.encryptStaged(staged, user: user)
             try files.publish(staged, as: user)
             self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user))
             return ImportReport(schemaVersion: prepared.schemaVersion, keptBookkeeping: prepared.keptBookkeeping, replaced: exists, backup: backup)
@@ -152,10 +150,8 @@ public struct StoreLifecycle: Sendable {
         let files = StoreFiles(layout: registry.configuration.layout)
         let staged = try files.stagingPath(for: user)
         defer { for suffix in ["", "-wal", "-shm"] { unlink(staged + suffix) } }
-        try await BlockingPool.run {
-            try FileManager.default.copyItem(atPath: backup.path, toPath: staged)
-            try Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)", keyring: self.registry.configuration.keyring)
-        }
+        try await BlockingPool.run { try FileManager.default.copyItem(atPath: backup.path, toPath: staged) }
+        try await Self.checkIntegrity(staged, user: user, what: "backup \(backup.fileName)", keyring: registry.configuration.keyring)
         let previous = try await replaceClosedStore(user, with: staged)
         registry.observer.record(.storeRestored(user: user, source: backup.fileName, schemaVersion: backup.schemaVersion,
                                        durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds))
@@ -179,8 +175,7 @@ public struct StoreLifecycle: Sendable {
             throw StoreError.replicationUnavailable(user: user, message: "the replica holds no copy of this store"
                                                     + (timestamp.map { " at \($0.formatted(.iso8601))" } ?? ""))
         }
-        let keyring = registry.configuration.keyring
-        try await BlockingPool.run { try Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: keyring) }
+        try await Self.checkIntegrity(staged, user: user, what: "the replica's copy", keyring: registry.configuration.keyring)
         let previous = try await replaceClosedStore(user, with: staged)
         registry.observer.record(.storeRestored(user: user, source: restored.source, schemaVersion: restored.schemaVersion,
                                        durationMicroseconds: restored.durationMicroseconds))
@@ -192,30 +187,32 @@ public struct StoreLifecycle: Sendable {
     /// Returns the live store's copy.
     private func replaceClosedStore(_ user: UserID, with staged: String) async throws -> String? {
         let layout = registry.configuration.layout, files = StoreFiles(layout: layout)
-        return try await replacingFiles(of: user) { () throws -> String? in
+        return try await replacingFiles(of: user) { () async throws -> String? in
             let exists = FileManager.default.fileExists(atPath: layout.storePath(for: user))
-            let copy = exists ? try Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer,
-                                                                    keyring: self.registry.configuration.keyring) : nil
-            try self.carryChangePositions(user, into: staged)
-            try self.encryptStaged(staged, user: user)
+            let copy = exists ? try await Self.backUpClosedStore(user, layout: layout, reason: .beforeRestore, observer: self.registry.observer,
+                                                                      keyring: self.registry.configuration.keyring) : nil
+            try await self.carryChangePositions(user, into: staged)
+            try await self.encryptStaged(staged, user: user)
             try files.publish(staged, as: user)
             self.registry.replication?.storeReplaced(user, path: layout.storePath(for: user))
             return copy
         }
     }
 
-    /// Runs `work`, which replaces `user`'s store files, on the blocking pool with the store
-    /// closed (``StoreRegistry/withStoreClosed(_:replacingFiles:_:)``).
-    private func replacingFiles<T: Sendable>(of user: UserID, _ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await registry.withStoreClosed(user, replacingFiles: true) { try await BlockingPool.run(work) }
+    /// Runs `work`, which replaces `user`'s store files, with the store closed
+    /// (``StoreRegistry/withStoreClosed(_:replacingFiles:_:)``) and the blocking pool as its
+    /// executor: its file work runs on the pool's threads, its waits for the key store on none.
+    private func replacingFiles<T: Sendable>(of user: UserID, _ work: @escaping @Sendable () async throws -> T) async throws -> T {
+        try await registry.withStoreClosed(user, replacingFiles: true) { try await BlockingPool.executing { try await work() } }
     }
 
     /// With encryption on, a plaintext file about to become `user`'s store (an import, a
     /// plaintext backup or copy) is encrypted first, so that it is never in place in plaintext.
-    private func encryptStaged(_ staged: String, user: UserID) throws {
-        guard let keyring = registry.configuration.keyring, !StoreFileInspector.isEncrypted(staged) else { return }
+    private func encryptStaged(_ staged: String, user: UserID) async throws {
+        guard let keyring = registry.configuration.keyring, await !BlockingPool.run({ StoreFileInspector.isEncrypted(staged) }) else { return }
+        let cipher = try await keyring.cipher(for: user, create: true)
         do {
-            try StoreEncryptor.encrypt(staged, with: try keyring.cipher(for: user, create: true))
+            try await BlockingPool.run { try StoreEncryptor.encrypt(staged, with: cipher) }
         } catch let error as StoreEncryptor.Failure {
             throw StoreError.storageFailure(user: user, message: "encrypting the new store: \(error)")
         }
@@ -223,14 +220,14 @@ public struct StoreLifecycle: Sendable {
 
     /// With the change stream on: the replacing file goes on from the live store's position,
     /// with a reset (docs/watch.md, "Resuming"), so positions never repeat across a replacement.
-    private func carryChangePositions(_ user: UserID, into staged: String) throws {
+    private func carryChangePositions(_ user: UserID, into staged: String) async throws {
         guard registry.configuration.changeRetention != nil else { return }
         let current = registry.configuration.layout.storePath(for: user)
         let keyring = registry.configuration.keyring
-        let ciphers = (current: try StoreKeyring.cipher(ifEncrypted: current, user: user, keyring: keyring),
-                       staged: try StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: keyring))
+        let ciphers = (current: try await StoreKeyring.cipher(ifEncrypted: current, user: user, keyring: keyring),
+                       staged: try await StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: keyring))
         do {
-            try ChangeLog.continuePositions(from: current, into: staged, ciphers: ciphers)
+            try await BlockingPool.run { () throws(ChangeLogError) in try ChangeLog.continuePositions(from: current, into: staged, ciphers: ciphers) }
         } catch {
             throw StoreError.storageFailure(user: user, message: "the change log's position could not be carried over: \(error.message)")
         }
@@ -253,15 +250,24 @@ public struct StoreLifecycle: Sendable {
     }
 
     /// Copies a closed store (before it is replaced) into its backups folder. A file SQLite
-    /// cannot read is copied byte for byte, so that even a damaged store is kept.
+    /// cannot read (or whose key cannot be had) is copied byte for byte, so that even a damaged
+    /// store is kept.
     private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason, observer: any StoreObserver,
-                                          keyring: StoreKeyring?) throws -> String {
+                                          keyring: StoreKeyring?) async throws -> String {
+        let path = layout.storePath(for: user)
+        // Double optional: nil when the key cannot be had; .some(nil) for a plaintext store.
+        let cipher = try? await StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: keyring)
+        return try await BlockingPool.run { try backUpClosedStore(user, layout: layout, reason: reason, observer: observer, cipher: cipher) }
+    }
+
+    private static func backUpClosedStore(_ user: UserID, layout: StoreLayout, reason: BackupReason, observer: any StoreObserver,
+                                          cipher: PageCipher??) throws -> String {
         let path = layout.storePath(for: user)
         let keeper = BackupKeeper(layout: layout)
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
-        if sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection,
-           (try? StoreKeyring.installCipher(on: connection, path: path, user: user, keyring: keyring)) != nil,
+        if let cipher, sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection,
+           (try? StoreKeyring.install(cipher, on: connection, user: user)) != nil,
            sqlite3_exec(connection, "PRAGMA locking_mode = EXCLUSIVE; SELECT count(*) FROM sqlite_master", nil, nil, nil) == SQLITE_OK {
             var version: Int64 = 0
             var statement: OpaquePointer?
@@ -282,14 +288,20 @@ public struct StoreLifecycle: Sendable {
         return target
     }
 
-    /// Refuses a file SQLite cannot open or whose `integrity_check` fails.
-    static func checkIntegrity(_ path: String, user: UserID, what: String, keyring: StoreKeyring? = nil) throws {
+    /// Refuses a file SQLite cannot open (or whose key cannot be had) or whose
+    /// `integrity_check` fails; the check runs on the blocking pool.
+    static func checkIntegrity(_ path: String, user: UserID, what: String, keyring: StoreKeyring? = nil) async throws {
+        let cipher = try await StoreKeyring.cipher(ifEncrypted: path, user: user, keyring: keyring)
+        try await BlockingPool.run { try checkIntegrity(path, user: user, what: what, cipher: cipher) }
+    }
+
+    private static func checkIntegrity(_ path: String, user: UserID, what: String, cipher: PageCipher?) throws {
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
         guard sqlite3_open_v2(path, &connection, SQLITE_OPEN_READWRITE, nil) == SQLITE_OK, let connection else {
             throw StoreError.storeDamaged(user: user, message: "\(what) cannot be opened")
         }
-        try StoreKeyring.installCipher(on: connection, path: path, user: user, keyring: keyring)
+        try StoreKeyring.install(cipher, on: connection, user: user)
         var statement: OpaquePointer?
         defer { sqlite3_finalize(statement) }
         var finding = "cannot be read"

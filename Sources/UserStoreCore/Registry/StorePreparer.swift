@@ -31,11 +31,12 @@ struct StorePreparer: Sendable {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
             let restored = try await prepareFromReplica(user, restoring: migrator != nil)
+            let cipher = try await opener.cipher(for: user, create: migrator != nil)
             let (store, migration, closing) = try await BlockingPool.run { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
                 // The template is plaintext: an encrypted store is migrated step by step (and a
                 // restored one is not new).
                 let template = opener.keyring == nil && !restored ? template : nil
-                let (store, created) = try opener.open(user, template: template, create: migrator != nil)
+                let (store, created) = try opener.open(user, template: template, create: migrator != nil, cipher: cipher)
                 // An existing store is registered before anything writes to it (the migration
                 // included): its commits continue its stream. A new one only once migrated: it
                 // ships whole anyway, and then its base holds its migration (one object, not two).

@@ -55,12 +55,12 @@ public struct ReleaseTrial: Sendable {
         let migrator = registry.preparer.makeMigrator(user, migrations: registry.migrations, simulating: true)
         let initial = outcome
         do {
+            // An encrypted store's copy is encrypted with its key.
+            let cipher = try await StoreKeyring.cipher(ifEncrypted: copy, user: user, keyring: registry.configuration.keyring)
             return try await BlockingPool.run {
                 var outcome = initial
-                // An encrypted store's copy is encrypted with its key.
                 var configuration = Configuration()
-                let keyring = registry.configuration.keyring
-                configuration.prepareDatabase { db in try StoreKeyring.installCipher(on: db.sqliteConnection!, path: copy, user: user, keyring: keyring) }
+                configuration.prepareDatabase { db in try StoreKeyring.install(cipher, on: db.sqliteConnection!, user: user) }
                 let queue = try DatabaseQueue(path: copy, configuration: configuration)
                 defer { try? queue.close() }
                 try queue.writeWithoutTransaction { db in
@@ -94,9 +94,8 @@ public struct ReleaseTrial: Sendable {
         await registry.waitForClose(of: user)
         let live = registry.configuration.layout.storePath(for: user)
         guard FileManager.default.fileExists(atPath: live) else { throw StoreError.noSuchStore(user: user) }
-        let copied = try await BlockingPool.run { [keyring = registry.configuration.keyring] in
-            try Self.copyClosedStore(live, to: path, user: user, keyring: keyring)
-        }
+        let cipher = try await StoreKeyring.cipher(ifEncrypted: live, user: user, keyring: registry.configuration.keyring)
+        let copied = try await BlockingPool.run { try Self.copyClosedStore(live, to: path, user: user, cipher: cipher) }
         // Opened by the registry meanwhile: copy through its connection.
         if !copied, try await !copyOpenStore(user, to: path) {
             throw StoreError.storageFailure(user: user, message: "the store is busy: try again")
@@ -113,8 +112,9 @@ public struct ReleaseTrial: Sendable {
 
     /// Copies a store nobody has open through a private connection that locks it exclusively
     /// for the copy and leaves its WAL (a replicated store keeps one for Litestream) untouched.
-    /// False when the file is locked (the registry has just opened it).
-    private static func copyClosedStore(_ live: String, to path: String, user: UserID, keyring: StoreKeyring?) throws -> Bool {
+    /// False when the file is locked (the registry has just opened it). `cipher`: the store's
+    /// (nil: plaintext).
+    private static func copyClosedStore(_ live: String, to path: String, user: UserID, cipher: PageCipher?) throws -> Bool {
         let hadWAL = FileManager.default.fileExists(atPath: live + "-wal")
         var connection: OpaquePointer?
         defer { sqlite3_close_v2(connection) }
@@ -122,7 +122,7 @@ public struct ReleaseTrial: Sendable {
             throw StoreError.storeDamaged(user: user, message: "cannot be opened for a copy")
         }
         if hadWAL { _ = userstore_keep_wal_on_close(connection) }
-        try StoreKeyring.installCipher(on: connection, path: live, user: user, keyring: keyring)
+        try StoreKeyring.install(cipher, on: connection, user: user)
         let locked = sqlite3_exec(connection, "PRAGMA locking_mode = EXCLUSIVE; SELECT count(*) FROM sqlite_master", nil, nil, nil)
         if locked == SQLITE_BUSY || locked == SQLITE_LOCKED { return false }
         guard locked == SQLITE_OK else {

@@ -15,11 +15,12 @@ struct StoreOpener: Sendable {
     /// Encrypts the stores with their users' data keys (nil: stores are plaintext).
     var keyring: StoreKeyring?
 
-    /// Opens `user`'s file; creates it (and its folders) when absent, as a copy of `template`
+    /// Opens `user`'s file with `cipher` (``cipher(for:create:)``, fetched before: nil for a
+    /// plaintext store); creates it (and its folders) when absent, as a copy of `template`
     /// when one is given — or, without `create`, throws ``StoreError/noSuchStore(user:)``.
     /// Nothing is written to an existing file here: journal mode and bookkeeping are only
     /// touched when migrating.
-    func open(_ user: UserID, template: StoreTemplate? = nil, create: Bool = true) throws -> (store: Store, created: Bool) {
+    func open(_ user: UserID, template: StoreTemplate? = nil, create: Bool = true, cipher: PageCipher? = nil) throws -> (store: Store, created: Bool) {
         let path = layout.storePath(for: user)
         let created = !FileManager.default.fileExists(atPath: path)
         if created && !create { throw StoreError.noSuchStore(user: user) }
@@ -38,8 +39,10 @@ struct StoreOpener: Sendable {
                 throw StoreError.storageFailure(user: user, message: (error as NSError).localizedDescription)
             }
         }
-        // The key is in the key store before anything is written with it.
-        let cipher = try keyring.map { keyring throws(StoreError) in try Self.cipher(for: user, at: path, created: created, keyring: keyring) }
+        // The key was in the key store before anything is written with it.
+        if keyring != nil, cipher == nil {
+            throw StoreError.storageFailure(user: user, message: "the store's data key was not fetched before it was opened")
+        }
         if created {
             precondition(cipher == nil || template == nil, "an encrypted store is not made from the plaintext template")
             try template?.install(at: path, user: user)
@@ -95,28 +98,49 @@ struct StoreOpener: Sendable {
         }
     }
 
-    /// The cipher of `user`'s store at `path`, and the store encrypted first if it is plaintext
-    /// (made before encryption was on, imported, restored from a plaintext copy).
-    static func cipher(for user: UserID, at path: String, created: Bool, keyring: StoreKeyring) throws(StoreError) -> PageCipher {
+    /// The cipher `user`'s store is to be opened with: nil without encryption, and when the
+    /// store is missing and not to be created or damaged (``open(_:template:create:cipher:)``
+    /// names those). Fetched from the key store before the job that opens the store, with no
+    /// thread waiting for it; a new store's key is stored durably before this returns, a
+    /// plaintext store (made before encryption was on, imported, restored from a plaintext
+    /// copy) is encrypted first, and a rotation a crash cut short is finished.
+    func cipher(for user: UserID, create: Bool) async throws(StoreError) -> PageCipher? {
+        guard let keyring else { return nil }
         guard PageCipher.layerRegistered else {
             throw .storageFailure(user: user, message: "the encrypting VFS layer is not SQLite's default (SQLite was set up before SQLiteProcessSettings.apply())")
         }
-        if created || (FileHead.size(of: path) ?? 0) == 0 { return try keyring.cipher(for: user, create: true) }
-        if StoreFileInspector.isEncrypted(path) {
-            let keys = try keyring.ciphers(for: user)
+        let path = layout.storePath(for: user)
+        enum Found { case missing, empty, damaged, encrypted, plaintext }
+        let found = await BlockingPool.run { () -> Found in
+            guard FileManager.default.fileExists(atPath: path) else { return .missing }
+            if (FileHead.size(of: path) ?? 0) == 0 { return .empty }
+            let inspected = StoreFileInspector.inspect(path)
+            if inspected.damage != nil { return .damaged }
+            return inspected.encrypted ? .encrypted : .plaintext
+        }
+        switch found {
+        case .missing:
+            return create ? try await keyring.cipher(for: user, create: true) : nil
+        case .empty:
+            return try await keyring.cipher(for: user, create: true)
+        case .damaged:
+            return nil
+        case .encrypted:
+            let keys = try await keyring.ciphers(for: user)
             // A rotation a crash cut short after the store was rewritten with the next key.
-            if let next = keys.next, !keys.current.opensFirstPage(of: path), next.opensFirstPage(of: path) {
-                try keyring.finishRotation(of: user)
-                return next
+            guard let next = keys.next, await BlockingPool.run({ !keys.current.opensFirstPage(of: path) && next.opensFirstPage(of: path) }) else {
+                return keys.current
             }
-            return keys.current
+            try await keyring.finishRotation(of: user)
+            return next
+        case .plaintext:
+            let cipher = try await keyring.cipher(for: user, create: true)
+            do {
+                try await BlockingPool.run { try StoreEncryptor.encrypt(path, with: cipher) }
+            } catch {
+                throw .storageFailure(user: user, message: "the plaintext store could not be encrypted: \(error)")
+            }
+            return cipher
         }
-        let cipher = try keyring.cipher(for: user, create: true)
-        do {
-            try StoreEncryptor.encrypt(path, with: cipher)
-        } catch {
-            throw .storageFailure(user: user, message: "the plaintext store could not be encrypted: \(error)")
-        }
-        return cipher
     }
 }

@@ -14,10 +14,8 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     /// requests open meanwhile, so that a fleet run never makes them wait for a thread.
     static let shared = BlockingPool(threads: min(128, max(48, 16 * ProcessInfo.processInfo.activeProcessorCount + 16)), name: "userstore-io")
 
-    /// The threads that run the async work a blocked thread waits for (``wait(for:)``): two,
-    /// whatever the cores. Never Swift's cooperative pool, which has one thread per core: a
-    /// caller blocked there (one core: its only thread) would wait for work that could never
-    /// start — the daemon hung at start with its keys on S3 on a one-CPU machine.
+    /// Two threads, whatever the cores, that run no disk work: for the async work that must not
+    /// queue behind a backlog of opens and fsyncs (``executingUrgently(_:)``).
     static let waiting = BlockingPool(threads: 2, name: "userstore-wait")
 
     /// Each pool thread's pool, in a thread-specific slot. (Not the thread's name: on Linux the
@@ -80,25 +78,6 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
         try await withTaskExecutorPreference(waiting, operation: work)
     }
 
-    /// Runs the async `work` and waits for it on this thread: for synchronous code (on this
-    /// pool, a store's queue) that must call an async API, such as the S3 or etcd client. The
-    /// work runs on ``waiting``'s threads — never Swift's cooperative pool, so a caller
-    /// anywhere, that pool included, never waits for a thread it is itself holding.
-    public static func wait<T: Sendable>(for work: @escaping @Sendable () async throws -> T) throws -> T {
-        // Blocking one of the two threads that run the awaited work could leave none for it.
-        assert(current !== waiting, "BlockingPool.wait called from work it runs")
-        let result = Mutex<Result<T, any Error>?>(nil)
-        let done = DispatchSemaphore(value: 0)
-        Task(executorPreference: waiting) {
-            let outcome: Result<T, any Error>
-            do { outcome = .success(try await work()) } catch { outcome = .failure(error) }
-            result.withLock { $0 = outcome }
-            done.signal()
-        }
-        done.wait()
-        return try result.withLock { $0! }.get()
-    }
-
     /// Runs `job` on one of the pool's threads.
     func submit(_ job: @escaping @Sendable () -> Void) {
         condition.lock()
@@ -121,8 +100,8 @@ public final class BlockingPool: @unchecked Sendable { // `jobs` and `head` are 
     }
 }
 
-/// A pool runs tasks too (``BlockingPool/waiting``, for ``BlockingPool/wait(for:)``): each job
-/// on one of its threads.
+/// A pool runs tasks too (``BlockingPool/executing(_:)``, ``BlockingPool/executingUrgently(_:)``):
+/// each job on one of its threads.
 extension BlockingPool: TaskExecutor {
     public func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)

@@ -53,17 +53,17 @@ extension LogReplicator {
             if timestamp == nil { try await identity.confirm(before: user) }
             return nil
         }
-        let schemaVersion = try publish(staged, of: user, restored: restored, as: path, timestamp: timestamp)
+        // An encrypted copy is read with the user's key (the restore checked it has one).
+        let cipher = try await StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: restorer.keyring)
+        let schemaVersion = try publish(staged, of: user, restored: restored, cipher: cipher, as: path, timestamp: timestamp)
         state.withLock { $0.restored += 1 }
         return ReplicaRestore(source: storage.describe(LogRestorer.folder), schemaVersion: schemaVersion,
                               durationMicroseconds: (ContinuousClock.now - started).wholeMicroseconds)
     }
 
     /// Puts the copy `staged`, restored from the log, in place as `path` and returns its schema
-    /// version. Blocking.
-    private func publish(_ staged: String, of user: UserID, restored: LogRestorer.Restored, as path: String, timestamp: Date?) throws -> Int64 {
-        // An encrypted copy is read with the user's key (the restore checked it has one).
-        let cipher = try StoreKeyring.cipher(ifEncrypted: staged, user: user, keyring: restorer.keyring)
+    /// version (`cipher`: the copy's, nil when it is plaintext). Blocking.
+    private func publish(_ staged: String, of user: UserID, restored: LogRestorer.Restored, cipher: PageCipher?, as path: String, timestamp: Date?) throws -> Int64 {
         do throws(ChangeLogError) {
             try ChangeLog.continuePositionsAfterReplicaRestore(staged, cipher: cipher)
         } catch {

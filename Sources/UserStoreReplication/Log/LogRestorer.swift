@@ -162,12 +162,18 @@ package struct LogRestorer: Sendable {
     /// `quick_check`. The file is written on a blocking-pool thread.
     package func restore(_ user: String, to path: String, timestamp: Date? = nil) async throws -> Restored? {
         guard let (base, commits) = try Self.reconstruction(of: try await records(of: user, until: timestamp).map(\.record)) else { return nil }
-        let keyring = self.keyring
-        return try await BlockingPool.run { try Self.write(base, commits, of: user, to: path, keyring: keyring) }
+        let restored = try await BlockingPool.run { try Self.write(base, commits, of: user, to: path) }
+        // An encrypted store's pages come back as they were shipped, encrypted: checked with
+        // the user's key (StoreKeyMissing, StoreErased when there is none).
+        let cipher = try await StoreKeyring.cipher(ifEncrypted: path, user: try UserID(user), keyring: keyring)
+        if let problem = await BlockingPool.run({ StoreFileInspector.quickCheck(path, cipher: cipher) }) {
+            throw LogSegment.Damaged(description: "the store rebuilt from the log fails its integrity check: \(problem)")
+        }
+        return restored
     }
 
-    /// Writes the store `base` and `commits` rebuild to the new file `path` and checks it. Blocking.
-    private static func write(_ base: LogRecord, _ commits: [LogRecord], of user: String, to path: String, keyring: StoreKeyring?) throws -> Restored {
+    /// Writes the store `base` and `commits` rebuild to the new file `path`. Blocking.
+    private static func write(_ base: LogRecord, _ commits: [LogRecord], of user: String, to path: String) throws -> Restored {
         let descriptor = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else { throw LogSegment.Damaged(description: "cannot create \(path): \(String(cString: strerror(errno)))") }
         defer { close(descriptor) }
@@ -180,12 +186,6 @@ package struct LogRestorer: Sendable {
             last = record
         }
         guard fsync(descriptor) == 0 else { throw LogSegment.Damaged(description: "cannot sync \(path): \(String(cString: strerror(errno)))") }
-        // An encrypted store's pages come back as they were shipped, encrypted: checked with
-        // the user's key (StoreKeyMissing, StoreErased when there is none).
-        let cipher = try StoreKeyring.cipher(ifEncrypted: path, user: try UserID(user), keyring: keyring)
-        if let problem = StoreFileInspector.quickCheck(path, cipher: cipher) {
-            throw LogSegment.Damaged(description: "the store rebuilt from the log fails its integrity check: \(problem)")
-        }
         return Restored(stream: base.stream, txid: current, epoch: last.epoch, pageSize: Int(last.pageSize), databasePages: Int(last.databasePages))
     }
 

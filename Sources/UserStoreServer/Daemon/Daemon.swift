@@ -66,10 +66,7 @@ public enum Daemon {
                 } catch {
                     throw EncryptionSettings.Refusal(name: "KeyStoreUnavailable", description: "the key store cannot be opened: \(error)")
                 }
-                // It reads the key store (a bucket, etcd): a wait, off the cooperative pool.
-                keyring = try await BlockingPool.run { () throws(EncryptionSettings.Refusal) -> StoreKeyring in
-                    try encryption.makeKeyring(store: store)
-                }
+                keyring = try await encryption.makeKeyring(store: store)
             } catch {
                 logger.critical("encryption refused: \(error.name): \(error)", metadata: ["event": "daemon-failed", "error": .string(error.name)])
                 printError("userstored: encryption: \(error.name): \(error)")
