@@ -106,9 +106,6 @@ struct StoreOpener: Sendable {
     /// copy) is encrypted first, and a rotation a crash cut short is finished.
     func cipher(for user: UserID, create: Bool) async throws(StoreError) -> PageCipher? {
         guard let keyring else { return nil }
-        guard PageCipher.layerRegistered else {
-            throw .storageFailure(user: user, message: "the encrypting VFS layer is not SQLite's default (SQLite was set up before SQLiteProcessSettings.apply())")
-        }
         let path = layout.storePath(for: user)
         enum Found { case missing, empty, damaged, encrypted, plaintext }
         let found = await BlockingPool.run { () -> Found in
@@ -118,13 +115,15 @@ struct StoreOpener: Sendable {
             if inspected.damage != nil { return .damaged }
             return inspected.encrypted ? .encrypted : .plaintext
         }
+        if found == .damaged || (found == .missing && !create) { return nil }
+        guard PageCipher.layerRegistered else {
+            throw .storageFailure(user: user, message: "the encrypting VFS layer is not SQLite's default (SQLite was set up before SQLiteProcessSettings.apply())")
+        }
         switch found {
-        case .missing:
-            return create ? try await keyring.cipher(for: user, create: true) : nil
-        case .empty:
-            return try await keyring.cipher(for: user, create: true)
         case .damaged:
             return nil
+        case .missing, .empty:
+            return try await keyring.cipher(for: user, create: true)
         case .encrypted:
             let keys = try await keyring.ciphers(for: user)
             // A rotation a crash cut short after the store was rewritten with the next key.
