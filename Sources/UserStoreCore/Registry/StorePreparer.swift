@@ -31,49 +31,44 @@ struct StorePreparer: Sendable {
         let (opener, observer, replication) = (self.opener, self.observer, self.replication)
         do {
             let restored = try await prepareFromReplica(user, restoring: migrator != nil)
-            // With the pool as executor: an encrypted store's key (the file's look, a folder key
-            // store's read) and the open run one after the other on a pool thread, each in place,
-            // rather than a hop each; a remote key store's wait holds no thread.
-            let (store, migration, closing) = try await BlockingPool.executing { () async throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
-                let cipher = try await opener.cipher(for: user, create: migrator != nil)
-                return try await BlockingPool.run { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
-                    // The template is plaintext: an encrypted store is migrated step by step (and a
-                    // restored one is not new).
-                    let template = opener.keyring == nil && !restored ? template : nil
-                    let (store, created) = try opener.open(user, template: template, create: migrator != nil, cipher: cipher)
-                    // An existing store is registered before anything writes to it (the migration
-                    // included): its commits continue its stream. A new one only once migrated: it
-                    // ships whole anyway, and then its base holds its migration (one object, not two).
-                    if !created { replication?.storeOpened(store) }
-                    if !created && !restored { observer.record(.storeOpened(user: user)) }
-                    guard let migrator else { return (store, .success(nil), false) }
-                    if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
-                    let copied = created ? template : nil
-                    let migration = Result { () throws -> MigrationReport? in
-                        try store.writeBlocking { db in
-                            var report = try migrator.migrate(db, created: created)
-                            if !created { store.migrated(report) }
-                            if let copied {
-                                try Bookkeeping.stampCreation(db)
-                                report.fromVersion = 0
-                                report.applied = copied.applied + report.applied
-                            }
-                            return report
+            let cipher = try await opener.cipher(for: user, create: migrator != nil)
+            let (store, migration, closing) = try await BlockingPool.run { () throws -> (Store, Result<MigrationReport?, any Error>, Bool) in
+                // The template is plaintext: an encrypted store is migrated step by step (and a
+                // restored one is not new).
+                let template = opener.keyring == nil && !restored ? template : nil
+                let (store, created) = try opener.open(user, template: template, create: migrator != nil, cipher: cipher)
+                // An existing store is registered before anything writes to it (the migration
+                // included): its commits continue its stream. A new one only once migrated: it
+                // ships whole anyway, and then its base holds its migration (one object, not two).
+                if !created { replication?.storeOpened(store) }
+                if !created && !restored { observer.record(.storeOpened(user: user)) }
+                guard let migrator else { return (store, .success(nil), false) }
+                if created { observer.record(.storeCreated(user: user, path: store.path, templateVersion: template?.schemaVersion)) }
+                let copied = created ? template : nil
+                let migration = Result { () throws -> MigrationReport? in
+                    try store.writeBlocking { db in
+                        var report = try migrator.migrate(db, created: created)
+                        if !created { store.migrated(report) }
+                        if let copied {
+                            try Bookkeeping.stampCreation(db)
+                            report.fromVersion = 0
+                            report.applied = copied.applied + report.applied
                         }
-                    }.mapError { error -> any Error in
-                        // What this connection shows may not be on disk: never served from it.
-                        guard let notDurable = error as? Migrator.NotDurable else { return error }
-                        store.markDamaged(notDurable.failure.description)
-                        return notDurable.failure
+                        return report
                     }
-                    if created { replication?.storeOpened(store) }
-                    guard closeAfter, case .success = migration else { return (store, migration, false) }
-                    observer.record(.storeClosed(user: user, idle: true))
-                    // Without replication in the same job; a replicated store first waits for the
-                    // log to store its last commits, which is no job for a pool thread.
-                    if replication == nil { store.close() }
-                    return (store, migration, true)
+                }.mapError { error -> any Error in
+                    // What this connection shows may not be on disk: never served from it.
+                    guard let notDurable = error as? Migrator.NotDurable else { return error }
+                    store.markDamaged(notDurable.failure.description)
+                    return notDurable.failure
                 }
+                if created { replication?.storeOpened(store) }
+                guard closeAfter, case .success = migration else { return (store, migration, false) }
+                observer.record(.storeClosed(user: user, idle: true))
+                // Without replication in the same job; a replicated store first waits for the
+                // log to store its last commits, which is no job for a pool thread.
+                if replication == nil { store.close() }
+                return (store, migration, true)
             }
             if closing, replication != nil { await close(store) }
             return .success((store, migration, closing))
