@@ -17,7 +17,9 @@ struct StorePreparer: Sendable {
     /// Opens (creating it, from `template` if given) and migrates a store nobody else can reach
     /// yet, in one blocking-pool job without hops (with replication, after the replica was asked
     /// for a newer copy or a restore: ``prepareFromReplica(_:restoring:)``, a job of
-    /// its own and the replica's work). Fails only when the file cannot be opened.
+    /// its own and the replica's work; with encryption, after the store's key was fetched:
+    /// ``StoreOpener/cipher(for:create:)``, which looks at the file and reads the key store
+    /// first). Fails only when the file cannot be opened.
     /// Without a `migrator`, only opens an existing file. With `closeAfter`, closes the store
     /// once its migration succeeded (`closed` in the result): in the same job without
     /// replication, else once the replicator has taken its last commits (``close(_:)``).
